@@ -1,0 +1,62 @@
+//! Creating the listening unix socket of a gRPC server.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+/// Errors while creating a listening socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A filesystem operation on the socket or its directory failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Another process is serving on the socket already.
+    #[error("socket {0} is in use by another process")]
+    InUse(PathBuf),
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
+    move |source| ServerError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Binds a unix socket at `path` with permission `mode` (e.g. `0o660`).
+///
+/// A missing parent directory is created with mode 0700. A stale socket file
+/// left by a crashed server is replaced, but a socket that still accepts
+/// connections is reported as [`ServerError::InUse`] rather than stolen.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListenerStream, ServerError> {
+    if let Some(parent) = path.parent() {
+        if !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(io("create directory", parent))?;
+        }
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServerError::InUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io("remove stale socket", path))?;
+    }
+    // Bind under a restrictive umask-equivalent: chmod right after bind, before
+    // anyone can use it (the directory is 0700 when we created it).
+    let listener = UnixListener::bind(path).map_err(io("bind", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io("chmod", path))?;
+    Ok(UnixListenerStream::new(listener))
+}

@@ -1,0 +1,1 @@
+//! Petrel image store (being written).

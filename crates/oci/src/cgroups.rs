@@ -1,0 +1,1 @@
+//! cgroups (being written).

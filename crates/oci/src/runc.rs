@@ -1,0 +1,1 @@
+//! runc (being written).

@@ -1,0 +1,1 @@
+//! spec (being written).

@@ -1,0 +1,1 @@
+//! Petrel CRI runtime (being written).

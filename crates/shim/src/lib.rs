@@ -1,0 +1,181 @@
+//! The contract between the Petrel runtime and `petrel-shim`.
+//!
+//! The shim is one small process per container. The runtime starts it as
+//!
+//! ```text
+//! petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR --log-path PATH [--tty] [--stdin]
+//! ```
+//!
+//! with standard output a pipe (the handshake, see [`Handshake`]) and standard
+//! error appended to `DIR/shim.log`. The shim works inside the bundle
+//! directory (`DIR`, which holds `config.json`, written by the runtime):
+//!
+//! 1. it leaves the runtime's session, becomes a child subreaper and runs
+//!    `runc create` with the container's stdio connected to pipes it holds
+//!    (or a pseudo-terminal received on [`CONSOLE_SOCKET`] with `--tty`);
+//! 2. it answers the handshake with `ok <init pid>` or `error <message>` and
+//!    closes standard output, so the runtime can return from CreateContainer;
+//! 3. it copies the container's output into the CRI log file
+//!    (`<RFC3339Nano> <stdout|stderr> <P|F> <content>`), serves commands on the
+//!    [`CTL_FIFO`] (see [`Command`]), and reaps the container's init process;
+//! 4. when init exits it writes the [`ExitRecord`] to [`EXIT_FILE`] atomically
+//!    (write, fsync, rename) and exits itself. The runtime learns of the exit
+//!    from a pidfd on the shim: no polling anywhere.
+//!
+//! The shim never dies with the runtime: it lives in its own session and keeps
+//! the container's stdio, so a runtime crash or restart loses nothing.
+
+use std::fmt;
+
+/// File in the bundle where the shim records the container's exit.
+pub const EXIT_FILE: &str = "exit";
+/// FIFO in the bundle on which the shim reads [`Command`]s, one per line.
+pub const CTL_FIFO: &str = "ctl";
+/// FIFO in the bundle on which the shim answers each command with one line,
+/// `ok` or `error <message>`, when a reader has it open.
+pub const ACK_FIFO: &str = "ack";
+/// File in the bundle where runc writes the container's init pid.
+pub const INIT_PID_FILE: &str = "init.pid";
+/// The shim's own diagnostics (and runc's log) inside the bundle.
+pub const SHIM_LOG: &str = "shim.log";
+/// Socket (relative to the bundle, which is runc's working directory) on which
+/// runc hands over the pseudo-terminal master of a `--tty` container.
+pub const CONSOLE_SOCKET: &str = "console.sock";
+/// Longest log line content written as one record; longer lines are split
+/// into partial (`P`) records, like containerd's default of 16 KiB.
+pub const MAX_LOG_LINE: usize = 16 * 1024;
+
+/// The record of a container's exit, written once by the shim.
+///
+/// Text format, one line: `<exit code> <exited at, ns since the epoch>\n`.
+/// A process killed by signal N has exit code 128 + N, as runc and containerd
+/// report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitRecord {
+    /// The exit status, or 128 + signal number.
+    pub exit_code: i32,
+    /// When the shim reaped the container's init process.
+    pub exited_at_ns: i64,
+}
+
+impl ExitRecord {
+    /// Parses the exit file's content.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut it = s.split_ascii_whitespace();
+        let exit_code = it.next()?.parse().ok()?;
+        let exited_at_ns = it.next()?.parse().ok()?;
+        if it.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            exit_code,
+            exited_at_ns,
+        })
+    }
+}
+
+impl fmt::Display for ExitRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} {}", self.exit_code, self.exited_at_ns)
+    }
+}
+
+/// The first and only line the shim writes to its standard output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handshake {
+    /// The container is created (runc create succeeded); its init pid.
+    Ok {
+        /// The container's init process id.
+        init_pid: u32,
+    },
+    /// Creation failed; nothing of the container remains (the shim deleted it
+    /// from runc before answering).
+    Error(String),
+}
+
+impl Handshake {
+    /// Parses one handshake line (without the newline).
+    pub fn parse(line: &str) -> Option<Self> {
+        let line = line.trim_end_matches('\n');
+        if let Some(rest) = line.strip_prefix("ok ") {
+            return rest.trim().parse().ok().map(|init_pid| Self::Ok { init_pid });
+        }
+        line.strip_prefix("error ")
+            .map(|msg| Self::Error(msg.to_string()))
+    }
+}
+
+impl fmt::Display for Handshake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            // Messages are kept on one line so the runtime reads exactly one.
+            Self::Ok { init_pid } => writeln!(f, "ok {init_pid}"),
+            Self::Error(msg) => writeln!(f, "error {}", msg.replace('\n', " ")),
+        }
+    }
+}
+
+/// Commands the runtime writes to [`CTL_FIFO`], one per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Close and reopen the log file at the log path (after rotation).
+    ReopenLog,
+    /// Close the container's stdin (for `stdin_once` after the attach ends).
+    CloseStdin,
+}
+
+impl Command {
+    /// The wire form, without the newline.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReopenLog => "reopen-log",
+            Self::CloseStdin => "close-stdin",
+        }
+    }
+
+    /// Parses a line (without the newline).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "reopen-log" => Some(Self::ReopenLog),
+            "close-stdin" => Some(Self::CloseStdin),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_record_should_round_trip() {
+        let r = ExitRecord {
+            exit_code: 137,
+            exited_at_ns: 1_700_000_000_123_456_789,
+        };
+        assert_eq!(ExitRecord::parse(&r.to_string()), Some(r));
+        assert_eq!(ExitRecord::parse("x 1"), None);
+        assert_eq!(ExitRecord::parse("1"), None);
+        assert_eq!(ExitRecord::parse("1 2 3"), None);
+    }
+
+    #[test]
+    fn handshake_should_round_trip() {
+        let ok = Handshake::Ok { init_pid: 42 };
+        assert_eq!(Handshake::parse(&ok.to_string()), Some(ok));
+        let err = Handshake::Error("exec: \"nope\"\nnot found".into());
+        assert_eq!(
+            Handshake::parse(&err.to_string()),
+            Some(Handshake::Error("exec: \"nope\" not found".into()))
+        );
+        assert_eq!(Handshake::parse("garbage"), None);
+    }
+
+    #[test]
+    fn command_should_round_trip() {
+        for c in [Command::ReopenLog, Command::CloseStdin] {
+            assert_eq!(Command::parse(c.as_str()), Some(c));
+        }
+        assert_eq!(Command::parse("bogus"), None);
+    }
+}

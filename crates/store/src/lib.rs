@@ -1,0 +1,246 @@
+//! Durable metadata for Petrel: an embedded, crash-safe redb database.
+//!
+//! Every record is a JSON document under a string key in one of a few
+//! tables. A write is one redb transaction committed with immediate
+//! durability (fsync) before the call that made it returns, so a `kill -9`
+//! of the runtime never loses an acknowledged change. Records are small and
+//! few (one per pod, container, image and layer); JSON keeps them readable
+//! with any redb tool and lets fields be added without migrations
+//! (`#[serde(default)]` on new fields).
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// The tables of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// Pod sandboxes, keyed by sandbox id.
+    Sandboxes,
+    /// Containers, keyed by container id.
+    Containers,
+    /// Images, keyed by image id (`sha256:<hex>` of the config).
+    Images,
+    /// Unpacked layers, keyed by diff id.
+    Layers,
+}
+
+impl Table {
+    fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        TableDefinition::new(match self {
+            Self::Sandboxes => "sandboxes",
+            Self::Containers => "containers",
+            Self::Images => "images",
+            Self::Layers => "layers",
+        })
+    }
+
+    const ALL: [Table; 4] = [
+        Table::Sandboxes,
+        Table::Containers,
+        Table::Images,
+        Table::Layers,
+    ];
+}
+
+/// Errors of the metadata store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database file could not be opened or created.
+    #[error("open store {path}: {source}")]
+    Open {
+        /// The database file.
+        path: PathBuf,
+        /// The redb error.
+        source: Box<redb::DatabaseError>,
+    },
+    /// A transaction failed.
+    #[error("store transaction: {0}")]
+    Transaction(String),
+    /// A record could not be encoded or decoded.
+    #[error("store record {table:?}/{key}: {source}")]
+    Codec {
+        /// The table.
+        table: Table,
+        /// The key.
+        key: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+}
+
+fn tx<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Transaction(e.to_string())
+}
+
+/// One change in an atomic batch (see [`Store::apply`]).
+#[derive(Debug)]
+pub enum Op {
+    /// Insert or replace a record (already encoded with [`encode`]).
+    Put(Table, String, Vec<u8>),
+    /// Delete a record; deleting a missing key is not an error.
+    Delete(Table, String),
+}
+
+/// Encodes a record for an [`Op::Put`].
+pub fn encode<T: Serialize>(table: Table, key: &str, value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|source| StoreError::Codec {
+        table,
+        key: key.to_string(),
+        source,
+    })
+}
+
+/// The metadata database.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path` and makes sure every table
+    /// exists, so readers never see a missing table.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(|source| StoreError::Open {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        let w = db.begin_write().map_err(tx)?;
+        for t in Table::ALL {
+            w.open_table(t.def()).map_err(tx)?;
+        }
+        w.commit().map_err(tx)?;
+        Ok(Self { db })
+    }
+
+    /// Inserts or replaces one record, durably.
+    pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StoreError> {
+        let bytes = encode(table, key, value)?;
+        self.apply(vec![Op::Put(table, key.to_string(), bytes)])
+    }
+
+    /// Deletes one record, durably. Deleting a missing key is not an error.
+    pub fn delete(&self, table: Table, key: &str) -> Result<(), StoreError> {
+        self.apply(vec![Op::Delete(table, key.to_string())])
+    }
+
+    /// Applies several changes in one transaction: all or none.
+    pub fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        let w = self.db.begin_write().map_err(tx)?;
+        {
+            for op in &ops {
+                match op {
+                    Op::Put(t, k, v) => {
+                        let mut table = w.open_table(t.def()).map_err(tx)?;
+                        table.insert(k.as_str(), v.as_slice()).map_err(tx)?;
+                    }
+                    Op::Delete(t, k) => {
+                        let mut table = w.open_table(t.def()).map_err(tx)?;
+                        table.remove(k.as_str()).map_err(tx)?;
+                    }
+                }
+            }
+        }
+        w.commit().map_err(tx)
+    }
+
+    /// Reads one record.
+    pub fn get<T: DeserializeOwned>(&self, table: Table, key: &str) -> Result<Option<T>, StoreError> {
+        let r = self.db.begin_read().map_err(tx)?;
+        let t = r.open_table(table.def()).map_err(tx)?;
+        let Some(v) = t.get(key).map_err(tx)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(v.value())
+            .map(Some)
+            .map_err(|source| StoreError::Codec {
+                table,
+                key: key.to_string(),
+                source,
+            })
+    }
+
+    /// Reads every record of a table, in key order. A record that cannot be
+    /// decoded is returned as an error for that key rather than failing the
+    /// whole listing, so start-up can report it and carry on.
+    pub fn list<T: DeserializeOwned>(
+        &self,
+        table: Table,
+    ) -> Result<Vec<(String, Result<T, StoreError>)>, StoreError> {
+        let r = self.db.begin_read().map_err(tx)?;
+        let t = r.open_table(table.def()).map_err(tx)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(tx)? {
+            let (k, v) = item.map_err(tx)?;
+            let key = k.value().to_string();
+            let rec = serde_json::from_slice(v.value()).map_err(|source| StoreError::Codec {
+                table,
+                key: key.clone(),
+                source,
+            });
+            out.push((key, rec));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    struct Rec {
+        name: String,
+        n: u32,
+    }
+
+    #[test]
+    fn store_should_persist_across_reopen() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().map_err(tx)?;
+        let path = dir.path().join("meta.redb");
+        {
+            let s = Store::open(&path)?;
+            s.put(Table::Containers, "a", &Rec { name: "x".into(), n: 1 })?;
+            s.put(Table::Containers, "b", &Rec { name: "y".into(), n: 2 })?;
+            s.delete(Table::Containers, "b")?;
+            s.delete(Table::Containers, "missing")?;
+        }
+        let s = Store::open(&path)?;
+        let got: Option<Rec> = s.get(Table::Containers, "a")?;
+        assert_eq!(got, Some(Rec { name: "x".into(), n: 1 }));
+        let all = s.list::<Rec>(Table::Containers)?;
+        assert_eq!(all.len(), 1);
+        assert!(s.get::<Rec>(Table::Sandboxes, "a")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn store_apply_should_be_atomic_across_tables() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().map_err(tx)?;
+        let s = Store::open(&dir.path().join("meta.redb"))?;
+        let r = Rec { name: "p".into(), n: 3 };
+        s.apply(vec![
+            Op::Put(Table::Sandboxes, "p".into(), encode(Table::Sandboxes, "p", &r)?),
+            Op::Put(Table::Containers, "c".into(), encode(Table::Containers, "c", &r)?),
+        ])?;
+        assert!(s.get::<Rec>(Table::Sandboxes, "p")?.is_some());
+        assert!(s.get::<Rec>(Table::Containers, "c")?.is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn store_list_should_report_undecodable_records_individually() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().map_err(tx)?;
+        let s = Store::open(&dir.path().join("meta.redb"))?;
+        s.apply(vec![Op::Put(Table::Images, "bad".into(), b"{not json".to_vec())])?;
+        s.put(Table::Images, "good", &Rec { name: "g".into(), n: 0 })?;
+        let all = s.list::<Rec>(Table::Images)?;
+        assert_eq!(all.len(), 2);
+        assert!(all.iter().any(|(k, r)| k == "bad" && r.is_err()));
+        assert!(all.iter().any(|(k, r)| k == "good" && r.is_ok()));
+        Ok(())
+    }
+}
