@@ -1,1 +1,435 @@
-//! runc (being written).
+//! A thin async wrapper over the runc command line.
+//!
+//! Every call passes `--root`, so runc's state lives in Petrel's own state
+//! directory and never in the host's shared `/run/runc`. Container creation is
+//! not here: the shim runs `runc create` so that it becomes the parent (as a
+//! subreaper) of the container's init process and holds its stdio.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use oci_spec::runtime::{LinuxResources, Process};
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+/// Errors of runc invocations.
+#[derive(Debug, thiserror::Error)]
+pub enum RuncError {
+    /// The runc binary could not be started.
+    #[error("run {binary}: {source}")]
+    Spawn {
+        /// The binary.
+        binary: PathBuf,
+        /// The spawn error.
+        source: std::io::Error,
+    },
+    /// runc ran and failed.
+    #[error("runc {command} {id}: {message}")]
+    Failed {
+        /// The runc subcommand.
+        command: &'static str,
+        /// The container id.
+        id: String,
+        /// runc's error message.
+        message: String,
+    },
+    /// The container is unknown to runc.
+    #[error("runc: container {0} does not exist")]
+    NotFound(String),
+    /// runc's output could not be understood.
+    #[error("runc {command}: unexpected output: {reason}")]
+    Output {
+        /// The runc subcommand.
+        command: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A file for the call could not be written or read.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// An exec did not finish within its timeout; its process was killed.
+    #[error("exec in {id} timed out after {timeout:?}")]
+    Timeout {
+        /// The container id.
+        id: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+}
+
+/// A container's state as `runc state` reports it.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RuncState {
+    /// The container id.
+    pub id: String,
+    /// The init process id (0 when stopped).
+    #[serde(default)]
+    pub pid: i64,
+    /// `created`, `running`, `paused` or `stopped`.
+    pub status: String,
+    /// The bundle directory.
+    #[serde(default)]
+    pub bundle: String,
+}
+
+/// The result of an exec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// The process's exit code (128 + signal when killed by a signal).
+    pub exit_code: i32,
+    /// Everything written to standard output.
+    pub stdout: Vec<u8>,
+    /// Everything written to standard error.
+    pub stderr: Vec<u8>,
+}
+
+/// The runc binary and its state directory.
+#[derive(Debug, Clone)]
+pub struct Runc {
+    binary: PathBuf,
+    root: PathBuf,
+}
+
+impl Runc {
+    /// A runc wrapper using `binary` and keeping its state under `root`.
+    pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+            root: root.into(),
+        }
+    }
+
+    /// The runc binary.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// runc's state directory (`--root`).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.binary);
+        c.arg("--root").arg(&self.root);
+        c.stdin(Stdio::null()).kill_on_drop(true);
+        c
+    }
+
+    async fn run(&self, command: &'static str, id: &str, mut c: Command) -> Result<Vec<u8>, RuncError> {
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let out = c.output().await.map_err(|source| RuncError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        if out.status.success() {
+            return Ok(out.stdout);
+        }
+        let message = error_message(&out.stderr);
+        if message.contains("does not exist") || message.contains("container not found") {
+            return Err(RuncError::NotFound(id.to_string()));
+        }
+        Err(RuncError::Failed {
+            command,
+            id: id.to_string(),
+            message,
+        })
+    }
+
+    /// Starts a created container (`runc start`).
+    pub async fn start(&self, id: &str) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("start").arg(id);
+        self.run("start", id, c).await.map(drop)
+    }
+
+    /// Sends `signal` to the container's init process, or to every process of
+    /// the container with `all`.
+    pub async fn kill(&self, id: &str, signal: i32, all: bool) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("kill");
+        if all {
+            c.arg("--all");
+        }
+        c.arg(id).arg(signal.to_string());
+        self.run("kill", id, c).await.map(drop)
+    }
+
+    /// Deletes the container from runc (`--force` kills it first). A
+    /// container runc does not know is already deleted: not an error.
+    pub async fn delete(&self, id: &str, force: bool) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("delete");
+        if force {
+            c.arg("--force");
+        }
+        c.arg(id);
+        match self.run("delete", id, c).await {
+            Err(RuncError::NotFound(_)) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// The container's state, or `None` when runc does not know it.
+    pub async fn state(&self, id: &str) -> Result<Option<RuncState>, RuncError> {
+        let mut c = self.command();
+        c.arg("state").arg(id);
+        match self.run("state", id, c).await {
+            Ok(out) => serde_json::from_slice(&out)
+                .map(Some)
+                .map_err(|e| RuncError::Output {
+                    command: "state",
+                    reason: e.to_string(),
+                }),
+            Err(RuncError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every container in runc's state directory.
+    pub async fn list(&self) -> Result<Vec<RuncState>, RuncError> {
+        let mut c = self.command();
+        c.args(["list", "--format", "json"]);
+        let out = self.run("list", "", c).await?;
+        let trimmed = String::from_utf8_lossy(&out);
+        let trimmed = trimmed.trim();
+        if trimmed.is_empty() || trimmed == "null" {
+            return Ok(Vec::new());
+        }
+        serde_json::from_str(trimmed).map_err(|e| RuncError::Output {
+            command: "list",
+            reason: e.to_string(),
+        })
+    }
+
+    /// Applies new resource limits to a running container (`runc update`).
+    pub async fn update(&self, id: &str, resources: &LinuxResources) -> Result<(), RuncError> {
+        let json = serde_json::to_vec(resources).map_err(|e| RuncError::Output {
+            command: "update",
+            reason: e.to_string(),
+        })?;
+        let mut c = self.command();
+        c.args(["update", "--resources", "-", id])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|source| RuncError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A write error surfaces as runc's own failure below.
+            let _ = stdin.write_all(&json).await;
+        }
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|source| RuncError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let message = error_message(&out.stderr);
+        if message.contains("does not exist") {
+            return Err(RuncError::NotFound(id.to_string()));
+        }
+        Err(RuncError::Failed {
+            command: "update",
+            id: id.to_string(),
+            message,
+        })
+    }
+
+    /// Runs `process` inside the container and collects its output.
+    ///
+    /// `work_dir` holds the call's process file and pid file (removed
+    /// afterwards). On timeout the exec'd process itself is killed (not only
+    /// runc), waited for, and [`RuncError::Timeout`] is returned, so no
+    /// zombie or stray process is left to block a later stop.
+    pub async fn exec(
+        &self,
+        id: &str,
+        process: &Process,
+        work_dir: &Path,
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuncError> {
+        let tag = unique_tag();
+        let process_file = work_dir.join(format!("exec-{tag}.json"));
+        let pid_file = work_dir.join(format!("exec-{tag}.pid"));
+        let json = serde_json::to_vec(process).map_err(|e| RuncError::Output {
+            command: "exec",
+            reason: e.to_string(),
+        })?;
+        tokio::fs::write(&process_file, json)
+            .await
+            .map_err(|source| RuncError::Io {
+                op: "write",
+                path: process_file.clone(),
+                source,
+            })?;
+        let result = self
+            .exec_inner(id, &process_file, &pid_file, timeout)
+            .await;
+        let _ = tokio::fs::remove_file(&process_file).await;
+        let _ = tokio::fs::remove_file(&pid_file).await;
+        result
+    }
+
+    async fn exec_inner(
+        &self,
+        id: &str,
+        process_file: &Path,
+        pid_file: &Path,
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuncError> {
+        let mut c = self.command();
+        c.arg("exec")
+            .arg("--process")
+            .arg(process_file)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .arg(id)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().map_err(|source| RuncError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        let waited = match timeout {
+            Some(t) => tokio::time::timeout(t, child.wait_with_output()).await,
+            None => Ok(child.wait_with_output().await),
+        };
+        let out = match waited {
+            Ok(r) => r.map_err(|source| RuncError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?,
+            Err(_) => {
+                // The future owning the child was dropped: kill_on_drop kills
+                // runc and tokio reaps it in the background. Kill the exec'd
+                // process too, by the pid runc wrote, or it would live on.
+                if let Ok(s) = tokio::fs::read_to_string(pid_file).await {
+                    if let Ok(pid) = s.trim().parse::<i32>() {
+                        if pid > 0 {
+                            // SAFETY: kill(2) with a pid runc reported for this exec.
+                            unsafe { libc::kill(pid, libc::SIGKILL) };
+                        }
+                    }
+                }
+                return Err(RuncError::Timeout {
+                    id: id.to_string(),
+                    timeout: timeout.unwrap_or_default(),
+                });
+            }
+        };
+        // runc exec exits with the process's exit code; runc's own failures
+        // (e.g. the binary is missing) also come back as a code with a message
+        // on stderr, as with containerd and CRI-O.
+        let exit_code = match out.status.code() {
+            Some(c) => c,
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                128 + out.status.signal().unwrap_or(0)
+            }
+        };
+        if exit_code != 0 && out.stdout.is_empty() {
+            let msg = error_message(&out.stderr);
+            if msg.contains("does not exist") || msg.contains("cannot exec in a stopped") {
+                return Err(RuncError::Failed {
+                    command: "exec",
+                    id: id.to_string(),
+                    message: msg,
+                });
+            }
+        }
+        Ok(ExecOutput {
+            exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        })
+    }
+}
+
+fn unique_tag() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Extracts the message of runc's last error line.
+///
+/// runc logs `time="..." level=error msg="..."` (text) or
+/// `{"level":"error","msg":"..."}` (JSON); anything else is returned trimmed.
+pub fn error_message(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let mut last = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            if let Some(m) = v.get("msg").and_then(|m| m.as_str()) {
+                last = Some(m.to_string());
+                continue;
+            }
+        }
+        if let Some(idx) = line.find("msg=") {
+            let rest = &line[idx + 4..];
+            let msg = if let Some(stripped) = rest.strip_prefix('"') {
+                unquote(stripped)
+            } else {
+                rest.split_whitespace().next().unwrap_or("").to_string()
+            };
+            last = Some(msg);
+            continue;
+        }
+        last = Some(line.to_string());
+    }
+    last.unwrap_or_else(|| "runc failed without a message".to_string())
+}
+
+/// Reads a Go-quoted string body (after the opening quote) up to its closing quote.
+fn unquote(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => break,
+            '\\' => match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some(other) => out.push(other),
+                None => break,
+            },
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_message_should_read_text_and_json_logs() {
+        let text = b"time=\"2026-01-01T00:00:00Z\" level=error msg=\"container \\\"x\\\" does not exist\"\n";
+        assert_eq!(error_message(text), "container \"x\" does not exist");
+        let json = b"{\"level\":\"warning\",\"msg\":\"w\"}\n{\"level\":\"error\",\"msg\":\"boom\"}\n";
+        assert_eq!(error_message(json), "boom");
+        assert_eq!(error_message(b"plain failure\n"), "plain failure");
+        assert_eq!(error_message(b""), "runc failed without a message");
+    }
+}
