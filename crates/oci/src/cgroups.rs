@@ -1,1 +1,0 @@
-//! cgroups (being written).
