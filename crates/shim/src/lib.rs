@@ -26,6 +26,12 @@
 //! the container's stdio, so a runtime crash or restart loses nothing.
 
 use std::fmt;
+use std::fs::OpenOptions;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// File in the bundle where the shim records the container's exit.
 pub const EXIT_FILE: &str = "exit";
@@ -34,6 +40,15 @@ pub const CTL_FIFO: &str = "ctl";
 /// FIFO in the bundle on which the shim answers each command with one line,
 /// `ok` or `error <message>`, when a reader has it open.
 pub const ACK_FIFO: &str = "ack";
+/// Temporary name of [`EXIT_FILE`] while the shim writes it; renamed once
+/// complete and synced.
+pub const EXIT_TMP_FILE: &str = "exit.tmp";
+/// Descriptor at which a shim started with `--stdin` (and without `--tty`)
+/// holds the write end of the container's stdin pipe. To attach, the runtime
+/// opens `/proc/<shim pid>/fd/3` for writing, which opens the same pipe;
+/// [`Command::CloseStdin`] closes the shim's end (the container then sees EOF
+/// once every attached writer has closed too).
+pub const STDIN_FD: i32 = 3;
 /// File in the bundle where runc writes the container's init pid.
 pub const INIT_PID_FILE: &str = "init.pid";
 /// The shim's own diagnostics (and runc's log) inside the bundle.
@@ -98,7 +113,11 @@ impl Handshake {
     pub fn parse(line: &str) -> Option<Self> {
         let line = line.trim_end_matches('\n');
         if let Some(rest) = line.strip_prefix("ok ") {
-            return rest.trim().parse().ok().map(|init_pid| Self::Ok { init_pid });
+            return rest
+                .trim()
+                .parse()
+                .ok()
+                .map(|init_pid| Self::Ok { init_pid });
         }
         line.strip_prefix("error ")
             .map(|msg| Self::Error(msg.to_string()))
@@ -141,6 +160,90 @@ impl Command {
             _ => None,
         }
     }
+}
+
+/// Sends `command` to the shim serving `bundle` and waits up to `timeout`
+/// for its answer: `Ok` for `ok`, an error carrying the shim's message for
+/// `error <message>`, `NotConnected` when no shim reads the control FIFO
+/// (it has exited), `TimedOut` without an answer.
+///
+/// Blocking; commands to one shim must not be sent concurrently (answers
+/// share the acknowledgement FIFO).
+pub fn send_command(bundle: &Path, command: Command, timeout: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    // Open the answer FIFO first: the shim only answers a present reader.
+    let mut ack = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(bundle.join(ACK_FIFO))?;
+    let mut ctl = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(bundle.join(CTL_FIFO))
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => io::Error::new(io::ErrorKind::NotConnected, "shim is not running"),
+            _ => e,
+        })?;
+    let mut line = command.as_str().as_bytes().to_vec();
+    line.push(b'\n');
+    ctl.write_all(&line)?;
+    drop(ctl);
+
+    let mut answer = Vec::new();
+    loop {
+        let mut chunk = [0u8; 512];
+        match ack.read(&mut chunk) {
+            Ok(0) if !answer.is_empty() => break,
+            Ok(n) if n > 0 => {
+                answer.extend_from_slice(&chunk[..n]);
+                if answer.ends_with(b"\n") {
+                    break;
+                }
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer from shim",
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: ack.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: poll reads and writes the one pollfd we own.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer from shim",
+            ));
+        } else if pfd.revents & libc::POLLIN == 0 {
+            // A writer came and went without a word.
+            return Err(io::Error::other("shim closed the answer without a reply"));
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    let answer = answer.trim_end();
+    if answer == "ok" {
+        return Ok(());
+    }
+    Err(io::Error::other(
+        answer.strip_prefix("error ").unwrap_or(answer).to_owned(),
+    ))
 }
 
 #[cfg(test)]

@@ -1,1 +1,580 @@
-fn main() {}
+//! `petrel-shim`: one small process per container. It creates the container
+//! through `runc create`, holds its stdio, writes the CRI log, serves
+//! commands on a FIFO and records the container's exit. See the library
+//! (`petrel_shim`) for the contract with the runtime.
+//!
+//! One thread, one `poll(2)` loop without a timeout while the container runs:
+//! an idle shim costs no CPU, and its memory is a few pages of buffers.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use petrel_shim::{
+    Command, ExitRecord, Handshake, ACK_FIFO, CTL_FIFO, EXIT_FILE, EXIT_TMP_FILE, INIT_PID_FILE,
+    SHIM_LOG, STDIN_FD,
+};
+
+/// Writes a diagnostic line to standard error (the bundle's `shim.log`).
+macro_rules! diag {
+    ($($arg:tt)*) => {
+        $crate::diag_write(format_args!($($arg)*))
+    };
+}
+
+mod args;
+mod console;
+mod log;
+mod runc;
+mod sys;
+mod time;
+
+use args::Args;
+use console::ConsoleSocket;
+use log::{LineSplitter, LogFile, Stream};
+use runc::{CreateStdio, Runc};
+
+/// Size of the one buffer container output is read into.
+const READ_BUF: usize = 16 * 1024;
+/// How long output is still drained after the container's init exited
+/// (processes that escaped into a shared PID namespace may hold the pipes).
+const DRAIN_AFTER_EXIT_NS: i64 = 1_000_000_000;
+/// Longest command line accepted on the control FIFO.
+const MAX_COMMAND: usize = 64;
+
+fn diag_write(args: fmt::Arguments<'_>) {
+    let mut ts = [0u8; time::TIMESTAMP_LEN];
+    time::format_rfc3339_nano(time::realtime_ns(), &mut ts);
+    let ts = std::str::from_utf8(&ts).unwrap_or_default();
+    // Nothing sensible is left to do if standard error is gone.
+    let _ = writeln!(io::stderr().lock(), "{ts} petrel-shim: {args}");
+}
+
+fn main() {
+    let args = match args::parse(std::env::args_os().skip(1)) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("petrel-shim: {e}\n{}", args::USAGE);
+            handshake(&Handshake::Error(format!("invalid arguments: {e}")));
+            std::process::exit(2);
+        }
+    };
+    let code = match start(args) {
+        Ok(shim) => {
+            handshake(&Handshake::Ok {
+                init_pid: shim.init_pid.unsigned_abs(),
+            });
+            // The runtime reads the handshake to its end.
+            match sys::open_raw(Path::new("/dev/null"), libc::O_WRONLY) {
+                Ok(null) => {
+                    if let Err(e) = sys::replace_fd(&null, libc::STDOUT_FILENO) {
+                        diag!("redirect standard output: {e}");
+                    }
+                }
+                Err(e) => diag!("open /dev/null: {e}"),
+            }
+            shim.serve()
+        }
+        Err(msg) => {
+            diag!("{msg}");
+            handshake(&Handshake::Error(msg));
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+/// Writes the handshake line to standard output.
+fn handshake(h: &Handshake) {
+    if let Err(e) = sys::write_all_fd(libc::STDOUT_FILENO, h.to_string().as_bytes()) {
+        diag!("write handshake: {e}");
+    }
+}
+
+/// One output stream of the container being copied into the log.
+struct Output {
+    file: File,
+    splitter: LineSplitter,
+}
+
+impl Output {
+    fn new(fd: OwnedFd, stream: Stream) -> io::Result<Self> {
+        sys::set_nonblocking(&fd)?;
+        Ok(Self {
+            file: File::from(fd),
+            splitter: LineSplitter::new(stream),
+        })
+    }
+}
+
+/// The shim once the container is created.
+struct Shim {
+    init_pid: libc::pid_t,
+    log: Option<LogFile>,
+    sigfd: File,
+    ctl: File,
+    /// stdout and stderr, or the terminal master alone; `None` after EOF.
+    outputs: [Option<Output>; 2],
+    /// Our end of the container's stdin pipe (`--stdin`).
+    stdin: Option<OwnedFd>,
+    command: [u8; MAX_COMMAND],
+    command_len: usize,
+    command_overlong: bool,
+}
+
+/// The container's init has exited.
+#[derive(Clone, Copy)]
+struct Exited {
+    record: ExitRecord,
+    /// Monotonic time after which output is no longer waited for.
+    drain_deadline: i64,
+}
+
+/// Makes `path` absolute against the shim's starting directory, since the
+/// shim moves into the bundle.
+fn absolute(cwd: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        cwd.join(path)
+    }
+}
+
+/// Creates the container's stdin pipe with our write end at [`STDIN_FD`],
+/// where the runtime finds it to attach.
+fn stdin_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = sys::pipe()?;
+    let read = if read.as_raw_fd() == STDIN_FD {
+        let moved = sys::dup_above(&read, STDIN_FD + 1)?;
+        drop(read);
+        moved
+    } else {
+        read
+    };
+    let write = if write.as_raw_fd() == STDIN_FD {
+        write
+    } else {
+        let fixed = sys::dup_to(&write, STDIN_FD)?;
+        drop(write);
+        fixed
+    };
+    Ok((read, write))
+}
+
+/// Sets the process up, creates the container and returns the shim ready to
+/// serve; on failure the message for the handshake (nothing of the container
+/// remains).
+fn start(args: Args) -> Result<Shim, String> {
+    // First, so that nothing else has taken STDIN_FD.
+    let stdin_pipe = if args.stdin && !args.tty {
+        Some(stdin_pipe().map_err(|e| format!("create stdin pipe: {e}"))?)
+    } else {
+        None
+    };
+
+    let cwd = std::env::current_dir().map_err(|e| format!("get working directory: {e}"))?;
+    let bundle = absolute(&cwd, &args.bundle);
+    let runc_root = absolute(&cwd, &args.runc_root);
+    // A bare name is looked up in PATH.
+    let runc_bin = if args.runc.as_os_str().as_bytes().contains(&b'/') {
+        absolute(&cwd, &args.runc)
+    } else {
+        args.runc.clone()
+    };
+    let log_path = args.log_path.as_deref().map(|p| absolute(&cwd, p));
+
+    // 1. Outlive the runtime: own session, reaper of the container's
+    //    processes, signals read from a signalfd (SIGTERM/INT/HUP only noted).
+    if let Err(e) = sys::setsid() {
+        diag!("setsid: {e}");
+    }
+    sys::set_child_subreaper().map_err(|e| format!("become child subreaper: {e}"))?;
+    std::env::set_current_dir(&bundle)
+        .map_err(|e| format!("enter bundle {}: {e}", bundle.display()))?;
+    sys::ignore_signal(libc::SIGPIPE);
+    let sigfd =
+        sys::block_into_signalfd(&[libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+            .map_err(|e| format!("create signalfd: {e}"))?;
+
+    // The log must be writable before there is a container to log.
+    let log = match &log_path {
+        Some(path) => Some(
+            LogFile::open(path.clone())
+                .map_err(|e| format!("open log file {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+
+    // 2. The control FIFO (read-write: never EOF without a writer) and the
+    //    acknowledgement FIFO.
+    sys::mkfifo_fresh(Path::new(CTL_FIFO)).map_err(|e| format!("create fifo {CTL_FIFO}: {e}"))?;
+    let ctl = sys::open_raw(Path::new(CTL_FIFO), libc::O_RDWR | libc::O_NONBLOCK)
+        .map_err(|e| format!("open fifo {CTL_FIFO}: {e}"))?;
+    sys::mkfifo_fresh(Path::new(ACK_FIFO)).map_err(|e| format!("create fifo {ACK_FIFO}: {e}"))?;
+
+    // 3. The container's stdio.
+    let mut outputs: [Option<Output>; 2] = [None, None];
+    let mut stdin = None;
+    let mut console = None;
+    let stdio = if args.tty {
+        console = Some(ConsoleSocket::bind().map_err(|e| format!("bind console socket: {e}"))?);
+        CreateStdio {
+            stdin: Stdio::null(),
+            stdout: Stdio::null(),
+            stderr: Stdio::null(),
+        }
+    } else {
+        let pipes = || -> io::Result<_> {
+            let (out_r, out_w) = sys::pipe()?;
+            let (err_r, err_w) = sys::pipe()?;
+            Ok((
+                Output::new(out_r, Stream::Stdout)?,
+                out_w,
+                Output::new(err_r, Stream::Stderr)?,
+                err_w,
+            ))
+        };
+        let (out, out_w, err, err_w) = pipes().map_err(|e| format!("create stdio pipes: {e}"))?;
+        outputs = [Some(out), Some(err)];
+        let container_stdin = match stdin_pipe {
+            Some((read, write)) => {
+                stdin = Some(write);
+                Stdio::from(read)
+            }
+            None => Stdio::null(),
+        };
+        CreateStdio {
+            stdin: container_stdin,
+            stdout: out_w.into(),
+            stderr: err_w.into(),
+        }
+    };
+
+    // 4. runc create; the container-side ends are closed once it runs.
+    let runc = Runc {
+        bin: &runc_bin,
+        root: &runc_root,
+        log: bundle.join(SHIM_LOG),
+    };
+    let log_offset = std::fs::metadata(SHIM_LOG).map(|m| m.len()).unwrap_or(0);
+    let status = runc
+        .create(&bundle, &args.id, args.tty, stdio)
+        .map_err(|e| format!("run {}: {e}", runc_bin.display()))?;
+    if !status.success() {
+        let mut msg = runc::last_logged_error(&runc.log, log_offset);
+        if msg.is_none() {
+            // runc also prints its error to its stderr, the container's.
+            if let Some(err) = &mut outputs[1] {
+                let mut text = [0u8; 4096];
+                let n = err.file.read(&mut text).unwrap_or(0);
+                msg = runc::last_line(&String::from_utf8_lossy(&text[..n]));
+            }
+        }
+        let msg = msg.unwrap_or_else(|| format!("runc create failed ({status})"));
+        return Err(undo_create(&runc, &args.id, msg));
+    }
+    if let Some(console) = console {
+        let master = console
+            .receive_master()
+            .and_then(|fd| Output::new(fd, Stream::Stdout));
+        match master {
+            Ok(master) => outputs[0] = Some(master),
+            Err(e) => {
+                return Err(undo_create(
+                    &runc,
+                    &args.id,
+                    format!("receive terminal: {e}"),
+                ))
+            }
+        }
+    }
+
+    // 5. The init pid.
+    let init_pid = match read_init_pid() {
+        Ok(pid) => pid,
+        Err(e) => {
+            return Err(undo_create(
+                &runc,
+                &args.id,
+                format!("read {INIT_PID_FILE}: {e}"),
+            ))
+        }
+    };
+
+    Ok(Shim {
+        init_pid,
+        log,
+        sigfd,
+        ctl,
+        outputs,
+        stdin,
+        command: [0; MAX_COMMAND],
+        command_len: 0,
+        command_overlong: false,
+    })
+}
+
+fn read_init_pid() -> io::Result<libc::pid_t> {
+    let text = std::fs::read_to_string(INIT_PID_FILE)?;
+    text.trim()
+        .parse()
+        .ok()
+        .filter(|&pid: &libc::pid_t| pid > 0)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad pid {text:?}")))
+}
+
+/// Removes what a failed create may have left; returns `msg`.
+fn undo_create(runc: &Runc<'_>, id: &std::ffi::OsStr, msg: String) -> String {
+    match runc.delete_force(id) {
+        // A container that was never created is not an error here.
+        Ok(_) => {}
+        Err(e) => diag!("run runc delete: {e}"),
+    }
+    let _ = std::fs::remove_file(INIT_PID_FILE);
+    // Reap whatever runc left to us.
+    while sys::reap_any().is_some() {}
+    msg
+}
+
+impl Shim {
+    /// Runs until the container's init has exited and its output is drained;
+    /// records the exit and returns the shim's exit code.
+    fn serve(mut self) -> i32 {
+        let mut buf = [0u8; READ_BUF];
+        let mut exited = None;
+        // Children may have exited while runc create ran.
+        self.reap(&mut exited);
+        loop {
+            let timeout = match exited {
+                None => -1,
+                Some(Exited { drain_deadline, .. }) => {
+                    if self.outputs.iter().all(Option::is_none) {
+                        break;
+                    }
+                    let left = drain_deadline - time::monotonic_ns();
+                    if left <= 0 {
+                        break;
+                    }
+                    // Whole milliseconds, rounded up: never wake early.
+                    ((left + 999_999) / 1_000_000) as libc::c_int
+                }
+            };
+            let fd = |file: Option<&File>| libc::pollfd {
+                fd: file.map_or(-1, AsRawFd::as_raw_fd),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let mut fds = [
+                fd(Some(&self.sigfd)),
+                fd(Some(&self.ctl)),
+                fd(self.outputs[0].as_ref().map(|o| &o.file)),
+                fd(self.outputs[1].as_ref().map(|o| &o.file)),
+            ];
+            if let Err(e) = sys::poll(&mut fds, timeout) {
+                // Only possible with no memory left; do not spin.
+                diag!("poll: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            if fds[0].revents != 0 {
+                self.signals(&mut exited);
+            }
+            for (i, pfd) in fds[2..].iter().enumerate() {
+                if pfd.revents != 0 {
+                    self.read_output(i, &mut buf);
+                }
+            }
+            if fds[1].revents != 0 {
+                self.commands();
+            }
+        }
+
+        // Unterminated lines end as partial records.
+        for output in &mut self.outputs {
+            if let (Some(out), Some(log)) = (output.take(), &mut self.log) {
+                let mut out = out;
+                out.splitter.finish(log);
+                log.flush();
+            }
+        }
+        self.reap(&mut exited);
+        let Some(exited) = exited else {
+            // The loop only ends after init exited.
+            return 1;
+        };
+        match write_exit_record(&exited.record) {
+            Ok(()) => 0,
+            Err(e) => {
+                diag!("write exit record: {e}");
+                1
+            }
+        }
+    }
+
+    fn signals(&mut self, exited: &mut Option<Exited>) {
+        loop {
+            match sys::read_signal(&self.sigfd) {
+                Ok(Some(signo)) if signo == libc::SIGCHLD as u32 => {}
+                Ok(Some(signo)) => diag!("ignoring signal {signo}"),
+                Ok(None) => break,
+                Err(e) => {
+                    diag!("read signalfd: {e}");
+                    break;
+                }
+            }
+        }
+        self.reap(exited);
+    }
+
+    /// Reaps every exited child; notes init's exit.
+    fn reap(&mut self, exited: &mut Option<Exited>) {
+        while let Some((pid, status)) = sys::reap_any() {
+            if pid == self.init_pid && exited.is_none() {
+                *exited = Some(Exited {
+                    record: ExitRecord {
+                        exit_code: sys::exit_code(status),
+                        exited_at_ns: time::realtime_ns(),
+                    },
+                    drain_deadline: time::monotonic_ns() + DRAIN_AFTER_EXIT_NS,
+                });
+            }
+        }
+    }
+
+    fn read_output(&mut self, index: usize, buf: &mut [u8]) {
+        let Some(out) = &mut self.outputs[index] else {
+            return;
+        };
+        let eof = match out.file.read(buf) {
+            Ok(0) => true,
+            Ok(n) => {
+                if let Some(log) = &mut self.log {
+                    log.stamp();
+                    out.splitter.feed(&buf[..n], log);
+                    log.flush();
+                }
+                false
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                false
+            }
+            // A terminal master reads EIO once the container closed its side.
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => true,
+            Err(e) => {
+                diag!("read container output: {e}");
+                true
+            }
+        };
+        if eof {
+            if let Some(log) = &mut self.log {
+                out.splitter.finish(log);
+                log.flush();
+            }
+            self.outputs[index] = None;
+        }
+    }
+
+    fn commands(&mut self) {
+        let mut chunk = [0u8; 256];
+        loop {
+            let n = match (&self.ctl).read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    diag!("read {CTL_FIFO}: {e}");
+                    return;
+                }
+            };
+            for &byte in &chunk[..n] {
+                if byte == b'\n' {
+                    self.command_line();
+                } else if self.command_len < MAX_COMMAND {
+                    self.command[self.command_len] = byte;
+                    self.command_len += 1;
+                } else {
+                    self.command_overlong = true;
+                }
+            }
+        }
+    }
+
+    fn command_line(&mut self) {
+        let line = &self.command[..self.command_len];
+        let command = if self.command_overlong {
+            None
+        } else {
+            std::str::from_utf8(line).ok().and_then(Command::parse)
+        };
+        let overlong = self.command_overlong;
+        self.command_len = 0;
+        self.command_overlong = false;
+        let reply = match command {
+            Some(Command::ReopenLog) => match &mut self.log {
+                Some(log) => match log.reopen() {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(format!("reopen log {}: {e}", log.path().display())),
+                },
+                None => Ok(()),
+            },
+            Some(Command::CloseStdin) => {
+                // Closing twice, or without a stdin pipe, is not an error.
+                self.stdin = None;
+                Ok(())
+            }
+            None if overlong => Err("command too long".to_owned()),
+            None => Err("unknown command".to_owned()),
+        };
+        if let Err(msg) = &reply {
+            diag!("command failed: {msg}");
+        }
+        ack(&reply);
+    }
+}
+
+/// Answers a command on the acknowledgement FIFO if someone listens.
+fn ack(reply: &Result<(), String>) {
+    let line = match reply {
+        Ok(()) => "ok\n".to_owned(),
+        Err(msg) => format!("error {}\n", msg.replace('\n', " ")),
+    };
+    let mut fifo = match sys::open_raw(Path::new(ACK_FIFO), libc::O_WRONLY | libc::O_NONBLOCK) {
+        Ok(f) => f,
+        // Nobody reads: the runtime did not ask for an answer.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return,
+        Err(e) => {
+            diag!("open {ACK_FIFO}: {e}");
+            return;
+        }
+    };
+    if let Err(e) = fifo.write_all(line.as_bytes()) {
+        diag!("write {ACK_FIFO}: {e}");
+    }
+}
+
+/// Writes the exit record atomically: a complete file appears under its name
+/// or none does, and both survive a crash of the machine.
+fn write_exit_record(record: &ExitRecord) -> io::Result<()> {
+    let mut tmp = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(EXIT_TMP_FILE)?;
+    tmp.write_all(record.to_string().as_bytes())?;
+    tmp.sync_all()?;
+    drop(tmp);
+    std::fs::rename(EXIT_TMP_FILE, EXIT_FILE)?;
+    File::open(".")?.sync_all()
+}
