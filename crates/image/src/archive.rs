@@ -1,0 +1,519 @@
+//! Reading image archives: the outer tar is streamed once into a private
+//! directory (every member hashed on the way), then the OCI image layout or
+//! docker-archive metadata is interpreted into import plans whose blobs are
+//! all verified against their digests and sizes.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use oci_spec::image::{
+    Arch, Descriptor, ImageConfiguration, ImageIndex, ImageManifest, MediaType, Os,
+    ANNOTATION_REF_NAME,
+};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::digest::HashingReader;
+use crate::reference::{self, is_hex64};
+use crate::ImageError;
+
+/// JSON documents (index, manifest, config) larger than this are refused.
+const MAX_JSON: u64 = 8 << 20;
+/// Nesting limit for image indexes and member symlinks.
+const MAX_DEPTH: usize = 8;
+/// containerd's annotation carrying the full image name.
+const CONTAINERD_NAME: &str = "io.containerd.image.name";
+
+const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// A regular member of the archive, extracted and hashed.
+#[derive(Debug, Clone)]
+pub(crate) struct Member {
+    /// Where its content now lives.
+    pub file: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    /// `sha256:<hex>` of its content.
+    pub digest: String,
+}
+
+/// The extracted members of an archive.
+pub(crate) struct Extracted {
+    archive: PathBuf,
+    files: HashMap<String, Member>,
+    /// Symlinks and hard links between members: name → cleaned target.
+    aliases: HashMap<String, String>,
+}
+
+/// One layer of an image to import.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedLayer {
+    /// The compressed (or plain) layer blob.
+    pub blob: Member,
+    /// The diff id the uncompressed stream must hash to.
+    pub diff_id: String,
+}
+
+/// One image found in an archive, its blobs verified.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// `sha256:<hex>` of the config blob.
+    pub id: String,
+    pub config: ImageConfiguration,
+    /// Base layer first.
+    pub layers: Vec<PlannedLayer>,
+    /// Normalised `name:tag` references.
+    pub tags: Vec<String>,
+    /// `sha256:<hex>` of the manifest, when the archive has one (OCI).
+    pub manifest_digest: Option<String>,
+}
+
+fn clean_member_path(p: &str) -> Option<String> {
+    let mut out: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            c => out.push(c),
+        }
+    }
+    Some(out.join("/"))
+}
+
+impl Extracted {
+    fn invalid(&self, reason: impl Into<String>) -> ImageError {
+        ImageError::InvalidArchive {
+            path: self.archive.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Streams `archive` once, copying every regular member into `dir` and
+    /// hashing it. Names that climb out of the archive are refused.
+    pub fn extract(archive: &Path, dir: &Path) -> Result<Self, ImageError> {
+        let f = File::open(archive).map_err(|e| ImageError::io("open archive", archive, e))?;
+        let mut tar = tar::Archive::new(io::BufReader::new(f));
+        let mut out = Extracted {
+            archive: archive.to_path_buf(),
+            files: HashMap::new(),
+            aliases: HashMap::new(),
+        };
+        let read_err = |e: io::Error| ImageError::io("read archive", archive, e);
+        for (n, entry) in tar.entries().map_err(read_err)?.enumerate() {
+            let mut entry = entry.map_err(read_err)?;
+            let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let name = clean_member_path(&raw)
+                .ok_or_else(|| out.invalid(format!("member {raw:?} climbs out of the archive")))?;
+            match entry.header().entry_type() {
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let file = dir.join(n.to_string());
+                    let mut dst =
+                        File::create(&file).map_err(|e| ImageError::io("create", &file, e))?;
+                    let mut hr = HashingReader::new(&mut entry);
+                    io::copy(&mut hr, &mut dst).map_err(read_err)?;
+                    let (digest, size) = hr.finish().map_err(read_err)?;
+                    out.aliases.remove(&name);
+                    out.files.insert(name, Member { file, size, digest });
+                }
+                kind @ (tar::EntryType::Symlink | tar::EntryType::Link) => {
+                    let target = entry
+                        .link_name_bytes()
+                        .map(|t| String::from_utf8_lossy(&t).into_owned())
+                        .unwrap_or_default();
+                    // Symlinks are relative to their directory, hard links to
+                    // the archive root.
+                    let joined = if kind == tar::EntryType::Symlink && !target.starts_with('/') {
+                        match name.rsplit_once('/') {
+                            Some((d, _)) => format!("{d}/{target}"),
+                            None => target.clone(),
+                        }
+                    } else {
+                        target.clone()
+                    };
+                    let resolved = clean_member_path(&joined).ok_or_else(|| {
+                        out.invalid(format!("link {raw:?} points out of the archive"))
+                    })?;
+                    out.files.remove(&name);
+                    out.aliases.insert(name, resolved);
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// A member by name, following links between members.
+    pub fn member(&self, name: &str) -> Result<&Member, ImageError> {
+        let mut name = clean_member_path(name)
+            .ok_or_else(|| self.invalid(format!("{name:?} points out of the archive")))?;
+        for _ in 0..MAX_DEPTH {
+            if let Some(m) = self.files.get(&name) {
+                return Ok(m);
+            }
+            match self.aliases.get(&name) {
+                Some(next) => name = next.clone(),
+                None => return Err(self.invalid(format!("member {name:?} is missing"))),
+            }
+        }
+        Err(self.invalid(format!("too many links resolving {name:?}")))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.files.contains_key(name) || self.aliases.contains_key(name)
+    }
+
+    fn read_member(&self, m: &Member, what: &str) -> Result<Vec<u8>, ImageError> {
+        if m.size > MAX_JSON {
+            return Err(self.invalid(format!("{what} is larger than {MAX_JSON} bytes")));
+        }
+        std::fs::read(&m.file).map_err(|e| ImageError::io("read", &m.file, e))
+    }
+
+    fn parse_json<T: DeserializeOwned>(&self, data: &[u8], what: &str) -> Result<T, ImageError> {
+        serde_json::from_slice(data).map_err(|e| self.invalid(format!("{what}: {e}")))
+    }
+
+    /// The blob a descriptor names, verified against its digest and size.
+    fn blob(&self, desc: &Descriptor, what: &str) -> Result<&Member, ImageError> {
+        let digest = desc.digest().to_string();
+        reference::validate_digest(&digest)
+            .map_err(|r| ImageError::Unsupported(format!("{what}: {r}")))?;
+        let hex = &digest["sha256:".len()..];
+        let m = self.member(&format!("blobs/sha256/{hex}"))?;
+        verify(m, &digest, what)?;
+        if m.size != desc.size() {
+            return Err(ImageError::SizeMismatch {
+                what: format!("{what} {digest}"),
+                expected: desc.size(),
+                actual: m.size,
+            });
+        }
+        Ok(m)
+    }
+
+    /// Interprets the archive as an OCI image layout (preferred when
+    /// `index.json` exists, as in newer `docker save` output) or a docker
+    /// archive.
+    pub fn plans(&self) -> Result<Vec<Plan>, ImageError> {
+        let plans = if self.has("index.json") {
+            self.oci_plans()?
+        } else if self.has("manifest.json") {
+            self.docker_plans()?
+        } else {
+            return Err(self.invalid("neither index.json nor manifest.json found"));
+        };
+        if plans.is_empty() {
+            return Err(self.invalid("no linux/amd64 image found"));
+        }
+        Ok(plans)
+    }
+
+    fn oci_plans(&self) -> Result<Vec<Plan>, ImageError> {
+        let data = self.read_member(self.member("index.json")?, "index.json")?;
+        let index: ImageIndex = self.parse_json(&data, "index.json")?;
+        let mut plans: Vec<Plan> = Vec::new();
+        for desc in index.manifests() {
+            let names = names_from_annotations(desc);
+            let Some((manifest_desc, manifest)) = self.select_manifest(desc, 0)? else {
+                continue;
+            };
+            let digest = manifest_desc.digest().to_string();
+            let Some(mut plan) = self.manifest_plan(&manifest, &digest)? else {
+                continue;
+            };
+            plan.tags = names;
+            // The same image listed twice (under two names) is one plan.
+            match plans.iter_mut().find(|p| p.id == plan.id) {
+                Some(p) => merge_unique(&mut p.tags, plan.tags),
+                None => plans.push(plan),
+            }
+        }
+        Ok(plans)
+    }
+
+    /// Follows a descriptor down nested indexes to the linux/amd64 manifest.
+    fn select_manifest(
+        &self,
+        desc: &Descriptor,
+        depth: usize,
+    ) -> Result<Option<(Descriptor, ImageManifest)>, ImageError> {
+        if depth > MAX_DEPTH {
+            return Err(self.invalid("image indexes nested too deeply"));
+        }
+        if let Some(p) = desc.platform() {
+            if !(p.os() == &Os::Linux && p.architecture() == &Arch::Amd64) {
+                return Ok(None);
+            }
+        }
+        match desc.media_type() {
+            MediaType::ImageManifest => {}
+            MediaType::Other(t) if t == DOCKER_MANIFEST => {}
+            MediaType::ImageIndex => return self.select_from_index(desc, depth),
+            MediaType::Other(t) if t == DOCKER_MANIFEST_LIST => {
+                return self.select_from_index(desc, depth)
+            }
+            // Attestations, signatures and other artifacts.
+            _ => return Ok(None),
+        }
+        let m = self.blob(desc, "manifest")?;
+        let data = self.read_member(m, "manifest")?;
+        let manifest: ImageManifest = self.parse_json(&data, "manifest")?;
+        Ok(Some((desc.clone(), manifest)))
+    }
+
+    fn select_from_index(
+        &self,
+        desc: &Descriptor,
+        depth: usize,
+    ) -> Result<Option<(Descriptor, ImageManifest)>, ImageError> {
+        let m = self.blob(desc, "image index")?;
+        let data = self.read_member(m, "image index")?;
+        let index: ImageIndex = self.parse_json(&data, "image index")?;
+        for child in index.manifests() {
+            if let Some(found) = self.select_manifest(child, depth + 1)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Verifies a manifest's config and layers. `None` if the config is
+    /// not for linux/amd64.
+    fn manifest_plan(
+        &self,
+        manifest: &ImageManifest,
+        manifest_digest: &str,
+    ) -> Result<Option<Plan>, ImageError> {
+        let cm = self.blob(manifest.config(), "config")?;
+        let data = self.read_member(cm, "config")?;
+        let config: ImageConfiguration = self.parse_json(&data, "config")?;
+        if !is_host_platform(&config) {
+            return Ok(None);
+        }
+        let diff_ids = config.rootfs().diff_ids();
+        if diff_ids.len() != manifest.layers().len() {
+            return Err(self.invalid(format!(
+                "manifest {manifest_digest} has {} layers but its config {} diff ids",
+                manifest.layers().len(),
+                diff_ids.len()
+            )));
+        }
+        let mut layers = Vec::new();
+        for (desc, diff_id) in manifest.layers().iter().zip(diff_ids) {
+            check_layer_media_type(desc.media_type())?;
+            let blob = self.blob(desc, "layer")?.clone();
+            layers.push(self.planned_layer(blob, diff_id)?);
+        }
+        Ok(Some(Plan {
+            id: cm.digest.clone(),
+            config,
+            layers,
+            tags: Vec::new(),
+            manifest_digest: Some(manifest_digest.to_string()),
+        }))
+    }
+
+    fn planned_layer(&self, blob: Member, diff_id: &str) -> Result<PlannedLayer, ImageError> {
+        reference::validate_digest(diff_id)
+            .map_err(|r| self.invalid(format!("config diff id: {r}")))?;
+        Ok(PlannedLayer {
+            blob,
+            diff_id: diff_id.to_string(),
+        })
+    }
+
+    fn docker_plans(&self) -> Result<Vec<Plan>, ImageError> {
+        #[derive(Deserialize)]
+        struct Entry {
+            #[serde(rename = "Config")]
+            config: String,
+            #[serde(rename = "RepoTags", default)]
+            repo_tags: Option<Vec<String>>,
+            #[serde(rename = "Layers", default)]
+            layers: Vec<String>,
+        }
+        let data = self.read_member(self.member("manifest.json")?, "manifest.json")?;
+        let entries: Vec<Entry> = self.parse_json(&data, "manifest.json")?;
+        let mut plans: Vec<Plan> = Vec::new();
+        for e in entries {
+            let cm = self.member(&e.config)?;
+            verify_named(cm, &e.config, "config")?;
+            let data = self.read_member(cm, "config")?;
+            let config: ImageConfiguration = self.parse_json(&data, "config")?;
+            if !is_host_platform(&config) {
+                continue;
+            }
+            let diff_ids = config.rootfs().diff_ids();
+            if diff_ids.len() != e.layers.len() {
+                return Err(self.invalid(format!(
+                    "manifest.json lists {} layers for {} but its config {} diff ids",
+                    e.layers.len(),
+                    e.config,
+                    diff_ids.len()
+                )));
+            }
+            let mut layers = Vec::new();
+            for (path, diff_id) in e.layers.iter().zip(diff_ids) {
+                let m = self.member(path)?;
+                verify_named(m, path, "layer")?;
+                layers.push(self.planned_layer(m.clone(), diff_id)?);
+            }
+            let tags = e
+                .repo_tags
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|t| usable_tag(t))
+                .collect();
+            let plan = Plan {
+                id: cm.digest.clone(),
+                config,
+                layers,
+                tags,
+                manifest_digest: None,
+            };
+            match plans.iter_mut().find(|p| p.id == plan.id) {
+                Some(p) => merge_unique(&mut p.tags, plan.tags),
+                None => plans.push(plan),
+            }
+        }
+        Ok(plans)
+    }
+}
+
+/// Appends the items of `more` not yet in `into`, keeping order.
+pub(crate) fn merge_unique(into: &mut Vec<String>, more: impl IntoIterator<Item = String>) {
+    for m in more {
+        if !into.contains(&m) {
+            into.push(m);
+        }
+    }
+}
+
+fn verify(m: &Member, expected: &str, what: &str) -> Result<(), ImageError> {
+    if m.digest != expected {
+        return Err(ImageError::DigestMismatch {
+            what: format!("{what} blob"),
+            expected: expected.to_string(),
+            actual: m.digest.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Docker archives name content by digest (`blobs/sha256/<hex>`, or
+/// `<hex>.json` for old configs): when the name is a digest, it must match.
+fn verify_named(m: &Member, name: &str, what: &str) -> Result<(), ImageError> {
+    let base = name.rsplit('/').next().unwrap_or(name);
+    let hex = base.strip_suffix(".json").unwrap_or(base);
+    if is_hex64(hex) && (name.starts_with("blobs/sha256/") || base.ends_with(".json")) {
+        verify(m, &format!("sha256:{hex}"), &format!("{what} {name}"))?;
+    }
+    Ok(())
+}
+
+fn is_host_platform(config: &ImageConfiguration) -> bool {
+    config.os() == &Os::Linux && config.architecture() == &Arch::Amd64
+}
+
+fn check_layer_media_type(t: &MediaType) -> Result<(), ImageError> {
+    match t {
+        MediaType::ImageLayer
+        | MediaType::ImageLayerGzip
+        | MediaType::ImageLayerNonDistributable
+        | MediaType::ImageLayerNonDistributableGzip => Ok(()),
+        MediaType::ImageLayerZstd | MediaType::ImageLayerNonDistributableZstd => Ok(()),
+        MediaType::Other(s)
+            if s.starts_with("application/vnd.docker.image.rootfs.")
+                && (s.ends_with(".tar.gzip") || s.ends_with(".tar")) =>
+        {
+            Ok(())
+        }
+        other => Err(ImageError::Unsupported(format!("layer media type {other}"))),
+    }
+}
+
+/// A usable, normalised `name:tag` from a docker `RepoTags` entry or a full
+/// reference annotation; anything else is ignored with a warning.
+fn usable_tag(s: &str) -> Option<String> {
+    match reference::parse(s) {
+        Ok(r) if r.digest.is_none() => Some(r.to_string()),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(reference = %s, error = %e, "ignoring unusable image name in archive");
+            None
+        }
+    }
+}
+
+/// Names for an image from its index descriptor's annotations:
+/// `org.opencontainers.image.ref.name` is either a full reference or just a
+/// tag, which then takes its name from `io.containerd.image.name`.
+fn names_from_annotations(desc: &Descriptor) -> Vec<String> {
+    let Some(ann) = desc.annotations() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let full_name = ann.get(CONTAINERD_NAME).and_then(|n| usable_tag(n));
+    if let Some(r) = ann.get(ANNOTATION_REF_NAME) {
+        if r.contains('/') || r.contains(':') || r.contains('@') {
+            out.extend(usable_tag(r));
+        } else if reference::is_valid_tag(r) {
+            if let Some(full) = &full_name {
+                let name = full.rsplit_once(':').map_or(full.as_str(), |(n, _)| n);
+                out.extend(usable_tag(&format!("{name}:{r}")));
+            }
+        }
+    }
+    if let Some(full) = full_name {
+        merge_unique(&mut out, [full]);
+    }
+    out
+}
+
+/// Reads the first bytes of a stream without consuming them.
+pub(crate) fn peek<R: io::BufRead>(r: &mut R) -> io::Result<Vec<u8>> {
+    let buf = r.fill_buf()?;
+    Ok(buf[..buf.len().min(4)].to_vec())
+}
+
+/// Layer compression, recognised by magic bytes rather than media type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    /// Recognises gzip and zstd magic numbers; anything else is taken as tar.
+    pub fn sniff(head: &[u8]) -> Self {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Self::Gzip
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Self::Zstd
+        } else {
+            Self::None
+        }
+    }
+}
+
+/// Opens a layer blob as its uncompressed tar stream.
+pub(crate) fn open_layer(path: &Path) -> Result<Box<dyn Read>, ImageError> {
+    let f = File::open(path).map_err(|e| ImageError::io("open layer blob", path, e))?;
+    let mut r = io::BufReader::with_capacity(1 << 16, f);
+    let head = peek(&mut r).map_err(|e| ImageError::io("read layer blob", path, e))?;
+    Ok(match Compression::sniff(&head) {
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
+        Compression::None => Box::new(r),
+        Compression::Zstd => {
+            return Err(ImageError::Unsupported(
+                "zstd-compressed layers".to_string(),
+            ))
+        }
+    })
+}

@@ -1,0 +1,88 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Errors of the image store.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// No image, layer or archive member matches.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A reference (name, tag or digest) does not parse.
+    #[error("invalid reference {reference:?}: {reason}")]
+    InvalidReference {
+        /// The reference as given.
+        reference: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The archive is not a well-formed OCI image layout or docker archive.
+    #[error("invalid archive {path}: {reason}")]
+    InvalidArchive {
+        /// The archive file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Content does not hash to the digest that names it.
+    #[error("digest mismatch for {what}: expected {expected}, got {actual}")]
+    DigestMismatch {
+        /// The blob, layer or file concerned.
+        what: String,
+        /// The digest it should have.
+        expected: String,
+        /// The digest it has.
+        actual: String,
+    },
+    /// Content does not have the size its descriptor states.
+    #[error("size mismatch for {what}: expected {expected} bytes, got {actual}")]
+    SizeMismatch {
+        /// The blob concerned.
+        what: String,
+        /// The size it should have.
+        expected: u64,
+        /// The size it has.
+        actual: u64,
+    },
+    /// A layer entry was refused because it could write outside the layer
+    /// directory or is otherwise unsafe to create.
+    #[error("unsafe layer entry {path:?}: {reason}")]
+    UnsafeEntry {
+        /// The entry's path as written in the layer.
+        path: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The archive uses a feature this store does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation, e.g. "create directory".
+        op: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The metadata store failed.
+    #[error(transparent)]
+    Store(#[from] petrel_store::StoreError),
+}
+
+impl ImageError {
+    /// Builds an [`ImageError::Io`] from anything convertible to an I/O error
+    /// (std and rustix errors).
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        source: impl Into<std::io::Error>,
+    ) -> Self {
+        Self::Io {
+            op,
+            path: path.into(),
+            source: source.into(),
+        }
+    }
+}

@@ -1,0 +1,687 @@
+//! The image store: the in-memory index, its persistence in petrel-store,
+//! imports and removals.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use petrel_store::{encode, Op, Store, Table};
+use serde::{Deserialize, Serialize};
+
+use crate::archive::{merge_unique, open_layer, Extracted, Plan};
+use crate::digest::HashingReader;
+use crate::reference::{self, is_hex64};
+use crate::unpack::unpack_layer;
+use crate::{mounts, FsUsage, Image, ImageError};
+
+/// Prefixes of the temp directories the store creates under `<root>/tmp/`;
+/// each is followed by 16 hex characters. Only these are ever cleaned up.
+const TEMP_PREFIXES: [&str; 3] = ["import-", "layer-", "gc-"];
+/// Shortest id prefix [`ImageStore::get`] accepts.
+const MIN_ID_PREFIX: usize = 12;
+
+/// An image as persisted in `Table::Images` (keyed by id).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ImageRecord {
+    id: String,
+    #[serde(default)]
+    repo_tags: Vec<String>,
+    #[serde(default)]
+    repo_digests: Vec<String>,
+    #[serde(default)]
+    size: u64,
+    config: oci_spec::image::ImageConfiguration,
+    diff_ids: Vec<String>,
+}
+
+impl From<&Image> for ImageRecord {
+    fn from(i: &Image) -> Self {
+        Self {
+            id: i.id.clone(),
+            repo_tags: i.repo_tags.clone(),
+            repo_digests: i.repo_digests.clone(),
+            size: i.size,
+            config: i.config.clone(),
+            diff_ids: i.diff_ids.clone(),
+        }
+    }
+}
+
+impl From<ImageRecord> for Image {
+    fn from(r: ImageRecord) -> Self {
+        Self {
+            id: r.id,
+            repo_tags: r.repo_tags,
+            repo_digests: r.repo_digests,
+            size: r.size,
+            config: r.config,
+            diff_ids: r.diff_ids,
+        }
+    }
+}
+
+/// An unpacked layer as persisted in `Table::Layers` (keyed by diff id).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LayerRecord {
+    diff_id: String,
+    /// Bytes allocated to the unpacked layer.
+    #[serde(default)]
+    size: u64,
+    /// Inodes of the unpacked layer.
+    #[serde(default)]
+    inodes: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    images: BTreeMap<String, Image>,
+    /// Normalised tag → image id.
+    tags: HashMap<String, String>,
+    /// Repo digest → image id.
+    digests: HashMap<String, String>,
+    layers: HashMap<String, LayerRecord>,
+}
+
+impl Index {
+    fn insert(&mut self, image: Image) {
+        if let Some(old) = self.images.remove(&image.id) {
+            self.unlink_names(&old);
+        }
+        for t in &image.repo_tags {
+            self.tags.insert(t.clone(), image.id.clone());
+        }
+        for d in &image.repo_digests {
+            self.digests.insert(d.clone(), image.id.clone());
+        }
+        self.images.insert(image.id.clone(), image);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Image> {
+        let old = self.images.remove(id)?;
+        self.unlink_names(&old);
+        Some(old)
+    }
+
+    fn unlink_names(&mut self, image: &Image) {
+        for t in &image.repo_tags {
+            if self.tags.get(t) == Some(&image.id) {
+                self.tags.remove(t);
+            }
+        }
+        for d in &image.repo_digests {
+            if self.digests.get(d) == Some(&image.id) {
+                self.digests.remove(d);
+            }
+        }
+    }
+
+    /// The id `reference` designates (see [`ImageStore::get`]).
+    fn resolve(&self, reference: &str) -> Option<&Image> {
+        let r = reference.trim();
+        if let Some(hex) = r.strip_prefix("sha256:") {
+            if is_hex64(hex) {
+                return self.images.get(r);
+            }
+            return self.by_prefix(hex);
+        }
+        if is_hex64(r) {
+            return self.images.get(&format!("sha256:{r}"));
+        }
+        if let Ok(parsed) = reference::parse(r) {
+            let id = match &parsed.digest {
+                Some(d) => self.digests.get(&format!("{}@{d}", parsed.name)),
+                None => self.tags.get(&parsed.to_string()),
+            };
+            if let Some(image) = id.and_then(|id| self.images.get(id)) {
+                return Some(image);
+            }
+        }
+        self.by_prefix(r)
+    }
+
+    /// The one image whose id hex starts with `prefix` (>= 12 hex chars).
+    fn by_prefix(&self, prefix: &str) -> Option<&Image> {
+        if prefix.len() < MIN_ID_PREFIX
+            || !prefix
+                .bytes()
+                .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return None;
+        }
+        let start = format!("sha256:{prefix}");
+        let mut matches = self
+            .images
+            .range(start.clone()..)
+            .take_while(|(id, _)| id.starts_with(&start));
+        let first = matches.next()?;
+        match matches.next() {
+            Some(_) => None,
+            None => Some(first.1),
+        }
+    }
+}
+
+/// The image store. Cheap to read from many threads; imports and removals
+/// are serialised.
+pub struct ImageStore {
+    root: PathBuf,
+    mountpoint: PathBuf,
+    db: Store,
+    index: RwLock<Index>,
+    /// Held by import and remove for their whole duration, so the index
+    /// cannot change between planning a change and committing it.
+    writer: Mutex<()>,
+}
+
+impl std::fmt::Debug for ImageStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageStore")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_hex() -> Result<String, ImageError> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| ImageError::io("get random bytes", "", io::Error::other(e.to_string())))?;
+    Ok(hex::encode(b))
+}
+
+fn is_own_temp(name: &str) -> bool {
+    TEMP_PREFIXES.iter().any(|p| {
+        name.strip_prefix(p).is_some_and(|rest| {
+            rest.len() == 16 && rest.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        })
+    })
+}
+
+/// A temp directory removed when dropped (unless kept).
+struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    fn create(tmp_root: &Path, prefix: &str, mode: u32) -> Result<Self, ImageError> {
+        let path = tmp_root.join(format!("{prefix}{}", random_hex()?));
+        fs::DirBuilder::new()
+            .mode(mode)
+            .create(&path)
+            .map_err(|e| ImageError::io("create directory", &path, e))?;
+        // DirBuilder's mode is masked by the umask.
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .map_err(|e| ImageError::io("chmod", &path, e))?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        match fs::remove_dir_all(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot remove temp directory")
+            }
+        }
+    }
+}
+
+fn fsync_dir(path: &Path) -> Result<(), ImageError> {
+    fs::File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ImageError::io("sync directory", path, e))
+}
+
+impl ImageStore {
+    /// Opens the store rooted at `root` (`<runtime root>/images`): creates
+    /// its directories, opens `<root>/meta.redb`, loads the index, and
+    /// removes the temp directories of an interrupted import or removal
+    /// (only names it creates itself under `<root>/tmp/`).
+    pub fn open(root: &Path) -> Result<ImageStore, ImageError> {
+        for dir in [root.to_path_buf(), root.join("layers")] {
+            fs::create_dir_all(&dir).map_err(|e| ImageError::io("create directory", &dir, e))?;
+        }
+        let tmp = root.join("tmp");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&tmp)
+            .map_err(|e| ImageError::io("create directory", &tmp, e))?;
+        // Layers are unpacked below tmp/ before they are complete: keep
+        // them private.
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o700))
+            .map_err(|e| ImageError::io("chmod", &tmp, e))?;
+        let root = fs::canonicalize(root).map_err(|e| ImageError::io("resolve", root, e))?;
+        let store = ImageStore {
+            mountpoint: mounts::mountpoint_of(&root),
+            db: Store::open(&root.join("meta.redb"))?,
+            root,
+            index: RwLock::new(Index::default()),
+            writer: Mutex::new(()),
+        };
+        store.clean_temp()?;
+        store.load()?;
+        Ok(store)
+    }
+
+    fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    fn layer_dir(&self, diff_id: &str) -> PathBuf {
+        self.root
+            .join("layers")
+            .join(diff_id.strip_prefix("sha256:").unwrap_or(diff_id))
+    }
+
+    fn read_index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_index(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn clean_temp(&self) -> Result<(), ImageError> {
+        let tmp = self.tmp();
+        let entries = fs::read_dir(&tmp).map_err(|e| ImageError::io("read directory", &tmp, e))?;
+        let mut removed = 0usize;
+        for entry in entries {
+            let entry = entry.map_err(|e| ImageError::io("read directory", &tmp, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !is_own_temp(name) {
+                continue;
+            }
+            let path = entry.path();
+            let res = if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            res.map_err(|e| ImageError::io("remove leftover", &path, e))?;
+            removed += 1;
+        }
+        if removed > 0 {
+            tracing::info!(root = %self.root.display(), removed, "removed leftovers of an interrupted import");
+        }
+        Ok(())
+    }
+
+    fn load(&self) -> Result<(), ImageError> {
+        let mut index = Index::default();
+        for (key, rec) in self.db.list::<LayerRecord>(Table::Layers)? {
+            match rec {
+                Ok(r) => {
+                    index.layers.insert(key, r);
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %key, error = %e, "skipping unreadable layer record")
+                }
+            }
+        }
+        for (key, rec) in self.db.list::<ImageRecord>(Table::Images)? {
+            match rec {
+                Ok(r) => {
+                    if let Some(missing) =
+                        r.diff_ids.iter().find(|d| !index.layers.contains_key(*d))
+                    {
+                        tracing::warn!(image.id = %key, layer = %missing, "image refers to a layer that is not unpacked");
+                    }
+                    index.insert(Image::from(r));
+                }
+                Err(e) => {
+                    tracing::warn!(image.id = %key, error = %e, "skipping unreadable image record")
+                }
+            }
+        }
+        tracing::debug!(
+            images = index.images.len(),
+            layers = index.layers.len(),
+            "image store loaded"
+        );
+        *self.write_index() = index;
+        Ok(())
+    }
+
+    /// Imports every linux/amd64 image of an OCI image-layout archive or a
+    /// docker archive, and tags each with its names from the archive plus
+    /// `extra_tags`. Blocks until the layers are unpacked and the metadata
+    /// is committed. Re-importing an image only adds tags; a tag held by
+    /// another image moves to the imported one.
+    pub fn import(&self, archive: &Path, extra_tags: &[String]) -> Result<Vec<Image>, ImageError> {
+        let mut extra = Vec::new();
+        for t in extra_tags {
+            let r = reference::parse(t)?;
+            if r.digest.is_some() {
+                return Err(ImageError::InvalidReference {
+                    reference: t.clone(),
+                    reason: "a tag cannot pin a digest".to_string(),
+                });
+            }
+            extra.push(r.to_string());
+        }
+        let _writer = self.lock_writer();
+        let work = TempDir::create(&self.tmp(), "import-", 0o700)?;
+        let extracted = Extracted::extract(archive, &work.path)?;
+        let plans = extracted.plans()?;
+        if plans.len() > 1 && !extra.is_empty() {
+            return Err(ImageError::InvalidArchive {
+                path: archive.to_path_buf(),
+                reason: format!("extra tags given for an archive of {} images", plans.len()),
+            });
+        }
+        let mut new_layers: Vec<LayerRecord> = Vec::new();
+        let result = self
+            .unpack_layers(&plans, &mut new_layers)
+            .and_then(|()| self.commit(&plans, &extra, &new_layers));
+        if result.is_err() {
+            for l in &new_layers {
+                self.discard_layer_dir(&l.diff_id);
+            }
+        }
+        drop(work);
+        let images = result?;
+        tracing::info!(
+            archive = %archive.display(),
+            images = images.len(),
+            new_layers = new_layers.len(),
+            "imported images"
+        );
+        Ok(images)
+    }
+
+    fn unpack_layers(
+        &self,
+        plans: &[Plan],
+        new_layers: &mut Vec<LayerRecord>,
+    ) -> Result<(), ImageError> {
+        let mut seen = HashSet::new();
+        for layer in plans.iter().flat_map(|p| &p.layers) {
+            if !seen.insert(layer.diff_id.clone()) {
+                continue;
+            }
+            let present = self.read_index().layers.contains_key(&layer.diff_id);
+            if present && self.layer_dir(&layer.diff_id).is_dir() {
+                continue;
+            }
+            let rec = self.unpack_one(&layer.blob.file, &layer.diff_id)?;
+            new_layers.push(rec);
+        }
+        if !new_layers.is_empty() {
+            fsync_dir(&self.root.join("layers"))?;
+        }
+        Ok(())
+    }
+
+    /// Unpacks one layer into a temp directory, verifies its diff id, and
+    /// renames it into `layers/`.
+    fn unpack_one(&self, blob: &Path, diff_id: &str) -> Result<LayerRecord, ImageError> {
+        let dir = TempDir::create(&self.tmp(), "layer-", 0o755)?;
+        let mut hr = HashingReader::new(open_layer(blob)?);
+        let stats = unpack_layer(&mut hr, &dir.path)?;
+        let (actual, _) = hr
+            .finish()
+            .map_err(|e| ImageError::io("read layer blob", blob, e))?;
+        if actual != diff_id {
+            return Err(ImageError::DigestMismatch {
+                what: "uncompressed layer".to_string(),
+                expected: diff_id.to_string(),
+                actual,
+            });
+        }
+        // Flush the unpacked files before the rename makes them visible.
+        let d = fs::File::open(&dir.path).map_err(|e| ImageError::io("open", &dir.path, e))?;
+        rustix::fs::syncfs(&d).map_err(|e| ImageError::io("sync filesystem", &dir.path, e))?;
+        let dest = self.layer_dir(diff_id);
+        if dest.exists() {
+            // Unpacked by an import that failed to commit: replace it.
+            self.discard_layer_dir(diff_id);
+        }
+        fs::rename(&dir.path, &dest)
+            .map_err(|e| ImageError::io("rename layer into place", &dest, e))?;
+        tracing::debug!(layer = %diff_id, bytes = stats.bytes, inodes = stats.inodes, "layer unpacked");
+        Ok(LayerRecord {
+            diff_id: diff_id.to_string(),
+            size: stats.bytes,
+            inodes: stats.inodes,
+        })
+    }
+
+    /// Moves a layer directory out of `layers/` (atomically) and deletes it.
+    /// Failures are logged: what is left sits in tmp/ and goes at the next
+    /// open.
+    fn discard_layer_dir(&self, diff_id: &str) {
+        let dir = self.layer_dir(diff_id);
+        let gc = match random_hex() {
+            Ok(r) => self.tmp().join(format!("gc-{r}")),
+            Err(e) => {
+                tracing::warn!(layer = %diff_id, error = %e, "cannot remove layer directory");
+                return;
+            }
+        };
+        match fs::rename(&dir, &gc) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::warn!(layer = %diff_id, error = %e, "cannot move layer directory away");
+                return;
+            }
+        }
+        if let Err(e) = fs::remove_dir_all(&gc) {
+            tracing::warn!(path = %gc.display(), error = %e, "cannot remove layer directory");
+        }
+    }
+
+    /// Merges the plans into the index and commits images and new layers
+    /// in one transaction.
+    fn commit(
+        &self,
+        plans: &[Plan],
+        extra: &[String],
+        new_layers: &[LayerRecord],
+    ) -> Result<Vec<Image>, ImageError> {
+        let mut changed: BTreeMap<String, Image> = BTreeMap::new();
+        let mut result_ids = Vec::new();
+        {
+            let index = self.read_index();
+            for plan in plans {
+                let mut image = changed
+                    .get(&plan.id)
+                    .or_else(|| index.images.get(&plan.id))
+                    .cloned()
+                    .unwrap_or_else(|| Image {
+                        id: plan.id.clone(),
+                        repo_tags: Vec::new(),
+                        repo_digests: Vec::new(),
+                        size: plan.layers.iter().map(|l| l.blob.size).sum(),
+                        config: plan.config.clone(),
+                        diff_ids: plan.layers.iter().map(|l| l.diff_id.clone()).collect(),
+                    });
+                let mut tags = plan.tags.clone();
+                merge_unique(&mut tags, extra.iter().cloned());
+                if let Some(md) = &plan.manifest_digest {
+                    let digests = tags
+                        .iter()
+                        .filter_map(|t| reference::parse(t).ok())
+                        .map(|r| format!("{}@{md}", r.name));
+                    merge_unique(&mut image.repo_digests, digests.collect::<Vec<_>>());
+                }
+                for tag in &tags {
+                    let holder = changed
+                        .values()
+                        .find(|i| i.id != plan.id && i.repo_tags.contains(tag))
+                        .map(|i| i.id.clone())
+                        .or_else(|| index.tags.get(tag).filter(|id| **id != plan.id).cloned());
+                    if let Some(other_id) = holder {
+                        let other = changed
+                            .get(&other_id)
+                            .or_else(|| index.images.get(&other_id))
+                            .cloned();
+                        if let Some(mut other) = other {
+                            other.repo_tags.retain(|t| t != tag);
+                            changed.insert(other_id, other);
+                        }
+                    }
+                }
+                merge_unique(&mut image.repo_tags, tags);
+                if !result_ids.contains(&plan.id) {
+                    result_ids.push(plan.id.clone());
+                }
+                changed.insert(plan.id.clone(), image);
+            }
+        }
+        let mut ops = Vec::new();
+        for image in changed.values() {
+            ops.push(Op::Put(
+                Table::Images,
+                image.id.clone(),
+                encode(Table::Images, &image.id, &ImageRecord::from(image))?,
+            ));
+        }
+        for l in new_layers {
+            ops.push(Op::Put(
+                Table::Layers,
+                l.diff_id.clone(),
+                encode(Table::Layers, &l.diff_id, l)?,
+            ));
+        }
+        self.db.apply(ops)?;
+        let mut index = self.write_index();
+        for l in new_layers {
+            index.layers.insert(l.diff_id.clone(), l.clone());
+        }
+        for image in changed.into_values() {
+            index.insert(image);
+        }
+        Ok(result_ids
+            .iter()
+            .filter_map(|id| index.images.get(id).cloned())
+            .collect())
+    }
+
+    /// Every image in the store, ordered by id.
+    pub fn list(&self) -> Vec<Image> {
+        self.read_index().images.values().cloned().collect()
+    }
+
+    /// Finds an image by full id (`sha256:<hex>`), bare 64-hex id, unique id
+    /// prefix of at least 12 hex characters, reference (normalised like
+    /// containerd: `busybox` is `docker.io/library/busybox:latest`) or repo
+    /// digest (`name@sha256:<hex>`).
+    pub fn get(&self, reference: &str) -> Option<Image> {
+        self.read_index().resolve(reference).cloned()
+    }
+
+    /// Removes the image `id` (anything [`get`](Self::get) accepts) with all
+    /// its tags and digests, and deletes the layers no remaining image
+    /// uses. Whether a container still uses the image is the caller's
+    /// business.
+    pub fn remove(&self, id: &str) -> Result<(), ImageError> {
+        let _writer = self.lock_writer();
+        let (image_id, unused) = {
+            let index = self.read_index();
+            let image = index
+                .resolve(id)
+                .ok_or_else(|| ImageError::NotFound(format!("image {id}")))?;
+            let still_used: HashSet<&String> = index
+                .images
+                .values()
+                .filter(|i| i.id != image.id)
+                .flat_map(|i| &i.diff_ids)
+                .collect();
+            let unused: Vec<String> = image
+                .diff_ids
+                .iter()
+                .filter(|d| !still_used.contains(d))
+                .cloned()
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .collect();
+            (image.id.clone(), unused)
+        };
+        let mut ops = vec![Op::Delete(Table::Images, image_id.clone())];
+        ops.extend(unused.iter().map(|d| Op::Delete(Table::Layers, d.clone())));
+        self.db.apply(ops)?;
+        {
+            let mut index = self.write_index();
+            index.remove(&image_id);
+            for d in &unused {
+                index.layers.remove(d);
+            }
+        }
+        // Metadata first: a crash now leaves unreferenced directories, never
+        // an image whose layer is gone.
+        for d in &unused {
+            self.discard_layer_dir(d);
+        }
+        tracing::info!(image.id = %image_id, removed_layers = unused.len(), "image removed");
+        Ok(())
+    }
+
+    /// The image's layer directories for overlayfs `lowerdir=`, topmost
+    /// layer first. A layer that occurs several times in one image is
+    /// listed once, at its topmost position (overlayfs refuses repeated
+    /// lower directories, and the lower copy cannot change the result).
+    pub fn layer_paths(&self, image: &Image) -> Result<Vec<PathBuf>, ImageError> {
+        let index = self.read_index();
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for d in image.diff_ids.iter().rev() {
+            if !seen.insert(d) {
+                continue;
+            }
+            if !index.layers.contains_key(d) {
+                return Err(ImageError::NotFound(format!(
+                    "layer {d} of image {}",
+                    image.id
+                )));
+            }
+            out.push(self.layer_dir(d));
+        }
+        Ok(out)
+    }
+
+    /// Bytes and inodes used by the store (unpacked layers as measured when
+    /// unpacked, plus the metadata file) and the mount point holding it.
+    pub fn fs_usage(&self) -> FsUsage {
+        let index = self.read_index();
+        let meta = fs::metadata(self.root.join("meta.redb"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        FsUsage {
+            mountpoint: self.mountpoint.clone(),
+            used_bytes: index.layers.values().map(|l| l.size).sum::<u64>() + meta,
+            inodes_used: index.layers.values().map(|l| l.inodes).sum::<u64>() + 1,
+        }
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_own_temp_should_only_match_names_the_store_creates() {
+        assert!(is_own_temp("import-0123456789abcdef"));
+        assert!(is_own_temp("layer-0123456789abcdef"));
+        assert!(is_own_temp("gc-0123456789abcdef"));
+        assert!(!is_own_temp("import-0123456789abcde"));
+        assert!(!is_own_temp("import-0123456789abcdeF"));
+        assert!(!is_own_temp("foo-0123456789abcdef"));
+        assert!(!is_own_temp("import-0123456789abcdef0"));
+    }
+}
