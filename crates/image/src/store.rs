@@ -186,8 +186,9 @@ impl std::fmt::Debug for ImageStore {
 
 fn random_hex() -> Result<String, ImageError> {
     let mut b = [0u8; 8];
-    getrandom::getrandom(&mut b)
-        .map_err(|e| ImageError::io("get random bytes", "", io::Error::other(e.to_string())))?;
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut b))
+        .map_err(|e| ImageError::io("read", "/dev/urandom", e))?;
     Ok(hex::encode(b))
 }
 
