@@ -3,6 +3,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
@@ -43,6 +44,9 @@ impl Runc<'_> {
             .arg("--log")
             .arg(&self.log)
             .args(["--log-format", "json"]);
+        // SAFETY: the hook runs in the forked child before exec and makes
+        // only raw rt_sigaction system calls, which are async-signal-safe.
+        unsafe { cmd.pre_exec(reset_signal_dispositions) };
         cmd
     }
 
@@ -84,6 +88,35 @@ impl Runc<'_> {
             .stdout(Stdio::null())
             .status()
     }
+}
+
+/// Gives runc, and so the container, default handling of every signal.
+///
+/// Ignored signals survive exec: the shim itself may have been started with
+/// some (glibc's posix_spawn leaves its two internal real-time signals
+/// ignored in every child it starts), and the container must not inherit
+/// them. glibc refuses to touch those two, hence the raw system call.
+fn reset_signal_dispositions() -> io::Result<()> {
+    // The kernel's struct sigaction with SIG_DFL (0), no flags, no restorer
+    // and an empty mask is all zeros, whatever the architecture's layout.
+    let default_action = [0u64; 4];
+    for signal in 1..=64 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads the zeroed action above (larger than
+        // any layout of the kernel's struct) and writes no old action.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signal,
+                default_action.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize, // sizeof(kernel sigset_t)
+            )
+        };
+    }
+    Ok(())
 }
 
 /// The last error runc logged to `log` after byte offset `from`.
