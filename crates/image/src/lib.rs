@@ -54,8 +54,8 @@ pub struct Image {
 pub struct FsUsage {
     /// Mount point of the filesystem holding the store's root.
     pub mountpoint: PathBuf,
-    /// Bytes used by unpacked layers and metadata.
+    /// Bytes allocated to the unpacked layers.
     pub used_bytes: u64,
-    /// Inodes used by unpacked layers and metadata.
+    /// Inodes of the unpacked layers.
     pub inodes_used: u64,
 }

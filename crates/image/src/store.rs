@@ -651,17 +651,15 @@ impl ImageStore {
         Ok(out)
     }
 
-    /// Bytes and inodes used by the store (unpacked layers as measured when
-    /// unpacked, plus the metadata file) and the mount point holding it.
+    /// Bytes and inodes used by the store's unpacked layers, as measured
+    /// when they were unpacked (no compressed blobs are kept), and the mount
+    /// point of the filesystem holding the store.
     pub fn fs_usage(&self) -> FsUsage {
         let index = self.read_index();
-        let meta = fs::metadata(self.root.join("meta.redb"))
-            .map(|m| m.len())
-            .unwrap_or(0);
         FsUsage {
             mountpoint: self.mountpoint.clone(),
-            used_bytes: index.layers.values().map(|l| l.size).sum::<u64>() + meta,
-            inodes_used: index.layers.values().map(|l| l.inodes).sum::<u64>() + 1,
+            used_bytes: index.layers.values().map(|l| l.size).sum(),
+            inodes_used: index.layers.values().map(|l| l.inodes).sum(),
         }
     }
 

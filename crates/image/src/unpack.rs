@@ -141,6 +141,16 @@ fn unsafe_entry(path: &str, reason: impl Into<String>) -> ImageError {
     }
 }
 
+/// A numeric header field: its parsed value, or 0 when the field is blank
+/// (all NUL or spaces, as some writers leave unused fields).
+fn numeric(raw: &[u8], parsed: io::Result<u64>) -> Option<u64> {
+    match parsed {
+        Ok(v) => Some(v),
+        Err(_) if raw.iter().all(|b| *b == 0 || *b == b' ') => Some(0),
+        Err(_) => None,
+    }
+}
+
 /// Parses a PAX `mtime` ("1700000000" or "1700000000.25").
 fn parse_pax_time(v: &str) -> Option<Timespec> {
     let (secs, frac) = v.split_once('.').unwrap_or((v, ""));
@@ -168,10 +178,12 @@ impl Unpacker {
     ) -> Result<Meta, ImageError> {
         let h = entry.header();
         let bad = |what: &str| unsafe_entry(name, format!("invalid {what} in header"));
-        let mut uid = h.uid().map_err(|_| bad("uid"))?;
-        let mut gid = h.gid().map_err(|_| bad("gid"))?;
-        let mode = h.mode().map_err(|_| bad("mode"))? & 0o7777;
-        let secs = h.mtime().map_err(|_| bad("mtime"))?;
+        let old = h.as_old();
+        let mut uid = numeric(&old.uid, h.uid()).ok_or_else(|| bad("uid"))?;
+        let mut gid = numeric(&old.gid, h.gid()).ok_or_else(|| bad("gid"))?;
+        let mode = numeric(&old.mode, h.mode().map(u64::from)).ok_or_else(|| bad("mode"))?;
+        let mode = u32::try_from(mode & 0o7777).map_err(|_| bad("mode"))?;
+        let secs = numeric(&old.mtime, h.mtime()).ok_or_else(|| bad("mtime"))?;
         let mut mtime = Timespec {
             tv_sec: i64::try_from(secs).map_err(|_| bad("mtime"))?,
             tv_nsec: 0,
