@@ -1,0 +1,509 @@
+//! Building the OCI runtime spec (`config.json`) of a container from its CRI config.
+//!
+//! Pure logic apart from a few reads: the user database inside the rootfs, `stat` of
+//! bind-mount sources and devices, and `/dev` for privileged containers. The rules follow
+//! containerd's CRI plugin, so workloads see what they see there; the differences are
+//! listed on [`build_container_spec`].
+
+mod caps;
+mod devices;
+mod mounts;
+mod process;
+mod resources;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{Linux, LinuxNamespace, LinuxNamespaceType, Process, Root, Spec, User};
+use petrel_cri::api;
+
+use crate::user::UserError;
+
+pub use caps::{capability_by_name, capability_name, caps_from_mask, DEFAULT_CAPS};
+pub use process::DEFAULT_PATH;
+pub use resources::linux_resources;
+
+/// The OCI runtime spec version we write.
+const OCI_VERSION: &str = "1.0.2";
+
+/// Paths hidden from non-privileged containers (containerd's defaults).
+pub const DEFAULT_MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// Paths made read-only in non-privileged containers (containerd's defaults).
+pub const DEFAULT_READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// Annotation keys containerd sets, which tools such as cAdvisor read.
+pub mod annotations {
+    /// `"container"` for application containers (`"sandbox"` for pause containers).
+    pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+    /// The CRI container name (`metadata.name`).
+    pub const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+    /// The image as the user named it.
+    pub const IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
+    /// The pod's name.
+    pub const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+    /// The pod's namespace.
+    pub const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+    /// The pod's UID.
+    pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+}
+
+/// Errors while building a spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// A CRI field has a value we cannot honour; `field` is its path in the request
+    /// (e.g. `mounts[2].host_path`).
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The CRI field, e.g. `mounts[2].container_path`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Reading host state failed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// The operation that failed.
+        op: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Reading the user database of the rootfs failed.
+    #[error(transparent)]
+    User(#[from] UserError),
+}
+
+pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SpecError {
+    SpecError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// How a container gets one of its namespaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamespaceRef {
+    /// The host's namespace: no namespace entry in the spec.
+    Host,
+    /// A new namespace of its own.
+    New,
+    /// Join the namespace at this path (e.g. `/proc/<pause pid>/ns/net` or a bind mount).
+    Path(PathBuf),
+}
+
+/// What the pod sandbox provides to its containers (paths are on the host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxContext {
+    /// The pod's network namespace.
+    pub network: NamespaceRef,
+    /// The pod's IPC namespace.
+    pub ipc: NamespaceRef,
+    /// The pod's UTS namespace.
+    pub uts: NamespaceRef,
+    /// The pod's PID namespace, joined by containers whose PID mode is `POD`.
+    pub pid: NamespaceRef,
+    /// The pod's hostname.
+    pub hostname: String,
+    /// Bind-mounted at `/etc/hostname` when set.
+    pub etc_hostname: Option<PathBuf>,
+    /// Bind-mounted at `/etc/hosts` when set.
+    pub etc_hosts: Option<PathBuf>,
+    /// Bind-mounted at `/etc/resolv.conf` when set.
+    pub resolv_conf: Option<PathBuf>,
+    /// Bind-mounted at `/dev/shm` when set (the pod-shared tmpfs), else a private tmpfs.
+    pub shm: Option<PathBuf>,
+    /// The pod's cgroup path, e.g. `/kubepods/burstable/pod123` or `/petrel/<sandbox id>`.
+    pub cgroup_parent: String,
+}
+
+/// What this host lets us grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLimits {
+    /// Our bounding capability set (`CAP_CHOWN`, ...): runc fails on anything outside it.
+    pub bounding_caps: Vec<String>,
+    /// Our own `oom_score_adj`: without `CAP_SYS_RESOURCE` nothing lower can be set.
+    pub min_oom_score_adj: i32,
+}
+
+impl HostLimits {
+    /// Reads `CapBnd` from `/proc/self/status` and `/proc/self/oom_score_adj`.
+    pub fn detect() -> Result<Self, SpecError> {
+        let read = |p: &str| {
+            std::fs::read_to_string(p).map_err(|e| SpecError::Io {
+                op: "read",
+                path: p.into(),
+                source: e,
+            })
+        };
+        let parse_err = |p: &str, what: &str| SpecError::Io {
+            op: "parse",
+            path: p.into(),
+            source: io::Error::new(io::ErrorKind::InvalidData, what.to_string()),
+        };
+        let status = read("/proc/self/status")?;
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapBnd:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .ok_or_else(|| parse_err("/proc/self/status", "no CapBnd line"))?;
+        let min_oom_score_adj = read("/proc/self/oom_score_adj")?
+            .trim()
+            .parse()
+            .map_err(|_| parse_err("/proc/self/oom_score_adj", "not a number"))?;
+        Ok(Self {
+            bounding_caps: caps_from_mask(mask),
+            min_oom_score_adj,
+        })
+    }
+}
+
+/// Everything needed to build the spec of one container.
+#[derive(Debug, Clone, Copy)]
+pub struct ContainerSpecInput<'a> {
+    /// The container id.
+    pub id: &'a str,
+    /// The CRI container config.
+    pub config: &'a api::ContainerConfig,
+    /// The CRI config of its pod sandbox.
+    pub sandbox_config: &'a api::PodSandboxConfig,
+    /// The image's config, if known.
+    pub image_config: Option<&'a oci_spec::image::Config>,
+    /// The container's root filesystem, already mounted.
+    pub rootfs: &'a Path,
+    /// What the sandbox provides.
+    pub sandbox: &'a SandboxContext,
+    /// What the host allows.
+    pub host: &'a HostLimits,
+}
+
+/// The cgroup path of a container: `<cgroup_parent>/<container id>`, cgroupfs style.
+pub fn container_cgroup_path(cgroup_parent: &str, container_id: &str) -> String {
+    let parent = cgroup_parent.trim_end_matches('/');
+    if parent.is_empty() {
+        format!("/{container_id}")
+    } else if parent.starts_with('/') {
+        format!("{parent}/{container_id}")
+    } else {
+        format!("/{parent}/{container_id}")
+    }
+}
+
+/// Builds the OCI runtime spec of a container.
+///
+/// Rules (containerd's unless stated): process arguments from the CRI command/args and
+/// the image entrypoint/cmd; env = default `PATH`, `HOSTNAME`, image env, CRI envs;
+/// cwd; user from `run_as_*` or the image `User`, resolved inside the rootfs;
+/// `oom_score_adj` clamped up to [`HostLimits::min_oom_score_adj`]; capabilities
+/// (default set, CRI add/drop, privileged = the host bounding set), clamped to the
+/// host bounding set; mounts (see the `mounts` module); namespaces from the sandbox
+/// (a new mount namespace always; PID per the container's PID mode); devices and
+/// device cgroup rules; resources via [`linux_resources`]; masked and read-only paths;
+/// the pod's sysctls; CRI annotations plus containerd's `io.kubernetes.cri.*` keys.
+///
+/// Not supported (documented gaps): seccomp and AppArmor profiles (the container runs
+/// unconfined; a requested profile is logged), SELinux labels, user namespaces,
+/// `TARGET` PID mode, image volumes, recursive read-only and id-mapped mounts, CDI
+/// devices, and the shared/slave check of bidirectional mount sources.
+pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
+    let config = input.config;
+    let linux_cfg = config.linux.as_ref();
+    let sc = linux_cfg.and_then(|l| l.security_context.as_ref());
+    let privileged = sc.is_some_and(|s| s.privileged);
+    let readonly_rootfs = sc.is_some_and(|s| s.readonly_rootfs);
+    if privileged {
+        let sandbox_privileged = input
+            .sandbox_config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.privileged);
+        if !sandbox_privileged {
+            return Err(invalid(
+                "linux.security_context.privileged",
+                "a privileged container needs a privileged pod sandbox",
+            ));
+        }
+    }
+    if !config.cdi_devices.is_empty() {
+        return Err(invalid("cdi_devices", "CDI devices are not supported"));
+    }
+    warn_unsupported_profiles(input.id, sc);
+
+    let sandbox = input.sandbox;
+    let hostname = if sandbox.hostname.is_empty() {
+        rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        sandbox.hostname.clone()
+    };
+
+    // Process.
+    let image = input.image_config;
+    let user = process::user(sc, image, input.rootfs)?;
+    let mut oci_user = User::default();
+    oci_user
+        .set_uid(user.uid)
+        .set_gid(user.gid)
+        .set_additional_gids(Some(user.additional_gids));
+    let mut proc = Process::default();
+    proc.set_terminal(Some(config.tty))
+        .set_user(oci_user)
+        .set_args(Some(process::args(config, image)?))
+        .set_env(Some(process::env(config, image, &hostname)?))
+        .set_cwd(process::cwd(config, image)?)
+        .set_capabilities(Some(caps::capabilities(sc, input.host)?))
+        .set_rlimits(None)
+        .set_no_new_privileges(Some(sc.is_some_and(|s| s.no_new_privs)))
+        .set_apparmor_profile(None)
+        .set_selinux_label(None)
+        .set_oom_score_adj(oom_score_adj(config, input.host)?);
+
+    // Mounts and root.
+    let mounts = mounts::mounts(config, sandbox, privileged, readonly_rootfs)?;
+    let mut root = Root::default();
+    root.set_path(input.rootfs.to_path_buf())
+        .set_readonly(Some(readonly_rootfs));
+
+    // Linux.
+    let namespaces = namespaces(sc, sandbox)?;
+    let resources = linux_cfg.and_then(|l| l.resources.as_ref());
+    let mut res = match resources {
+        Some(r) => linux_resources(r, input.host)?,
+        None => Default::default(),
+    };
+    let devices = devices::devices(config, privileged)?;
+    res.set_devices(Some(devices.rules));
+    let (masked, readonly) = if privileged {
+        (Vec::new(), Vec::new())
+    } else {
+        let pick = |given: Option<&Vec<String>>, default: &[&str]| match given {
+            Some(v) if !v.is_empty() => v.clone(),
+            _ => default.iter().map(|s| s.to_string()).collect(),
+        };
+        (
+            pick(sc.map(|s| &s.masked_paths), DEFAULT_MASKED_PATHS),
+            pick(sc.map(|s| &s.readonly_paths), DEFAULT_READONLY_PATHS),
+        )
+    };
+    let mut linux = Linux::default();
+    linux
+        .set_namespaces(Some(namespaces))
+        .set_cgroups_path(Some(PathBuf::from(container_cgroup_path(
+            &sandbox.cgroup_parent,
+            input.id,
+        ))))
+        .set_resources(Some(res))
+        .set_devices(Some(devices.devices))
+        .set_masked_paths(Some(masked))
+        .set_readonly_paths(Some(readonly))
+        .set_rootfs_propagation(mounts.rootfs_propagation)
+        .set_sysctl(sysctls(input.sandbox_config, sandbox)?)
+        .set_seccomp(None);
+
+    let mut spec = Spec::default();
+    spec.set_version(OCI_VERSION.to_string())
+        .set_process(Some(proc))
+        .set_root(Some(root))
+        .set_hostname(
+            (sandbox.uts != NamespaceRef::Host && !hostname.is_empty()).then_some(hostname),
+        )
+        .set_mounts(Some(mounts.mounts))
+        .set_annotations(Some(spec_annotations(input)))
+        .set_linux(Some(linux));
+    Ok(spec)
+}
+
+/// The requested `oom_score_adj`, raised to what we may set; `None` without resources.
+fn oom_score_adj(
+    config: &api::ContainerConfig,
+    host: &HostLimits,
+) -> Result<Option<i32>, SpecError> {
+    let Some(r) = config.linux.as_ref().and_then(|l| l.resources.as_ref()) else {
+        return Ok(None);
+    };
+    let adj = i32::try_from(r.oom_score_adj)
+        .ok()
+        .filter(|a| (-1000..=1000).contains(a))
+        .ok_or_else(|| {
+            invalid(
+                "linux.resources.oom_score_adj",
+                format!("{} is outside -1000..1000", r.oom_score_adj),
+            )
+        })?;
+    if adj < host.min_oom_score_adj {
+        tracing::debug!(
+            requested = adj,
+            applied = host.min_oom_score_adj,
+            "oom_score_adj raised to our own"
+        );
+    }
+    Ok(Some(adj.max(host.min_oom_score_adj)))
+}
+
+/// Namespaces in runc's order: pid, network, ipc, uts, mount.
+fn namespaces(
+    sc: Option<&api::LinuxContainerSecurityContext>,
+    sandbox: &SandboxContext,
+) -> Result<Vec<LinuxNamespace>, SpecError> {
+    const FIELD: &str = "linux.security_context.namespace_options";
+    let options = sc.and_then(|s| s.namespace_options.as_ref());
+    if let Some(userns) = options.and_then(|o| o.userns_options.as_ref()) {
+        if userns.mode != api::NamespaceMode::Node as i32 {
+            return Err(invalid(
+                format!("{FIELD}.userns_options"),
+                "user namespaces are not supported",
+            ));
+        }
+    }
+    // The CRI default PID mode is POD; kubelet sends CONTAINER unless the pod shares it.
+    let pid_mode = options.map_or(api::NamespaceMode::Pod as i32, |o| o.pid);
+    let pid = match api::NamespaceMode::try_from(pid_mode) {
+        Ok(api::NamespaceMode::Pod) => sandbox.pid.clone(),
+        Ok(api::NamespaceMode::Container) => NamespaceRef::New,
+        Ok(api::NamespaceMode::Node) => NamespaceRef::Host,
+        Ok(api::NamespaceMode::Target) => {
+            return Err(invalid(
+                format!("{FIELD}.pid"),
+                "TARGET PID mode is not supported",
+            ))
+        }
+        Err(_) => {
+            return Err(invalid(
+                format!("{FIELD}.pid"),
+                format!("unknown mode {pid_mode}"),
+            ))
+        }
+    };
+    let wanted = [
+        (LinuxNamespaceType::Pid, &pid),
+        (LinuxNamespaceType::Network, &sandbox.network),
+        (LinuxNamespaceType::Ipc, &sandbox.ipc),
+        (LinuxNamespaceType::Uts, &sandbox.uts),
+        (LinuxNamespaceType::Mount, &NamespaceRef::New),
+    ];
+    Ok(wanted
+        .into_iter()
+        .filter_map(|(typ, r)| {
+            let mut ns = LinuxNamespace::default();
+            ns.set_typ(typ);
+            match r {
+                NamespaceRef::Host => return None,
+                NamespaceRef::New => {}
+                NamespaceRef::Path(p) => {
+                    ns.set_path(Some(p.clone()));
+                }
+            }
+            Some(ns)
+        })
+        .collect())
+}
+
+/// The pod's sysctls, which its containers apply again in the namespaces they share.
+/// Namespaced sysctls of a namespace shared with the host are refused (runc would too).
+fn sysctls(
+    sandbox_config: &api::PodSandboxConfig,
+    sandbox: &SandboxContext,
+) -> Result<Option<HashMap<String, String>>, SpecError> {
+    let Some(sysctls) = sandbox_config.linux.as_ref().map(|l| &l.sysctls) else {
+        return Ok(None);
+    };
+    if sysctls.is_empty() {
+        return Ok(None);
+    }
+    for key in sysctls.keys() {
+        let net = key.starts_with("net.");
+        let ipc = key.starts_with("fs.mqueue.")
+            || [
+                "kernel.msgmax",
+                "kernel.msgmnb",
+                "kernel.msgmni",
+                "kernel.sem",
+            ]
+            .contains(&key.as_str())
+            || key.starts_with("kernel.shm");
+        if (net && sandbox.network == NamespaceRef::Host)
+            || (ipc && sandbox.ipc == NamespaceRef::Host)
+        {
+            return Err(invalid(
+                format!("linux.sysctls[{key}]"),
+                "a namespaced sysctl cannot be set in a namespace shared with the host",
+            ));
+        }
+    }
+    Ok(Some(sysctls.clone()))
+}
+
+/// Seccomp and AppArmor are not applied (yet): say so when a profile is asked for.
+fn warn_unsupported_profiles(id: &str, sc: Option<&api::LinuxContainerSecurityContext>) {
+    let Some(sc) = sc else { return };
+    if sc.privileged {
+        return;
+    }
+    use api::security_profile::ProfileType;
+    let seccomp = match &sc.seccomp {
+        Some(p) if p.profile_type == ProfileType::RuntimeDefault as i32 => {
+            Some("runtime/default".to_string())
+        }
+        Some(p) if p.profile_type == ProfileType::Localhost as i32 => {
+            Some(format!("localhost/{}", p.localhost_ref))
+        }
+        Some(_) => None,
+        #[allow(deprecated)]
+        None => {
+            Some(sc.seccomp_profile_path.clone()).filter(|p| !p.is_empty() && p != "unconfined")
+        }
+    };
+    if let Some(profile) = seccomp {
+        tracing::warn!(container.id = %id, profile = %profile,
+            "seccomp profiles are not supported yet; the container runs unconfined");
+    }
+}
+
+fn spec_annotations(input: &ContainerSpecInput) -> HashMap<String, String> {
+    let config = input.config;
+    let mut out = config.annotations.clone();
+    out.insert(annotations::CONTAINER_TYPE.into(), "container".into());
+    if let Some(m) = &config.metadata {
+        out.insert(annotations::CONTAINER_NAME.into(), m.name.clone());
+    }
+    if let Some(img) = &config.image {
+        let name = if img.user_specified_image.is_empty() {
+            &img.image
+        } else {
+            &img.user_specified_image
+        };
+        out.insert(annotations::IMAGE_NAME.into(), name.clone());
+    }
+    if let Some(m) = &input.sandbox_config.metadata {
+        out.insert(annotations::SANDBOX_NAME.into(), m.name.clone());
+        out.insert(annotations::SANDBOX_NAMESPACE.into(), m.namespace.clone());
+        out.insert(annotations::SANDBOX_UID.into(), m.uid.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
