@@ -5,61 +5,22 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
+mod common;
+
+use common::{
+    append, diff_id_of_gzip, sha256, small_layer, write_oci_archive, Archives, TestImage,
+};
 use petrel_image::{Image, ImageError, ImageStore};
-use serde_json::json;
-use sha2::{Digest, Sha256};
 
 const OCI_TAG: &str = "docker.io/petrel/busybox:latest";
 const DOCKER_TAG: &str = "docker.io/petrel/busybox:docker";
-
-/// The test archives, built into a temp dir of their own.
-struct Archives {
-    dir: tempfile::TempDir,
-}
-
-impl Archives {
-    fn build() -> Archives {
-        assert!(
-            Path::new("/bin/busybox").exists(),
-            "/bin/busybox is missing: install Debian's busybox-static to build the test image"
-        );
-        let dir = tempfile::tempdir().expect("tempdir");
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build-test-image.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg(dir.path())
-            .output()
-            .expect("run build-test-image.sh");
-        assert!(
-            out.status.success(),
-            "build-test-image.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Archives { dir }
-    }
-    fn oci(&self) -> PathBuf {
-        self.dir.path().join("busybox-oci.tar")
-    }
-    fn docker(&self) -> PathBuf {
-        self.dir.path().join("busybox-docker.tar")
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
 
 fn new_store() -> (tempfile::TempDir, ImageStore) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = ImageStore::open(&dir.path().join("images")).expect("open store");
     (dir, store)
-}
-
-fn sha256(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
 }
 
 /// Members of a tar archive by name.
@@ -88,124 +49,6 @@ fn busybox_layer(a: &Archives) -> Vec<u8> {
         .as_str()
         .expect("layer digest");
     m[&format!("blobs/sha256/{}", &ld[7..])].clone()
-}
-
-fn diff_id_of_gzip(layer: &[u8]) -> String {
-    let mut d = flate2::read::GzDecoder::new(layer);
-    let mut raw = Vec::new();
-    d.read_to_end(&mut raw).expect("gunzip");
-    sha256(&raw)
-}
-
-fn append(b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]) {
-    let mut h = tar::Header::new_gnu();
-    h.set_size(data.len() as u64);
-    h.set_mode(0o644);
-    h.set_cksum();
-    b.append_data(&mut h, name, data).expect("append");
-}
-
-/// One image of a hand-made OCI archive.
-struct TestImage<'a> {
-    annotations: serde_json::Value,
-    platform: Option<(&'a str, &'a str)>,
-    cmd: &'a str,
-    arch: &'a str,
-    layers: Vec<Vec<u8>>,
-}
-
-impl<'a> TestImage<'a> {
-    fn new(ref_name: Option<&str>, cmd: &'a str, layers: Vec<Vec<u8>>) -> Self {
-        let annotations = match ref_name {
-            Some(r) => json!({ "org.opencontainers.image.ref.name": r }),
-            None => json!({}),
-        };
-        TestImage {
-            annotations,
-            platform: None,
-            cmd,
-            arch: "amd64",
-            layers,
-        }
-    }
-}
-
-/// Writes an OCI image-layout archive; `nested` puts all images in one
-/// nested index (a multi-platform image) under the first one's annotations.
-fn write_oci_archive(path: &Path, images: &[TestImage], nested: bool) -> Vec<String> {
-    let mut blobs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut descs = Vec::new();
-    let mut ids = Vec::new();
-    for img in images {
-        let diff_ids: Vec<String> = img.layers.iter().map(|l| diff_id_of_gzip(l)).collect();
-        let config = serde_json::to_vec(&json!({
-            "architecture": img.arch, "os": "linux",
-            "config": { "Cmd": [img.cmd] },
-            "rootfs": { "type": "layers", "diff_ids": diff_ids },
-        }))
-        .expect("config json");
-        let cd = sha256(&config);
-        ids.push(cd.clone());
-        let layer_descs: Vec<_> = img
-            .layers
-            .iter()
-            .map(|l| {
-                let d = sha256(l);
-                blobs.insert(d.clone(), l.clone());
-                json!({ "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d, "size": l.len() })
-            })
-            .collect();
-        let manifest = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": config.len() },
-            "layers": layer_descs,
-        }))
-        .expect("manifest json");
-        blobs.insert(cd, config);
-        let md = sha256(&manifest);
-        let mut desc = json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": md, "size": manifest.len(), "annotations": img.annotations,
-        });
-        if let Some((os, arch)) = img.platform {
-            desc["platform"] = json!({ "os": os, "architecture": arch });
-        }
-        blobs.insert(md, manifest);
-        descs.push(desc);
-    }
-    if nested {
-        let inner = serde_json::to_vec(&json!({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": descs,
-        }))
-        .expect("index json");
-        let d = sha256(&inner);
-        descs = vec![json!({
-            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": d, "size": inner.len(),
-            "annotations": images[0].annotations,
-        })];
-        blobs.insert(d, inner);
-    }
-    let index =
-        serde_json::to_vec(&json!({ "schemaVersion": 2, "manifests": descs })).expect("index");
-    let mut b = tar::Builder::new(Vec::new());
-    append(&mut b, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
-    append(&mut b, "index.json", &index);
-    for (d, data) in &blobs {
-        append(&mut b, &format!("blobs/sha256/{}", &d[7..]), data);
-    }
-    std::fs::write(path, b.into_inner().expect("finish tar")).expect("write archive");
-    ids
-}
-
-/// A small gzip layer holding one file.
-fn small_layer(name: &str, content: &[u8]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    append(&mut b, name, content);
-    let raw = b.into_inner().expect("tar");
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, &raw).expect("gzip");
-    gz.finish().expect("gzip")
 }
 
 fn layer_dirs(store: &ImageStore) -> Vec<String> {
