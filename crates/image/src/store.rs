@@ -243,19 +243,20 @@ impl ImageStore {
     /// removes the temp directories of an interrupted import or removal
     /// (only names it creates itself under `<root>/tmp/`).
     pub fn open(root: &Path) -> Result<ImageStore, ImageError> {
-        for dir in [root.to_path_buf(), root.join("layers")] {
-            fs::create_dir_all(&dir).map_err(|e| ImageError::io("create directory", &dir, e))?;
+        fs::create_dir_all(root).map_err(|e| ImageError::io("create directory", root, e))?;
+        // layers/ holds image content with setuid binaries and whatever
+        // secrets images carry; tmp/ holds layers being unpacked. Neither
+        // may be reachable by other users of the host (overlay mounts made
+        // by root do not need them to be).
+        for dir in [root.join("layers"), root.join("tmp")] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| ImageError::io("create directory", &dir, e))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| ImageError::io("chmod", &dir, e))?;
         }
-        let tmp = root.join("tmp");
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&tmp)
-            .map_err(|e| ImageError::io("create directory", &tmp, e))?;
-        // Layers are unpacked below tmp/ before they are complete: keep
-        // them private.
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o700))
-            .map_err(|e| ImageError::io("chmod", &tmp, e))?;
         let root = fs::canonicalize(root).map_err(|e| ImageError::io("resolve", root, e))?;
         let store = ImageStore {
             mountpoint: mounts::mountpoint_of(&root),

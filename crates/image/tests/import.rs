@@ -164,6 +164,11 @@ fn import_oci_should_tag_verify_and_unpack_the_busybox_image() {
     assert!(passwd.contains("nobody:x:65534:65534"), "{passwd}");
     assert!(l.join("root").is_dir() && l.join("home").is_dir() && l.join("var").is_dir());
 
+    let layers_mode = std::fs::metadata(store.root().join("layers"))
+        .expect("layers")
+        .permissions()
+        .mode();
+    assert_eq!(layers_mode & 0o777, 0o700, "layers/ must be private");
     let usage = store.fs_usage();
     assert!(usage.used_bytes > bb.len(), "{usage:?}");
     assert!(usage.inodes_used > 270, "{usage:?}");
@@ -450,6 +455,18 @@ fn import_should_refuse_invalid_archives_and_tags() {
     append(&mut b, "hello", b"world");
     std::fs::write(&junk, b.into_inner().expect("tar")).expect("write");
     let r = store.import(&junk, &[]);
+    assert!(matches!(r, Err(ImageError::InvalidArchive { .. })), "{r:?}");
+    // A member climbing out of the archive.
+    let evil = a.path("evil.tar");
+    let mut h = tar::Header::new_gnu();
+    h.as_old_mut().name[..9].copy_from_slice(b"../escape");
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, &b"x"[..]).expect("append");
+    std::fs::write(&evil, b.into_inner().expect("tar")).expect("write");
+    let r = store.import(&evil, &[]);
     assert!(matches!(r, Err(ImageError::InvalidArchive { .. })), "{r:?}");
     let r = store.import(&a.path("missing.tar"), &[]);
     assert!(matches!(r, Err(ImageError::Io { .. })), "{r:?}");
