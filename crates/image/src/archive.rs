@@ -517,3 +517,75 @@ pub(crate) fn open_layer(path: &Path) -> Result<Box<dyn Read>, ImageError> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oci_spec::image::DescriptorBuilder;
+
+    fn desc(ann: &[(&str, &str)]) -> Descriptor {
+        let map: HashMap<String, String> = ann
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        DescriptorBuilder::default()
+            .media_type(MediaType::ImageManifest)
+            .digest(
+                format!("sha256:{}", "a".repeat(64))
+                    .parse::<oci_spec::image::Digest>()
+                    .expect("digest"),
+            )
+            .size(1u64)
+            .annotations(map)
+            .build()
+            .expect("descriptor")
+    }
+
+    #[test]
+    fn names_should_come_from_ref_name_and_containerd_annotations() {
+        let full = desc(&[(ANNOTATION_REF_NAME, "quay.io/a/b:1")]);
+        assert_eq!(names_from_annotations(&full), vec!["quay.io/a/b:1"]);
+        let short = desc(&[(ANNOTATION_REF_NAME, "busybox:1")]);
+        assert_eq!(
+            names_from_annotations(&short),
+            vec!["docker.io/library/busybox:1"]
+        );
+        // docker save (v25+): a bare tag plus containerd's full name.
+        let docker = desc(&[
+            (ANNOTATION_REF_NAME, "1.36"),
+            (CONTAINERD_NAME, "docker.io/library/busybox:1.36"),
+        ]);
+        assert_eq!(
+            names_from_annotations(&docker),
+            vec!["docker.io/library/busybox:1.36"]
+        );
+        let retag = desc(&[(ANNOTATION_REF_NAME, "v2"), (CONTAINERD_NAME, "x/y:v1")]);
+        assert_eq!(
+            names_from_annotations(&retag),
+            vec!["docker.io/x/y:v2", "docker.io/x/y:v1"]
+        );
+        // A bare tag with no name, or garbage: untagged.
+        assert!(names_from_annotations(&desc(&[(ANNOTATION_REF_NAME, "latest")])).is_empty());
+        assert!(names_from_annotations(&desc(&[(ANNOTATION_REF_NAME, "Bad/Name:x")])).is_empty());
+        assert!(names_from_annotations(&desc(&[])).is_empty());
+    }
+
+    #[test]
+    fn clean_member_path_should_refuse_climbing() {
+        assert_eq!(clean_member_path("./a//b/./c").as_deref(), Some("a/b/c"));
+        assert_eq!(clean_member_path("a/../b").as_deref(), Some("b"));
+        assert_eq!(clean_member_path("../b"), None);
+        assert_eq!(clean_member_path("a/../../b"), None);
+    }
+
+    #[test]
+    fn compression_should_be_sniffed_from_magic_bytes() {
+        assert_eq!(Compression::sniff(&[0x1f, 0x8b, 8, 0]), Compression::Gzip);
+        assert_eq!(
+            Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Compression::Zstd
+        );
+        assert_eq!(Compression::sniff(b"bin/"), Compression::None);
+        assert_eq!(Compression::sniff(b""), Compression::None);
+    }
+}
