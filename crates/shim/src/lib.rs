@@ -49,6 +49,14 @@ pub const EXIT_TMP_FILE: &str = "exit.tmp";
 /// [`Command::CloseStdin`] closes the shim's end (the container then sees EOF
 /// once every attached writer has closed too).
 pub const STDIN_FD: i32 = 3;
+/// The only argument of `petrel-shim --pid-holder`, which holds a pod's
+/// shared PID namespace: it unshares a PID namespace, forks the namespace's
+/// init (which reaps orphans and otherwise sleeps, with /dev/null as stdio,
+/// in its own session), prints the init's pid and a newline on standard
+/// output and exits 0. The runtime joins `/proc/<pid>/ns/pid` and ends the
+/// namespace with SIGKILL to the init. The init's parent has exited, so the
+/// caller must be a child subreaper (or accept a zombie) to reap it.
+pub const PID_HOLDER_FLAG: &str = "--pid-holder";
 /// File in the bundle where runc writes the container's init pid.
 pub const INIT_PID_FILE: &str = "init.pid";
 /// The shim's own diagnostics (and runc's log) inside the bundle.

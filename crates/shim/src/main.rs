@@ -17,7 +17,7 @@ use std::process::Stdio;
 
 use petrel_shim::{
     Command, ExitRecord, Handshake, ACK_FIFO, CTL_FIFO, EXIT_FILE, EXIT_TMP_FILE, INIT_PID_FILE,
-    SHIM_LOG, STDIN_FD,
+    PID_HOLDER_FLAG, SHIM_LOG, STDIN_FD,
 };
 
 /// Writes a diagnostic line to standard error (the bundle's `shim.log`).
@@ -30,6 +30,7 @@ macro_rules! diag {
 mod args;
 mod console;
 mod log;
+mod pid_holder;
 mod runc;
 mod sys;
 mod time;
@@ -56,6 +57,10 @@ fn diag_write(args: fmt::Arguments<'_>) {
 }
 
 fn main() {
+    let mut argv = std::env::args_os().skip(1);
+    if argv.len() == 1 && argv.next().is_some_and(|a| a == PID_HOLDER_FLAG) {
+        std::process::exit(pid_holder::run());
+    }
     let args = match args::parse(std::env::args_os().skip(1)) {
         Ok(args) => args,
         Err(e) => {
@@ -336,8 +341,13 @@ fn undo_create(runc: &Runc<'_>, id: &std::ffi::OsStr, msg: String) -> String {
         Err(e) => diag!("run runc delete: {e}"),
     }
     let _ = std::fs::remove_file(INIT_PID_FILE);
-    // Reap whatever runc left to us.
-    while sys::reap_any().is_some() {}
+    // Reap what runc left to us (a killed init may take a moment to die),
+    // so that no zombie is handed on when we exit.
+    let deadline = time::monotonic_ns() + 2 * DRAIN_AFTER_EXIT_NS;
+    while sys::has_children() && time::monotonic_ns() < deadline {
+        while sys::reap_any().is_some() {}
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     msg
 }
 

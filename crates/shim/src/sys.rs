@@ -193,6 +193,21 @@ pub fn reap_any() -> Option<(libc::pid_t, libc::c_int)> {
     }
 }
 
+/// Whether this process has any child left, exited or not.
+pub fn has_children() -> bool {
+    // SAFETY: waitid writes into the siginfo we own; WNOWAIT leaves any
+    // exited child to be reaped later.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        ) == 0
+    }
+}
+
 /// The exit code of a wait status as runc and containerd report it: the
 /// status of a normal exit, 128 + N for a process killed by signal N.
 pub fn exit_code(status: libc::c_int) -> i32 {

@@ -896,3 +896,91 @@ fn shim_without_log_should_drain_and_discard_output() -> Result {
     assert!(!fx.log_path.exists());
     Ok(())
 }
+
+/// Kills and reaps a pid-holder init on every path.
+struct Holder(libc::pid_t);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // SAFETY: kill and waitpid on the one pid this guard owns; we are its
+        // reaper (child subreaper), so waitpid returns once it is dead.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+#[test]
+fn pid_holder_should_hold_a_pid_namespace_and_reap_its_orphans() -> Result {
+    require_root();
+    // The holder's init outlives its parent: be its reaper so the test can
+    // reap it (PID 1 of this machine does not).
+    // SAFETY: prctl with integer arguments.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
+        0
+    );
+    let mut parent = Command::new(SHIM)
+        .arg(petrel_shim::PID_HOLDER_FLAG)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = parent.stdout.take().ok_or("no stdout")?;
+    let text = read_to_eof(stdout.into(), WAIT)?;
+    assert!(parent.wait()?.success());
+    let holder = Holder(text.trim().parse()?);
+    let pid = holder.0;
+
+    // pid 1 of its own namespace, in its own session.
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let nspid = status
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .ok_or("no NSpid")?;
+    assert_eq!(
+        nspid.split_whitespace().collect::<Vec<_>>(),
+        vec!["NSpid:", &pid.to_string(), "1"]
+    );
+    // SAFETY: getsid on a live pid.
+    assert_eq!(unsafe { libc::getsid(pid) }, pid);
+
+    // A process entering the namespace leaves an orphan, which the holder reaps.
+    let entered = Command::new("nsenter")
+        .args([
+            "--target",
+            &pid.to_string(),
+            "--pid",
+            "--",
+            BUSYBOX,
+            "sh",
+            "-c",
+        ])
+        .arg(format!("{BUSYBOX} sleep 0.2 & exit 0"))
+        .status()?;
+    assert!(entered.success());
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    assert_ne!(
+        fs::read_to_string(&children)?.trim(),
+        "",
+        "orphan not adopted"
+    );
+    let deadline = Instant::now() + WAIT;
+    while !fs::read_to_string(&children)?.trim().is_empty() {
+        assert!(Instant::now() < deadline, "orphan not reaped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Idle, and deaf to SIGTERM.
+    let before = cpu_and_wakeups(pid)?;
+    // SAFETY: kill on the pid this test owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = cpu_and_wakeups(pid)?;
+    assert_eq!(before, after);
+
+    drop(holder);
+    assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    Ok(())
+}
