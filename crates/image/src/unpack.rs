@@ -264,6 +264,28 @@ impl Unpacker {
         ) {
             return Ok(());
         }
+        // Old (v7) archives mark directories only by a trailing slash.
+        let kind = if kind == EntryType::Regular && raw.ends_with(b"/") {
+            EntryType::Directory
+        } else {
+            kind
+        };
+        if !matches!(
+            kind,
+            EntryType::Directory
+                | EntryType::Regular
+                | EntryType::Continuous
+                | EntryType::GNUSparse
+                | EntryType::Symlink
+                | EntryType::Link
+                | EntryType::Char
+                | EntryType::Block
+                | EntryType::Fifo
+        ) {
+            // Volume labels, multi-volume continuations and the like.
+            self.skipped_entries += 1;
+            return Ok(());
+        }
         let comps = clean_path(&raw).map_err(|r| unsafe_entry(&name, r))?;
         let meta = self.meta(entry, &name)?;
         let Some((last, parents)) = comps.split_last() else {
@@ -323,10 +345,7 @@ impl Unpacker {
                 self.make_node(&parent, last, &comps, file_type, dev)?;
                 self.finish_by_name(&parent, last, &comps, &meta, true)
             }
-            _ => {
-                self.skipped_entries += 1;
-                Ok(())
-            }
+            _ => Ok(()),
         }
     }
 
