@@ -1,1 +1,26 @@
-//! Petrel CRI runtime (being written).
+//! Petrel's CRI v1 container runtime.
+//!
+//! [`serve`] runs the whole runtime: it opens the store and image store,
+//! recovers every pod and container left by a previous run, and serves CRI
+//! `RuntimeService` and `ImageService` (plus Petrel's admin API) on a unix
+//! socket until it is told to stop. Containers outlive the runtime: each is
+//! watched by its own `petrel-shim`.
+
+pub mod config;
+pub mod container;
+pub mod error;
+pub mod events;
+pub mod metrics;
+pub mod records;
+pub mod sandbox;
+pub mod server;
+pub mod service;
+pub mod state;
+pub mod util;
+
+mod recovery;
+
+pub use config::RuntimeConfig;
+pub use error::RuntimeError;
+pub use server::serve;
+pub use service::Runtime;

@@ -93,6 +93,10 @@ pub fn encode<T: Serialize>(table: Table, key: &str, value: &T) -> Result<Vec<u8
     })
 }
 
+/// Every record of a table: each key with its decoded record, or the
+/// decoding error of that one record.
+pub type Listing<T> = Vec<(String, Result<T, StoreError>)>;
+
 /// The metadata database.
 #[derive(Debug)]
 pub struct Store {
@@ -147,7 +151,11 @@ impl Store {
     }
 
     /// Reads one record.
-    pub fn get<T: DeserializeOwned>(&self, table: Table, key: &str) -> Result<Option<T>, StoreError> {
+    pub fn get<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
         let r = self.db.begin_read().map_err(tx)?;
         let t = r.open_table(table.def()).map_err(tx)?;
         let Some(v) = t.get(key).map_err(tx)? else {
@@ -165,10 +173,7 @@ impl Store {
     /// Reads every record of a table, in key order. A record that cannot be
     /// decoded is returned as an error for that key rather than failing the
     /// whole listing, so start-up can report it and carry on.
-    pub fn list<T: DeserializeOwned>(
-        &self,
-        table: Table,
-    ) -> Result<Vec<(String, Result<T, StoreError>)>, StoreError> {
+    pub fn list<T: DeserializeOwned>(&self, table: Table) -> Result<Listing<T>, StoreError> {
         let r = self.db.begin_read().map_err(tx)?;
         let t = r.open_table(table.def()).map_err(tx)?;
         let mut out = Vec::new();
@@ -203,14 +208,34 @@ mod tests {
         let path = dir.path().join("meta.redb");
         {
             let s = Store::open(&path)?;
-            s.put(Table::Containers, "a", &Rec { name: "x".into(), n: 1 })?;
-            s.put(Table::Containers, "b", &Rec { name: "y".into(), n: 2 })?;
+            s.put(
+                Table::Containers,
+                "a",
+                &Rec {
+                    name: "x".into(),
+                    n: 1,
+                },
+            )?;
+            s.put(
+                Table::Containers,
+                "b",
+                &Rec {
+                    name: "y".into(),
+                    n: 2,
+                },
+            )?;
             s.delete(Table::Containers, "b")?;
             s.delete(Table::Containers, "missing")?;
         }
         let s = Store::open(&path)?;
         let got: Option<Rec> = s.get(Table::Containers, "a")?;
-        assert_eq!(got, Some(Rec { name: "x".into(), n: 1 }));
+        assert_eq!(
+            got,
+            Some(Rec {
+                name: "x".into(),
+                n: 1
+            })
+        );
         let all = s.list::<Rec>(Table::Containers)?;
         assert_eq!(all.len(), 1);
         assert!(s.get::<Rec>(Table::Sandboxes, "a")?.is_none());
@@ -221,10 +246,21 @@ mod tests {
     fn store_apply_should_be_atomic_across_tables() -> Result<(), StoreError> {
         let dir = tempfile::tempdir().map_err(tx)?;
         let s = Store::open(&dir.path().join("meta.redb"))?;
-        let r = Rec { name: "p".into(), n: 3 };
+        let r = Rec {
+            name: "p".into(),
+            n: 3,
+        };
         s.apply(vec![
-            Op::Put(Table::Sandboxes, "p".into(), encode(Table::Sandboxes, "p", &r)?),
-            Op::Put(Table::Containers, "c".into(), encode(Table::Containers, "c", &r)?),
+            Op::Put(
+                Table::Sandboxes,
+                "p".into(),
+                encode(Table::Sandboxes, "p", &r)?,
+            ),
+            Op::Put(
+                Table::Containers,
+                "c".into(),
+                encode(Table::Containers, "c", &r)?,
+            ),
         ])?;
         assert!(s.get::<Rec>(Table::Sandboxes, "p")?.is_some());
         assert!(s.get::<Rec>(Table::Containers, "c")?.is_some());
@@ -235,8 +271,19 @@ mod tests {
     fn store_list_should_report_undecodable_records_individually() -> Result<(), StoreError> {
         let dir = tempfile::tempdir().map_err(tx)?;
         let s = Store::open(&dir.path().join("meta.redb"))?;
-        s.apply(vec![Op::Put(Table::Images, "bad".into(), b"{not json".to_vec())])?;
-        s.put(Table::Images, "good", &Rec { name: "g".into(), n: 0 })?;
+        s.apply(vec![Op::Put(
+            Table::Images,
+            "bad".into(),
+            b"{not json".to_vec(),
+        )])?;
+        s.put(
+            Table::Images,
+            "good",
+            &Rec {
+                name: "g".into(),
+                n: 0,
+            },
+        )?;
         let all = s.list::<Rec>(Table::Images)?;
         assert_eq!(all.len(), 2);
         assert!(all.iter().any(|(k, r)| k == "bad" && r.is_err()));

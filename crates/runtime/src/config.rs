@@ -1,0 +1,64 @@
+//! The runtime's configuration (the `[cri]` section of Petrel's config file).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Configuration of `petrel runtime`. Every field has a default; the file
+/// and the command line override them in that order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Persistent data: metadata, images, container writable layers.
+    /// Default `/var/lib/petrel`, like containerd's `/var/lib/containerd`.
+    pub root: PathBuf,
+    /// Volatile data: sockets, runc state, namespaces, bundles.
+    /// Default `/run/petrel`.
+    pub state: PathBuf,
+    /// The CRI socket. Default `<state>/petrel.sock`, so several instances
+    /// with different state directories never collide.
+    pub socket: Option<PathBuf>,
+    /// Permission bits of the CRI socket (0660: root and its group).
+    pub socket_mode: u32,
+    /// The OCI runtime binary (runc or a compatible one).
+    pub runtime_binary: PathBuf,
+    /// The shim binary. Default: `petrel-shim` beside the running executable,
+    /// then on `PATH`.
+    pub shim_binary: Option<PathBuf>,
+    /// Runtime handlers accepted in RunPodSandbox besides the default ("").
+    pub runtime_handlers: Vec<String>,
+    /// The cgroup under which pods without a `cgroup_parent` are placed.
+    pub default_cgroup_parent: String,
+    /// Events each `GetContainerEvents` subscriber may have queued before it
+    /// is considered stalled and cut off (kubelet's channel holds 1000).
+    pub event_queue_capacity: usize,
+    /// Size of each pod's shared `/dev/shm` tmpfs, in bytes (64 MiB, like
+    /// Docker and containerd).
+    pub shm_size: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/var/lib/petrel"),
+            state: PathBuf::from("/run/petrel"),
+            socket: None,
+            socket_mode: 0o660,
+            runtime_binary: PathBuf::from("runc"),
+            shim_binary: None,
+            runtime_handlers: vec!["runc".to_string()],
+            default_cgroup_parent: "/petrel".to_string(),
+            event_queue_capacity: 1000,
+            shm_size: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The CRI socket path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.state.join("petrel.sock"))
+    }
+}

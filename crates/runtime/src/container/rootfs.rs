@@ -1,0 +1,93 @@
+//! A container's root filesystem: an overlay of the image's shared,
+//! read-only layers with the container's own writable layer on top.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, RuntimeError};
+
+/// Directories of a container's writable layer.
+#[derive(Debug, Clone)]
+pub struct WritableLayer {
+    /// overlayfs upperdir.
+    pub upper: PathBuf,
+    /// overlayfs workdir (same filesystem as upper).
+    pub work: PathBuf,
+}
+
+impl WritableLayer {
+    /// The writable layer kept in `dir`.
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+        }
+    }
+
+    /// Creates the directories.
+    pub fn create(&self) -> Result<()> {
+        for d in [&self.upper, &self.work] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| RuntimeError::internal(format!("create {}", d.display()), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Mounts the overlay at `target`. `lower` lists the image layers topmost
+/// first; an image without layers gets an empty lower directory.
+pub fn mount(
+    lower: &[PathBuf],
+    layer: &WritableLayer,
+    empty_lower: &Path,
+    target: &Path,
+) -> Result<()> {
+    std::fs::create_dir_all(target)
+        .map_err(|e| RuntimeError::internal(format!("create {}", target.display()), e))?;
+    let lowers: Vec<String> = if lower.is_empty() {
+        std::fs::create_dir_all(empty_lower)
+            .map_err(|e| RuntimeError::internal(format!("create {}", empty_lower.display()), e))?;
+        vec![empty_lower.display().to_string()]
+    } else {
+        lower.iter().map(|p| p.display().to_string()).collect()
+    };
+    for p in lowers.iter().chain([
+        &layer.upper.display().to_string(),
+        &layer.work.display().to_string(),
+    ]) {
+        // overlayfs splits its options on ',' and its lower dirs on ':'.
+        if p.contains([',', ':']) {
+            return Err(RuntimeError::Internal(format!(
+                "overlay path {p} contains ',' or ':'"
+            )));
+        }
+    }
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lowers.join(":"),
+        layer.upper.display(),
+        layer.work.display()
+    );
+    // The options must fit in one page.
+    if data.len() >= 4096 {
+        return Err(RuntimeError::Internal(format!(
+            "overlay options for {} exceed a page ({} layers)",
+            target.display(),
+            lowers.len()
+        )));
+    }
+    let data =
+        std::ffi::CString::new(data).map_err(|e| RuntimeError::internal("overlay options", e))?;
+    rustix::mount::mount(
+        "overlay",
+        target,
+        "overlay",
+        rustix::mount::MountFlags::empty(),
+        data.as_c_str(),
+    )
+    .map_err(|e| RuntimeError::internal(format!("mount overlay at {}", target.display()), e))
+}
+
+/// Unmounts the rootfs; not mounted or missing is fine.
+pub fn unmount(target: &Path) -> Result<()> {
+    crate::sandbox::files::unmount(target)
+}

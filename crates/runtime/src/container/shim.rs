@@ -1,0 +1,238 @@
+//! Starting a container's shim and talking to it.
+//!
+//! See the `petrel-shim` crate for the protocol. The runtime starts the shim,
+//! reads its one-line handshake, then watches it with a pidfd: the shim exits
+//! right after writing the container's exit record, so the pidfd turning
+//! readable is the exit notification. No polling, no connection per
+//! container.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use petrel_shim::{Command, ExitRecord, Handshake, ACK_FIFO, CTL_FIFO, EXIT_FILE, SHIM_LOG};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::error::{Result, RuntimeError};
+use crate::records::ProcessRef;
+use crate::util;
+
+/// How long runc create may take before the create is abandoned.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a shim may take to answer a command.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a shim needs to create a container.
+#[derive(Debug, Clone)]
+pub struct ShimOptions {
+    /// The shim binary.
+    pub binary: PathBuf,
+    /// The container id.
+    pub id: String,
+    /// The bundle directory (holds config.json).
+    pub bundle: PathBuf,
+    /// The OCI runtime binary.
+    pub runc: PathBuf,
+    /// runc's state directory.
+    pub runc_root: PathBuf,
+    /// The CRI log file, if any.
+    pub log_path: Option<PathBuf>,
+    /// Allocate a terminal.
+    pub tty: bool,
+    /// Keep stdin open.
+    pub stdin: bool,
+}
+
+/// A started shim: its identity, the container's init pid and a pidfd.
+#[derive(Debug)]
+pub struct StartedShim {
+    /// The shim process.
+    pub shim: ProcessRef,
+    /// The container's init process.
+    pub init_pid: u32,
+    /// Readable once the shim has exited.
+    pub pidfd: OwnedFd,
+}
+
+/// Starts the shim, which runs `runc create`. On error the shim has already
+/// removed the container from runc.
+pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(opts.bundle.join(SHIM_LOG))
+        .map_err(|e| {
+            RuntimeError::internal(format!("open {}", opts.bundle.join(SHIM_LOG).display()), e)
+        })?;
+    let mut cmd = tokio::process::Command::new(&opts.binary);
+    cmd.arg("--id")
+        .arg(&opts.id)
+        .arg("--bundle")
+        .arg(&opts.bundle)
+        .arg("--runc")
+        .arg(&opts.runc)
+        .arg("--runc-root")
+        .arg(&opts.runc_root)
+        .arg("--log-path")
+        .arg(opts.log_path.as_deref().unwrap_or(Path::new("")));
+    if opts.tty {
+        cmd.arg("--tty");
+    }
+    if opts.stdin {
+        cmd.arg("--stdin");
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(false);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| RuntimeError::internal(format!("start shim {}", opts.binary.display()), e))?;
+    let shim_pid = child
+        .id()
+        .ok_or_else(|| RuntimeError::Internal("shim exited before it could be watched".into()))?;
+    // Opened while the shim is certainly alive (it cannot be reaped before
+    // `child` is dropped), so the pidfd names the right process.
+    let pidfd =
+        util::pidfd_open(shim_pid).map_err(|e| RuntimeError::internal("pidfd_open shim", e))?;
+    let start_time = util::process_start_time(shim_pid).unwrap_or_default();
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| RuntimeError::Internal("shim stdout missing".into()))?;
+    let mut line = String::new();
+    let read = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        BufReader::new(stdout).read_line(&mut line),
+    )
+    .await;
+    let handshake = match read {
+        Ok(Ok(_)) => Handshake::parse(&line),
+        Ok(Err(e)) => return Err(RuntimeError::internal("read shim handshake", e)),
+        Err(_) => {
+            let _ = child.start_kill();
+            return Err(RuntimeError::DeadlineExceeded(format!(
+                "container {} was not created within {HANDSHAKE_TIMEOUT:?}",
+                opts.id
+            )));
+        }
+    };
+    match handshake {
+        Some(Handshake::Ok { init_pid }) => {
+            // Dropping the handle leaves the shim running; tokio reaps it in
+            // the background when it exits, and our pidfd still reports it.
+            drop(child);
+            Ok(StartedShim {
+                shim: ProcessRef {
+                    pid: shim_pid,
+                    start_time,
+                },
+                init_pid,
+                pidfd,
+            })
+        }
+        Some(Handshake::Error(msg)) => {
+            let _ = child.wait().await;
+            Err(RuntimeError::Internal(format!(
+                "create container {}: {msg}",
+                opts.id
+            )))
+        }
+        None => {
+            let _ = child.wait().await;
+            let tail = log_tail(&opts.bundle.join(SHIM_LOG));
+            Err(RuntimeError::Internal(format!(
+                "shim for {} failed without a handshake ({:?}): {tail}",
+                opts.id,
+                line.trim()
+            )))
+        }
+    }
+}
+
+fn log_tail(path: &Path) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().rev().take(3).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Waits until the process behind `pidfd` has exited.
+pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
+    // SAFETY: OwnedFd is a valid open descriptor that AsyncFd owns (and so
+    // keeps open and unchanged) for its whole lifetime.
+    let fd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)?;
+    let _guard = fd.readable().await?;
+    Ok(())
+}
+
+/// Reads the container's exit record, if the shim wrote one.
+pub fn read_exit(bundle: &Path) -> Option<ExitRecord> {
+    std::fs::read_to_string(bundle.join(EXIT_FILE))
+        .ok()
+        .and_then(|s| ExitRecord::parse(&s))
+}
+
+/// Sends a command to a running shim and waits for its answer.
+pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
+    use tokio::net::unix::pipe;
+    let ack_path = bundle.join(ACK_FIFO);
+    let ctl_path = bundle.join(CTL_FIFO);
+    // Open the answer FIFO first so the shim finds a reader when it replies;
+    // read-write so that it never reads as EOF before the shim has written.
+    let mut ack = pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(&ack_path)
+        .map_err(|e| RuntimeError::internal(format!("open {}", ack_path.display()), e))?;
+    let mut ctl = pipe::OpenOptions::new()
+        .open_sender(&ctl_path)
+        .map_err(|e| {
+            RuntimeError::FailedPrecondition(format!(
+                "shim is not running ({}: {e})",
+                ctl_path.display()
+            ))
+        })?;
+    ctl.write_all(format!("{}\n", command.as_str()).as_bytes())
+        .await
+        .map_err(|e| RuntimeError::internal("write shim command", e))?;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(COMMAND_TIMEOUT, async {
+        let mut buf = [0u8; 512];
+        loop {
+            match ack.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if answer.contains(&b'\n') {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await;
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(RuntimeError::internal("read shim answer", e)),
+        Err(_) => {
+            return Err(RuntimeError::DeadlineExceeded(format!(
+                "shim did not answer {}",
+                command.as_str()
+            )))
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    let answer = answer.trim();
+    if answer == "ok" {
+        Ok(())
+    } else {
+        Err(RuntimeError::Internal(format!(
+            "shim {}: {}",
+            command.as_str(),
+            answer.strip_prefix("error ").unwrap_or(answer)
+        )))
+    }
+}

@@ -1,0 +1,108 @@
+//! The runtime's error type and its one conversion to gRPC status codes.
+
+use tonic::{Code, Status};
+
+/// Errors of CRI operations. Each variant maps to one gRPC code.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A request field is missing or impossible; names the field.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The offending field, e.g. `config.metadata.name`.
+        field: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The object does not exist.
+    #[error("{kind} {id} not found")]
+    NotFound {
+        /// `pod sandbox`, `container` or `image`.
+        kind: &'static str,
+        /// The id or reference asked for.
+        id: String,
+    },
+    /// A name is reserved by another object.
+    #[error("name {name} is reserved by {owner}")]
+    AlreadyExists {
+        /// The name.
+        name: String,
+        /// The id holding it.
+        owner: String,
+    },
+    /// The object is in the wrong state for the call.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The call did not finish in time.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// The runtime is starting or stopping.
+    #[error("runtime is not ready: {0}")]
+    Unavailable(String),
+    /// The call is not supported by this runtime (yet); says why.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Something failed inside the runtime or below it (runc, the kernel).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl RuntimeError {
+    /// An invalid-argument error naming `field`.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// An internal error with context.
+    pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
+        Self::Internal(format!("{context}: {err}"))
+    }
+
+    /// The gRPC code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument { .. } => Code::InvalidArgument,
+            Self::NotFound { .. } => Code::NotFound,
+            Self::AlreadyExists { .. } => Code::AlreadyExists,
+            Self::FailedPrecondition(_) => Code::FailedPrecondition,
+            Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            Self::Unavailable(_) => Code::Unavailable,
+            Self::Unsupported(_) => Code::Unimplemented,
+            Self::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<RuntimeError> for Status {
+    fn from(e: RuntimeError) -> Self {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+impl From<petrel_store::StoreError> for RuntimeError {
+    fn from(e: petrel_store::StoreError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl From<petrel_oci::spec::SpecError> for RuntimeError {
+    fn from(e: petrel_oci::spec::SpecError) -> Self {
+        match e {
+            petrel_oci::spec::SpecError::Invalid { field, reason } => {
+                Self::InvalidArgument { field, reason }
+            }
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<petrel_oci::runc::RuncError> for RuntimeError {
+    fn from(e: petrel_oci::runc::RuncError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+/// The result type of runtime operations.
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -1,0 +1,165 @@
+//! The durable records of pods and containers, and their state machines.
+
+use std::path::PathBuf;
+
+use petrel_cri::api;
+use serde::{Deserialize, Serialize};
+
+/// A pod sandbox's state.
+///
+/// ```text
+///   RunPodSandbox                 StopPodSandbox            RemovePodSandbox
+///  ─────────────▶ Creating ──ok──▶ Ready ─────────────▶ NotReady ─────────────▶ (gone)
+///                    │ failure: everything made is undone, the record deleted
+///                    └─────────▶ (gone)
+/// ```
+/// A record found in `Creating` at start-up belongs to a create that crashed
+/// midway: recovery undoes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Being created; not visible to CRI clients.
+    Creating,
+    /// Namespaces and cgroup are in place.
+    Ready,
+    /// Stopped: containers killed, pid holder gone, network released.
+    NotReady,
+}
+
+/// A process the runtime watches across restarts: the pid and its start time
+/// (field 22 of `/proc/<pid>/stat`), which guards against pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRef {
+    /// The process id.
+    pub pid: u32,
+    /// Its start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// A pod sandbox as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    /// The sandbox id (64 hex characters).
+    pub id: String,
+    /// The name reserved for it (`name_namespace_uid_attempt`).
+    pub name: String,
+    /// The configuration it was created with.
+    pub config: api::PodSandboxConfig,
+    /// The runtime handler asked for.
+    #[serde(default)]
+    pub runtime_handler: String,
+    /// Its state.
+    pub state: SandboxState,
+    /// Creation time, ns since the epoch.
+    pub created_at: i64,
+    /// The sandbox's directory in the state dir (namespace pins, /etc files, shm).
+    pub dir: PathBuf,
+    /// Pinned network namespace, unless the pod uses the host's.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
+    /// Pinned IPC namespace, unless the pod uses the host's.
+    #[serde(default)]
+    pub ipcns: Option<PathBuf>,
+    /// Pinned UTS namespace, unless the pod uses the host network.
+    #[serde(default)]
+    pub utsns: Option<PathBuf>,
+    /// The process holding the pod's shared PID namespace (PID mode POD only).
+    #[serde(default)]
+    pub pid_holder: Option<ProcessRef>,
+    /// Whether `<dir>/shm` is a tmpfs mounted by the runtime.
+    #[serde(default)]
+    pub shm_mounted: bool,
+    /// The pod's cgroup.
+    pub cgroup_parent: String,
+    /// Cgroup directories the runtime created for this pod (removed with it).
+    #[serde(default)]
+    pub created_cgroups: Vec<String>,
+}
+
+/// A container's state.
+///
+/// ```text
+///  CreateContainer             StartContainer            exit (shim)            RemoveContainer
+/// ───────────────▶ Creating ─▶ Created ─────────────▶ Running ─────────────▶ Exited ────────────▶ (gone)
+///                     │           │ exit / StopContainer                       ▲
+///                     │           └────────────────────────────────────────────┘
+///                     └─ failure: rootfs, bundle, shim and record are undone
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerState {
+    /// Being created; not visible to CRI clients.
+    Creating,
+    /// Created by runc, init waiting for start.
+    Created,
+    /// Started.
+    Running,
+    /// Its init process exited (exit code recorded).
+    Exited,
+}
+
+impl ContainerState {
+    /// The CRI state.
+    pub fn to_cri(self) -> api::ContainerState {
+        match self {
+            Self::Creating | Self::Created => api::ContainerState::ContainerCreated,
+            Self::Running => api::ContainerState::ContainerRunning,
+            Self::Exited => api::ContainerState::ContainerExited,
+        }
+    }
+}
+
+/// A container as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContainerRecord {
+    /// The container id (64 hex characters).
+    pub id: String,
+    /// The sandbox it belongs to.
+    pub sandbox_id: String,
+    /// The name reserved for it (`name_pod_namespace_uid_attempt`).
+    pub name: String,
+    /// The configuration it was created with.
+    pub config: api::ContainerConfig,
+    /// The image id (`sha256:<hex>`) it runs.
+    pub image_id: String,
+    /// Its state.
+    pub state: ContainerState,
+    /// Creation time, ns since the epoch.
+    pub created_at: i64,
+    /// Start time, ns since the epoch (0 before the start).
+    #[serde(default)]
+    pub started_at: i64,
+    /// Exit time, ns since the epoch (0 before the exit).
+    #[serde(default)]
+    pub finished_at: i64,
+    /// The exit code (128 + signal when killed).
+    #[serde(default)]
+    pub exit_code: i32,
+    /// Why it exited: `Completed`, `Error`, `OOMKilled`, or a runtime reason.
+    #[serde(default)]
+    pub reason: String,
+    /// Details of the exit, when the runtime knows more.
+    #[serde(default)]
+    pub message: String,
+    /// The init process id (host namespace), 0 when unknown.
+    #[serde(default)]
+    pub pid: u32,
+    /// The shim watching the container.
+    #[serde(default)]
+    pub shim: Option<ProcessRef>,
+    /// The bundle directory (config.json, rootfs mount point, shim files).
+    pub bundle: PathBuf,
+    /// The directory holding the writable layer (upper and work dirs).
+    pub layer_dir: PathBuf,
+    /// Whether the overlay rootfs is mounted at `<bundle>/rootfs`.
+    #[serde(default)]
+    pub rootfs_mounted: bool,
+    /// The log file, absolute (log_directory of the pod + log_path).
+    #[serde(default)]
+    pub log_path: Option<PathBuf>,
+    /// The container's cgroup.
+    pub cgroup_path: String,
+    /// The resources currently applied (after UpdateContainerResources).
+    #[serde(default)]
+    pub resources: Option<api::LinuxContainerResources>,
+}

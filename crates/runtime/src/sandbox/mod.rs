@@ -1,0 +1,5 @@
+//! What a pod sandbox is made of: pinned namespaces, shared files, the pid
+//! namespace holder.
+pub mod files;
+pub mod namespaces;
+pub mod pid_holder;

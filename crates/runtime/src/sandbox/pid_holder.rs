@@ -1,0 +1,61 @@
+//! The holder of a pod's shared PID namespace.
+//!
+//! A PID namespace dies with its first process, so pods whose containers
+//! share one (`NamespaceMode::POD`) need a process to live as long as the
+//! pod. It is `petrel-shim --pid-holder`: it unshares a PID namespace and
+//! forks the namespace's init, which only reaps orphans and otherwise sleeps
+//! in `wait`. It is the only process an idle pod may cost, and only in this
+//! mode.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::io::AsyncReadExt;
+
+use crate::error::{Result, RuntimeError};
+use crate::records::ProcessRef;
+use crate::util;
+
+/// Starts a holder and returns the namespace init's identity.
+pub async fn spawn(shim: &Path) -> Result<ProcessRef> {
+    let mut child = tokio::process::Command::new(shim)
+        .arg("--pid-holder")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| RuntimeError::internal(format!("start pid holder {}", shim.display()), e))?;
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout
+            .read_to_string(&mut out)
+            .await
+            .map_err(|e| RuntimeError::internal("read pid holder handshake", e))?;
+    }
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| RuntimeError::internal("wait for pid holder", e))?;
+    let pid: u32 = out.trim().parse().map_err(|_| {
+        RuntimeError::Internal(format!("pid holder failed ({status}): {:?}", out.trim()))
+    })?;
+    let start_time = util::process_start_time(pid)
+        .ok_or_else(|| RuntimeError::Internal(format!("pid holder {pid} died at once")))?;
+    Ok(ProcessRef { pid, start_time })
+}
+
+/// The holder's PID namespace, for containers to join.
+pub fn ns_path(holder: &ProcessRef) -> PathBuf {
+    PathBuf::from(format!("/proc/{}/ns/pid", holder.pid))
+}
+
+/// Kills the holder (and so every process left in the namespace), if it is
+/// still the process we started.
+pub fn kill(holder: &ProcessRef) {
+    if util::process_alive(holder.pid, holder.start_time) {
+        if let Ok(pid) = libc::pid_t::try_from(holder.pid) {
+            // SAFETY: kill(2) on a pid verified by its start time to be ours.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! CreateContainer: overlay rootfs, OCI spec, shim + `runc create`.
+//! All or nothing: a failure undoes every step and releases the name.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use petrel_cri::api;
+use petrel_oci::spec::{self, ContainerSpecInput, NamespaceRef, SandboxContext};
+use petrel_store::Table;
+
+use crate::container::rootfs::{self, WritableLayer};
+use crate::container::shim::{self, ShimOptions};
+use crate::error::{Result, RuntimeError};
+use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
+use crate::sandbox::files::SandboxFiles;
+use crate::sandbox::pid_holder;
+use crate::server::sandbox_run::namespace_mode;
+use crate::service::{Ns, Runtime};
+use crate::state::{Container, Sandbox};
+use crate::util;
+
+/// A log path relative to the pod's log directory, without `..`.
+fn validate_log_path(p: &str) -> Result<()> {
+    let path = Path::new(p);
+    if path.is_absolute()
+        || path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(RuntimeError::invalid(
+            "config.log_path",
+            format!("{p:?} must be relative to the pod's log directory, without . or .."),
+        ));
+    }
+    Ok(())
+}
+
+/// The container's PID namespace mode (its own setting, else the pod's).
+fn container_pid_mode(
+    config: &api::ContainerConfig,
+    pod: &api::PodSandboxConfig,
+) -> (api::NamespaceMode, String) {
+    let opts = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref());
+    match opts {
+        Some(o) => (
+            api::NamespaceMode::try_from(o.pid).unwrap_or(api::NamespaceMode::Container),
+            o.target_id.clone(),
+        ),
+        None => (namespace_mode(pod, Ns::Pid), String::new()),
+    }
+}
+
+fn ns_ref(p: &Option<PathBuf>) -> NamespaceRef {
+    match p {
+        Some(p) => NamespaceRef::Path(p.clone()),
+        None => NamespaceRef::Host,
+    }
+}
+
+impl Runtime {
+    /// CreateContainer.
+    pub(crate) async fn create_container(
+        self: &Arc<Self>,
+        req: api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse> {
+        let sb = self.sandbox(&req.pod_sandbox_id)?;
+        let _pod = sb.op.read().await;
+        let sbrec = sb.record();
+        if sbrec.state != SandboxState::Ready {
+            return Err(RuntimeError::FailedPrecondition(format!(
+                "pod sandbox {} is not ready",
+                sbrec.id
+            )));
+        }
+        let config = req
+            .config
+            .ok_or_else(|| RuntimeError::invalid("config", "missing"))?;
+        let md = config
+            .metadata
+            .as_ref()
+            .ok_or_else(|| RuntimeError::invalid("config.metadata", "missing"))?;
+        if md.name.is_empty() {
+            return Err(RuntimeError::invalid(
+                "config.metadata.name",
+                "must not be empty",
+            ));
+        }
+        let image_ref = config
+            .image
+            .as_ref()
+            .map(|i| i.image.as_str())
+            .unwrap_or_default();
+        if image_ref.is_empty() {
+            return Err(RuntimeError::invalid(
+                "config.image.image",
+                "must not be empty",
+            ));
+        }
+        let image = self.images.get(image_ref).ok_or_else(|| {
+            RuntimeError::invalid(
+                "config.image.image",
+                format!("image {image_ref:?} not found"),
+            )
+        })?;
+        let log_path = if config.log_path.is_empty() || sbrec.config.log_directory.is_empty() {
+            None
+        } else {
+            validate_log_path(&config.log_path)?;
+            Some(Path::new(&sbrec.config.log_directory).join(&config.log_path))
+        };
+        let pod_md = sbrec.config.metadata.clone().unwrap_or_default();
+        let name = format!(
+            "{}_{}_{}_{}_{}",
+            md.name, pod_md.name, pod_md.namespace, pod_md.uid, md.attempt
+        );
+        let id = util::new_id().map_err(|e| RuntimeError::internal("generate id", e))?;
+        self.state.reserve_name(&name, &id)?;
+
+        let mut rec = ContainerRecord {
+            id: id.clone(),
+            sandbox_id: sbrec.id.clone(),
+            name: name.clone(),
+            config,
+            image_id: image.id.clone(),
+            state: ContainerState::Creating,
+            created_at: util::now_ns(),
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            pid: 0,
+            shim: None,
+            bundle: self.layout.bundle(&id),
+            layer_dir: self.layout.container_layer(&id),
+            rootfs_mounted: false,
+            log_path,
+            cgroup_path: spec::container_cgroup_path(&sbrec.cgroup_parent, &id),
+            resources: None,
+        };
+        rec.resources = rec.config.linux.as_ref().and_then(|l| l.resources.clone());
+        // Committed before anything is made: a crash midway is undone at the
+        // next start.
+        if let Err(e) = self.store.put(Table::Containers, &id, &rec) {
+            self.state.release_name(&name, &id);
+            return Err(e.into());
+        }
+        let c = Arc::new(Container::new(rec.clone()));
+        self.state.insert_container(c.clone());
+        sb.add_container(&id);
+
+        let made = self.make_container(&mut rec, &sbrec, &image).await;
+        let pidfd = match made {
+            Ok(pidfd) => pidfd,
+            Err(e) => {
+                if let Err(undo) = self.teardown_container(&rec).await {
+                    tracing::error!(container.id = %id, error = %undo, "rollback of a failed CreateContainer incomplete");
+                }
+                let _ = self.store.delete(Table::Containers, &id);
+                sb.remove_container(&id);
+                self.state.remove_container(&id);
+                self.state.release_name(&name, &id);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.save_container(&c, rec.clone()) {
+            // The container exists in runc but could not be recorded: undo it.
+            let _ = self.teardown_container(&rec).await;
+            let _ = self.store.delete(Table::Containers, &id);
+            sb.remove_container(&id);
+            self.state.remove_container(&id);
+            self.state.release_name(&name, &id);
+            return Err(e);
+        }
+        self.watch_exit(c.clone(), pidfd);
+        self.publish(&id, api::ContainerEventType::ContainerCreatedEvent, &sb);
+        Ok(api::CreateContainerResponse { container_id: id })
+    }
+
+    async fn make_container(
+        self: &Arc<Self>,
+        rec: &mut ContainerRecord,
+        sbrec: &SandboxRecord,
+        image: &petrel_image::Image,
+    ) -> Result<std::os::fd::OwnedFd> {
+        let layer = WritableLayer::new(&rec.layer_dir);
+        layer.create()?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&rec.bundle)
+            .map_err(|e| RuntimeError::internal(format!("create {}", rec.bundle.display()), e))?;
+        let lower = self
+            .images
+            .layer_paths(image)
+            .map_err(|e| RuntimeError::internal(format!("layers of {}", image.id), e))?;
+        let rootfs_dir = rec.bundle.join("rootfs");
+        rootfs::mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
+        rec.rootfs_mounted = true;
+
+        let files = SandboxFiles::new(&sbrec.dir);
+        let (pid_mode, target) = container_pid_mode(&rec.config, &sbrec.config);
+        let pid = match pid_mode {
+            api::NamespaceMode::Node => NamespaceRef::Host,
+            api::NamespaceMode::Pod => match &sbrec.pid_holder {
+                Some(h) => NamespaceRef::Path(pid_holder::ns_path(h)),
+                None => {
+                    return Err(RuntimeError::FailedPrecondition(format!(
+                        "pod sandbox {} has no shared PID namespace",
+                        sbrec.id
+                    )))
+                }
+            },
+            api::NamespaceMode::Target => {
+                let t = self
+                    .state
+                    .container(&target)
+                    .filter(|t| {
+                        t.state() == ContainerState::Running && t.with(|r| r.sandbox_id == sbrec.id)
+                    })
+                    .ok_or_else(|| {
+                        RuntimeError::invalid(
+                            "config.linux.security_context.namespace_options.target_id",
+                            format!("{target:?} is not a running container of this pod"),
+                        )
+                    })?;
+                NamespaceRef::Path(PathBuf::from(format!("/proc/{}/ns/pid", t.with(|r| r.pid))))
+            }
+            api::NamespaceMode::Container => NamespaceRef::New,
+        };
+        let ctx = SandboxContext {
+            network: ns_ref(&sbrec.netns),
+            ipc: ns_ref(&sbrec.ipcns),
+            uts: ns_ref(&sbrec.utsns),
+            pid,
+            hostname: std::fs::read_to_string(&files.hostname)
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            etc_hostname: Some(files.hostname.clone()),
+            etc_hosts: Some(files.hosts.clone()),
+            resolv_conf: Some(files.resolv_conf.clone()),
+            shm: Some(if sbrec.shm_mounted {
+                files.shm.clone()
+            } else {
+                PathBuf::from("/dev/shm")
+            }),
+            cgroup_parent: sbrec.cgroup_parent.clone(),
+        };
+        let image_config = image.config.config().clone();
+        let input = ContainerSpecInput {
+            id: &rec.id,
+            config: &rec.config,
+            sandbox_config: &sbrec.config,
+            image_config: image_config.as_ref(),
+            rootfs: &rootfs_dir,
+            sandbox: &ctx,
+            host: &self.host,
+        };
+        let oci = spec::build_container_spec(&input)?;
+        let json = serde_json::to_vec_pretty(&oci)
+            .map_err(|e| RuntimeError::internal("encode config.json", e))?;
+        let cfg_path = rec.bundle.join("config.json");
+        std::fs::write(&cfg_path, json)
+            .map_err(|e| RuntimeError::internal(format!("write {}", cfg_path.display()), e))?;
+
+        if let Some(log) = &rec.log_path {
+            if let Some(dir) = log.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    RuntimeError::internal(format!("create log directory {}", dir.display()), e)
+                })?;
+            }
+        }
+        let started = shim::start(&ShimOptions {
+            binary: self.shim_binary.clone(),
+            id: rec.id.clone(),
+            bundle: rec.bundle.clone(),
+            runc: self.runc.binary().to_path_buf(),
+            runc_root: self.runc.root().to_path_buf(),
+            log_path: rec.log_path.clone(),
+            tty: rec.config.tty,
+            stdin: rec.config.stdin,
+        })
+        .await?;
+        rec.pid = started.init_pid;
+        rec.shim = Some(started.shim);
+        rec.state = ContainerState::Created;
+        Ok(started.pidfd)
+    }
+
+    /// Undoes whatever a container has on the host: runc state (killing
+    /// its init, which makes the shim exit), the rootfs mount, the bundle and
+    /// the writable layer. Best effort; the first error is returned.
+    pub(crate) async fn teardown_container(&self, rec: &ContainerRecord) -> Result<()> {
+        let mut first: Option<RuntimeError> = None;
+        if let Err(e) = self.runc.delete(&rec.id, true).await {
+            first.get_or_insert(e.into());
+        }
+        if let Err(e) = rootfs::unmount(&rec.bundle.join("rootfs")) {
+            first.get_or_insert(e);
+        }
+        for d in [&rec.bundle, &rec.layer_dir] {
+            if let Err(e) = crate::server::sandbox_run::remove_dir(d) {
+                first.get_or_insert(e);
+            }
+        }
+        // runc removes the container's own cgroup; a container that never
+        // reached runc may still have left an empty one.
+        let _ = self.cgroups.remove(&rec.cgroup_path);
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The sandbox a container belongs to (it always exists while the
+    /// container does).
+    pub(crate) fn sandbox_of(&self, c: &Container) -> Option<Arc<Sandbox>> {
+        self.state.sandbox(&c.with(|r| r.sandbox_id.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_path_should_stay_inside_the_log_directory() {
+        assert!(validate_log_path("c/0.log").is_ok());
+        for bad in ["/etc/passwd", "../x.log", "a/../../x", "./x"] {
+            let e = validate_log_path(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("config.log_path"), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! RemoveContainer: stop by force if needed, undo everything, forget it.
+//! Removing a container that is gone already succeeds, as CRI requires.
+
+use std::sync::Arc;
+
+use petrel_cri::api;
+use petrel_store::Table;
+
+use crate::error::{Result, RuntimeError};
+use crate::service::Runtime;
+use crate::state::Container;
+
+impl Runtime {
+    /// RemoveContainer.
+    pub(crate) async fn remove_container(
+        self: &Arc<Self>,
+        req: api::RemoveContainerRequest,
+    ) -> Result<api::RemoveContainerResponse> {
+        let c = match self.container(&req.container_id) {
+            Ok(c) => c,
+            Err(RuntimeError::NotFound { .. }) => return Ok(api::RemoveContainerResponse {}),
+            Err(e) => return Err(e),
+        };
+        self.remove_container_inner(&c).await?;
+        Ok(api::RemoveContainerResponse {})
+    }
+
+    pub(crate) async fn remove_container_inner(self: &Arc<Self>, c: &Arc<Container>) -> Result<()> {
+        self.stop_container_inner(c, 0).await?;
+        let _op = c.op.lock().await;
+        if !self
+            .state
+            .container(&c.id)
+            .is_some_and(|cur| Arc::ptr_eq(&cur, c))
+        {
+            return Ok(()); // removed by a concurrent call
+        }
+        let rec = c.record();
+        self.teardown_container(&rec).await?;
+        self.store.delete(Table::Containers, &rec.id)?;
+        let sb = self.sandbox_of(c);
+        if let Some(sb) = &sb {
+            sb.remove_container(&rec.id);
+        }
+        self.state.remove_container(&rec.id);
+        self.state.release_name(&rec.name, &rec.id);
+        if let Some(sb) = &sb {
+            self.publish(&rec.id, api::ContainerEventType::ContainerDeletedEvent, sb);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,207 @@
+//! StopContainer, and the handling of every container exit.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use petrel_cri::api;
+
+use crate::container::shim;
+use crate::error::{Result, RuntimeError};
+use crate::records::ContainerState;
+use crate::service::Runtime;
+use crate::state::Container;
+use crate::util;
+
+/// How long a container may take to die after SIGKILL before the stop is
+/// reported as failed (it is uninterruptible in the kernel, or its shim is
+/// gone).
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// Parses an image's StopSignal ("SIGTERM", "TERM", "15"); SIGTERM by default.
+pub(crate) fn parse_signal(s: &str) -> Option<i32> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(n) = s.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let name = s.trim_start_matches("SIG");
+    Some(match name {
+        "HUP" => libc::SIGHUP,
+        "INT" => libc::SIGINT,
+        "QUIT" => libc::SIGQUIT,
+        "KILL" => libc::SIGKILL,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "TERM" => libc::SIGTERM,
+        "STOP" => libc::SIGSTOP,
+        "WINCH" => libc::SIGWINCH,
+        "PWR" => libc::SIGPWR,
+        _ => return None,
+    })
+}
+
+impl Runtime {
+    /// StopContainer.
+    pub(crate) async fn stop_container(
+        self: &Arc<Self>,
+        req: api::StopContainerRequest,
+    ) -> Result<api::StopContainerResponse> {
+        let c = self.container(&req.container_id)?;
+        self.stop_container_inner(&c, req.timeout.max(0)).await?;
+        Ok(api::StopContainerResponse {})
+    }
+
+    fn stop_signal(&self, c: &Container) -> i32 {
+        let image_id = c.with(|r| r.image_id.clone());
+        self.images
+            .get(&image_id)
+            .and_then(|i| {
+                i.config
+                    .config()
+                    .as_ref()
+                    .and_then(|c| c.stop_signal().clone())
+            })
+            .and_then(|s| parse_signal(&s))
+            .unwrap_or(libc::SIGTERM)
+    }
+
+    /// Stops a container: its stop signal, then SIGKILL after `timeout`
+    /// seconds (at once when 0). Returns once the exit is recorded.
+    pub(crate) async fn stop_container_inner(
+        &self,
+        c: &Arc<Container>,
+        timeout: i64,
+    ) -> Result<()> {
+        let mut exited = c.exit_watch();
+        let state = c.state();
+        if state == ContainerState::Exited || *exited.borrow() {
+            return Ok(());
+        }
+        if timeout > 0 && state == ContainerState::Running {
+            let sig = self.stop_signal(c);
+            if let Err(e) = self.runc.kill(&c.id, sig, false).await {
+                tracing::debug!(container.id = %c.id, error = %e, "stop signal not delivered");
+            }
+            let wait = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
+            if tokio::time::timeout(wait, exited.wait_for(|v| *v))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            tracing::info!(container.id = %c.id, timeout, "container ignored its stop signal; killing it");
+        }
+        // SIGKILL to every process of the container: init (even a PID 1
+        // without handlers) and any process in a shared PID namespace.
+        if let Err(e) = self.runc.kill(&c.id, libc::SIGKILL, true).await {
+            tracing::debug!(container.id = %c.id, error = %e, "SIGKILL not delivered");
+        }
+        let died = tokio::time::timeout(KILL_WAIT, exited.wait_for(|v| *v))
+            .await
+            .is_ok();
+        if died {
+            Ok(())
+        } else {
+            Err(RuntimeError::DeadlineExceeded(format!(
+                "container {} did not exit within {KILL_WAIT:?} of SIGKILL",
+                c.id
+            )))
+        }
+    }
+
+    /// Watches a container's shim and records the exit when it comes.
+    pub(crate) fn watch_exit(self: &Arc<Self>, c: Arc<Container>, pidfd: OwnedFd) {
+        let rt = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = shim::wait_exit(pidfd).await {
+                tracing::error!(container.id = %c.id, error = %e, "cannot watch shim; exit will be noticed at restart");
+                return;
+            }
+            rt.handle_exit(&c).await;
+        });
+    }
+
+    /// Records a container's exit: reads the shim's exit record, decides the
+    /// reason, commits, publishes STOPPED, then cleans runc's state.
+    pub(crate) async fn handle_exit(&self, c: &Arc<Container>) {
+        let _op = c.op.lock().await;
+        // Removed meanwhile (a created container deleted by force).
+        if !self
+            .state
+            .container(&c.id)
+            .is_some_and(|cur| Arc::ptr_eq(&cur, c))
+        {
+            return;
+        }
+        let mut rec = c.record();
+        if rec.state == ContainerState::Exited {
+            return;
+        }
+        if let Some(s) = &rec.shim {
+            util::reap(s.pid);
+        }
+        match shim::read_exit(&rec.bundle) {
+            Some(exit) => {
+                rec.exit_code = exit.exit_code;
+                rec.finished_at = exit.exited_at_ns;
+                rec.reason = if exit.exit_code == 0 {
+                    "Completed"
+                } else {
+                    "Error"
+                }
+                .to_string();
+                if exit.exit_code == 128 + libc::SIGKILL
+                    && self.cgroups.oom_kill_count(&rec.cgroup_path).unwrap_or(0) > 0
+                {
+                    rec.reason = "OOMKilled".to_string();
+                }
+            }
+            None => {
+                // The shim died without recording the exit: the container
+                // cannot be watched any more. Make sure it is dead.
+                let _ = self.runc.kill(&rec.id, libc::SIGKILL, true).await;
+                rec.exit_code = 255;
+                rec.finished_at = util::now_ns();
+                rec.reason = "Unknown".to_string();
+                rec.message = "the container's shim exited without recording its exit".to_string();
+                tracing::warn!(container.id = %rec.id, "shim exited without an exit record");
+            }
+        }
+        if rec.started_at == 0 && rec.state == ContainerState::Running {
+            rec.started_at = rec.finished_at;
+        }
+        rec.state = ContainerState::Exited;
+        rec.shim = None;
+        if let Err(e) = self.save_container(c, rec.clone()) {
+            // Memory still learns of the exit; the store catches up at the
+            // next start from the exit file, which stays until removal.
+            tracing::error!(container.id = %rec.id, error = %e, "exit not committed");
+            c.set(rec.clone());
+        }
+        if let Some(sb) = self.sandbox_of(c) {
+            self.publish(&c.id, api::ContainerEventType::ContainerStoppedEvent, &sb);
+        }
+        // runc's record of a stopped container only holds its cgroup; drop it.
+        if let Err(e) = self.runc.delete(&rec.id, true).await {
+            tracing::debug!(container.id = %rec.id, error = %e, "runc delete after exit");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_signal_should_accept_names_and_numbers() {
+        assert_eq!(parse_signal("SIGTERM"), Some(libc::SIGTERM));
+        assert_eq!(parse_signal("QUIT"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("9"), Some(9));
+        assert_eq!(parse_signal("0"), None);
+        assert_eq!(parse_signal("SIGBOGUS"), None);
+        assert_eq!(parse_signal(""), None);
+    }
+}

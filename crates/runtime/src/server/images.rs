@@ -1,0 +1,175 @@
+//! ImageService: ListImages, ImageStatus, RemoveImage, ImageFsInfo. Images
+//! arrive by `petrel ctl image import` (registry pulls come later).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use petrel_cri::api;
+use petrel_image::Image;
+
+use crate::error::{Result, RuntimeError};
+use crate::server::stats::dir_usage;
+use crate::service::Runtime;
+use crate::util;
+
+/// The CRI view of an image.
+pub(crate) fn cri_image(img: &Image) -> api::Image {
+    let user = img
+        .config
+        .config()
+        .as_ref()
+        .and_then(|c| c.user().clone())
+        .unwrap_or_default();
+    // "uid[:gid]" gives a uid; a name is reported as username.
+    let user_part = user.split(':').next().unwrap_or_default().to_string();
+    let (uid, username) = match user_part.parse::<i64>() {
+        Ok(uid) => (Some(api::Int64Value { value: uid }), String::new()),
+        Err(_) => (None, user_part),
+    };
+    api::Image {
+        id: img.id.clone(),
+        repo_tags: img.repo_tags.clone(),
+        repo_digests: img.repo_digests.clone(),
+        size: img.size,
+        uid,
+        username,
+        spec: Some(api::ImageSpec {
+            image: img.id.clone(),
+            ..Default::default()
+        }),
+        pinned: false,
+    }
+}
+
+impl Runtime {
+    /// ListImages.
+    pub(crate) async fn list_images(
+        self: &Arc<Self>,
+        req: api::ListImagesRequest,
+    ) -> Result<api::ListImagesResponse> {
+        let want = req
+            .filter
+            .and_then(|f| f.image)
+            .map(|s| s.image)
+            .filter(|s| !s.is_empty());
+        let images = match want {
+            Some(r) => self.images.get(&r).iter().map(cri_image).collect(),
+            None => {
+                let mut all: Vec<api::Image> = self.images.list().iter().map(cri_image).collect();
+                all.sort_by(|a, b| a.id.cmp(&b.id));
+                all
+            }
+        };
+        Ok(api::ListImagesResponse { images })
+    }
+
+    /// ImageStatus: an unknown image is an empty answer, not an error.
+    pub(crate) async fn image_status(
+        self: &Arc<Self>,
+        req: api::ImageStatusRequest,
+    ) -> Result<api::ImageStatusResponse> {
+        let r = req.image.map(|s| s.image).unwrap_or_default();
+        if r.is_empty() {
+            return Err(RuntimeError::invalid("image.image", "must not be empty"));
+        }
+        let Some(img) = self.images.get(&r) else {
+            return Ok(api::ImageStatusResponse::default());
+        };
+        let mut info = HashMap::new();
+        if req.verbose {
+            info.insert(
+                "info".to_string(),
+                serde_json::json!({ "imageSpec": img.config, "diffIds": img.diff_ids }).to_string(),
+            );
+        }
+        Ok(api::ImageStatusResponse {
+            image: Some(cri_image(&img)),
+            info,
+        })
+    }
+
+    /// PullImage: not available yet.
+    pub(crate) async fn pull_image(
+        self: &Arc<Self>,
+        req: api::PullImageRequest,
+    ) -> Result<api::PullImageResponse> {
+        let r = req.image.map(|s| s.image).unwrap_or_default();
+        // An image that is present already is "pulled": kubelet's
+        // IfNotPresent policy works with imported images.
+        if let Some(img) = self.images.get(&r) {
+            return Ok(api::PullImageResponse { image_ref: img.id });
+        }
+        Err(RuntimeError::Unsupported(format!(
+            "pulling {r:?} from a registry is not available yet; import it with `petrel ctl image import`"
+        )))
+    }
+
+    /// RemoveImage: removes the image and all its names; refused while a
+    /// container uses it; removing an absent image succeeds.
+    pub(crate) async fn remove_image(
+        self: &Arc<Self>,
+        req: api::RemoveImageRequest,
+    ) -> Result<api::RemoveImageResponse> {
+        let r = req.image.map(|s| s.image).unwrap_or_default();
+        if r.is_empty() {
+            return Err(RuntimeError::invalid("image.image", "must not be empty"));
+        }
+        let Some(img) = self.images.get(&r) else {
+            return Ok(api::RemoveImageResponse {});
+        };
+        let users: Vec<String> = self
+            .state
+            .containers()
+            .iter()
+            .filter(|c| c.with(|rec| rec.image_id == img.id))
+            .map(|c| c.id.clone())
+            .collect();
+        if !users.is_empty() {
+            return Err(RuntimeError::FailedPrecondition(format!(
+                "image {} is in use by container(s) {}",
+                img.id,
+                users.join(", ")
+            )));
+        }
+        let rt = self.clone();
+        let id = img.id.clone();
+        tokio::task::spawn_blocking(move || rt.images.remove(&id))
+            .await
+            .map_err(|e| RuntimeError::internal("remove image", e))?
+            .map_err(|e| RuntimeError::internal(format!("remove image {}", img.id), e))?;
+        Ok(api::RemoveImageResponse {})
+    }
+
+    /// ImageFsInfo: the image store's usage, and the writable layers'.
+    pub(crate) async fn image_fs_info(
+        self: &Arc<Self>,
+        _req: api::ImageFsInfoRequest,
+    ) -> Result<api::ImageFsInfoResponse> {
+        let u = self.images.fs_usage();
+        let ts = util::now_ns();
+        let containers_dir = self.layout.root.join("containers");
+        let (bytes, inodes) = dir_usage(&containers_dir);
+        Ok(api::ImageFsInfoResponse {
+            image_filesystems: vec![api::FilesystemUsage {
+                timestamp: ts,
+                fs_id: Some(api::FilesystemIdentifier {
+                    mountpoint: u.mountpoint.display().to_string(),
+                }),
+                used_bytes: Some(api::UInt64Value {
+                    value: u.used_bytes,
+                }),
+                inodes_used: Some(api::UInt64Value {
+                    value: u.inodes_used,
+                }),
+            }],
+            container_filesystems: vec![api::FilesystemUsage {
+                timestamp: ts,
+                fs_id: Some(api::FilesystemIdentifier {
+                    mountpoint: containers_dir.display().to_string(),
+                }),
+                used_bytes: Some(api::UInt64Value { value: bytes }),
+                inodes_used: Some(api::UInt64Value { value: inodes }),
+            }],
+        })
+    }
+}

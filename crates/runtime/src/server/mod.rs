@@ -1,0 +1,408 @@
+//! The gRPC face of the runtime: CRI `RuntimeService` and `ImageService`,
+//! and Petrel's admin API, served on one unix socket.
+//!
+//! Every call goes through [`CriServer::call`], which refuses calls until
+//! start-up recovery is done, runs the handler in its own task (a client
+//! that hangs up cannot cancel a create halfway, and a panic becomes an
+//! `INTERNAL` error instead of taking the daemon down), records metrics, logs
+//! mutating calls, and converts errors to gRPC codes in one place.
+
+pub mod admin;
+pub mod container_create;
+pub mod container_exec;
+pub mod container_list;
+pub mod container_log;
+pub mod container_remove;
+pub mod container_start;
+pub mod container_stop;
+pub mod container_update;
+pub mod events;
+pub mod images;
+pub mod runtime_info;
+pub mod sandbox_list;
+pub mod sandbox_remove;
+pub mod sandbox_run;
+pub mod sandbox_stop;
+pub mod stats;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use petrel_cri::admin as adm;
+use petrel_cri::admin::admin_server::{Admin, AdminServer};
+use petrel_cri::api;
+use petrel_cri::api::image_service_server::{ImageService, ImageServiceServer};
+use petrel_cri::api::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::config::RuntimeConfig;
+use crate::error::{Result, RuntimeError};
+use crate::service::Runtime;
+
+/// Errors that stop the runtime from serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The runtime could not open its state.
+    #[error("{0}")]
+    Open(#[from] RuntimeError),
+    /// The socket could not be created.
+    #[error("{0}")]
+    Socket(#[from] petrel_cri::ServerError),
+    /// The gRPC server failed.
+    #[error("serve: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Runs the runtime until `shutdown` completes: open, recover, serve.
+///
+/// On shutdown the socket stops accepting, event streams end, in-flight
+/// calls get a few seconds to finish, and containers keep running under
+/// their shims.
+pub async fn serve(
+    config: RuntimeConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let socket = config.socket_path();
+    let mode = config.socket_mode;
+    let rt = Runtime::open(config)?;
+    rt.recover().await?;
+    let incoming = petrel_cri::bind_unix(&socket, mode)?;
+    rt.set_initialized();
+    tracing::info!(socket = %socket.display(), root = %rt.layout.root.display(), state = %rt.layout.state.display(), "petrel runtime serving CRI");
+    let server = CriServer { rt: rt.clone() };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let rt_for_stop = rt.clone();
+    let serving = tonic::transport::Server::builder()
+        .add_service(RuntimeServiceServer::new(server.clone()))
+        .add_service(ImageServiceServer::new(server.clone()))
+        .add_service(AdminServer::new(server))
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(serving);
+    tokio::select! {
+        r = &mut serving => { r?; }
+        () = shutdown => {
+            tracing::info!("shutting down; containers keep running");
+            // End event streams so graceful shutdown does not wait on them.
+            rt_for_stop.events.close();
+            let _ = stop_tx.send(());
+            if tokio::time::timeout(Duration::from_secs(10), &mut serving).await.is_err() {
+                tracing::warn!("in-flight calls did not finish within 10s");
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// The tonic services, sharing one runtime.
+#[derive(Debug, Clone)]
+pub struct CriServer {
+    rt: Arc<Runtime>,
+}
+
+/// Calls that change state are logged at info, the rest at trace.
+fn is_mutating(op: &str) -> bool {
+    !(op.starts_with("List")
+        || op.ends_with("Status")
+        || op.ends_with("Stats")
+        || op == "Version"
+        || op == "ImageFsInfo"
+        || op == "RuntimeConfig"
+        || op == "Metrics")
+}
+
+impl CriServer {
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        op: &'static str,
+        req: Request<Req>,
+        f: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Send + 'static,
+        Resp: Send + 'static,
+        F: FnOnce(Arc<Runtime>, Req) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Resp>> + Send + 'static,
+    {
+        if !self.rt.is_initialized() {
+            return Err(RuntimeError::Unavailable("recovering state".into()).into());
+        }
+        let start = Instant::now();
+        let rt = self.rt.clone();
+        let req = req.into_inner();
+        let res = match tokio::spawn(async move { f(rt, req).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(RuntimeError::Internal(format!(
+                "{op} failed unexpectedly: {e}"
+            ))),
+        };
+        let took = start.elapsed();
+        self.rt.metrics.observe(op, took, res.is_err());
+        match &res {
+            Err(e) => {
+                tracing::warn!(op, error = %e, took_ms = took.as_millis() as u64, "call failed")
+            }
+            Ok(_) if is_mutating(op) => {
+                tracing::info!(op, took_ms = took.as_millis() as u64, "call done")
+            }
+            Ok(_) => tracing::trace!(op, "call done"),
+        }
+        res.map(Response::new).map_err(Status::from)
+    }
+}
+
+type EventStream =
+    Pin<Box<dyn Stream<Item = Result<api::ContainerEventResponse, Status>> + Send + 'static>>;
+
+macro_rules! rpc {
+    ($self:ident, $name:literal, $req:ident, $method:ident) => {
+        $self
+            .call($name, $req, |rt, r| async move { rt.$method(r).await })
+            .await
+    };
+}
+
+#[tonic::async_trait]
+impl RuntimeService for CriServer {
+    async fn version(
+        &self,
+        r: Request<api::VersionRequest>,
+    ) -> Result<Response<api::VersionResponse>, Status> {
+        rpc!(self, "Version", r, version)
+    }
+    async fn run_pod_sandbox(
+        &self,
+        r: Request<api::RunPodSandboxRequest>,
+    ) -> Result<Response<api::RunPodSandboxResponse>, Status> {
+        rpc!(self, "RunPodSandbox", r, run_pod_sandbox)
+    }
+    async fn stop_pod_sandbox(
+        &self,
+        r: Request<api::StopPodSandboxRequest>,
+    ) -> Result<Response<api::StopPodSandboxResponse>, Status> {
+        rpc!(self, "StopPodSandbox", r, stop_pod_sandbox)
+    }
+    async fn remove_pod_sandbox(
+        &self,
+        r: Request<api::RemovePodSandboxRequest>,
+    ) -> Result<Response<api::RemovePodSandboxResponse>, Status> {
+        rpc!(self, "RemovePodSandbox", r, remove_pod_sandbox)
+    }
+    async fn pod_sandbox_status(
+        &self,
+        r: Request<api::PodSandboxStatusRequest>,
+    ) -> Result<Response<api::PodSandboxStatusResponse>, Status> {
+        rpc!(self, "PodSandboxStatus", r, pod_sandbox_status)
+    }
+    async fn list_pod_sandbox(
+        &self,
+        r: Request<api::ListPodSandboxRequest>,
+    ) -> Result<Response<api::ListPodSandboxResponse>, Status> {
+        rpc!(self, "ListPodSandbox", r, list_pod_sandbox)
+    }
+    async fn create_container(
+        &self,
+        r: Request<api::CreateContainerRequest>,
+    ) -> Result<Response<api::CreateContainerResponse>, Status> {
+        rpc!(self, "CreateContainer", r, create_container)
+    }
+    async fn start_container(
+        &self,
+        r: Request<api::StartContainerRequest>,
+    ) -> Result<Response<api::StartContainerResponse>, Status> {
+        rpc!(self, "StartContainer", r, start_container)
+    }
+    async fn stop_container(
+        &self,
+        r: Request<api::StopContainerRequest>,
+    ) -> Result<Response<api::StopContainerResponse>, Status> {
+        rpc!(self, "StopContainer", r, stop_container)
+    }
+    async fn remove_container(
+        &self,
+        r: Request<api::RemoveContainerRequest>,
+    ) -> Result<Response<api::RemoveContainerResponse>, Status> {
+        rpc!(self, "RemoveContainer", r, remove_container)
+    }
+    async fn list_containers(
+        &self,
+        r: Request<api::ListContainersRequest>,
+    ) -> Result<Response<api::ListContainersResponse>, Status> {
+        rpc!(self, "ListContainers", r, list_containers)
+    }
+    async fn container_status(
+        &self,
+        r: Request<api::ContainerStatusRequest>,
+    ) -> Result<Response<api::ContainerStatusResponse>, Status> {
+        rpc!(self, "ContainerStatus", r, container_status_rpc)
+    }
+    async fn update_container_resources(
+        &self,
+        r: Request<api::UpdateContainerResourcesRequest>,
+    ) -> Result<Response<api::UpdateContainerResourcesResponse>, Status> {
+        rpc!(
+            self,
+            "UpdateContainerResources",
+            r,
+            update_container_resources
+        )
+    }
+    async fn reopen_container_log(
+        &self,
+        r: Request<api::ReopenContainerLogRequest>,
+    ) -> Result<Response<api::ReopenContainerLogResponse>, Status> {
+        rpc!(self, "ReopenContainerLog", r, reopen_container_log)
+    }
+    async fn exec_sync(
+        &self,
+        r: Request<api::ExecSyncRequest>,
+    ) -> Result<Response<api::ExecSyncResponse>, Status> {
+        rpc!(self, "ExecSync", r, exec_sync)
+    }
+    async fn exec(
+        &self,
+        r: Request<api::ExecRequest>,
+    ) -> Result<Response<api::ExecResponse>, Status> {
+        rpc!(self, "Exec", r, exec)
+    }
+    async fn attach(
+        &self,
+        r: Request<api::AttachRequest>,
+    ) -> Result<Response<api::AttachResponse>, Status> {
+        rpc!(self, "Attach", r, attach)
+    }
+    async fn port_forward(
+        &self,
+        r: Request<api::PortForwardRequest>,
+    ) -> Result<Response<api::PortForwardResponse>, Status> {
+        rpc!(self, "PortForward", r, port_forward)
+    }
+    async fn container_stats(
+        &self,
+        r: Request<api::ContainerStatsRequest>,
+    ) -> Result<Response<api::ContainerStatsResponse>, Status> {
+        rpc!(self, "ContainerStats", r, container_stats)
+    }
+    async fn list_container_stats(
+        &self,
+        r: Request<api::ListContainerStatsRequest>,
+    ) -> Result<Response<api::ListContainerStatsResponse>, Status> {
+        rpc!(self, "ListContainerStats", r, list_container_stats)
+    }
+    async fn pod_sandbox_stats(
+        &self,
+        r: Request<api::PodSandboxStatsRequest>,
+    ) -> Result<Response<api::PodSandboxStatsResponse>, Status> {
+        rpc!(self, "PodSandboxStats", r, pod_sandbox_stats)
+    }
+    async fn list_pod_sandbox_stats(
+        &self,
+        r: Request<api::ListPodSandboxStatsRequest>,
+    ) -> Result<Response<api::ListPodSandboxStatsResponse>, Status> {
+        rpc!(self, "ListPodSandboxStats", r, list_pod_sandbox_stats)
+    }
+    async fn update_runtime_config(
+        &self,
+        r: Request<api::UpdateRuntimeConfigRequest>,
+    ) -> Result<Response<api::UpdateRuntimeConfigResponse>, Status> {
+        rpc!(self, "UpdateRuntimeConfig", r, update_runtime_config)
+    }
+    async fn status(
+        &self,
+        r: Request<api::StatusRequest>,
+    ) -> Result<Response<api::StatusResponse>, Status> {
+        rpc!(self, "Status", r, status)
+    }
+    async fn checkpoint_container(
+        &self,
+        r: Request<api::CheckpointContainerRequest>,
+    ) -> Result<Response<api::CheckpointContainerResponse>, Status> {
+        rpc!(self, "CheckpointContainer", r, checkpoint_container)
+    }
+
+    type GetContainerEventsStream = EventStream;
+
+    async fn get_container_events(
+        &self,
+        _r: Request<api::GetEventsRequest>,
+    ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
+        if !self.rt.is_initialized() {
+            return Err(RuntimeError::Unavailable("recovering state".into()).into());
+        }
+        Ok(Response::new(self.rt.event_stream()))
+    }
+
+    async fn list_metric_descriptors(
+        &self,
+        r: Request<api::ListMetricDescriptorsRequest>,
+    ) -> Result<Response<api::ListMetricDescriptorsResponse>, Status> {
+        rpc!(self, "ListMetricDescriptors", r, list_metric_descriptors)
+    }
+    async fn list_pod_sandbox_metrics(
+        &self,
+        r: Request<api::ListPodSandboxMetricsRequest>,
+    ) -> Result<Response<api::ListPodSandboxMetricsResponse>, Status> {
+        rpc!(self, "ListPodSandboxMetrics", r, list_pod_sandbox_metrics)
+    }
+    async fn runtime_config(
+        &self,
+        r: Request<api::RuntimeConfigRequest>,
+    ) -> Result<Response<api::RuntimeConfigResponse>, Status> {
+        rpc!(self, "RuntimeConfig", r, runtime_config)
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for CriServer {
+    async fn list_images(
+        &self,
+        r: Request<api::ListImagesRequest>,
+    ) -> Result<Response<api::ListImagesResponse>, Status> {
+        rpc!(self, "ListImages", r, list_images)
+    }
+    async fn image_status(
+        &self,
+        r: Request<api::ImageStatusRequest>,
+    ) -> Result<Response<api::ImageStatusResponse>, Status> {
+        rpc!(self, "ImageStatus", r, image_status)
+    }
+    async fn pull_image(
+        &self,
+        r: Request<api::PullImageRequest>,
+    ) -> Result<Response<api::PullImageResponse>, Status> {
+        rpc!(self, "PullImage", r, pull_image)
+    }
+    async fn remove_image(
+        &self,
+        r: Request<api::RemoveImageRequest>,
+    ) -> Result<Response<api::RemoveImageResponse>, Status> {
+        rpc!(self, "RemoveImage", r, remove_image)
+    }
+    async fn image_fs_info(
+        &self,
+        r: Request<api::ImageFsInfoRequest>,
+    ) -> Result<Response<api::ImageFsInfoResponse>, Status> {
+        rpc!(self, "ImageFsInfo", r, image_fs_info)
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for CriServer {
+    async fn import_image(
+        &self,
+        r: Request<adm::ImportImageRequest>,
+    ) -> Result<Response<adm::ImportImageResponse>, Status> {
+        rpc!(self, "ImportImage", r, import_image)
+    }
+    async fn metrics(
+        &self,
+        r: Request<adm::MetricsRequest>,
+    ) -> Result<Response<adm::MetricsResponse>, Status> {
+        rpc!(self, "Metrics", r, metrics_text)
+    }
+}

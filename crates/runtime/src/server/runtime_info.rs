@@ -1,0 +1,121 @@
+//! Version, Status, RuntimeConfig and the calls with nothing to do here.
+
+use std::sync::Arc;
+
+use petrel_cri::api;
+
+use crate::error::Result;
+use crate::service::Runtime;
+
+/// The CRI API version implemented.
+pub const CRI_API_VERSION: &str = "v1";
+/// The runtime's name in Version.
+pub const RUNTIME_NAME: &str = "petrel";
+
+impl Runtime {
+    /// Version.
+    pub(crate) async fn version(
+        self: &Arc<Self>,
+        _req: api::VersionRequest,
+    ) -> Result<api::VersionResponse> {
+        Ok(api::VersionResponse {
+            version: "0.1.0".to_string(),
+            runtime_name: RUNTIME_NAME.to_string(),
+            runtime_version: env!("CARGO_PKG_VERSION").to_string(),
+            runtime_api_version: CRI_API_VERSION.to_string(),
+        })
+    }
+
+    /// Status: the runtime is ready once it serves; pod networking is the
+    /// loopback-only network namespace each pod gets (CNI comes later), which
+    /// is always available.
+    pub(crate) async fn status(
+        self: &Arc<Self>,
+        req: api::StatusRequest,
+    ) -> Result<api::StatusResponse> {
+        let conditions = vec![
+            api::RuntimeCondition {
+                r#type: "RuntimeReady".to_string(),
+                status: true,
+                reason: String::new(),
+                message: String::new(),
+            },
+            api::RuntimeCondition {
+                r#type: "NetworkReady".to_string(),
+                status: true,
+                reason: String::new(),
+                message: "pods get a private network namespace with loopback only".to_string(),
+            },
+        ];
+        let mut info = std::collections::HashMap::new();
+        if req.verbose {
+            info.insert(
+                "config".to_string(),
+                serde_json::to_string(&self.config).unwrap_or_default(),
+            );
+            info.insert(
+                "cgroupVersion".to_string(),
+                format!("{:?}", self.cgroups.version()),
+            );
+            info.insert("shim".to_string(), self.shim_binary.display().to_string());
+        }
+        Ok(api::StatusResponse {
+            status: Some(api::RuntimeStatus { conditions }),
+            info,
+            runtime_handlers: vec![api::RuntimeHandler {
+                name: String::new(),
+                features: Some(api::RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: false,
+                    user_namespaces: false,
+                }),
+            }],
+            features: Some(api::RuntimeFeatures {
+                supplemental_groups_policy: false,
+            }),
+        })
+    }
+
+    /// RuntimeConfig: the cgroup driver.
+    pub(crate) async fn runtime_config(
+        self: &Arc<Self>,
+        _req: api::RuntimeConfigRequest,
+    ) -> Result<api::RuntimeConfigResponse> {
+        Ok(api::RuntimeConfigResponse {
+            linux: Some(api::LinuxRuntimeConfiguration {
+                cgroup_driver: api::CgroupDriver::Cgroupfs as i32,
+            }),
+        })
+    }
+
+    /// UpdateRuntimeConfig: the pod CIDR matters only to CNI, which this
+    /// runtime does not run yet; accepted and logged.
+    pub(crate) async fn update_runtime_config(
+        self: &Arc<Self>,
+        req: api::UpdateRuntimeConfigRequest,
+    ) -> Result<api::UpdateRuntimeConfigResponse> {
+        if let Some(cidr) = req
+            .runtime_config
+            .and_then(|c| c.network_config)
+            .map(|n| n.pod_cidr)
+        {
+            tracing::info!(pod_cidr = %cidr, "runtime config updated");
+        }
+        Ok(api::UpdateRuntimeConfigResponse {})
+    }
+
+    /// ListMetricDescriptors: no CRI-level metrics are offered.
+    pub(crate) async fn list_metric_descriptors(
+        self: &Arc<Self>,
+        _req: api::ListMetricDescriptorsRequest,
+    ) -> Result<api::ListMetricDescriptorsResponse> {
+        Ok(api::ListMetricDescriptorsResponse::default())
+    }
+
+    /// ListPodSandboxMetrics: no CRI-level metrics are offered.
+    pub(crate) async fn list_pod_sandbox_metrics(
+        self: &Arc<Self>,
+        _req: api::ListPodSandboxMetricsRequest,
+    ) -> Result<api::ListPodSandboxMetricsResponse> {
+        Ok(api::ListPodSandboxMetricsResponse::default())
+    }
+}

@@ -1,0 +1,41 @@
+//! RemovePodSandbox: stop, remove every container, undo the sandbox.
+//! Removing a sandbox that is gone already succeeds, as CRI requires.
+
+use std::sync::Arc;
+
+use petrel_cri::api;
+use petrel_store::Table;
+
+use crate::error::Result;
+use crate::service::Runtime;
+
+impl Runtime {
+    /// RemovePodSandbox.
+    pub(crate) async fn remove_pod_sandbox(
+        self: &Arc<Self>,
+        req: api::RemovePodSandboxRequest,
+    ) -> Result<api::RemovePodSandboxResponse> {
+        let sb = match self.sandbox(&req.pod_sandbox_id) {
+            Ok(sb) => sb,
+            Err(crate::RuntimeError::NotFound { .. }) => {
+                return Ok(api::RemovePodSandboxResponse {})
+            }
+            Err(e) => return Err(e),
+        };
+        self.stop_sandbox(&sb).await?;
+        let _op = sb.op.write().await;
+        for id in sb.container_ids() {
+            if let Some(c) = self.state.container(&id) {
+                self.remove_container_inner(&c).await?;
+            }
+        }
+        let rec = sb.record();
+        self.teardown_sandbox(&rec)?;
+        self.store.delete(Table::Sandboxes, &rec.id)?;
+        // The DELETED event carries the pod's last status.
+        self.publish(&rec.id, api::ContainerEventType::ContainerDeletedEvent, &sb);
+        self.state.remove_sandbox(&rec.id);
+        self.state.release_name(&rec.name, &rec.id);
+        Ok(api::RemovePodSandboxResponse {})
+    }
+}

@@ -1,0 +1,255 @@
+//! RunPodSandbox: namespaces pinned without a pause process, shared files,
+//! the pod cgroup. All or nothing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use petrel_cri::api;
+use petrel_store::Table;
+
+use crate::error::{Result, RuntimeError};
+use crate::records::{SandboxRecord, SandboxState};
+use crate::sandbox::files::{self, SandboxFiles};
+use crate::sandbox::namespaces::{self, NamespaceRequest};
+use crate::sandbox::pid_holder;
+use crate::service::{Ns, Runtime};
+use crate::state::Sandbox;
+use crate::util;
+
+/// The namespace mode a pod asks for (POD when unset).
+pub(crate) fn namespace_mode(config: &api::PodSandboxConfig, ns: Ns) -> api::NamespaceMode {
+    let opts = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref());
+    let raw = opts.map_or(0, |o| match ns {
+        Ns::Network => o.network,
+        Ns::Pid => o.pid,
+        Ns::Ipc => o.ipc,
+    });
+    api::NamespaceMode::try_from(raw).unwrap_or(api::NamespaceMode::Pod)
+}
+
+fn validate_hostname(h: &str) -> Result<()> {
+    let ok = !h.is_empty()
+        && h.len() <= 64
+        && h.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && !h.starts_with(['-', '.']);
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::invalid(
+            "config.hostname",
+            format!("{h:?} is not a valid hostname"),
+        ))
+    }
+}
+
+/// Validates a cgroupfs path given by a client.
+pub(crate) fn validate_cgroup_path(field: &str, p: &str) -> Result<()> {
+    if !p.starts_with('/') || p.split('/').any(|c| c == ".." || c == ".") || p.contains('\0') {
+        return Err(RuntimeError::invalid(
+            field,
+            format!("{p:?} must be an absolute cgroup path without . or .."),
+        ));
+    }
+    Ok(())
+}
+
+fn host_hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+impl Runtime {
+    /// RunPodSandbox.
+    pub(crate) async fn run_pod_sandbox(
+        self: &Arc<Self>,
+        req: api::RunPodSandboxRequest,
+    ) -> Result<api::RunPodSandboxResponse> {
+        let config = req
+            .config
+            .ok_or_else(|| RuntimeError::invalid("config", "missing"))?;
+        let md = config
+            .metadata
+            .as_ref()
+            .ok_or_else(|| RuntimeError::invalid("config.metadata", "missing"))?;
+        if md.name.is_empty() {
+            return Err(RuntimeError::invalid(
+                "config.metadata.name",
+                "must not be empty",
+            ));
+        }
+        if !req.runtime_handler.is_empty()
+            && !self.config.runtime_handlers.contains(&req.runtime_handler)
+        {
+            return Err(RuntimeError::invalid(
+                "runtime_handler",
+                format!(
+                    "unknown handler {:?} (configured: {:?})",
+                    req.runtime_handler, self.config.runtime_handlers
+                ),
+            ));
+        }
+        let host_network = namespace_mode(&config, Ns::Network) == api::NamespaceMode::Node;
+        let hostname = if config.hostname.is_empty() || host_network {
+            host_hostname()
+        } else {
+            validate_hostname(&config.hostname)?;
+            config.hostname.clone()
+        };
+        if let Some(dns) = &config.dns_config {
+            files::validate_dns(dns)?;
+        }
+        if !config.log_directory.is_empty() && !Path::new(&config.log_directory).is_absolute() {
+            return Err(RuntimeError::invalid(
+                "config.log_directory",
+                "must be an absolute path",
+            ));
+        }
+        let id = util::new_id().map_err(|e| RuntimeError::internal("generate id", e))?;
+        let cgroup_parent = match config.linux.as_ref().map(|l| l.cgroup_parent.as_str()) {
+            Some(p) if !p.is_empty() => {
+                validate_cgroup_path("config.linux.cgroup_parent", p)?;
+                p.trim_end_matches('/').to_string()
+            }
+            _ => format!(
+                "{}/{id}",
+                self.config.default_cgroup_parent.trim_end_matches('/')
+            ),
+        };
+        let name = format!("{}_{}_{}_{}", md.name, md.namespace, md.uid, md.attempt);
+        self.state.reserve_name(&name, &id)?;
+
+        let mut rec = SandboxRecord {
+            id: id.clone(),
+            name: name.clone(),
+            config,
+            runtime_handler: req.runtime_handler,
+            state: SandboxState::Creating,
+            created_at: util::now_ns(),
+            dir: self.layout.sandbox_dir(&id),
+            netns: None,
+            ipcns: None,
+            utsns: None,
+            pid_holder: None,
+            shm_mounted: false,
+            cgroup_parent,
+            created_cgroups: Vec::new(),
+        };
+        // Committed before anything is made, so a crash midway is undone at
+        // the next start.
+        if let Err(e) = self.store.put(Table::Sandboxes, &id, &rec) {
+            self.state.release_name(&name, &id);
+            return Err(e.into());
+        }
+        let sb = Arc::new(Sandbox::new(rec.clone()));
+        self.state.insert_sandbox(sb.clone());
+
+        match self.make_sandbox(&mut rec, &hostname, host_network).await {
+            Ok(()) => {}
+            Err(e) => {
+                if let Err(undo) = self.teardown_sandbox(&rec) {
+                    tracing::error!(sandbox.id = %id, error = %undo, "rollback of a failed RunPodSandbox incomplete");
+                }
+                let _ = self.store.delete(Table::Sandboxes, &id);
+                self.state.remove_sandbox(&id);
+                self.state.release_name(&name, &id);
+                return Err(e);
+            }
+        }
+        self.publish(&id, api::ContainerEventType::ContainerCreatedEvent, &sb);
+        self.publish(&id, api::ContainerEventType::ContainerStartedEvent, &sb);
+        Ok(api::RunPodSandboxResponse { pod_sandbox_id: id })
+    }
+
+    async fn make_sandbox(
+        self: &Arc<Self>,
+        rec: &mut SandboxRecord,
+        hostname: &str,
+        host_network: bool,
+    ) -> Result<()> {
+        let dir = rec.dir.clone();
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| RuntimeError::internal(format!("create {}", dir.display()), e))?;
+        let f = SandboxFiles::new(&dir);
+        files::write_etc_files(&f, hostname, &rec.config, host_network)?;
+
+        let host_ipc = namespace_mode(&rec.config, Ns::Ipc) == api::NamespaceMode::Node;
+        if !host_ipc {
+            files::mount_shm(&f.shm, self.config.shm_size)?;
+            rec.shm_mounted = true;
+        }
+        let req = NamespaceRequest {
+            net: !host_network,
+            ipc: !host_ipc,
+            uts: (!host_network).then(|| hostname.to_string()),
+        };
+        let pinned = namespaces::pin(&dir, &req)
+            .map_err(|e| RuntimeError::internal("pin pod namespaces", e))?;
+        rec.netns = pinned.net;
+        rec.ipcns = pinned.ipc;
+        rec.utsns = pinned.uts;
+
+        if namespace_mode(&rec.config, Ns::Pid) == api::NamespaceMode::Pod {
+            let holder = pid_holder::spawn(&self.shim_binary).await?;
+            rec.pid_holder = Some(holder);
+            // Recorded at once: the holder is the one resource that the
+            // layout alone cannot find again after a crash.
+            self.store.put(Table::Sandboxes, &rec.id, &*rec)?;
+        }
+        rec.created_cgroups = self.cgroups.ensure(&rec.cgroup_parent).map_err(|e| {
+            RuntimeError::internal(format!("create pod cgroup {}", rec.cgroup_parent), e)
+        })?;
+        rec.state = SandboxState::Ready;
+        let sb = self.state.sandbox(&rec.id).ok_or_else(|| {
+            RuntimeError::Internal(format!("sandbox {} vanished while created", rec.id))
+        })?;
+        self.save_sandbox(&sb, rec.clone())
+    }
+
+    /// Undoes everything a sandbox may have made, in reverse order, from
+    /// what its record says and what its directory holds. Best effort: every
+    /// step runs; the first error is returned.
+    pub(crate) fn teardown_sandbox(&self, rec: &SandboxRecord) -> Result<()> {
+        let mut first: Option<RuntimeError> = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        if let Some(h) = &rec.pid_holder {
+            pid_holder::kill(h);
+        }
+        let dir = &rec.dir;
+        for kind in ["net", "ipc", "uts"] {
+            let p = dir.join(kind);
+            note(namespaces::unpin(&p).map_err(|e| RuntimeError::internal("release namespace", e)));
+        }
+        note(files::unmount(&dir.join("shm")));
+        for cg in rec.created_cgroups.iter().rev() {
+            if let Err(e) = self.cgroups.remove(cg) {
+                tracing::warn!(sandbox.id = %rec.id, cgroup = %cg, error = %e, "pod cgroup not removed");
+            }
+        }
+        note(remove_dir(dir));
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Removes a directory tree the runtime owns; missing is fine. Callers
+/// unmount what they mounted inside it first.
+pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::internal(
+            format!("remove {}", dir.display()),
+            e,
+        )),
+    }
+}

@@ -1,0 +1,49 @@
+//! StopPodSandbox: kill every container, the pid holder, release the
+//! network namespace. Idempotent.
+
+use std::sync::Arc;
+
+use petrel_cri::api;
+
+use crate::error::{Result, RuntimeError};
+use crate::records::SandboxState;
+use crate::sandbox::{namespaces, pid_holder};
+use crate::service::Runtime;
+use crate::state::Sandbox;
+
+impl Runtime {
+    /// StopPodSandbox.
+    pub(crate) async fn stop_pod_sandbox(
+        self: &Arc<Self>,
+        req: api::StopPodSandboxRequest,
+    ) -> Result<api::StopPodSandboxResponse> {
+        let sb = self.sandbox(&req.pod_sandbox_id)?;
+        self.stop_sandbox(&sb).await?;
+        Ok(api::StopPodSandboxResponse {})
+    }
+
+    pub(crate) async fn stop_sandbox(self: &Arc<Self>, sb: &Arc<Sandbox>) -> Result<()> {
+        let _op = sb.op.write().await;
+        // Containers first: they die with SIGKILL, as CRI asks of a pod stop.
+        for id in sb.container_ids() {
+            if let Some(c) = self.state.container(&id) {
+                self.stop_container_inner(&c, 0).await?;
+            }
+        }
+        let mut rec = sb.record();
+        if rec.state == SandboxState::NotReady {
+            return Ok(());
+        }
+        if let Some(h) = rec.pid_holder.take() {
+            pid_holder::kill(&h);
+        }
+        if let Some(netns) = rec.netns.take() {
+            namespaces::unpin(&netns)
+                .map_err(|e| RuntimeError::internal("release network namespace", e))?;
+        }
+        rec.state = SandboxState::NotReady;
+        self.save_sandbox(sb, rec)?;
+        self.publish(&sb.id, api::ContainerEventType::ContainerStoppedEvent, sb);
+        Ok(())
+    }
+}

@@ -1,0 +1,330 @@
+//! The runtime service: every part of the runtime, and the operations the
+//! CRI handlers (in `server/`) share.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use petrel_cri::api;
+use petrel_image::ImageStore;
+use petrel_oci::cgroups::Cgroups;
+use petrel_oci::runc::Runc;
+use petrel_oci::spec::HostLimits;
+use petrel_store::{Store, Table};
+
+use crate::config::RuntimeConfig;
+use crate::error::{Result, RuntimeError};
+use crate::events::Mailbox;
+use crate::metrics::Metrics;
+use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
+use crate::state::{Container, Sandbox, State};
+use crate::util;
+
+/// Where the runtime keeps its files.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Persistent root.
+    pub root: PathBuf,
+    /// Volatile state.
+    pub state: PathBuf,
+}
+
+impl Layout {
+    /// The metadata database.
+    pub fn db(&self) -> PathBuf {
+        self.root.join("meta.redb")
+    }
+    /// The image store's root.
+    pub fn images(&self) -> PathBuf {
+        self.root.join("images")
+    }
+    /// A container's writable layer directory (persistent).
+    pub fn container_layer(&self, id: &str) -> PathBuf {
+        self.root.join("containers").join(id)
+    }
+    /// An empty directory used as the lower layer of layerless images.
+    pub fn empty_lower(&self) -> PathBuf {
+        self.root.join("empty")
+    }
+    /// runc's state directory.
+    pub fn runc_root(&self) -> PathBuf {
+        self.state.join("runc")
+    }
+    /// A sandbox's volatile directory (namespace pins, /etc files, shm).
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.state.join("sandboxes").join(id)
+    }
+    /// A container's bundle (config.json, rootfs mount point, shim files).
+    pub fn bundle(&self, id: &str) -> PathBuf {
+        self.state.join("containers").join(id)
+    }
+}
+
+/// The runtime: stores, state, and the parts below it.
+#[derive(Debug)]
+pub struct Runtime {
+    pub(crate) config: RuntimeConfig,
+    pub(crate) layout: Layout,
+    pub(crate) store: Store,
+    pub(crate) state: State,
+    pub(crate) images: ImageStore,
+    pub(crate) runc: Runc,
+    pub(crate) cgroups: Cgroups,
+    pub(crate) host: HostLimits,
+    pub(crate) events: Mailbox<api::ContainerEventResponse>,
+    pub(crate) metrics: Metrics,
+    pub(crate) shim_binary: PathBuf,
+    initialized: AtomicBool,
+}
+
+fn mkdir_private(path: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| RuntimeError::internal(format!("create {}", path.display()), e))
+}
+
+/// Finds the shim: configured path, else beside the running executable,
+/// else on PATH.
+fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = configured {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(RuntimeError::Internal(format!(
+                "shim binary {} not found",
+                p.display()
+            )))
+        };
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        // Test binaries live in target/<profile>/deps: look one level up too.
+        for d in [dir.clone(), dir.join("..")] {
+            let p = d.join("petrel-shim");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            let p = d.join("petrel-shim");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(RuntimeError::Internal(
+        "petrel-shim not found beside the petrel binary or on PATH (set shim_binary)".into(),
+    ))
+}
+
+impl Runtime {
+    /// Opens the runtime's directories, store and parts. Nothing is served
+    /// and nothing recovered yet.
+    pub fn open(config: RuntimeConfig) -> Result<Arc<Self>> {
+        let layout = Layout {
+            root: config.root.clone(),
+            state: config.state.clone(),
+        };
+        for d in [
+            layout.root.clone(),
+            layout.state.clone(),
+            layout.root.join("containers"),
+            layout.state.join("containers"),
+            layout.state.join("sandboxes"),
+            layout.runc_root(),
+        ] {
+            mkdir_private(&d)?;
+        }
+        let store = Store::open(&layout.db())?;
+        let images = ImageStore::open(&layout.images())
+            .map_err(|e| RuntimeError::internal("open image store", e))?;
+        let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
+        let host = HostLimits::detect()?;
+        let shim_binary = find_shim(config.shim_binary.as_deref())?;
+        let runc = Runc::new(config.runtime_binary.clone(), layout.runc_root());
+        let metrics = Metrics::new();
+        let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
+        Ok(Arc::new(Self {
+            config,
+            layout,
+            store,
+            state: State::default(),
+            images,
+            runc,
+            cgroups,
+            host,
+            events,
+            metrics,
+            shim_binary,
+            initialized: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether start-up recovery is done and calls are accepted.
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_initialized(&self) {
+        self.initialized.store(true, Ordering::Release);
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    // ---- lookups ------------------------------------------------------
+
+    /// A sandbox visible to clients (not one being created).
+    pub(crate) fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>> {
+        if id.is_empty() {
+            return Err(RuntimeError::invalid("pod_sandbox_id", "must not be empty"));
+        }
+        self.state
+            .sandbox(id)
+            .filter(|s| s.with(|r| r.state != SandboxState::Creating))
+            .ok_or_else(|| RuntimeError::NotFound {
+                kind: "pod sandbox",
+                id: id.to_string(),
+            })
+    }
+
+    /// A container visible to clients (not one being created).
+    pub(crate) fn container(&self, id: &str) -> Result<Arc<Container>> {
+        if id.is_empty() {
+            return Err(RuntimeError::invalid("container_id", "must not be empty"));
+        }
+        self.state
+            .container(id)
+            .filter(|c| c.state() != ContainerState::Creating)
+            .ok_or_else(|| RuntimeError::NotFound {
+                kind: "container",
+                id: id.to_string(),
+            })
+    }
+
+    // ---- durable updates ------------------------------------------------
+
+    /// Commits a sandbox record, then shows it in memory.
+    pub(crate) fn save_sandbox(&self, sb: &Sandbox, record: SandboxRecord) -> Result<()> {
+        self.store.put(Table::Sandboxes, &record.id, &record)?;
+        sb.set(record);
+        Ok(())
+    }
+
+    /// Commits a container record, then shows it in memory.
+    pub(crate) fn save_container(&self, c: &Container, record: ContainerRecord) -> Result<()> {
+        self.store.put(Table::Containers, &record.id, &record)?;
+        c.set(record);
+        Ok(())
+    }
+
+    // ---- statuses -------------------------------------------------------
+
+    /// The CRI status of a sandbox.
+    pub(crate) fn sandbox_status(&self, sb: &Sandbox) -> api::PodSandboxStatus {
+        sb.with(|r| {
+            let host_network = crate::server::sandbox_run::namespace_mode(&r.config, Ns::Network)
+                == api::NamespaceMode::Node;
+            api::PodSandboxStatus {
+                id: r.id.clone(),
+                metadata: r.config.metadata.clone(),
+                state: match r.state {
+                    SandboxState::Ready => api::PodSandboxState::SandboxReady,
+                    _ => api::PodSandboxState::SandboxNotready,
+                } as i32,
+                created_at: r.created_at,
+                network: (!host_network).then(api::PodSandboxNetworkStatus::default),
+                linux: Some(api::LinuxPodSandboxStatus {
+                    namespaces: Some(api::Namespace {
+                        options: r
+                            .config
+                            .linux
+                            .as_ref()
+                            .and_then(|l| l.security_context.as_ref())
+                            .and_then(|s| s.namespace_options.clone()),
+                    }),
+                }),
+                labels: r.config.labels.clone(),
+                annotations: r.config.annotations.clone(),
+                runtime_handler: r.runtime_handler.clone(),
+            }
+        })
+    }
+
+    /// The CRI status of a container.
+    pub(crate) fn container_status(&self, c: &Container) -> api::ContainerStatus {
+        c.with(|r| api::ContainerStatus {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            state: r.state.to_cri() as i32,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            exit_code: r.exit_code,
+            image: r.config.image.clone(),
+            image_ref: r.image_id.clone(),
+            reason: r.reason.clone(),
+            message: r.message.clone(),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+            mounts: r.config.mounts.clone(),
+            log_path: r
+                .log_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            resources: r.resources.clone().map(|l| api::ContainerResources {
+                linux: Some(l),
+                windows: None,
+            }),
+            image_id: r.image_id.clone(),
+            user: None,
+        })
+    }
+
+    /// Statuses of every visible container of a sandbox.
+    pub(crate) fn pod_container_statuses(&self, sb: &Sandbox) -> Vec<api::ContainerStatus> {
+        sb.container_ids()
+            .iter()
+            .filter_map(|id| self.state.container(id))
+            .filter(|c| c.state() != ContainerState::Creating)
+            .map(|c| self.container_status(&c))
+            .collect()
+    }
+
+    // ---- events -------------------------------------------------------
+
+    /// Publishes a lifecycle event of `object_id` (a container, or the
+    /// sandbox itself) with the pod's current status. Nothing is built when
+    /// nobody subscribes.
+    pub(crate) fn publish(&self, object_id: &str, kind: api::ContainerEventType, sb: &Sandbox) {
+        if !self.events.has_subscribers() {
+            return;
+        }
+        let ev = api::ContainerEventResponse {
+            container_id: object_id.to_string(),
+            container_event_type: kind as i32,
+            created_at: util::now_ns(),
+            pod_sandbox_status: Some(self.sandbox_status(sb)),
+            containers_statuses: self.pod_container_statuses(sb),
+        };
+        self.events.publish(ev);
+    }
+}
+
+/// The pod-level namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ns {
+    Network,
+    Pid,
+    Ipc,
+}

@@ -1,0 +1,293 @@
+//! The in-memory view of pods and containers, always backed by the store.
+//!
+//! Records change only through [`Sandbox::update`] / [`Container::update`],
+//! which the service calls after the store accepted the same change, so
+//! memory never runs ahead of what a restart would find. Each object also
+//! has an async `op` lock serialising its lifecycle operations (create, start,
+//! exit handling, remove), while reads take only a short std lock.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use tokio::sync::watch;
+
+use crate::error::{Result, RuntimeError};
+use crate::records::{ContainerRecord, ContainerState, SandboxRecord};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Record updates are whole-value replacements: a panic elsewhere cannot
+    // leave one half-written, so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A pod sandbox in memory.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// The sandbox id.
+    pub id: String,
+    record: Mutex<SandboxRecord>,
+    containers: Mutex<BTreeSet<String>>,
+    cpu_sample: Mutex<Option<(i64, u64)>>,
+    /// Lifecycle lock: container creation takes it shared, stopping and
+    /// removing the pod take it exclusively.
+    pub op: tokio::sync::RwLock<()>,
+}
+
+impl Sandbox {
+    /// Wraps a record.
+    pub fn new(record: SandboxRecord) -> Self {
+        Self {
+            id: record.id.clone(),
+            record: Mutex::new(record),
+            containers: Mutex::new(BTreeSet::new()),
+            cpu_sample: Mutex::new(None),
+            op: tokio::sync::RwLock::new(()),
+        }
+    }
+
+    /// A copy of the current record.
+    pub fn record(&self) -> SandboxRecord {
+        lock(&self.record).clone()
+    }
+
+    /// Reads the record without copying it.
+    pub fn with<R>(&self, f: impl FnOnce(&SandboxRecord) -> R) -> R {
+        f(&lock(&self.record))
+    }
+
+    /// Replaces the record (after the store accepted it).
+    pub fn set(&self, record: SandboxRecord) {
+        *lock(&self.record) = record;
+    }
+
+    /// Ids of the containers of this pod.
+    pub fn container_ids(&self) -> Vec<String> {
+        lock(&self.containers).iter().cloned().collect()
+    }
+
+    /// Adds a container to the pod.
+    pub fn add_container(&self, id: &str) {
+        lock(&self.containers).insert(id.to_string());
+    }
+
+    /// Removes a container from the pod.
+    pub fn remove_container(&self, id: &str) {
+        lock(&self.containers).remove(id);
+    }
+
+    /// Records a CPU usage sample of the pod and returns the previous one.
+    pub fn swap_cpu_sample(&self, sample: (i64, u64)) -> Option<(i64, u64)> {
+        lock(&self.cpu_sample).replace(sample)
+    }
+}
+
+/// A container in memory.
+#[derive(Debug)]
+pub struct Container {
+    /// The container id.
+    pub id: String,
+    record: Mutex<ContainerRecord>,
+    /// Serialises lifecycle operations on this container.
+    pub op: tokio::sync::Mutex<()>,
+    exited: watch::Sender<bool>,
+    cpu_sample: Mutex<Option<(i64, u64)>>,
+}
+
+impl Container {
+    /// Wraps a record.
+    pub fn new(record: ContainerRecord) -> Self {
+        let (exited, _) = watch::channel(record.state == ContainerState::Exited);
+        Self {
+            id: record.id.clone(),
+            record: Mutex::new(record),
+            op: tokio::sync::Mutex::new(()),
+            exited,
+            cpu_sample: Mutex::new(None),
+        }
+    }
+
+    /// A copy of the current record.
+    pub fn record(&self) -> ContainerRecord {
+        lock(&self.record).clone()
+    }
+
+    /// Reads the record without copying it.
+    pub fn with<R>(&self, f: impl FnOnce(&ContainerRecord) -> R) -> R {
+        f(&lock(&self.record))
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ContainerState {
+        lock(&self.record).state
+    }
+
+    /// Replaces the record (after the store accepted it) and wakes those
+    /// waiting for the exit when it says the container exited.
+    pub fn set(&self, record: ContainerRecord) {
+        let exited = record.state == ContainerState::Exited;
+        *lock(&self.record) = record;
+        if exited {
+            self.exited.send_replace(true);
+        }
+    }
+
+    /// A receiver that turns `true` once the container has exited.
+    pub fn exit_watch(&self) -> watch::Receiver<bool> {
+        self.exited.subscribe()
+    }
+
+    /// Records a CPU usage sample and returns the previous one, for rates.
+    pub fn swap_cpu_sample(&self, sample: (i64, u64)) -> Option<(i64, u64)> {
+        lock(&self.cpu_sample).replace(sample)
+    }
+}
+
+/// Every pod and container, and the names they reserve.
+#[derive(Debug, Default)]
+pub struct State {
+    sandboxes: RwLock<HashMap<String, Arc<Sandbox>>>,
+    containers: RwLock<HashMap<String, Arc<Container>>>,
+    names: Mutex<HashMap<String, String>>,
+}
+
+fn resolve<T>(map: &HashMap<String, Arc<T>>, id: &str) -> Option<Arc<T>> {
+    if let Some(v) = map.get(id) {
+        return Some(v.clone());
+    }
+    // A unique prefix also names an object, as with crictl and containerd.
+    if id.is_empty() {
+        return None;
+    }
+    let mut found = map.iter().filter(|(k, _)| k.starts_with(id));
+    match (found.next(), found.next()) {
+        (Some((_, v)), None) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+impl State {
+    /// Reserves `name` for `id`. Reserving the same name for the same id again
+    /// succeeds; for another id it fails with AlreadyExists.
+    pub fn reserve_name(&self, name: &str, id: &str) -> Result<()> {
+        let mut names = lock(&self.names);
+        match names.get(name) {
+            Some(owner) if owner != id => Err(RuntimeError::AlreadyExists {
+                name: name.to_string(),
+                owner: owner.clone(),
+            }),
+            _ => {
+                names.insert(name.to_string(), id.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// Releases `name` if `id` holds it.
+    pub fn release_name(&self, name: &str, id: &str) {
+        let mut names = lock(&self.names);
+        if names.get(name).is_some_and(|owner| owner == id) {
+            names.remove(name);
+        }
+    }
+
+    /// Adds a sandbox.
+    pub fn insert_sandbox(&self, sb: Arc<Sandbox>) {
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sb.id.clone(), sb);
+    }
+
+    /// Removes a sandbox.
+    pub fn remove_sandbox(&self, id: &str) {
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    /// Finds a sandbox by id or unique id prefix.
+    pub fn sandbox(&self, id: &str) -> Option<Arc<Sandbox>> {
+        resolve(
+            &self.sandboxes.read().unwrap_or_else(|p| p.into_inner()),
+            id,
+        )
+    }
+
+    /// Every sandbox.
+    pub fn sandboxes(&self) -> Vec<Arc<Sandbox>> {
+        self.sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Adds a container.
+    pub fn insert_container(&self, c: Arc<Container>) {
+        self.containers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(c.id.clone(), c);
+    }
+
+    /// Removes a container.
+    pub fn remove_container(&self, id: &str) {
+        self.containers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    /// Finds a container by id or unique id prefix.
+    pub fn container(&self, id: &str) -> Option<Arc<Container>> {
+        resolve(
+            &self.containers.read().unwrap_or_else(|p| p.into_inner()),
+            id,
+        )
+    }
+
+    /// Every container.
+    pub fn containers(&self) -> Vec<Arc<Container>> {
+        self.containers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_should_be_reserved_once() {
+        let s = State::default();
+        assert!(s.reserve_name("a", "1").is_ok());
+        assert!(s.reserve_name("a", "1").is_ok());
+        assert!(matches!(
+            s.reserve_name("a", "2"),
+            Err(RuntimeError::AlreadyExists { .. })
+        ));
+        s.release_name("a", "2"); // not the owner: no effect
+        assert!(s.reserve_name("a", "2").is_err());
+        s.release_name("a", "1");
+        assert!(s.reserve_name("a", "2").is_ok());
+    }
+
+    #[test]
+    fn names_should_hold_under_concurrent_reservation() {
+        let s = Arc::new(State::default());
+        let winners: usize = (0..16)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || s.reserve_name("same", &i.to_string()).is_ok())
+            })
+            .map(|h| h.join().unwrap_or(false) as usize)
+            .sum();
+        assert_eq!(winners, 1);
+    }
+}

@@ -1,0 +1,86 @@
+//! Small helpers: ids, clocks, process identity, pidfds.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// A new random 64-hex-character id (like containerd's and Docker's).
+pub fn new_id() -> Result<String, io::Error> {
+    let mut b = [0u8; 32];
+    getrandom::getrandom(&mut b).map_err(io::Error::other)?;
+    Ok(hex::encode(b))
+}
+
+/// Wall-clock time in nanoseconds since the epoch.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A process's start time in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`), or `None` when the process does not exist.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: the
+    // remaining fields start after its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // rest starts with field 3 (state); start time is field 22.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process `pid` still exists with the given start time
+/// (a different start time means the pid was reused).
+pub fn process_alive(pid: u32, start_time: u64) -> bool {
+    pid != 0 && process_start_time(pid) == Some(start_time)
+}
+
+/// Opens a pidfd for `pid`: readable once the process has exited, whether
+/// or not it is our child. This is how exits are noticed without polling.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel returned a new, owned file descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reaps `pid` if it is our child and has exited; ignores anything else
+/// (a shim adopted after a restart is not our child).
+pub fn reap(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG on a specific pid; no memory is shared.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_id_should_be_64_hex_and_unique() -> io::Result<()> {
+        let a = new_id()?;
+        let b = new_id()?;
+        assert_eq!(a.len(), 64);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        Ok(())
+    }
+
+    #[test]
+    fn process_start_time_should_identify_this_process() {
+        let me = std::process::id();
+        let t = process_start_time(me);
+        assert!(t.is_some());
+        assert!(process_alive(me, t.unwrap_or_default()));
+        assert!(!process_alive(me, t.unwrap_or_default() + 1));
+        assert!(!process_alive(0, 0));
+    }
+}
