@@ -13,7 +13,7 @@ use petrel_cri::api::{
 use serde_json::{json, Value};
 
 use super::error::CtlError;
-use super::output::{self, emit, Format, Table};
+use super::output::{self, emit, Format, StatusDoc, Table};
 use super::{pods, Ctl, Outcome};
 
 /// A container state as given on the command line.
@@ -257,7 +257,7 @@ pub async fn container_status(
 }
 
 /// The status as JSON: enum names, RFC 3339 times, parsed info.
-fn status_value(resp: &ContainerStatusResponse) -> Result<Value, CtlError> {
+fn status_value(resp: &ContainerStatusResponse) -> Result<StatusDoc, CtlError> {
     let mut status = output::to_value(&resp.status)?;
     if let Some(s) = &resp.status {
         output::name_enum(&mut status, "state", container_state_name(s.state));
@@ -273,7 +273,10 @@ fn status_value(resp: &ContainerStatusResponse) -> Result<Value, CtlError> {
             }
         }
     }
-    Ok(json!({ "status": status, "info": output::info_value(&resp.info) }))
+    Ok(StatusDoc {
+        status,
+        info: output::info_value(&resp.info),
+    })
 }
 
 fn status_text(resp: &ContainerStatusResponse, now: i64) -> String {
@@ -530,7 +533,10 @@ mod tests {
             }),
             info: HashMap::new(),
         };
-        let v = status_value(&resp).ok().unwrap_or_default();
+        let v = status_value(&resp)
+            .ok()
+            .and_then(|d| serde_json::to_value(d).ok());
+        let v = v.unwrap_or_default();
         assert_eq!(v["status"]["state"], "CONTAINER_EXITED");
         assert_eq!(v["status"]["created_at"], "1970-01-01T00:00:01.000000000Z");
         assert!(v["status"]["started_at"].is_null());

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use petrel_cri::admin::MetricsRequest;
 use petrel_cri::api::{StatusRequest, StatusResponse, VersionRequest, VersionResponse};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::error::CtlError;
 use super::output::{self, emit, Format, Table};
@@ -50,13 +51,22 @@ pub async fn info(ctl: &Ctl) -> Result<ExitCode, CtlError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status_value(s: &StatusResponse) -> Result<Value, CtlError> {
-    Ok(json!({
-        "status": output::to_value(&s.status)?,
-        "runtime_handlers": output::to_value(&s.runtime_handlers)?,
-        "features": output::to_value(&s.features)?,
-        "info": output::info_value(&s.info),
-    }))
+/// What `info` prints, in this order.
+#[derive(Debug, Serialize)]
+struct InfoDoc {
+    status: Value,
+    runtime_handlers: Value,
+    features: Value,
+    info: Value,
+}
+
+fn status_value(s: &StatusResponse) -> Result<InfoDoc, CtlError> {
+    Ok(InfoDoc {
+        status: output::to_value(&s.status)?,
+        runtime_handlers: output::to_value(&s.runtime_handlers)?,
+        features: output::to_value(&s.features)?,
+        info: output::info_value(&s.info),
+    })
 }
 
 fn status_table(s: &StatusResponse) -> String {
@@ -70,7 +80,11 @@ fn status_table(s: &StatusResponse) -> String {
         ]);
     }
     let mut text = t.render();
-    let handlers: Vec<&str> = s.runtime_handlers.iter().map(|h| h.name.as_str()).collect();
+    let handlers: Vec<String> = s
+        .runtime_handlers
+        .iter()
+        .map(|h| output::or_default(&h.name, "(default)"))
+        .collect();
     if !handlers.is_empty() {
         text.push_str(&format!("\nRuntime handlers: {}\n", handlers.join(", ")));
     }
@@ -111,7 +125,10 @@ mod tests {
 
     #[test]
     fn status_value_should_nest_parsed_info_beside_conditions() {
-        let v = status_value(&status()).ok().unwrap_or_default();
+        let v = status_value(&status())
+            .ok()
+            .and_then(|d| serde_json::to_value(d).ok());
+        let v = v.unwrap_or_default();
         assert_eq!(v["status"]["conditions"][0]["type"], "RuntimeReady");
         assert_eq!(v["info"]["config"]["root"], "/var/lib/petrel");
     }

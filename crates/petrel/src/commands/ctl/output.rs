@@ -73,9 +73,18 @@ pub fn print_structured<T: Serialize>(format: Format, value: &T) -> Result<(), C
     emit(&render(format, value)?)
 }
 
+/// What the inspect commands print: the status, then the verbose info.
+#[derive(Debug, Serialize)]
+pub struct StatusDoc {
+    /// The status message, touched up for reading.
+    pub status: Value,
+    /// The verbose info map, values parsed as JSON where they are JSON.
+    pub info: Value,
+}
+
 /// Prints several documents: YAML ones separated by `---`, JSON ones one
 /// after the other (as crictl does for several ids).
-pub fn print_documents(format: Format, docs: &[Value]) -> Result<(), CtlError> {
+pub fn print_documents<T: Serialize>(format: Format, docs: &[T]) -> Result<(), CtlError> {
     let mut text = String::new();
     for (i, doc) in docs.iter().enumerate() {
         if format == Format::Yaml && i > 0 {

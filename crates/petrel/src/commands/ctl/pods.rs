@@ -11,7 +11,7 @@ use petrel_cri::api::{
 use serde_json::{json, Value};
 
 use super::error::CtlError;
-use super::output::{self, emit, Format, Table};
+use super::output::{self, emit, Format, StatusDoc, Table};
 use super::{Ctl, Outcome};
 
 /// A pod state as given on the command line.
@@ -200,7 +200,7 @@ pub async fn pod_status(
 }
 
 /// The status as JSON: enum names, RFC 3339 times, parsed info.
-fn status_value(resp: &PodSandboxStatusResponse) -> Result<Value, CtlError> {
+fn status_value(resp: &PodSandboxStatusResponse) -> Result<StatusDoc, CtlError> {
     let mut status = output::to_value(&resp.status)?;
     if let Some(s) = &resp.status {
         output::name_enum(&mut status, "state", pod_state_name(s.state));
@@ -212,7 +212,10 @@ fn status_value(resp: &PodSandboxStatusResponse) -> Result<Value, CtlError> {
             name_namespace_modes(opts);
         }
     }
-    Ok(json!({ "status": status, "info": output::info_value(&resp.info) }))
+    Ok(StatusDoc {
+        status,
+        info: output::info_value(&resp.info),
+    })
 }
 
 /// Names the network, pid and ipc modes of a NamespaceOption value.
@@ -420,7 +423,10 @@ mod tests {
             info: HashMap::from([("info".into(), r#"{"pid":7}"#.into())]),
             ..Default::default()
         };
-        let v = status_value(&resp).ok().unwrap_or_default();
+        let v = status_value(&resp)
+            .ok()
+            .and_then(|d| serde_json::to_value(d).ok());
+        let v = v.unwrap_or_default();
         assert_eq!(v["status"]["state"], "SANDBOX_NOTREADY");
         assert_eq!(v["status"]["created_at"], "1970-01-01T00:00:01.000000000Z");
         assert_eq!(
