@@ -1,5 +1,6 @@
 //! `events`: streams GetContainerEvents until Ctrl-C or the stream ends.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 
 use petrel_cri::api::{ContainerEventResponse, ContainerEventType, GetEventsRequest};
@@ -27,6 +28,7 @@ pub async fn watch(ctl: &Ctl) -> Result<ExitCode, CtlError> {
     let mut interrupt = signal(SignalKind::interrupt())
         .map_err(|e| CtlError::Other(format!("cannot watch for Ctrl-C: {e}")))?;
     let mut first = true;
+    let mut names = ContainerNames::default();
     loop {
         let next = tokio::select! {
             next = stream.message() => next,
@@ -34,7 +36,9 @@ pub async fn watch(ctl: &Ctl) -> Result<ExitCode, CtlError> {
         };
         match next {
             Ok(Some(event)) => {
-                emit(&event_text(format, &event, first)?)?;
+                names.learn(&event);
+                emit(&event_text(format, &event, &names, first)?)?;
+                names.forget(&event);
                 first = false;
             }
             Ok(None) => return Ok(ExitCode::SUCCESS),
@@ -43,15 +47,43 @@ pub async fn watch(ctl: &Ctl) -> Result<ExitCode, CtlError> {
     }
 }
 
+/// Container names seen in earlier events, for events that no longer carry
+/// their container's status (a deleted container's, typically).
+#[derive(Debug, Default)]
+struct ContainerNames(HashMap<String, String>);
+
+impl ContainerNames {
+    /// Remembers the names of the containers the event describes.
+    fn learn(&mut self, event: &ContainerEventResponse) {
+        for c in &event.containers_statuses {
+            if let Some(m) = &c.metadata {
+                self.0.insert(c.id.clone(), m.name.clone());
+            }
+        }
+    }
+
+    /// Drops a deleted container's name.
+    fn forget(&mut self, event: &ContainerEventResponse) {
+        if event.container_event_type == ContainerEventType::ContainerDeletedEvent as i32 {
+            self.0.remove(&event.container_id);
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<&str> {
+        self.0.get(id).map(String::as_str)
+    }
+}
+
 /// One event in the chosen format; YAML documents after the first one are
 /// preceded by `---`.
 fn event_text(
     format: Format,
     event: &ContainerEventResponse,
+    names: &ContainerNames,
     first: bool,
 ) -> Result<String, CtlError> {
     match format {
-        Format::Table => Ok(event_line(event)),
+        Format::Table => Ok(event_line(event, names)),
         Format::Json => output::render(format, &event_value(event)?),
         Format::Yaml => {
             let doc = output::render(format, &event_value(event)?)?;
@@ -61,18 +93,14 @@ fn event_text(
 }
 
 /// `TIME  TYPE  ID  POD  [CONTAINER]` on one line.
-fn event_line(event: &ContainerEventResponse) -> String {
+fn event_line(event: &ContainerEventResponse, names: &ContainerNames) -> String {
     let pod = event
         .pod_sandbox_status
         .as_ref()
         .and_then(|p| p.metadata.as_ref())
         .map_or("", |m| m.name.as_str());
-    let container = event
-        .containers_statuses
-        .iter()
-        .find(|c| c.id == event.container_id)
-        .and_then(|c| c.metadata.as_ref())
-        .map(|m| m.name.as_str());
+    // Sandbox events carry the pod's id, which names no container.
+    let container = names.get(&event.container_id);
     let mut line = format!(
         "{}  {:<7}  {:<13}  {}",
         output::rfc3339(event.created_at, 3),
@@ -169,8 +197,10 @@ mod tests {
             "ctr0123456789abcdef",
             ContainerEventType::ContainerStartedEvent,
         );
+        let mut names = ContainerNames::default();
+        names.learn(&e);
         assert_eq!(
-            event_line(&e),
+            event_line(&e, &names),
             "2024-02-29T13:45:30.123Z  STARTED  ctr0123456789  demo  hello\n"
         );
     }
@@ -181,10 +211,30 @@ mod tests {
             "pod0123456789abcdef",
             ContainerEventType::ContainerCreatedEvent,
         );
+        let mut names = ContainerNames::default();
+        names.learn(&e);
         assert_eq!(
-            event_line(&e),
+            event_line(&e, &names),
             "2024-02-29T13:45:30.123Z  CREATED  pod0123456789  demo\n"
         );
+    }
+
+    #[test]
+    fn event_line_should_remember_names_of_deleted_containers() {
+        let mut names = ContainerNames::default();
+        names.learn(&event(
+            "ctr0123456789abcdef",
+            ContainerEventType::ContainerStoppedEvent,
+        ));
+        let mut deleted = event(
+            "ctr0123456789abcdef",
+            ContainerEventType::ContainerDeletedEvent,
+        );
+        deleted.containers_statuses.clear();
+        names.learn(&deleted);
+        assert!(event_line(&deleted, &names).ends_with("  demo  hello\n"));
+        names.forget(&deleted);
+        assert_eq!(names.get("ctr0123456789abcdef"), None);
     }
 
     #[test]
@@ -206,8 +256,9 @@ mod tests {
             "ctr0123456789abcdef",
             ContainerEventType::ContainerDeletedEvent,
         );
-        let first = event_text(Format::Yaml, &e, true).expect("yaml");
-        let second = event_text(Format::Yaml, &e, false).expect("yaml");
+        let names = ContainerNames::default();
+        let first = event_text(Format::Yaml, &e, &names, true).expect("yaml");
+        let second = event_text(Format::Yaml, &e, &names, false).expect("yaml");
         assert!(!first.starts_with("---"));
         assert!(second.starts_with("---\n"));
     }
