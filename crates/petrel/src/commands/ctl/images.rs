@@ -11,10 +11,9 @@ use petrel_cri::api::{
     FilesystemUsage, Image, ImageFilter, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec,
     ImageStatusRequest, ListImagesRequest, RemoveImageRequest,
 };
-use serde_json::json;
 
 use super::error::CtlError;
-use super::output::{self, emit, Format, Table};
+use super::output::{self, emit, Format, StatusDoc, Table};
 use super::{Ctl, Outcome};
 
 /// The least time an import may take: unpacking a large archive is slow.
@@ -139,10 +138,10 @@ pub async fn inspect(ctl: &Ctl, args: InspectiArgs) -> Result<ExitCode, CtlError
     match ctl.format_or(Format::Json) {
         Format::Table => images_table(std::slice::from_ref(image), true).print()?,
         f => {
-            let doc = json!({
-                "status": output::to_value(image)?,
-                "info": output::info_value(&resp.info),
-            });
+            let doc = StatusDoc {
+                status: output::to_value(image)?,
+                info: output::info_value(&resp.info),
+            };
             output::print_structured(f, &doc)?;
         }
     }
@@ -231,23 +230,45 @@ pub struct RmiArgs {
     references: Vec<String>,
 }
 
-/// `rmi`: removes each image.
+/// `rmi`: removes each image (with all its tags, as crictl does) and
+/// names what went.
 pub async fn remove(ctl: &Ctl, args: RmiArgs) -> Result<ExitCode, CtlError> {
     let mut outcome = Outcome::default();
     for reference in &args.references {
-        let result = async {
-            let mut svc = ctl.images().await?;
-            let req = RemoveImageRequest {
-                image: Some(spec(reference)),
-            };
-            ctl.call(format!("remove image {reference}"), svc.remove_image(req))
-                .await
-        };
-        if outcome.note(result.await).is_some() {
-            emit(&format!("Deleted: {reference}\n"))?;
+        if let Some(names) = outcome.note(remove_one(ctl, reference).await) {
+            emit(
+                &names
+                    .iter()
+                    .map(|n| format!("Deleted: {n}\n"))
+                    .collect::<String>(),
+            )?;
         }
     }
     Ok(outcome.exit_code())
+}
+
+/// Removes the image `reference` names; returns its tags (or its id).
+async fn remove_one(ctl: &Ctl, reference: &str) -> Result<Vec<String>, CtlError> {
+    let mut svc = ctl.images().await?;
+    let req = ImageStatusRequest {
+        image: Some(spec(reference)),
+        verbose: false,
+    };
+    let what = format!("get status of image {reference}");
+    // RemoveImage succeeds for unknown images; say so instead.
+    let Some(image) = ctl.call(what, svc.image_status(req)).await?.image else {
+        return Err(CtlError::Other(format!("no such image {reference}")));
+    };
+    let req = RemoveImageRequest {
+        image: Some(spec(&image.id)),
+    };
+    ctl.call(format!("remove image {reference}"), svc.remove_image(req))
+        .await?;
+    Ok(if image.repo_tags.is_empty() {
+        vec![image.id]
+    } else {
+        image.repo_tags
+    })
 }
 
 /// `imagefsinfo`: usage of the filesystems holding images and containers.
