@@ -55,7 +55,7 @@ pub struct PsArgs {
     /// Filter by container name (substring).
     #[arg(long)]
     name: Option<String>,
-    /// Filter by state (implies all states but that one).
+    /// Filter by state (instead of the running-only default).
     #[arg(short = 's', long, value_enum)]
     state: Option<ContainerStateArg>,
     /// Filter by label, key=value (repeatable).
