@@ -125,7 +125,12 @@ impl Runc {
         c
     }
 
-    async fn run(&self, command: &'static str, id: &str, mut c: Command) -> Result<Vec<u8>, RuncError> {
+    async fn run(
+        &self,
+        command: &'static str,
+        id: &str,
+        mut c: Command,
+    ) -> Result<Vec<u8>, RuncError> {
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         let out = c.output().await.map_err(|source| RuncError::Spawn {
             binary: self.binary.clone(),
@@ -278,9 +283,7 @@ impl Runc {
                 path: process_file.clone(),
                 source,
             })?;
-        let result = self
-            .exec_inner(id, &process_file, &pid_file, timeout)
-            .await;
+        let result = self.exec_inner(id, &process_file, &pid_file, timeout).await;
         let _ = tokio::fs::remove_file(&process_file).await;
         let _ = tokio::fs::remove_file(&pid_file).await;
         result
@@ -324,6 +327,7 @@ impl Runc {
                         if pid > 0 {
                             // SAFETY: kill(2) with a pid runc reported for this exec.
                             unsafe { libc::kill(pid, libc::SIGKILL) };
+                            reap_orphan(pid).await;
                         }
                     }
                 }
@@ -361,10 +365,31 @@ impl Runc {
     }
 }
 
+/// Reaps `pid` if it becomes our child (a caller that is a child subreaper
+/// inherits the exec'd process once runc is gone); gives up after a second.
+async fn reap_orphan(pid: i32) {
+    for _ in 0..100 {
+        let mut status = 0;
+        // SAFETY: non-blocking waitpid on one pid.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        // SAFETY: signal 0 only checks whether the pid exists.
+        let exists = unsafe { libc::kill(pid, 0) } == 0;
+        if r > 0 || (r < 0 && !exists) {
+            return; // reaped, or gone and never ours
+        }
+        // Still running, or still the child of a dying runc: wait a little.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn unique_tag() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Extracts the message of runc's last error line.
@@ -427,7 +452,8 @@ mod tests {
     fn error_message_should_read_text_and_json_logs() {
         let text = b"time=\"2026-01-01T00:00:00Z\" level=error msg=\"container \\\"x\\\" does not exist\"\n";
         assert_eq!(error_message(text), "container \"x\" does not exist");
-        let json = b"{\"level\":\"warning\",\"msg\":\"w\"}\n{\"level\":\"error\",\"msg\":\"boom\"}\n";
+        let json =
+            b"{\"level\":\"warning\",\"msg\":\"w\"}\n{\"level\":\"error\",\"msg\":\"boom\"}\n";
         assert_eq!(error_message(json), "boom");
         assert_eq!(error_message(b"plain failure\n"), "plain failure");
         assert_eq!(error_message(b""), "runc failed without a message");

@@ -3,7 +3,7 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use petrel_cri::api;
@@ -12,6 +12,7 @@ use petrel_oci::cgroups::Cgroups;
 use petrel_oci::runc::Runc;
 use petrel_oci::spec::HostLimits;
 use petrel_store::{Store, Table};
+use tokio::sync::Notify;
 
 use crate::config::RuntimeConfig;
 use crate::error::{Result, RuntimeError};
@@ -76,6 +77,21 @@ pub struct Runtime {
     pub(crate) metrics: Metrics,
     pub(crate) shim_binary: PathBuf,
     initialized: AtomicBool,
+    stopping: AtomicBool,
+    calls: AtomicUsize,
+    calls_done: Notify,
+}
+
+/// A CRI call under way; dropping it marks the call finished.
+#[derive(Debug)]
+pub(crate) struct CallGuard<'a>(&'a Runtime);
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.calls.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.calls_done.notify_waiters();
+        }
+    }
 }
 
 fn mkdir_private(path: &Path) -> Result<()> {
@@ -148,6 +164,7 @@ impl Runtime {
         let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
         let host = HostLimits::detect()?;
         let shim_binary = find_shim(config.shim_binary.as_deref())?;
+        crate::sandbox::pid_holder::become_subreaper();
         let runc = Runc::new(config.runtime_binary.clone(), layout.runc_root());
         let metrics = Metrics::new();
         let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
@@ -164,6 +181,9 @@ impl Runtime {
             metrics,
             shim_binary,
             initialized: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+            calls_done: Notify::new(),
         }))
     }
 
@@ -174,6 +194,36 @@ impl Runtime {
 
     pub(crate) fn set_initialized(&self) {
         self.initialized.store(true, Ordering::Release);
+    }
+
+    /// Admits a call: `None` before recovery is done or once shutdown began.
+    pub(crate) fn enter_call(&self) -> Option<CallGuard<'_>> {
+        if !self.is_initialized() || self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        self.calls.fetch_add(1, Ordering::AcqRel);
+        // Re-check: a shutdown that began meanwhile must not miss this call.
+        if self.stopping.load(Ordering::Acquire) {
+            drop(CallGuard(self));
+            return None;
+        }
+        Some(CallGuard(self))
+    }
+
+    /// Refuses every new call from now on.
+    pub(crate) fn begin_shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// Completes when no call is under way.
+    pub(crate) async fn calls_drained(&self) {
+        loop {
+            let notified = self.calls_done.notified();
+            if self.calls.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// The configuration.

@@ -56,6 +56,14 @@ pub enum StoreError {
         /// The redb error.
         source: Box<redb::DatabaseError>,
     },
+    /// The database file's permissions could not be restricted.
+    #[error("chmod {path}: {source}")]
+    Io {
+        /// The database file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
     /// A transaction failed.
     #[error("store transaction: {0}")]
     Transaction(String),
@@ -110,6 +118,13 @@ impl Store {
         let db = Database::create(path).map_err(|source| StoreError::Open {
             path: path.to_path_buf(),
             source: Box::new(source),
+        })?;
+        // Records hold pod and container configs (environment variables may
+        // carry secrets): owner-only, whatever the umask.
+        let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+        std::fs::set_permissions(path, private).map_err(|source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
         })?;
         let w = db.begin_write().map_err(tx)?;
         for t in Table::ALL {

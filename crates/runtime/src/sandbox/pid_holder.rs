@@ -50,12 +50,31 @@ pub fn ns_path(holder: &ProcessRef) -> PathBuf {
 }
 
 /// Kills the holder (and so every process left in the namespace), if it is
-/// still the process we started.
+/// still the process we started, and reaps it: the runtime is a child
+/// subreaper, so the orphaned holder is its child.
 pub fn kill(holder: &ProcessRef) {
-    if util::process_alive(holder.pid, holder.start_time) {
-        if let Ok(pid) = libc::pid_t::try_from(holder.pid) {
-            // SAFETY: kill(2) on a pid verified by its start time to be ours.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+    if !util::process_alive(holder.pid, holder.start_time) {
+        return;
+    }
+    let Ok(pid) = libc::pid_t::try_from(holder.pid) else {
+        return;
+    };
+    // SAFETY: kill(2) on a pid verified by its start time to be ours.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let mut status = 0;
+    // SAFETY: waitpid on that pid; returns at once with ECHILD when it is not
+    // our child (a holder adopted by init after a runtime restart), else as
+    // soon as the SIGKILLed process is gone.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+}
+
+/// Makes this process the reaper of its orphaned descendants (the holders'
+/// namespace inits), so none is left a zombie on hosts whose init does not
+/// reap.
+pub fn become_subreaper() {
+    // SAFETY: prctl with an integer argument; affects only this process.
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if r != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a child subreaper");
     }
 }

@@ -73,28 +73,36 @@ pub async fn serve(
     rt.set_initialized();
     tracing::info!(socket = %socket.display(), root = %rt.layout.root.display(), state = %rt.layout.state.display(), "petrel runtime serving CRI");
     let server = CriServer { rt: rt.clone() };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let rt_for_stop = rt.clone();
-    let serving = tonic::transport::Server::builder()
-        .add_service(RuntimeServiceServer::new(server.clone()))
-        .add_service(ImageServiceServer::new(server.clone()))
-        .add_service(AdminServer::new(server))
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = stop_rx.await;
-        });
-    tokio::pin!(serving);
+    let mut serving = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RuntimeServiceServer::new(server.clone()))
+            .add_service(ImageServiceServer::new(server.clone()))
+            .add_service(AdminServer::new(server))
+            .serve_with_incoming(incoming),
+    );
     tokio::select! {
-        r = &mut serving => { r?; }
-        () = shutdown => {
-            tracing::info!("shutting down; containers keep running");
-            // End event streams so graceful shutdown does not wait on them.
-            rt_for_stop.events.close();
-            let _ = stop_tx.send(());
-            if tokio::time::timeout(Duration::from_secs(10), &mut serving).await.is_err() {
-                tracing::warn!("in-flight calls did not finish within 10s");
-            }
+        r = &mut serving => {
+            let _ = std::fs::remove_file(&socket);
+            return match r {
+                Ok(r) => r.map_err(ServeError::from),
+                Err(e) => Err(RuntimeError::internal("gRPC server task", e).into()),
+            };
         }
+        () = shutdown => {}
     }
+    // Refuse new calls, end event streams, let the calls under way finish
+    // (clients such as kubelet keep idle connections open forever, so waiting
+    // for connections to close is not an option), then drop the server.
+    tracing::info!("shutting down; containers keep running");
+    rt.begin_shutdown();
+    rt.events.close();
+    if tokio::time::timeout(Duration::from_secs(10), rt.calls_drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!("calls under way did not finish within 10s");
+    }
+    serving.abort();
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }
@@ -129,9 +137,12 @@ impl CriServer {
         F: FnOnce(Arc<Runtime>, Req) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Resp>> + Send + 'static,
     {
-        if !self.rt.is_initialized() {
-            return Err(RuntimeError::Unavailable("recovering state".into()).into());
-        }
+        let Some(_call) = self.rt.enter_call() else {
+            return Err(RuntimeError::Unavailable(
+                "the runtime is starting or shutting down".into(),
+            )
+            .into());
+        };
         let start = Instant::now();
         let rt = self.rt.clone();
         let req = req.into_inner();
@@ -331,8 +342,11 @@ impl RuntimeService for CriServer {
         &self,
         _r: Request<api::GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        if !self.rt.is_initialized() {
-            return Err(RuntimeError::Unavailable("recovering state".into()).into());
+        if self.rt.enter_call().is_none() {
+            return Err(RuntimeError::Unavailable(
+                "the runtime is starting or shutting down".into(),
+            )
+            .into());
         }
         Ok(Response::new(self.rt.event_stream()))
     }
