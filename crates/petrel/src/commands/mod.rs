@@ -1,0 +1,3 @@
+//! The subcommands; clap types live only here.
+pub mod ctl;
+pub mod runtime;

@@ -1,0 +1,116 @@
+//! `petrel runtime`: serve CRI on a unix socket.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::config::FileConfig;
+
+/// Flags of `petrel runtime`; each overrides the config file.
+#[derive(Debug, Args)]
+pub struct RuntimeArgs {
+    /// Configuration file (TOML, section [cri]).
+    #[arg(long, env = "PETREL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Persistent data directory [default: /var/lib/petrel].
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// Volatile state directory [default: /run/petrel].
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// CRI socket [default: <state>/petrel.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// OCI runtime binary [default: runc].
+    #[arg(long)]
+    pub runtime_binary: Option<PathBuf>,
+    /// Shim binary [default: petrel-shim beside this binary].
+    #[arg(long)]
+    pub shim_binary: Option<PathBuf>,
+    /// Cgroup for pods that name none [default: /petrel].
+    #[arg(long)]
+    pub default_cgroup_parent: Option<String>,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+impl RuntimeArgs {
+    /// The effective configuration: defaults < file < flags.
+    pub fn resolve(&self) -> anyhow::Result<petrel_runtime::RuntimeConfig> {
+        let mut c = match &self.config {
+            Some(p) => FileConfig::load(p)?.cri,
+            None => petrel_runtime::RuntimeConfig::default(),
+        };
+        if let Some(v) = &self.root {
+            c.root = v.clone();
+        }
+        if let Some(v) = &self.state {
+            c.state = v.clone();
+        }
+        if let Some(v) = &self.socket {
+            c.socket = Some(v.clone());
+        }
+        if let Some(v) = &self.runtime_binary {
+            c.runtime_binary = v.clone();
+        }
+        if let Some(v) = &self.shim_binary {
+            c.shim_binary = Some(v.clone());
+        }
+        if let Some(v) = &self.default_cgroup_parent {
+            c.default_cgroup_parent = v.clone();
+        }
+        Ok(c)
+    }
+}
+
+/// Runs the runtime until SIGTERM or SIGINT.
+pub fn main(args: RuntimeArgs) -> ExitCode {
+    crate::observability::init(&args.log_level, args.log_json);
+    let config = match args.resolve() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("petrel runtime: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("petrel runtime: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(petrel_runtime::serve(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "runtime failed");
+            eprintln!("petrel runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the process still dies on the signals'
+        // default action; nothing to wait for.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

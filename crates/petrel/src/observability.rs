@@ -1,0 +1,19 @@
+//! Logging set-up for the daemons (libraries only emit events).
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs a tracing subscriber writing to stderr. `level` is a default
+/// filter (e.g. `info`); `RUST_LOG` overrides it. `json` selects JSON lines.
+pub fn init(level: &str, json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    // A second initialisation (tests) is harmless: keep the first.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
