@@ -1,0 +1,191 @@
+//! The container event stream: every transition once, in order, to every
+//! subscriber; a stalled subscriber hurts nobody and is told it fell behind.
+
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use petrel_cri::api;
+use petrel_cri::api::ContainerEventType as E;
+use tokio_stream::StreamExt;
+
+type Stream = tonic::Streaming<api::ContainerEventResponse>;
+
+async fn subscribe(c: &mut Clients) -> Stream {
+    c.rt.get_container_events(api::GetEventsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Reads events until `n` have arrived (or the deadline passes).
+async fn take(s: &mut Stream, n: usize) -> Vec<api::ContainerEventResponse> {
+    let mut out = vec![];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.next()).await {
+            Ok(Some(Ok(ev))) => out.push(ev),
+            _ => break,
+        }
+    }
+    out
+}
+
+fn kinds(evs: &[api::ContainerEventResponse]) -> Vec<(String, i32)> {
+    evs.iter()
+        .map(|e| (e.container_id.clone(), e.container_event_type))
+        .collect()
+}
+
+#[tokio::test]
+async fn two_subscribers_should_receive_the_same_events_in_order() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let mut s1 = subscribe(&mut c).await;
+    let mut c2 = node.clients().await;
+    let mut s2 = subscribe(&mut c2).await;
+    // Give both subscriptions time to register before acting.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let pc = node.pod_config("events");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("quick", "exit 5")).await;
+    c.wait_state(
+        &id,
+        api::ContainerState::ContainerExited,
+        Duration::from_secs(5),
+    )
+    .await;
+    c.remove(&id).await.unwrap();
+    c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .unwrap();
+    c.remove_pod(&pod).await.unwrap();
+
+    let expected = vec![
+        (pod.clone(), E::ContainerCreatedEvent as i32),
+        (pod.clone(), E::ContainerStartedEvent as i32),
+        (id.clone(), E::ContainerCreatedEvent as i32),
+        (id.clone(), E::ContainerStartedEvent as i32),
+        (id.clone(), E::ContainerStoppedEvent as i32),
+        (id.clone(), E::ContainerDeletedEvent as i32),
+        (pod.clone(), E::ContainerStoppedEvent as i32),
+        (pod.clone(), E::ContainerDeletedEvent as i32),
+    ];
+    let e1 = take(&mut s1, expected.len()).await;
+    let e2 = take(&mut s2, expected.len()).await;
+    assert_eq!(kinds(&e1), expected);
+    assert_eq!(kinds(&e2), expected);
+    // Timestamps are nanoseconds and never go backwards.
+    for w in e1.windows(2) {
+        assert!(w[1].created_at >= w[0].created_at);
+    }
+    assert!(e1[0].created_at > 1_600_000_000_000_000_000);
+    // Each event carries the pod's status and its containers' statuses.
+    let stopped = &e1[4];
+    assert_eq!(stopped.pod_sandbox_status.as_ref().unwrap().id, pod);
+    let cs = stopped
+        .containers_statuses
+        .iter()
+        .find(|s| s.id == id)
+        .unwrap();
+    assert_eq!(cs.state, api::ContainerState::ContainerExited as i32);
+    assert_eq!(cs.exit_code, 5);
+    // Exactly once: nothing more arrives.
+    assert!(tokio::time::timeout(Duration::from_millis(300), s1.next())
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn a_stalled_subscriber_should_not_slow_lifecycle_operations() {
+    // A small queue makes the stalled subscriber overflow quickly.
+    let node = Node::start_with("event_queue_capacity = 8");
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("stall");
+    let pod = c.run_pod(pc.clone()).await;
+
+    // Baseline without subscribers.
+    let mut base = vec![];
+    for i in 0..5 {
+        let id = c
+            .create(&pod, &pc, sh_container(&format!("b{i}"), "sleep 1000"))
+            .await
+            .unwrap();
+        let t = Instant::now();
+        c.start(&id).await.unwrap();
+        base.push(t.elapsed());
+    }
+    // A subscriber that never reads (on a connection with small HTTP/2
+    // windows, so transport buffers fill fast), and a live one.
+    let mut cs = node.clients_small_window().await;
+    let mut stalled = subscribe(&mut cs).await;
+    let mut cl = node.clients().await;
+    let mut live = subscribe(&mut cl).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let reader = tokio::spawn(async move {
+        let mut n = 0usize;
+        while let Some(Ok(_)) = live.next().await {
+            n += 1;
+            if n == 60 {
+                break;
+            }
+        }
+        n
+    });
+    let mut with = vec![];
+    for i in 0..30 {
+        let id = c
+            .create(&pod, &pc, sh_container(&format!("s{i}"), "sleep 1000"))
+            .await
+            .unwrap();
+        let t = Instant::now();
+        c.start(&id).await.unwrap();
+        with.push(t.elapsed());
+    }
+    base.sort();
+    with.sort();
+    let (b, w) = (base[base.len() / 2], with[with.len() / 2]);
+    assert!(
+        w < b * 3 + Duration::from_millis(50),
+        "median StartContainer {w:?} with a stalled subscriber vs {b:?}"
+    );
+    // The live subscriber got every event (30 created + 30 started).
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .unwrap()
+            .unwrap(),
+        60
+    );
+    // The stalled one is told it fell behind once it reads.
+    let mut ended = None;
+    while let Ok(Some(item)) = tokio::time::timeout(Duration::from_secs(5), stalled.next()).await {
+        if let Err(status) = item {
+            ended = Some(status);
+            break;
+        }
+    }
+    let status = ended.expect("stalled stream must end with an error");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    let m = c
+        .admin
+        .metrics(petrel_cri::admin::MetricsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("petrel_runtime_event_subscriber_overflows_total 1")),
+        "{m}"
+    );
+}

@@ -1,0 +1,519 @@
+//! The pod and container lifecycle against a real runtime, runc and
+//! overlayfs: create, start, logs, exit codes, stop escalation, limits,
+//! live updates, exec, removal, and nothing left behind.
+
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use petrel_cri::api;
+
+#[tokio::test]
+async fn lifecycle_should_run_log_stop_and_remove_without_debris() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    let image_id = node.import_busybox(&mut c).await;
+    let pc = node.pod_config("life");
+    let pod = c.run_pod(pc.clone()).await;
+
+    let ps =
+        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        ps.status.as_ref().unwrap().state,
+        api::PodSandboxState::SandboxReady as i32
+    );
+    assert!(ps.info.contains_key("info"));
+
+    let cfg = sh_container(
+        "main",
+        "echo hello-out; echo hello-err >&2; printf partial; sleep 1000",
+    );
+    let id = c.create(&pod, &pc, cfg).await.unwrap();
+    let st = c.status(&id).await;
+    assert_eq!(st.state, api::ContainerState::ContainerCreated as i32);
+    assert_eq!(st.image_ref, image_id);
+    c.start(&id).await.unwrap();
+    let st = c
+        .wait_state(
+            &id,
+            api::ContainerState::ContainerRunning,
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(st.started_at > 0);
+
+    // The CRI log format: <RFC3339Nano> <stream> <P|F> <content>.
+    assert!(
+        eventually(Duration::from_secs(5), || read_log(&node, "life", "main")
+            .contains("hello-err"))
+        .await
+    );
+    let log = read_log(&node, "life", "main");
+    let lines: Vec<&str> = log.lines().collect();
+    let re_ok = |l: &str, stream: &str, tag: &str, content: &str| {
+        let mut parts = l.splitn(4, ' ');
+        let ts = parts.next().unwrap_or_default();
+        ts.len() == 30
+            && ts.ends_with('Z')
+            && ts.as_bytes()[10] == b'T'
+            && parts.next() == Some(stream)
+            && parts.next() == Some(tag)
+            && parts.next() == Some(content)
+    };
+    assert!(
+        lines.iter().any(|l| re_ok(l, "stdout", "F", "hello-out")),
+        "{log}"
+    );
+    assert!(
+        lines.iter().any(|l| re_ok(l, "stderr", "F", "hello-err")),
+        "{log}"
+    );
+
+    // The hostname is the pod's, the container sees its own rootfs.
+    let ex =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["hostname".into()],
+            timeout: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&ex.stdout).trim(), "life");
+
+    let t = Instant::now();
+    c.stop(&id, 0).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let st = c.status(&id).await;
+    assert_eq!(st.state, api::ContainerState::ContainerExited as i32);
+    assert_eq!(st.exit_code, 137);
+    // The unterminated last line is flushed as a partial record at exit.
+    let log = read_log(&node, "life", "main");
+    assert!(
+        log.lines().any(|l| re_ok(l, "stdout", "P", "partial")),
+        "{log}"
+    );
+    assert!(st.finished_at >= st.started_at);
+    // The unterminated last line is flushed as a partial record at exit.
+    let log = read_log(&node, "life", "main");
+    assert!(
+        log.lines().any(|l| re_ok(l, "stdout", "P", "partial")),
+        "{log}"
+    );
+
+    c.remove(&id).await.unwrap();
+    // Removing twice is fine (CRI idempotency).
+    c.remove(&id).await.unwrap();
+    let err =
+        c.rt.container_status(api::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+
+    c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .unwrap();
+    c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .unwrap();
+    c.remove_pod(&pod).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+
+    // Nothing left: bundles, layers, sandbox dirs, mounts, runc state, cgroups.
+    for d in ["state/containers", "state/sandboxes", "root/containers"] {
+        let n = std::fs::read_dir(node.dir.path().join(d))
+            .map(|it| it.count())
+            .unwrap_or(0);
+        assert_eq!(n, 0, "{d} not empty");
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&node.dir.path().display().to_string()),
+        "mounts left"
+    );
+    let pod_cg = format!("{}/life", node.cgroup_parent);
+    assert!(
+        !Node::cgroup_dir("memory", &pod_cg).exists(),
+        "pod cgroup left"
+    );
+}
+
+#[tokio::test]
+async fn containers_should_report_exit_codes_and_reasons() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("exits");
+    let pod = c.run_pod(pc.clone()).await;
+    let ok = c.run(&pod, &pc, sh_container("ok", "true")).await;
+    let bad = c.run(&pod, &pc, sh_container("bad", "exit 3")).await;
+    let st = c
+        .wait_state(
+            &ok,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(5),
+        )
+        .await;
+    assert_eq!((st.exit_code, st.reason.as_str()), (0, "Completed"));
+    let st = c
+        .wait_state(
+            &bad,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(5),
+        )
+        .await;
+    assert_eq!((st.exit_code, st.reason.as_str()), (3, "Error"));
+    // Starting an exited container is refused.
+    let e = c.start(&bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn stop_should_escalate_to_sigkill_after_the_timeout() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("stubborn");
+    let pod = c.run_pod(pc.clone()).await;
+    // `sleep` as PID 1 has no SIGTERM handler: the kernel ignores SIGTERM.
+    let mut cfg = sh_container("pid1", "");
+    cfg.command = vec!["sleep".into(), "1000".into()];
+    let id = c.run(&pod, &pc, cfg).await;
+    let t = Instant::now();
+    c.stop(&id, 2).await.unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
+    let st = c.status(&id).await;
+    assert_eq!(st.exit_code, 137);
+
+    // A process with a handler stops on SIGTERM, well before the timeout.
+    let id2 = c
+        .run(
+            &pod,
+            &pc,
+            sh_container(
+                "polite",
+                "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+            ),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    c.stop(&id2, 10).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(c.status(&id2).await.exit_code, 0);
+}
+
+#[tokio::test]
+async fn limits_should_be_visible_in_the_cgroup_and_update_live() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("limits");
+    let pod = c.run_pod(pc.clone()).await;
+    let mut cfg = sh_container("limited", "sleep 1000");
+    cfg.linux = Some(api::LinuxContainerConfig {
+        resources: Some(api::LinuxContainerResources {
+            memory_limit_in_bytes: 64 << 20,
+            cpu_shares: 512,
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            ..Default::default()
+        }),
+        security_context: None,
+    });
+    let id = c.run(&pod, &pc, cfg).await;
+    let cg = format!("{}/limits/{id}", node.cgroup_parent);
+    let read = |ctrl: &str, f: &str| {
+        std::fs::read_to_string(Node::cgroup_dir(ctrl, &cg).join(f))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        read("memory", "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(read("cpu", "cpu.shares"), "512");
+    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+
+    c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+        container_id: id.clone(),
+        linux: Some(api::LinuxContainerResources {
+            memory_limit_in_bytes: 128 << 20,
+            cpu_shares: 1024,
+            cpu_period: 100_000,
+            cpu_quota: 20_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        read("memory", "memory.limit_in_bytes"),
+        (128u64 << 20).to_string()
+    );
+    assert_eq!(read("cpu", "cpu.shares"), "1024");
+    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "20000");
+    let st = c.status(&id).await;
+    assert_eq!(
+        st.resources.unwrap().linux.unwrap().memory_limit_in_bytes,
+        128 << 20
+    );
+
+    // Stats come from the same cgroup.
+    let s =
+        c.rt.container_stats(api::ContainerStatsRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    assert!(s.memory.unwrap().usage_bytes.unwrap().value > 0);
+    assert!(s.cpu.unwrap().usage_core_nano_seconds.is_some());
+
+    // Negative limits are refused, naming the field.
+    let e =
+        c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+            container_id: id.clone(),
+            linux: Some(api::LinuxContainerResources {
+                memory_limit_in_bytes: -5,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("memory_limit_in_bytes"),
+        "{}",
+        e.message()
+    );
+}
+
+#[tokio::test]
+async fn exec_sync_should_return_output_exit_code_and_honour_timeouts() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("exec");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("box", "sleep 1000")).await;
+    let r =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo out; echo err >&2; exit 4".into(),
+            ],
+            timeout: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&r.stderr), "err\n");
+    assert_eq!(r.exit_code, 4);
+
+    let t = Instant::now();
+    let e =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sleep".into(), "60".into()],
+            timeout: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
+    assert!(t.elapsed() < Duration::from_secs(10));
+    // The timed-out command is gone: only the container's own sleep runs.
+    let ps =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["ps".into()],
+            timeout: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let out = String::from_utf8_lossy(&ps.stdout);
+    assert!(!out.contains("sleep 60"), "{out}");
+
+    // A timed-out exec does not block the stop.
+    let t = Instant::now();
+    c.stop(&id, 0).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let e =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["true".into()],
+            timeout: 5,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn reopen_container_log_should_write_to_a_new_file_after_rotation() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("rotate");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c
+        .run(
+            &pod,
+            &pc,
+            sh_container(
+                "talker",
+                "i=0; while true; do i=$((i+1)); echo line-$i; sleep 0.1; done",
+            ),
+        )
+        .await;
+    let log = node.dir.path().join("logs/rotate/talker.log");
+    assert!(
+        eventually(Duration::from_secs(5), || read_log(
+            &node, "rotate", "talker"
+        )
+        .contains("line-2"))
+        .await
+    );
+    let rotated = log.with_extension("log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    c.rt.reopen_container_log(api::ReopenContainerLogRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || read_log(
+            &node, "rotate", "talker"
+        )
+        .contains(" F line-"))
+        .await
+    );
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    let new = read_log(&node, "rotate", "talker");
+    let last_old: u32 = old
+        .lines()
+        .last()
+        .and_then(|l| l.rsplit("line-").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let first_new: u32 = new
+        .lines()
+        .next()
+        .and_then(|l| l.rsplit("line-").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(first_new > last_old, "{last_old} then {first_new}");
+}
+
+#[tokio::test]
+async fn pods_should_support_host_network_and_a_shared_pid_namespace() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+
+    // Host network: no network namespace of its own.
+    let mut pc = node.pod_config("hostnet");
+    let ns = pc
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap();
+    ns.network = api::NamespaceMode::Node as i32;
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("h", "sleep 1000")).await;
+    let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let st = c.status(&id).await;
+    let info =
+        c.rt.container_status(api::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let pid: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
+    let pid = pid["pid"].as_u64().unwrap();
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
+        host_net
+    );
+    assert_eq!(st.state, api::ContainerState::ContainerRunning as i32);
+
+    // Shared PID namespace: containers see each other's processes.
+    let mut pc = node.pod_config("sharedpid");
+    let ns = pc
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap();
+    ns.pid = api::NamespaceMode::Pod as i32;
+    let pod = c.run_pod(pc.clone()).await;
+    let mut a = sh_container("a", "");
+    a.command = vec!["sleep".into(), "4242".into()];
+    let with_pod_pid = |mut cfg: api::ContainerConfig| {
+        cfg.linux = Some(api::LinuxContainerConfig {
+            resources: None,
+            security_context: Some(api::LinuxContainerSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    pid: api::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        });
+        cfg
+    };
+    c.run(&pod, &pc, with_pod_pid(a)).await;
+    let b = c
+        .run(&pod, &pc, with_pod_pid(sh_container("b", "sleep 1000")))
+        .await;
+    let r =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: b,
+            cmd: vec!["ps".into()],
+            timeout: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(String::from_utf8_lossy(&r.stdout).contains("sleep 4242"));
+}
