@@ -1,0 +1,72 @@
+# Petrel: `make demo` shows a node at work, `make test` runs every test.
+# Both install what they need from Debian packages (run as root).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+CARGO ?= cargo
+IMAGES := build/images
+DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps
+
+.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci
+
+all: build
+
+## deps: install the Debian packages Petrel needs (idempotent)
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+## build: debug build of every binary (petrel, petrel-shim)
+build: deps
+	$(CARGO) build --workspace --bins
+
+## release: optimised build (benchmarks)
+release: deps
+	$(CARGO) build --release --workspace --bins
+
+## image: the busybox test image archives, built from Debian's busybox-static
+image: deps
+	scripts/build-test-image.sh $(IMAGES)
+
+## lint: formatting and clippy, warnings are errors
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## test: install, build, lint, then every unit, integration and end-to-end test
+test: deps build image lint
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+	  PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+	  PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) test --workspace --no-fail-fast; \
+	fi
+	$(CARGO) test --workspace --doc
+
+unit: deps
+	$(CARGO) test --workspace --lib
+
+doc: deps
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --workspace --no-deps
+
+## demo: a runtime in a temporary root running a sample pod, visibly
+demo: build image
+	scripts/demo.sh
+
+## bench: measure and write docs/PERFORMANCE.md
+bench: release image
+	scripts/bench.sh
+
+ci: test
+
+clean:
+	$(CARGO) clean
+	rm -rf build
