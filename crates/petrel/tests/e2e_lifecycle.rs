@@ -517,3 +517,109 @@ async fn pods_should_support_host_network_and_a_shared_pid_namespace() {
         .into_inner();
     assert!(String::from_utf8_lossy(&r.stdout).contains("sleep 4242"));
 }
+
+#[tokio::test]
+async fn security_context_should_set_user_readonly_rootfs_and_capabilities() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("secure");
+    let pod = c.run_pod(pc.clone()).await;
+    let mut cfg = sh_container("locked", "sleep 1000");
+    cfg.linux = Some(api::LinuxContainerConfig {
+        resources: None,
+        security_context: Some(api::LinuxContainerSecurityContext {
+            run_as_user: Some(api::Int64Value { value: 65534 }),
+            run_as_group: Some(api::Int64Value { value: 65534 }),
+            readonly_rootfs: true,
+            no_new_privs: true,
+            capabilities: Some(api::Capability {
+                drop_capabilities: vec!["ALL".into()],
+                add_capabilities: vec!["NET_BIND_SERVICE".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    });
+    let id = c.run(&pod, &pc, cfg).await;
+    let exec = |cmd: &str| {
+        let mut rt = c.rt.clone();
+        let id = id.clone();
+        let cmd = cmd.to_string();
+        async move {
+            rt.exec_sync(api::ExecSyncRequest {
+                container_id: id,
+                cmd: vec!["sh".into(), "-c".into(), cmd],
+                timeout: 5,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    let r = exec("id -u; id -g").await;
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "65534\n65534\n");
+    let r = exec("touch /newfile").await;
+    assert_ne!(r.exit_code, 0, "the root filesystem must be read-only");
+    let r = exec("grep -E '^(CapBnd|NoNewPrivs)' /proc/self/status").await;
+    let out = String::from_utf8_lossy(&r.stdout);
+    // Only NET_BIND_SERVICE (bit 10) in the bounding set.
+    assert!(out.contains("CapBnd:\t0000000000000400"), "{out}");
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+}
+
+#[tokio::test]
+async fn pods_should_share_host_ipc_and_pid_namespaces_when_asked() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let mut pc = node.pod_config("hostns");
+    let ns = pc
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap();
+    ns.ipc = api::NamespaceMode::Node as i32;
+    ns.pid = api::NamespaceMode::Node as i32;
+    let pod = c.run_pod(pc.clone()).await;
+    let mut cfg = sh_container("h", "sleep 1000");
+    cfg.linux = Some(api::LinuxContainerConfig {
+        resources: None,
+        security_context: Some(api::LinuxContainerSecurityContext {
+            namespace_options: Some(api::NamespaceOption {
+                pid: api::NamespaceMode::Node as i32,
+                ipc: api::NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    });
+    let id = c.run(&pod, &pc, cfg).await;
+    let info =
+        c.rt.container_status(api::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
+    let pid = v["pid"].as_u64().unwrap();
+    for ns in ["pid", "ipc"] {
+        assert_eq!(
+            std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap(),
+            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
+            "{ns} namespace is not the host's"
+        );
+    }
+    // The pod still has its own network namespace.
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
+        std::fs::read_link("/proc/self/ns/net").unwrap()
+    );
+}
