@@ -1,0 +1,112 @@
+//! Latency samples and their percentiles.
+
+use std::time::Duration;
+
+/// A set of latency samples of one operation.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    values: Vec<Duration>,
+}
+
+impl Samples {
+    /// Records one sample.
+    pub fn push(&mut self, d: Duration) {
+        self.values.push(d);
+    }
+
+    /// How many samples were taken.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The `p`-th percentile by the nearest-rank method: the smallest sample
+    /// at or below which at least `p` % of the samples lie. With 100 samples
+    /// p99 is the second-largest one; nothing is interpolated.
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.values.is_empty() {
+            return Duration::ZERO;
+        }
+        let mut v = self.values.clone();
+        v.sort_unstable();
+        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        v[rank.clamp(1, v.len()) - 1]
+    }
+
+    /// The median.
+    pub fn p50(&self) -> Duration {
+        self.percentile(50.0)
+    }
+
+    /// The 99th percentile.
+    pub fn p99(&self) -> Duration {
+        self.percentile(99.0)
+    }
+
+    /// The arithmetic mean.
+    pub fn mean(&self) -> Duration {
+        if self.values.is_empty() {
+            return Duration::ZERO;
+        }
+        self.values.iter().sum::<Duration>() / self.values.len() as u32
+    }
+
+    /// The largest sample.
+    pub fn max(&self) -> Duration {
+        self.values.iter().copied().max().unwrap_or_default()
+    }
+}
+
+/// Milliseconds with three decimals (microsecond resolution).
+pub fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// `a / b` with two decimals, or "n/a" when `b` is zero.
+pub fn ratio(a: Duration, b: Duration) -> String {
+    if b.is_zero() {
+        return "n/a".to_string();
+    }
+    format!("{:.2}", a.as_secs_f64() / b.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(ms: impl IntoIterator<Item = u64>) -> Samples {
+        let mut s = Samples::default();
+        for m in ms {
+            s.push(Duration::from_millis(m));
+        }
+        s
+    }
+
+    #[test]
+    fn percentile_should_use_nearest_rank() {
+        let s = samples((1..=100).rev());
+        assert_eq!(s.p50(), Duration::from_millis(50));
+        assert_eq!(s.p99(), Duration::from_millis(99));
+        assert_eq!(s.max(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn percentile_should_not_round_small_sets_down() {
+        let s = samples([5, 1, 9]);
+        assert_eq!(s.p50(), Duration::from_millis(5));
+        assert_eq!(s.p99(), Duration::from_millis(9));
+    }
+
+    #[test]
+    fn percentile_of_nothing_should_be_zero() {
+        assert_eq!(Samples::default().p99(), Duration::ZERO);
+    }
+
+    #[test]
+    fn ratio_should_print_two_decimals() {
+        assert_eq!(
+            ratio(Duration::from_millis(3), Duration::from_millis(2)),
+            "1.50"
+        );
+        assert_eq!(ratio(Duration::from_millis(3), Duration::ZERO), "n/a");
+    }
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# `make bench`: measure the Petrel runtime against references taken in the
+# same run and rewrite docs/PERFORMANCE.md (crates/bench does the work).
+#
+#   scripts/bench.sh [petrel-bench flags]     e.g. --idle-seconds 5 --out /tmp/P.md
+#
+# Needs root, runc, target/release/petrel (make release) and the busybox test
+# image (make image; IMAGES=dir overrides build/images). Everything the bench
+# creates lives in one temporary directory and the cgroup /petrel-bench-<id>;
+# the bench removes them itself, and the trap below sweeps them if the bench
+# died too hard to do so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ $(id -u) != 0 ]]; then
+    echo "bench: run as root (containers, mounts and cgroups are created)" >&2
+    exit 1
+fi
+
+images=${IMAGES:-build/images}
+image=$images/busybox-oci.tar
+if [[ ! -f $image ]]; then
+    scripts/build-test-image.sh "$(realpath -m "$images")"
+fi
+if [[ ! -x target/release/petrel || ! -x target/release/petrel-shim ]]; then
+    cargo build --release --workspace --bins
+fi
+
+# A statically linked shim: no shared libraries mapped, so its RSS is what it
+# really costs. Built in its own target directory so that the dynamic
+# target/release/petrel-shim of `make release` stays as it is.
+shim_args=()
+shim=target/bench-shim/release/petrel-shim
+if cargo rustc --release -p petrel-shim --bin petrel-shim --target-dir target/bench-shim \
+    -- -C target-feature=+crt-static -C relocation-model=static \
+    && [[ -x $shim ]] && ! ldd "$shim" >/dev/null 2>&1; then
+    shim_args=(--shim "$(realpath "$shim")")
+else
+    echo "bench: static shim build failed; measuring the default shim" >&2
+fi
+
+id=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
+work=$(mktemp -d /tmp/petrel-bench.XXXXXX)
+cgroup=petrel-bench-$id
+
+# Only acts when the bench could not clean up after itself (it removes $work
+# last). Processes are found by pid and checked by their command line, never
+# by name.
+sweep() {
+    local rc=$?
+    set +e
+    if [[ -d $work ]]; then
+        echo "bench: sweeping what the bench left in $work" >&2
+        if [[ -f $work/runtime.pid ]]; then
+            local pid
+            pid=$(<"$work/runtime.pid")
+            if [[ -r /proc/$pid/cmdline ]] &&
+                tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--state $work/state"; then
+                kill -TERM "$pid"
+                for _ in $(seq 1 150); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
+            fi
+        fi
+        local root c
+        for root in "$work/state/runc" "$work/raw/runc-root"; do
+            [[ -d $root ]] || continue
+            for c in $(runc --root "$root" list -q 2>/dev/null); do
+                runc --root "$root" delete --force "$c" >/dev/null 2>&1
+            done
+        done
+        awk -v w="$work" '$5 == w || index($5, w "/") == 1 { print $5 }' /proc/self/mountinfo |
+            sort -r | while read -r m; do umount -l "$m"; done
+        local d
+        for d in /sys/fs/cgroup/*/"$cgroup" /sys/fs/cgroup/"$cgroup"; do
+            [[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+        done
+        rm -rf "$work"
+    fi
+    exit "$rc"
+}
+trap sweep EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [[ -n ${MAKELEVEL:-} ]]; then
+    command="make bench"
+else
+    command="scripts/bench.sh${*:+ $*}"
+fi
+
+cargo run --release -p petrel-bench -- \
+    --petrel "$(realpath target/release/petrel)" \
+    --image "$(realpath "$image")" \
+    --work-dir "$work" \
+    --id "$id" \
+    --command "$command" \
+    "${shim_args[@]}" \
+    "$@"
