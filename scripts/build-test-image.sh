@@ -10,7 +10,8 @@
 # Does nothing when both outputs are newer than /bin/busybox and this script.
 set -euo pipefail
 
-out=${1:-build/images}
+# Absolute: the script changes directory while it builds.
+out=$(realpath -m "${1:-build/images}")
 busybox=${BUSYBOX:-/bin/busybox}
 script=$(readlink -f "${BASH_SOURCE[0]}")
 ref_name=docker.io/petrel/busybox:latest
