@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -145,9 +145,31 @@ impl Store {
         self.apply(vec![Op::Delete(table, key.to_string())])
     }
 
-    /// Applies several changes in one transaction: all or none.
+    /// Inserts or replaces one record without waiting for the disk: the
+    /// change is visible at once and becomes durable with the next durable
+    /// write (or is lost by a crash before it). For intent records whose loss
+    /// recovery can tolerate, on paths where an fsync matters.
+    pub fn put_unsynced<T: Serialize>(
+        &self,
+        table: Table,
+        key: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        let bytes = encode(table, key, value)?;
+        self.apply_with(
+            vec![Op::Put(table, key.to_string(), bytes)],
+            Durability::None,
+        )
+    }
+
+    /// Applies several changes in one transaction: all or none, durably.
     pub fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {
-        let w = self.db.begin_write().map_err(tx)?;
+        self.apply_with(ops, Durability::Immediate)
+    }
+
+    fn apply_with(&self, ops: Vec<Op>, durability: Durability) -> Result<(), StoreError> {
+        let mut w = self.db.begin_write().map_err(tx)?;
+        w.set_durability(durability);
         {
             for op in &ops {
                 match op {
@@ -254,6 +276,35 @@ mod tests {
         let all = s.list::<Rec>(Table::Containers)?;
         assert_eq!(all.len(), 1);
         assert!(s.get::<Rec>(Table::Sandboxes, "a")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn unsynced_puts_should_become_durable_with_the_next_durable_write() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().map_err(tx)?;
+        let path = dir.path().join("meta.redb");
+        {
+            let s = Store::open(&path)?;
+            s.put_unsynced(
+                Table::Containers,
+                "intent",
+                &Rec {
+                    name: "i".into(),
+                    n: 1,
+                },
+            )?;
+            assert!(s.get::<Rec>(Table::Containers, "intent")?.is_some());
+            s.put(
+                Table::Sandboxes,
+                "other",
+                &Rec {
+                    name: "o".into(),
+                    n: 2,
+                },
+            )?;
+        }
+        let s = Store::open(&path)?;
+        assert!(s.get::<Rec>(Table::Containers, "intent")?.is_some());
         Ok(())
     }
 
