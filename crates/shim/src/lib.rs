@@ -19,7 +19,7 @@
 //!    (`<RFC3339Nano> <stdout|stderr> <P|F> <content>`), serves commands on the
 //!    [`CTL_FIFO`] (see [`Command`]), and reaps the container's init process;
 //! 4. when init exits it writes the [`ExitRecord`] to [`EXIT_FILE`] atomically
-//!    (write, fsync, rename) and exits itself. The runtime learns of the exit
+//!    (write, rename) and exits itself. The runtime learns of the exit
 //!    from a pidfd on the shim: no polling anywhere.
 //!
 //! The shim never dies with the runtime: it lives in its own session and keeps
