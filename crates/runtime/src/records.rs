@@ -144,6 +144,14 @@ pub struct ContainerRecord {
     /// The init process id (host namespace), 0 when unknown.
     #[serde(default)]
     pub pid: u32,
+    /// The init process's start time (guards signals against pid reuse),
+    /// 0 when unknown.
+    #[serde(default)]
+    pub init_start_time: u64,
+    /// Whether the container has a PID namespace of its own, so that
+    /// killing its init kills every process in it.
+    #[serde(default)]
+    pub own_pid_ns: bool,
     /// The shim watching the container.
     #[serde(default)]
     pub shim: Option<ProcessRef>,

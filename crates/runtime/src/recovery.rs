@@ -83,7 +83,7 @@ impl Runtime {
                 .filter(|s| s.id == rec.sandbox_id);
             if rec.state == ContainerState::Creating || sb.is_none() {
                 tracing::warn!(container.id = %rec.id, "undoing a container left by an interrupted create or removal");
-                let _ = self.teardown_container(&rec).await;
+                let _ = self.teardown_container(&rec, false).await;
                 self.store.delete(Table::Containers, &rec.id)?;
                 continue;
             }
@@ -173,6 +173,12 @@ impl Runtime {
                 }
                 let _ = crate::sandbox::files::unmount(&dir.join("shm"));
                 let _ = remove_dir(&dir);
+                // A pod cgroup of ours is named after the sandbox id.
+                let cg = format!(
+                    "{}/{id}",
+                    self.config.default_cgroup_parent.trim_end_matches('/')
+                );
+                let _ = self.cgroups.remove(&cg);
             }
         }
     }

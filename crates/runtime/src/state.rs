@@ -91,6 +91,7 @@ pub struct Container {
     pub op: tokio::sync::Mutex<()>,
     exited: watch::Sender<bool>,
     cpu_sample: Mutex<Option<(i64, u64)>>,
+    runc_deleted: std::sync::atomic::AtomicBool,
 }
 
 impl Container {
@@ -103,7 +104,19 @@ impl Container {
             op: tokio::sync::Mutex::new(()),
             exited,
             cpu_sample: Mutex::new(None),
+            runc_deleted: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Notes that runc no longer knows the container (deleted after its exit).
+    pub fn set_runc_deleted(&self) {
+        self.runc_deleted
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether runc's record of the container is gone already.
+    pub fn runc_deleted(&self) -> bool {
+        self.runc_deleted.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A copy of the current record.

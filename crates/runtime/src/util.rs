@@ -49,6 +49,41 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Sends `signal` to the process `pid` if it is still the one that started
+/// at `start_time`. Returns `Ok(false)` when that process is gone. The
+/// pidfd pins the process between the identity check and the signal, so a
+/// reused pid is never signalled.
+pub fn signal_process(pid: u32, start_time: u64, signal: i32) -> io::Result<bool> {
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if start_time == 0 || process_start_time(pid) != Some(start_time) {
+        return Ok(false);
+    }
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: pidfd_send_signal on a pidfd we own, no siginfo, no flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            raw,
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 /// Reaps `pid` if it is our child and has exited; ignores anything else
 /// (a shim adopted after a restart is not our child).
 pub fn reap(pid: u32) {
@@ -71,6 +106,22 @@ mod tests {
         assert_eq!(a.len(), 64);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+        Ok(())
+    }
+
+    #[test]
+    fn signal_process_should_refuse_a_process_with_another_start_time() -> io::Result<()> {
+        let mut child = std::process::Command::new("sleep").arg("100").spawn()?;
+        let pid = child.id();
+        let st = process_start_time(pid).unwrap_or_default();
+        assert!(!signal_process(pid, st + 1, libc::SIGKILL)?);
+        assert!(signal_process(pid, st, libc::SIGKILL)?);
+        let status = child.wait()?;
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(!signal_process(pid, st, libc::SIGKILL)?);
         Ok(())
     }
 

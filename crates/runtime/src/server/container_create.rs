@@ -135,6 +135,8 @@ impl Runtime {
             reason: String::new(),
             message: String::new(),
             pid: 0,
+            init_start_time: 0,
+            own_pid_ns: false,
             shim: None,
             bundle: self.layout.bundle(&id),
             layer_dir: self.layout.container_layer(&id),
@@ -144,9 +146,11 @@ impl Runtime {
             resources: None,
         };
         rec.resources = rec.config.linux.as_ref().and_then(|l| l.resources.clone());
-        // Committed before anything is made: a crash midway is undone at the
-        // next start.
-        if let Err(e) = self.store.put(Table::Containers, &id, &rec) {
+        // Recorded before anything is made, so that a crash midway is undone
+        // at the next start. Without an fsync: if the crash also loses this
+        // intent, recovery's sweep of unnamed bundles, layers and runc
+        // containers removes what was made; the final record is durable.
+        if let Err(e) = self.store.put_unsynced(Table::Containers, &id, &rec) {
             self.state.release_name(&name, &id);
             return Err(e.into());
         }
@@ -158,7 +162,7 @@ impl Runtime {
         let pidfd = match made {
             Ok(pidfd) => pidfd,
             Err(e) => {
-                if let Err(undo) = self.teardown_container(&rec).await {
+                if let Err(undo) = self.teardown_container(&rec, false).await {
                     tracing::error!(container.id = %id, error = %undo, "rollback of a failed CreateContainer incomplete");
                 }
                 let _ = self.store.delete(Table::Containers, &id);
@@ -170,7 +174,7 @@ impl Runtime {
         };
         if let Err(e) = self.save_container(&c, rec.clone()) {
             // The container exists in runc but could not be recorded: undo it.
-            let _ = self.teardown_container(&rec).await;
+            let _ = self.teardown_container(&rec, false).await;
             let _ = self.store.delete(Table::Containers, &id);
             sb.remove_container(&id);
             self.state.remove_container(&id);
@@ -188,6 +192,7 @@ impl Runtime {
         sbrec: &SandboxRecord,
         image: &petrel_image::Image,
     ) -> Result<std::os::fd::OwnedFd> {
+        let t0 = std::time::Instant::now();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
         std::fs::DirBuilder::new()
@@ -202,6 +207,7 @@ impl Runtime {
         let rootfs_dir = rec.bundle.join("rootfs");
         rootfs::mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
         rec.rootfs_mounted = true;
+        let t_rootfs = t0.elapsed();
 
         let files = SandboxFiles::new(&sbrec.dir);
         let (pid_mode, target) = container_pid_mode(&rec.config, &sbrec.config);
@@ -233,6 +239,7 @@ impl Runtime {
             }
             api::NamespaceMode::Container => NamespaceRef::New,
         };
+        rec.own_pid_ns = matches!(pid, NamespaceRef::New);
         let ctx = SandboxContext {
             network: ns_ref(&sbrec.netns),
             ipc: ns_ref(&sbrec.ipcns),
@@ -262,7 +269,7 @@ impl Runtime {
             host: &self.host,
         };
         let oci = spec::build_container_spec(&input)?;
-        let json = serde_json::to_vec_pretty(&oci)
+        let json = serde_json::to_vec(&oci)
             .map_err(|e| RuntimeError::internal("encode config.json", e))?;
         let cfg_path = rec.bundle.join("config.json");
         std::fs::write(&cfg_path, json)
@@ -275,6 +282,7 @@ impl Runtime {
                 })?;
             }
         }
+        let t_spec = t0.elapsed();
         let started = shim::start(&ShimOptions {
             binary: self.shim_binary.clone(),
             id: rec.id.clone(),
@@ -286,19 +294,34 @@ impl Runtime {
             stdin: rec.config.stdin,
         })
         .await?;
+        tracing::debug!(
+            container.id = %rec.id,
+            rootfs_us = t_rootfs.as_micros() as u64,
+            spec_us = (t_spec - t_rootfs).as_micros() as u64,
+            shim_us = (t0.elapsed() - t_spec).as_micros() as u64,
+            "container made"
+        );
         rec.pid = started.init_pid;
+        rec.init_start_time = util::process_start_time(started.init_pid).unwrap_or(0);
         rec.shim = Some(started.shim);
         rec.state = ContainerState::Created;
         Ok(started.pidfd)
     }
 
     /// Undoes whatever a container has on the host: runc state (killing
-    /// its init, which makes the shim exit), the rootfs mount, the bundle and
-    /// the writable layer. Best effort; the first error is returned.
-    pub(crate) async fn teardown_container(&self, rec: &ContainerRecord) -> Result<()> {
+    /// its init, which makes the shim exit) unless `runc_deleted` says it is
+    /// gone already, the rootfs mount, the bundle and the writable layer.
+    /// Best effort; the first error is returned.
+    pub(crate) async fn teardown_container(
+        &self,
+        rec: &ContainerRecord,
+        runc_deleted: bool,
+    ) -> Result<()> {
         let mut first: Option<RuntimeError> = None;
-        if let Err(e) = self.runc.delete(&rec.id, true).await {
-            first.get_or_insert(e.into());
+        if !runc_deleted {
+            if let Err(e) = self.runc.delete(&rec.id, true).await {
+                first.get_or_insert(e.into());
+            }
         }
         if let Err(e) = rootfs::unmount(&rec.bundle.join("rootfs")) {
             first.get_or_insert(e);

@@ -36,7 +36,7 @@ impl Runtime {
             return Ok(()); // removed by a concurrent call
         }
         let rec = c.record();
-        self.teardown_container(&rec).await?;
+        self.teardown_container(&rec, c.runc_deleted()).await?;
         self.store.delete(Table::Containers, &rec.id)?;
         let sb = self.sandbox_of(c);
         if let Some(sb) = &sb {

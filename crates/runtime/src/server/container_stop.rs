@@ -82,9 +82,7 @@ impl Runtime {
         }
         if timeout > 0 && state == ContainerState::Running {
             let sig = self.stop_signal(c);
-            if let Err(e) = self.runc.kill(&c.id, sig, false).await {
-                tracing::debug!(container.id = %c.id, error = %e, "stop signal not delivered");
-            }
+            self.signal_init(c, sig).await;
             let wait = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
             if tokio::time::timeout(wait, exited.wait_for(|v| *v))
                 .await
@@ -94,11 +92,7 @@ impl Runtime {
             }
             tracing::info!(container.id = %c.id, timeout, "container ignored its stop signal; killing it");
         }
-        // SIGKILL to every process of the container: init (even a PID 1
-        // without handlers) and any process in a shared PID namespace.
-        if let Err(e) = self.runc.kill(&c.id, libc::SIGKILL, true).await {
-            tracing::debug!(container.id = %c.id, error = %e, "SIGKILL not delivered");
-        }
+        self.kill_all(c).await;
         let died = tokio::time::timeout(KILL_WAIT, exited.wait_for(|v| *v))
             .await
             .is_ok();
@@ -109,6 +103,35 @@ impl Runtime {
                 "container {} did not exit within {KILL_WAIT:?} of SIGKILL",
                 c.id
             )))
+        }
+    }
+
+    /// Sends `signal` to the container's init. Directly by pidfd when its
+    /// identity is known (no runc process to start), else through runc.
+    async fn signal_init(&self, c: &Container, signal: i32) {
+        let (pid, start_time) = c.with(|r| (r.pid, r.init_start_time));
+        if start_time != 0 {
+            match util::signal_process(pid, start_time, signal) {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(container.id = %c.id, error = %e, "direct signal failed; asking runc")
+                }
+            }
+        }
+        if let Err(e) = self.runc.kill(&c.id, signal, false).await {
+            tracing::debug!(container.id = %c.id, error = %e, "signal not delivered");
+        }
+    }
+
+    /// SIGKILL to every process of the container, even a PID 1 without
+    /// handlers. With a PID namespace of its own, killing init is enough (the
+    /// kernel kills the rest of the namespace); otherwise runc signals every
+    /// process in the container's cgroup.
+    async fn kill_all(&self, c: &Container) {
+        if c.with(|r| r.own_pid_ns) {
+            self.signal_init(c, libc::SIGKILL).await;
+        } else if let Err(e) = self.runc.kill(&c.id, libc::SIGKILL, true).await {
+            tracing::debug!(container.id = %c.id, error = %e, "SIGKILL not delivered");
         }
     }
 
@@ -175,18 +198,25 @@ impl Runtime {
         }
         rec.state = ContainerState::Exited;
         rec.shim = None;
-        if let Err(e) = self.save_container(c, rec.clone()) {
-            // Memory still learns of the exit; the store catches up at the
-            // next start from the exit file, which stays until removal.
-            tracing::error!(container.id = %rec.id, error = %e, "exit not committed");
-            c.set(rec.clone());
-        }
+        // The exit is durable already (the shim's exit file, kept until the
+        // container is removed), so subscribers hear of it before the store
+        // commit: recovery would find the same exit after a crash.
+        c.set(rec.clone());
         if let Some(sb) = self.sandbox_of(c) {
             self.publish(&c.id, api::ContainerEventType::ContainerStoppedEvent, &sb);
         }
-        // runc's record of a stopped container only holds its cgroup; drop it.
-        if let Err(e) = self.runc.delete(&rec.id, true).await {
-            tracing::debug!(container.id = %rec.id, error = %e, "runc delete after exit");
+        if let Err(e) = self
+            .store
+            .put(petrel_store::Table::Containers, &rec.id, &rec)
+        {
+            tracing::error!(container.id = %rec.id, error = %e, "exit not committed; recovery will read it again");
+        }
+        // runc's record of a stopped container only holds its cgroup; drop
+        // it (after letting the event go out first).
+        tokio::task::yield_now().await;
+        match self.runc.delete(&rec.id, true).await {
+            Ok(()) => c.set_runc_deleted(),
+            Err(e) => tracing::debug!(container.id = %rec.id, error = %e, "runc delete after exit"),
         }
     }
 }

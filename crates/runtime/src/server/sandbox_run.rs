@@ -141,9 +141,12 @@ impl Runtime {
             cgroup_parent,
             created_cgroups: Vec::new(),
         };
-        // Committed before anything is made, so a crash midway is undone at
-        // the next start.
-        if let Err(e) = self.store.put(Table::Sandboxes, &id, &rec) {
+        // Recorded before anything is made, so that a crash midway is undone
+        // at the next start. Without an fsync: if the crash also loses this
+        // intent, recovery's sweep of unnamed sandbox directories undoes the
+        // namespaces and mounts; the holder process (the one thing the layout
+        // cannot find) is committed durably as soon as it exists.
+        if let Err(e) = self.store.put_unsynced(Table::Sandboxes, &id, &rec) {
             self.state.release_name(&name, &id);
             return Err(e.into());
         }
@@ -180,20 +183,29 @@ impl Runtime {
         files::write_etc_files(&f, hostname, &rec.config, host_network)?;
 
         let host_ipc = namespace_mode(&rec.config, Ns::Ipc) == api::NamespaceMode::Node;
-        if !host_ipc {
-            files::mount_shm(&f.shm, self.config.shm_size)?;
-            rec.shm_mounted = true;
-        }
         let req = NamespaceRequest {
             net: !host_network,
             ipc: !host_ipc,
             uts: (!host_network).then(|| hostname.to_string()),
         };
-        let pinned = namespaces::pin(&dir, &req)
-            .map_err(|e| RuntimeError::internal("pin pod namespaces", e))?;
-        rec.netns = pinned.net;
-        rec.ipcns = pinned.ipc;
-        rec.utsns = pinned.uts;
+        // Creating a network namespace is the slowest step; it runs on its
+        // own thread while the shm mount and the pod cgroup are made.
+        let pin_dir = dir.clone();
+        let pinning = tokio::task::spawn_blocking(move || namespaces::pin(&pin_dir, &req));
+        let rest = self.make_sandbox_shm_and_cgroup(rec, &f, host_ipc);
+        let pinned = pinning
+            .await
+            .map_err(|e| RuntimeError::internal("pin pod namespaces", e))?
+            .map_err(|e| RuntimeError::internal("pin pod namespaces", e));
+        // Record whatever was made before reporting any failure, so that the
+        // rollback undoes all of it.
+        if let Ok(p) = &pinned {
+            rec.netns = p.net.clone();
+            rec.ipcns = p.ipc.clone();
+            rec.utsns = p.uts.clone();
+        }
+        rest?;
+        pinned?;
 
         if namespace_mode(&rec.config, Ns::Pid) == api::NamespaceMode::Pod {
             let holder = pid_holder::spawn(&self.shim_binary).await?;
@@ -202,14 +214,27 @@ impl Runtime {
             // layout alone cannot find again after a crash.
             self.store.put(Table::Sandboxes, &rec.id, &*rec)?;
         }
-        rec.created_cgroups = self.cgroups.ensure(&rec.cgroup_parent).map_err(|e| {
-            RuntimeError::internal(format!("create pod cgroup {}", rec.cgroup_parent), e)
-        })?;
         rec.state = SandboxState::Ready;
         let sb = self.state.sandbox(&rec.id).ok_or_else(|| {
             RuntimeError::Internal(format!("sandbox {} vanished while created", rec.id))
         })?;
         self.save_sandbox(&sb, rec.clone())
+    }
+
+    fn make_sandbox_shm_and_cgroup(
+        &self,
+        rec: &mut SandboxRecord,
+        f: &SandboxFiles,
+        host_ipc: bool,
+    ) -> Result<()> {
+        if !host_ipc {
+            files::mount_shm(&f.shm, self.config.shm_size)?;
+            rec.shm_mounted = true;
+        }
+        rec.created_cgroups = self.cgroups.ensure(&rec.cgroup_parent).map_err(|e| {
+            RuntimeError::internal(format!("create pod cgroup {}", rec.cgroup_parent), e)
+        })?;
+        Ok(())
     }
 
     /// Undoes everything a sandbox may have made, in reverse order, from
