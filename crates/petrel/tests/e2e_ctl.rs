@@ -40,7 +40,7 @@ async fn ctl_should_drive_a_pod_through_its_life() {
     assert!(ok(&node, &["images"]).contains("docker.io/petrel/busybox"));
 
     // Events, live, in the background.
-    let mut events = Command::new(petrel_bin())
+    let events = Command::new(petrel_bin())
         .arg("ctl")
         .arg("--endpoint")
         .arg(format!("unix://{}", node.socket.display()))
