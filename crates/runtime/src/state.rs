@@ -92,6 +92,7 @@ pub struct Container {
     exited: watch::Sender<bool>,
     cpu_sample: Mutex<Option<(i64, u64)>>,
     runc_deleted: std::sync::atomic::AtomicBool,
+    listing: Mutex<Option<bytes::Bytes>>,
 }
 
 impl Container {
@@ -105,7 +106,20 @@ impl Container {
             exited,
             cpu_sample: Mutex::new(None),
             runc_deleted: std::sync::atomic::AtomicBool::new(false),
+            listing: Mutex::new(None),
         }
+    }
+
+    /// The container's encoded listing entry, built by `build` when the
+    /// record changed since the last call.
+    pub fn listing(&self, build: impl FnOnce(&ContainerRecord) -> bytes::Bytes) -> bytes::Bytes {
+        let mut cached = lock(&self.listing);
+        if let Some(b) = cached.as_ref() {
+            return b.clone();
+        }
+        let b = self.with(build);
+        *cached = Some(b.clone());
+        b
     }
 
     /// Notes that runc no longer knows the container (deleted after its exit).
@@ -138,7 +152,11 @@ impl Container {
     /// waiting for the exit when it says the container exited.
     pub fn set(&self, record: ContainerRecord) {
         let exited = record.state == ContainerState::Exited;
+        // The cache is cleared after the record is replaced; a listing being
+        // built from the old record holds the cache's lock until it is
+        // stored, so it is cleared too.
         *lock(&self.record) = record;
+        *lock(&self.listing) = None;
         if exited {
             self.exited.send_replace(true);
         }

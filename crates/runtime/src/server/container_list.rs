@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::records::ContainerState;
 use crate::server::sandbox_list::labels_match;
 use crate::service::Runtime;
+use crate::state::Container;
 
 impl Runtime {
     /// ContainerStatus.
@@ -49,18 +50,14 @@ impl Runtime {
         })
     }
 
-    /// ListContainers.
-    pub(crate) async fn list_containers(
-        self: &Arc<Self>,
-        req: api::ListContainersRequest,
-    ) -> Result<api::ListContainersResponse> {
-        let filter = req.filter.unwrap_or_default();
+    /// The containers a ListContainers filter selects, oldest first.
+    pub(crate) fn select_containers(&self, filter: &api::ContainerFilter) -> Vec<Arc<Container>> {
         let by_id = if filter.id.is_empty() {
             None
         } else {
             match self.state.container(&filter.id) {
                 Some(c) => Some(c.id.clone()),
-                None => return Ok(api::ListContainersResponse::default()),
+                None => return Vec::new(),
             }
         };
         let by_pod = if filter.pod_sandbox_id.is_empty() {
@@ -68,44 +65,163 @@ impl Runtime {
         } else {
             match self.state.sandbox(&filter.pod_sandbox_id) {
                 Some(sb) => Some(sb.id.clone()),
-                None => return Ok(api::ListContainersResponse::default()),
+                None => return Vec::new(),
             }
         };
         let want_state = filter.state.as_ref().map(|s| s.state);
-        let mut containers: Vec<api::Container> = self
+        let mut selected: Vec<(i64, Arc<Container>)> = self
             .state
             .containers()
-            .iter()
+            .into_iter()
             .filter_map(|c| {
-                c.with(|r| {
-                    if r.state == ContainerState::Creating
-                        || by_id.as_ref().is_some_and(|id| *id != r.id)
-                        || by_pod.as_ref().is_some_and(|p| *p != r.sandbox_id)
-                    {
-                        return None;
-                    }
-                    let state = r.state.to_cri() as i32;
-                    if want_state.is_some_and(|s| s != state)
-                        || !labels_match(&r.config.labels, &filter.label_selector)
-                    {
-                        return None;
-                    }
-                    Some(api::Container {
-                        id: r.id.clone(),
-                        pod_sandbox_id: r.sandbox_id.clone(),
-                        metadata: r.config.metadata.clone(),
-                        image: r.config.image.clone(),
-                        image_ref: r.image_id.clone(),
-                        state,
-                        created_at: r.created_at,
-                        labels: r.config.labels.clone(),
-                        annotations: r.config.annotations.clone(),
-                        image_id: r.image_id.clone(),
-                    })
-                })
+                let keep = c.with(|r| {
+                    r.state != ContainerState::Creating
+                        && by_id.as_ref().is_none_or(|id| *id == r.id)
+                        && by_pod.as_ref().is_none_or(|p| *p == r.sandbox_id)
+                        && want_state.is_none_or(|s| s == r.state.to_cri() as i32)
+                        && labels_match(&r.config.labels, &filter.label_selector)
+                });
+                keep.then(|| (c.with(|r| r.created_at), c))
             })
             .collect();
-        containers.sort_by_key(|c| c.created_at);
+        selected.sort_by_key(|(t, _)| *t);
+        selected.into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// ListContainers.
+    pub(crate) async fn list_containers(
+        self: &Arc<Self>,
+        req: api::ListContainersRequest,
+    ) -> Result<api::ListContainersResponse> {
+        let filter = req.filter.unwrap_or_default();
+        let containers = self
+            .select_containers(&filter)
+            .iter()
+            .map(|c| c.with(cri_container))
+            .collect();
         Ok(api::ListContainersResponse { containers })
+    }
+
+    /// ListContainers, answered as the encoded response: each container's
+    /// encoding is cached until its record changes, so a relist of a
+    /// thousand containers copies bytes instead of building and encoding a
+    /// thousand messages.
+    pub(crate) fn list_containers_encoded(&self, req: &api::ListContainersRequest) -> bytes::Bytes {
+        let filter = req.filter.clone().unwrap_or_default();
+        let parts: Vec<bytes::Bytes> = self
+            .select_containers(&filter)
+            .iter()
+            .map(|c| {
+                c.listing(|r| bytes::Bytes::from(prost::Message::encode_to_vec(&cri_container(r))))
+            })
+            .collect();
+        let mut out = bytes::BytesMut::with_capacity(parts.iter().map(|p| p.len() + 6).sum());
+        for p in parts {
+            // Field 1 (`containers`), wire type 2 (length-delimited).
+            prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut out);
+            prost::encoding::encode_varint(p.len() as u64, &mut out);
+            out.extend_from_slice(&p);
+        }
+        out.freeze()
+    }
+}
+
+/// The CRI listing entry of a container.
+pub(crate) fn cri_container(r: &crate::records::ContainerRecord) -> api::Container {
+    api::Container {
+        id: r.id.clone(),
+        pod_sandbox_id: r.sandbox_id.clone(),
+        metadata: r.config.metadata.clone(),
+        image: r.config.image.clone(),
+        image_ref: r.image_id.clone(),
+        state: r.state.to_cri() as i32,
+        created_at: r.created_at,
+        labels: r.config.labels.clone(),
+        annotations: r.config.annotations.clone(),
+        image_id: r.image_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::ContainerRecord;
+    use std::collections::HashMap;
+
+    fn record(id: &str, created_at: i64) -> ContainerRecord {
+        ContainerRecord {
+            id: id.to_string(),
+            sandbox_id: "pod".into(),
+            name: format!("{id}_pod"),
+            config: api::ContainerConfig {
+                metadata: Some(api::ContainerMetadata {
+                    name: id.into(),
+                    attempt: 1,
+                }),
+                image: Some(api::ImageSpec {
+                    image: "docker.io/petrel/busybox:latest".into(),
+                    ..Default::default()
+                }),
+                labels: HashMap::from([("a".into(), "b".into())]),
+                annotations: HashMap::from([("c".into(), "d".into())]),
+                ..Default::default()
+            },
+            image_id: "sha256:00".into(),
+            state: ContainerState::Running,
+            created_at,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            pid: 0,
+            init_start_time: 0,
+            own_pid_ns: true,
+            shim: None,
+            bundle: "/b".into(),
+            layer_dir: "/l".into(),
+            rootfs_mounted: false,
+            log_path: None,
+            cgroup_path: "/c".into(),
+            resources: None,
+        }
+    }
+
+    #[test]
+    fn cached_listing_should_encode_exactly_like_the_typed_response() {
+        let recs = [record("x", 1), record("y", 2)];
+        let typed = api::ListContainersResponse {
+            containers: recs.iter().map(cri_container).collect(),
+        };
+        let mut concatenated = bytes::BytesMut::new();
+        for r in &recs {
+            let c = Container::new(r.clone());
+            let b =
+                c.listing(|r| bytes::Bytes::from(prost::Message::encode_to_vec(&cri_container(r))));
+            prost::encoding::encode_key(
+                1,
+                prost::encoding::WireType::LengthDelimited,
+                &mut concatenated,
+            );
+            prost::encoding::encode_varint(b.len() as u64, &mut concatenated);
+            concatenated.extend_from_slice(&b);
+        }
+        assert_eq!(prost::Message::encode_to_vec(&typed), concatenated.to_vec());
+    }
+
+    #[test]
+    fn listing_cache_should_follow_record_changes() {
+        let c = Container::new(record("x", 1));
+        let build = |r: &ContainerRecord| {
+            bytes::Bytes::from(prost::Message::encode_to_vec(&cri_container(r)))
+        };
+        let before = c.listing(build);
+        let mut r = c.record();
+        r.state = ContainerState::Exited;
+        c.set(r);
+        let after = c.listing(build);
+        assert_ne!(before, after);
+        let decoded: api::Container = prost::Message::decode(after).unwrap_or_default();
+        assert_eq!(decoded.state, api::ContainerState::ContainerExited as i32);
     }
 }

@@ -17,6 +17,7 @@ pub mod container_start;
 pub mod container_stop;
 pub mod container_update;
 pub mod events;
+pub mod fast_list;
 pub mod images;
 pub mod runtime_info;
 pub mod sandbox_list;
@@ -75,7 +76,10 @@ pub async fn serve(
     let server = CriServer { rt: rt.clone() };
     let mut serving = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RuntimeServiceServer::new(server.clone()))
+            .add_service(fast_list::RuntimeRoutes::new(
+                RuntimeServiceServer::new(server.clone()),
+                rt.clone(),
+            ))
             .add_service(ImageServiceServer::new(server.clone()))
             .add_service(AdminServer::new(server))
             .serve_with_incoming(incoming),
