@@ -442,16 +442,7 @@ async fn pods_should_support_host_network_and_a_shared_pid_namespace() {
 
     // Host network: no network namespace of its own.
     let mut pc = node.pod_config("hostnet");
-    let ns = pc
-        .linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap();
+    let ns = pod_namespaces(&mut pc);
     ns.network = api::NamespaceMode::Node as i32;
     let pod = c.run_pod(pc.clone()).await;
     let id = c.run(&pod, &pc, sh_container("h", "sleep 1000")).await;
@@ -475,32 +466,19 @@ async fn pods_should_support_host_network_and_a_shared_pid_namespace() {
 
     // Shared PID namespace: containers see each other's processes.
     let mut pc = node.pod_config("sharedpid");
-    let ns = pc
-        .linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap();
+    let ns = pod_namespaces(&mut pc);
     ns.pid = api::NamespaceMode::Pod as i32;
     let pod = c.run_pod(pc.clone()).await;
     let mut a = sh_container("a", "");
     a.command = vec!["sleep".into(), "4242".into()];
-    let with_pod_pid = |mut cfg: api::ContainerConfig| {
-        cfg.linux = Some(api::LinuxContainerConfig {
-            resources: None,
-            security_context: Some(api::LinuxContainerSecurityContext {
-                namespace_options: Some(api::NamespaceOption {
-                    pid: api::NamespaceMode::Pod as i32,
-                    ..Default::default()
-                }),
+    let with_pod_pid = |cfg| {
+        with_namespaces(
+            cfg,
+            api::NamespaceOption {
+                pid: api::NamespaceMode::Pod as i32,
                 ..Default::default()
-            }),
-        });
-        cfg
+            },
+        )
     };
     c.run(&pod, &pc, with_pod_pid(a)).await;
     let b = c
@@ -574,31 +552,18 @@ async fn pods_should_share_host_ipc_and_pid_namespaces_when_asked() {
     let mut c = node.clients().await;
     node.import_busybox(&mut c).await;
     let mut pc = node.pod_config("hostns");
-    let ns = pc
-        .linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap();
+    let ns = pod_namespaces(&mut pc);
     ns.ipc = api::NamespaceMode::Node as i32;
     ns.pid = api::NamespaceMode::Node as i32;
     let pod = c.run_pod(pc.clone()).await;
-    let mut cfg = sh_container("h", "sleep 1000");
-    cfg.linux = Some(api::LinuxContainerConfig {
-        resources: None,
-        security_context: Some(api::LinuxContainerSecurityContext {
-            namespace_options: Some(api::NamespaceOption {
-                pid: api::NamespaceMode::Node as i32,
-                ipc: api::NamespaceMode::Node as i32,
-                ..Default::default()
-            }),
+    let cfg = with_namespaces(
+        sh_container("h", "sleep 1000"),
+        api::NamespaceOption {
+            pid: api::NamespaceMode::Node as i32,
+            ipc: api::NamespaceMode::Node as i32,
             ..Default::default()
-        }),
-    });
+        },
+    );
     let id = c.run(&pod, &pc, cfg).await;
     let info =
         c.rt.container_status(api::ContainerStatusRequest {

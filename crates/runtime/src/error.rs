@@ -104,5 +104,19 @@ impl From<petrel_oci::runc::RuncError> for RuntimeError {
     }
 }
 
+/// A required request field, or INVALID_ARGUMENT naming it.
+pub(crate) fn required<T>(value: Option<T>, field: &str) -> Result<T> {
+    value.ok_or_else(|| RuntimeError::invalid(field, "missing"))
+}
+
+/// A string field that must not be empty, or INVALID_ARGUMENT naming it.
+pub(crate) fn non_empty<'a>(value: &'a str, field: &str) -> Result<&'a str> {
+    if value.is_empty() {
+        Err(RuntimeError::invalid(field, "must not be empty"))
+    } else {
+        Ok(value)
+    }
+}
+
 /// The result type of runtime operations.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -15,7 +15,7 @@ use petrel_store::{Store, Table};
 use tokio::sync::Notify;
 
 use crate::config::RuntimeConfig;
-use crate::error::{Result, RuntimeError};
+use crate::error::{non_empty, Result, RuntimeError};
 use crate::events::Mailbox;
 use crate::metrics::Metrics;
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
@@ -235,9 +235,7 @@ impl Runtime {
 
     /// A sandbox visible to clients (not one being created).
     pub(crate) fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>> {
-        if id.is_empty() {
-            return Err(RuntimeError::invalid("pod_sandbox_id", "must not be empty"));
-        }
+        non_empty(id, "pod_sandbox_id")?;
         self.state
             .sandbox(id)
             .filter(|s| s.with(|r| r.state != SandboxState::Creating))
@@ -249,9 +247,7 @@ impl Runtime {
 
     /// A container visible to clients (not one being created).
     pub(crate) fn container(&self, id: &str) -> Result<Arc<Container>> {
-        if id.is_empty() {
-            return Err(RuntimeError::invalid("container_id", "must not be empty"));
-        }
+        non_empty(id, "container_id")?;
         self.state
             .container(id)
             .filter(|c| c.state() != ContainerState::Creating)

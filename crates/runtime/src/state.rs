@@ -91,7 +91,9 @@ pub struct Container {
     pub op: tokio::sync::Mutex<()>,
     exited: watch::Sender<bool>,
     cpu_sample: Mutex<Option<(i64, u64)>>,
-    runc_deleted: std::sync::atomic::AtomicBool,
+    /// Whether runc's record of the container is gone; held while deleting
+    /// it, so that exit handling and removal never both run `runc delete`.
+    pub runc_deleted: tokio::sync::Mutex<bool>,
     listing: Mutex<Option<bytes::Bytes>>,
 }
 
@@ -105,7 +107,7 @@ impl Container {
             op: tokio::sync::Mutex::new(()),
             exited,
             cpu_sample: Mutex::new(None),
-            runc_deleted: std::sync::atomic::AtomicBool::new(false),
+            runc_deleted: tokio::sync::Mutex::new(false),
             listing: Mutex::new(None),
         }
     }
@@ -120,17 +122,6 @@ impl Container {
         let b = self.with(build);
         *cached = Some(b.clone());
         b
-    }
-
-    /// Notes that runc no longer knows the container (deleted after its exit).
-    pub fn set_runc_deleted(&self) {
-        self.runc_deleted
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Whether runc's record of the container is gone already.
-    pub fn runc_deleted(&self) -> bool {
-        self.runc_deleted.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A copy of the current record.

@@ -556,6 +556,29 @@ impl Clients {
     }
 }
 
+/// The namespace options of a pod config made by [`Node::pod_config`].
+pub fn pod_namespaces(pc: &mut api::PodSandboxConfig) -> &mut api::NamespaceOption {
+    pc.linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default)
+}
+
+/// `cfg` with its own namespace options set to `opts`.
+pub fn with_namespaces(
+    mut cfg: api::ContainerConfig,
+    opts: api::NamespaceOption,
+) -> api::ContainerConfig {
+    cfg.linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options = Some(opts);
+    cfg
+}
+
 /// Reads a container's CRI log file.
 pub fn read_log(node: &Node, pod: &str, container: &str) -> String {
     std::fs::read_to_string(

@@ -11,7 +11,7 @@ use petrel_store::Table;
 
 use crate::container::rootfs::{self, WritableLayer};
 use crate::container::shim::{self, ShimOptions};
-use crate::error::{Result, RuntimeError};
+use crate::error::{non_empty, required, Result, RuntimeError};
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
 use crate::sandbox::files::SandboxFiles;
 use crate::sandbox::pid_holder;
@@ -77,30 +77,17 @@ impl Runtime {
                 sbrec.id
             )));
         }
-        let config = req
-            .config
-            .ok_or_else(|| RuntimeError::invalid("config", "missing"))?;
-        let md = config
-            .metadata
-            .as_ref()
-            .ok_or_else(|| RuntimeError::invalid("config.metadata", "missing"))?;
-        if md.name.is_empty() {
-            return Err(RuntimeError::invalid(
-                "config.metadata.name",
-                "must not be empty",
-            ));
-        }
-        let image_ref = config
-            .image
-            .as_ref()
-            .map(|i| i.image.as_str())
-            .unwrap_or_default();
-        if image_ref.is_empty() {
-            return Err(RuntimeError::invalid(
-                "config.image.image",
-                "must not be empty",
-            ));
-        }
+        let config = required(req.config, "config")?;
+        let md = required(config.metadata.as_ref(), "config.metadata")?;
+        non_empty(&md.name, "config.metadata.name")?;
+        let image_ref = non_empty(
+            config
+                .image
+                .as_ref()
+                .map(|i| i.image.as_str())
+                .unwrap_or_default(),
+            "config.image.image",
+        )?;
         let image = self.images.get(image_ref).ok_or_else(|| {
             RuntimeError::invalid(
                 "config.image.image",

@@ -20,7 +20,7 @@ impl Runtime {
         req: api::ExecSyncRequest,
     ) -> Result<api::ExecSyncResponse> {
         if req.cmd.is_empty() {
-            return Err(RuntimeError::invalid("cmd", "must not be empty"));
+            return Err(RuntimeError::invalid("cmd", "must name a command"));
         }
         let c = self.container(&req.container_id)?;
         if c.state() != ContainerState::Running {

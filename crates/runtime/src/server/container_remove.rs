@@ -36,7 +36,10 @@ impl Runtime {
             return Ok(()); // removed by a concurrent call
         }
         let rec = c.record();
-        self.teardown_container(&rec, c.runc_deleted()).await?;
+        let mut deleted = c.runc_deleted.lock().await;
+        self.teardown_container(&rec, *deleted).await?;
+        *deleted = true;
+        drop(deleted);
         self.store.delete(Table::Containers, &rec.id)?;
         let sb = self.sandbox_of(c);
         if let Some(sb) = &sb {

@@ -18,6 +18,9 @@ use crate::util;
 /// gone).
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after an exit runc's record of the container is deleted.
+const CLEANUP_DELAY: Duration = Duration::from_millis(20);
+
 /// Parses an image's StopSignal ("SIGTERM", "TERM", "15"); SIGTERM by default.
 pub(crate) fn parse_signal(s: &str) -> Option<i32> {
     let s = s.trim();
@@ -149,7 +152,7 @@ impl Runtime {
 
     /// Records a container's exit: reads the shim's exit record, decides the
     /// reason, commits, publishes STOPPED, then cleans runc's state.
-    pub(crate) async fn handle_exit(&self, c: &Arc<Container>) {
+    pub(crate) async fn handle_exit(self: &Arc<Self>, c: &Arc<Container>) {
         let _op = c.op.lock().await;
         // Removed meanwhile (a created container deleted by force).
         if !self
@@ -212,12 +215,23 @@ impl Runtime {
             tracing::error!(container.id = %rec.id, error = %e, "exit not committed; recovery will read it again");
         }
         // runc's record of a stopped container only holds its cgroup; drop
-        // it (after letting the event go out first).
-        tokio::task::yield_now().await;
-        match self.runc.delete(&rec.id, true).await {
-            Ok(()) => c.set_runc_deleted(),
-            Err(e) => tracing::debug!(container.id = %rec.id, error = %e, "runc delete after exit"),
-        }
+        // it a little later, so that starting runc does not compete with the
+        // event on its way out. A removal that comes first does it instead.
+        let rt = self.clone();
+        let c = c.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(CLEANUP_DELAY).await;
+            let mut deleted = c.runc_deleted.lock().await;
+            if *deleted {
+                return;
+            }
+            match rt.runc.delete(&c.id, true).await {
+                Ok(()) => *deleted = true,
+                Err(e) => {
+                    tracing::debug!(container.id = %c.id, error = %e, "runc delete after exit")
+                }
+            }
+        });
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use petrel_cri::api;
 use petrel_image::Image;
 
-use crate::error::{Result, RuntimeError};
+use crate::error::{non_empty, Result, RuntimeError};
 use crate::server::stats::dir_usage;
 use crate::service::Runtime;
 use crate::util;
@@ -69,9 +69,7 @@ impl Runtime {
         req: api::ImageStatusRequest,
     ) -> Result<api::ImageStatusResponse> {
         let r = req.image.map(|s| s.image).unwrap_or_default();
-        if r.is_empty() {
-            return Err(RuntimeError::invalid("image.image", "must not be empty"));
-        }
+        non_empty(&r, "image.image")?;
         let Some(img) = self.images.get(&r) else {
             return Ok(api::ImageStatusResponse::default());
         };
@@ -111,9 +109,7 @@ impl Runtime {
         req: api::RemoveImageRequest,
     ) -> Result<api::RemoveImageResponse> {
         let r = req.image.map(|s| s.image).unwrap_or_default();
-        if r.is_empty() {
-            return Err(RuntimeError::invalid("image.image", "must not be empty"));
-        }
+        non_empty(&r, "image.image")?;
         let Some(img) = self.images.get(&r) else {
             return Ok(api::RemoveImageResponse {});
         };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use petrel_cri::api;
 use petrel_store::Table;
 
-use crate::error::{Result, RuntimeError};
+use crate::error::{non_empty, required, Result, RuntimeError};
 use crate::records::{SandboxRecord, SandboxState};
 use crate::sandbox::files::{self, SandboxFiles};
 use crate::sandbox::namespaces::{self, NamespaceRequest};
@@ -71,19 +71,9 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::RunPodSandboxRequest,
     ) -> Result<api::RunPodSandboxResponse> {
-        let config = req
-            .config
-            .ok_or_else(|| RuntimeError::invalid("config", "missing"))?;
-        let md = config
-            .metadata
-            .as_ref()
-            .ok_or_else(|| RuntimeError::invalid("config.metadata", "missing"))?;
-        if md.name.is_empty() {
-            return Err(RuntimeError::invalid(
-                "config.metadata.name",
-                "must not be empty",
-            ));
-        }
+        let config = required(req.config, "config")?;
+        let md = required(config.metadata.as_ref(), "config.metadata")?;
+        non_empty(&md.name, "config.metadata.name")?;
         if !req.runtime_handler.is_empty()
             && !self.config.runtime_handlers.contains(&req.runtime_handler)
         {
