@@ -273,3 +273,33 @@ async fn socket_and_state_should_not_be_readable_by_others() {
     assert_eq!(mode(&meta) & 0o007, 0, "metadata readable by others");
     let _ = HashMap::<String, String>::new();
 }
+
+#[test]
+fn runtime_should_refuse_to_start_without_its_oci_runtime_or_with_a_bad_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(petrel_bin())
+            .arg("runtime")
+            .arg("--root")
+            .arg(dir.path().join("root"))
+            .arg("--state")
+            .arg(dir.path().join("state"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--runtime-binary", "/nonexistent/runc"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("OCI runtime /nonexistent/runc not found")
+    );
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[cri]\nno_such_key = 1\n").unwrap();
+    let out = run(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no_such_key") && err.contains("bad.toml"),
+        "{err}"
+    );
+}

@@ -127,23 +127,46 @@ fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
             }
         }
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        for d in std::env::split_paths(&path) {
-            let p = d.join("petrel-shim");
-            if p.is_file() {
-                return Ok(p);
-            }
-        }
-    }
-    Err(RuntimeError::Internal(
-        "petrel-shim not found beside the petrel binary or on PATH (set shim_binary)".into(),
-    ))
+    on_path("petrel-shim").ok_or_else(|| {
+        RuntimeError::Internal(
+            "petrel-shim not found beside the petrel binary or on PATH (set shim_binary)".into(),
+        )
+    })
+}
+
+/// The first executable file `name` in a PATH directory.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The OCI runtime binary as an absolute path, resolved once at start so
+/// that a missing runc is reported before any pod is asked for.
+fn find_runc(configured: &Path) -> Result<PathBuf> {
+    let found = if configured.components().count() > 1 {
+        configured.is_file().then(|| configured.to_path_buf())
+    } else {
+        on_path(&configured.to_string_lossy())
+    };
+    found.ok_or_else(|| {
+        RuntimeError::Internal(format!(
+            "OCI runtime {} not found (install runc or set runtime_binary)",
+            configured.display()
+        ))
+    })
 }
 
 impl Runtime {
     /// Opens the runtime's directories, store and parts. Nothing is served
     /// and nothing recovered yet.
     pub fn open(config: RuntimeConfig) -> Result<Arc<Self>> {
+        // What the host must provide is checked before anything is created.
+        let shim_binary = find_shim(config.shim_binary.as_deref())?;
+        let runc_binary = find_runc(&config.runtime_binary)?;
+        let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
+        let host = HostLimits::detect()?;
         let layout = Layout {
             root: config.root.clone(),
             state: config.state.clone(),
@@ -161,11 +184,8 @@ impl Runtime {
         let store = Store::open(&layout.db())?;
         let images = ImageStore::open(&layout.images())
             .map_err(|e| RuntimeError::internal("open image store", e))?;
-        let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
-        let host = HostLimits::detect()?;
-        let shim_binary = find_shim(config.shim_binary.as_deref())?;
         crate::sandbox::pid_holder::become_subreaper();
-        let runc = Runc::new(config.runtime_binary.clone(), layout.runc_root());
+        let runc = Runc::new(runc_binary, layout.runc_root());
         let metrics = Metrics::new();
         let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
         Ok(Arc::new(Self {
