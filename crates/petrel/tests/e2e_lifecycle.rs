@@ -588,3 +588,29 @@ async fn pods_should_share_host_ipc_and_pid_namespaces_when_asked() {
         std::fs::read_link("/proc/self/ns/net").unwrap()
     );
 }
+
+#[tokio::test]
+async fn default_pod_cgroups_should_leave_nothing_when_the_pods_go() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let mut pods = vec![];
+    for name in ["dflt-a", "dflt-b"] {
+        let mut pc = node.pod_config(name);
+        pc.linux.as_mut().unwrap().cgroup_parent = String::new();
+        let pod = c.run_pod(pc.clone()).await;
+        c.run(&pod, &pc, sh_container("s", "sleep 1000")).await;
+        let cg = Node::cgroup_dir("memory", &format!("{}/{pod}", node.cgroup_parent));
+        assert!(cg.is_dir(), "pod cgroup {} missing", cg.display());
+        pods.push(pod);
+    }
+    // The first pod made the shared parent; it goes with the last pod.
+    for pod in &pods {
+        c.remove_pod(pod).await.unwrap();
+    }
+    assert!(
+        cgroup_leftovers(&node.cgroup_parent).is_empty(),
+        "{:?}",
+        cgroup_leftovers(&node.cgroup_parent)
+    );
+}

@@ -83,6 +83,7 @@ fn main() {
                 }
                 Err(e) => diag!("open /dev/null: {e}"),
             }
+            sys::drop_startup_code_pages();
             shim.serve()
         }
         Err(msg) => {

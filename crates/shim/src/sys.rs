@@ -269,3 +269,48 @@ mod tests {
         Ok(())
     }
 }
+
+/// Drops this process's mappings of machine code pages (executable,
+/// file-backed, never written) so that only the code the idle loop runs
+/// faults back in. Start-up touches code all over the binary and its C
+/// library; a shim then lives for as long as its container, so the code it
+/// no longer needs should not count in its resident set. The pages stay in
+/// the page cache, shared by every shim; nothing is lost, they refault from
+/// the file if ever run again.
+pub fn drop_startup_code_pages() {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    for line in maps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms), Some(_), Some(_), Some(inode)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            continue;
+        };
+        // Executable, not writable, private, backed by a file (inode != 0):
+        // text segments, which no relocation or write ever changes.
+        if perms != "r-xp" || inode == "0" {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) else {
+            continue;
+        };
+        // SAFETY: MADV_DONTNEED on an unmodified private file mapping only
+        // discards page table entries; the next access reads the same bytes
+        // from the file again. Writable or anonymous mappings are skipped.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}

@@ -248,8 +248,16 @@ impl Runtime {
         note(files::unmount(&dir.join("shm")));
         for cg in rec.created_cgroups.iter().rev() {
             if let Err(e) = self.cgroups.remove(cg) {
-                tracing::warn!(sandbox.id = %rec.id, cgroup = %cg, error = %e, "pod cgroup not removed");
+                tracing::debug!(sandbox.id = %rec.id, cgroup = %cg, error = %e, "pod cgroup not removed");
             }
+        }
+        // The runtime's own parent of default pod cgroups goes when its last
+        // pod does (whichever pod happened to create it); while other pods
+        // live under it, removing it fails harmlessly.
+        let default_parent = self.config.default_cgroup_parent.trim_end_matches('/');
+        if rec.cgroup_parent == format!("{default_parent}/{}", rec.id) && !default_parent.is_empty()
+        {
+            let _ = self.cgroups.remove(default_parent);
         }
         note(remove_dir(dir));
         first.map_or(Ok(()), Err)
