@@ -232,44 +232,6 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usi
     Ok(n as usize)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exit_code_should_add_128_to_signals() {
-        // Wait statuses as the kernel encodes them.
-        assert_eq!(exit_code(3 << 8), 3);
-        assert_eq!(exit_code(0), 0);
-        assert_eq!(exit_code(libc::SIGKILL), 137);
-        assert_eq!(exit_code(libc::SIGTERM | 0x80), 143); // with a core dump
-    }
-
-    #[test]
-    fn mkfifo_fresh_should_replace_a_stale_file() -> io::Result<()> {
-        use std::os::unix::fs::FileTypeExt;
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("ctl");
-        std::fs::write(&path, "stale")?;
-        mkfifo_fresh(&path)?;
-        let meta = std::fs::symlink_metadata(&path)?;
-        assert!(meta.file_type().is_fifo());
-        mkfifo_fresh(&path)?;
-        Ok(())
-    }
-
-    #[test]
-    fn dup_to_should_place_the_descriptor_exactly() -> io::Result<()> {
-        // High numbers, far from what other tests of this process open.
-        let (r, w) = pipe()?;
-        let high = dup_above(&w, 700)?;
-        assert!(high.as_raw_fd() >= 700);
-        let moved = dup_to(&r, 950)?;
-        assert_eq!(moved.as_raw_fd(), 950);
-        Ok(())
-    }
-}
-
 /// Drops this process's mappings of machine code pages (executable,
 /// file-backed, never written) so that only the code the idle loop runs
 /// faults back in. Start-up touches code all over the binary and its C
@@ -312,5 +274,43 @@ pub fn drop_startup_code_pages() {
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_should_add_128_to_signals() {
+        // Wait statuses as the kernel encodes them.
+        assert_eq!(exit_code(3 << 8), 3);
+        assert_eq!(exit_code(0), 0);
+        assert_eq!(exit_code(libc::SIGKILL), 137);
+        assert_eq!(exit_code(libc::SIGTERM | 0x80), 143); // with a core dump
+    }
+
+    #[test]
+    fn mkfifo_fresh_should_replace_a_stale_file() -> io::Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("ctl");
+        std::fs::write(&path, "stale")?;
+        mkfifo_fresh(&path)?;
+        let meta = std::fs::symlink_metadata(&path)?;
+        assert!(meta.file_type().is_fifo());
+        mkfifo_fresh(&path)?;
+        Ok(())
+    }
+
+    #[test]
+    fn dup_to_should_place_the_descriptor_exactly() -> io::Result<()> {
+        // High numbers, far from what other tests of this process open.
+        let (r, w) = pipe()?;
+        let high = dup_above(&w, 700)?;
+        assert!(high.as_raw_fd() >= 700);
+        let moved = dup_to(&r, 950)?;
+        assert_eq!(moved.as_raw_fd(), 950);
+        Ok(())
     }
 }
