@@ -513,10 +513,12 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
         "What each call does beyond runc: RunPodSandbox creates the pod's network, IPC and \
          UTS namespaces (an `unshare` thread, pinned by bind mounts), the pod cgroup, \
          hostname/hosts/resolv.conf and a /dev/shm tmpfs, and commits the record to redb with \
-         fsync. CreateContainer commits a `Creating` record, mounts the overlay rootfs, builds \
-         and writes the OCI spec, starts `petrel-shim` which runs `runc create` and answers \
-         with the init's pid, then commits `Created`. StartContainer runs `runc start` and \
-         commits `Running`. Each commit is at least one fsync (floor above)."
+         fsync (its `Creating` intent record is written without one). CreateContainer records \
+         a `Creating` intent (no fsync), mounts the overlay rootfs, builds and writes the OCI \
+         spec, starts `petrel-shim` which runs `runc create` and answers with the init's pid, \
+         then commits `Created` (fsync). StartContainer runs `runc start` and commits \
+         `Running` (fsync, floor above). StopContainer signals the init directly by pidfd; \
+         RemoveContainer runs the one `runc delete`."
     )?;
     writeln!(o)?;
     if r.scale.create.len() > 0 {
@@ -696,9 +698,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          the time again when the STOPPED event for that container id arrives; one container \
          at a time, after {} ms of quiet each (so that the runtime's clean-up of the \
          previous exit, a `runc delete`, is not charged to the next one). The path: the init dies → its shim (subreaper) reaps it, writes the exit \
-         record (write, fsync, rename), flushes the log and exits → the runtime's pidfd on \
-         the shim turns readable → it reads the record, commits `Exited` (fsync) and \
-         publishes the event with the pod's statuses. The reference, alternating with it, is \
+         record (write, rename), flushes the log and exits → the runtime's pidfd on \
+         the shim turns readable → it reads the record and publishes the event with the \
+         pod's statuses, then commits `Exited` (the exit file is the durable record until \
+         then). The reference, alternating with it, is \
          the kernel's floor: kill(2) of a `sleep` child of the bench until its pidfd turns \
          readable. The three parts of Petrel's path are split by the wall-clock times the \
          shim writes into its exit record and the runtime into the event's `created_at` \
