@@ -219,23 +219,16 @@ pub struct InspectArgs {
 
 /// `inspect`: verbose ContainerStatus of each id (JSON by default).
 pub async fn inspect(ctl: &Ctl, args: InspectArgs) -> Result<ExitCode, CtlError> {
-    let format = ctl.format_or(Format::Json);
-    let mut outcome = Outcome::default();
-    let mut docs = Vec::new();
+    let mut fetched = Vec::with_capacity(args.ids.len());
     for id in &args.ids {
-        let Some(resp) = outcome.note(container_status(ctl, id, true).await) else {
-            continue;
-        };
-        if format == Format::Table {
-            emit(&status_text(&resp, output::now_ns()))?;
-        } else if let Some(doc) = outcome.note(status_value(&resp)) {
-            docs.push(doc);
-        }
+        fetched.push(container_status(ctl, id, true).await);
     }
-    if format != Format::Table && !docs.is_empty() {
-        output::print_documents(format, &docs)?;
-    }
-    Ok(outcome.exit_code())
+    super::print_statuses(
+        ctl.format_or(Format::Json),
+        fetched,
+        status_text,
+        status_value,
+    )
 }
 
 /// The ContainerStatus of one container.

@@ -172,6 +172,33 @@ fn report(e: &CtlError) {
     }
 }
 
+/// Prints the statuses fetched for `inspect`-like commands: text in table
+/// format, else one JSON/YAML document per status; failures are reported
+/// and make the exit code 1, the other ids are still shown.
+fn print_statuses<R>(
+    format: output::Format,
+    fetched: Vec<Result<R, CtlError>>,
+    text: fn(&R, i64) -> String,
+    value: fn(&R) -> Result<output::StatusDoc, CtlError>,
+) -> Result<ExitCode, CtlError> {
+    let mut outcome = Outcome::default();
+    let mut docs = Vec::new();
+    for result in fetched {
+        let Some(resp) = outcome.note(result) else {
+            continue;
+        };
+        if format == output::Format::Table {
+            output::emit(&text(&resp, output::now_ns()))?;
+        } else if let Some(doc) = outcome.note(value(&resp)) {
+            docs.push(doc);
+        }
+    }
+    if format != output::Format::Table && !docs.is_empty() {
+        output::print_documents(format, &docs)?;
+    }
+    Ok(outcome.exit_code())
+}
+
 /// Collects the outcome of commands that act on several ids: each failure
 /// is reported at once and the others still run.
 #[derive(Debug, Default)]
