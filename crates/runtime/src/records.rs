@@ -159,9 +159,6 @@ pub struct ContainerRecord {
     pub bundle: PathBuf,
     /// The directory holding the writable layer (upper and work dirs).
     pub layer_dir: PathBuf,
-    /// Whether the overlay rootfs is mounted at `<bundle>/rootfs`.
-    #[serde(default)]
-    pub rootfs_mounted: bool,
     /// The log file, absolute (log_directory of the pod + log_path).
     #[serde(default)]
     pub log_path: Option<PathBuf>,

@@ -127,7 +127,6 @@ impl Runtime {
             shim: None,
             bundle: self.layout.bundle(&id),
             layer_dir: self.layout.container_layer(&id),
-            rootfs_mounted: false,
             log_path,
             cgroup_path: spec::container_cgroup_path(&sbrec.cgroup_parent, &id),
             resources: None,
@@ -193,7 +192,6 @@ impl Runtime {
             .map_err(|e| RuntimeError::internal(format!("layers of {}", image.id), e))?;
         let rootfs_dir = rec.bundle.join("rootfs");
         rootfs::mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
-        rec.rootfs_mounted = true;
         let t_rootfs = t0.elapsed();
 
         let files = SandboxFiles::new(&sbrec.dir);

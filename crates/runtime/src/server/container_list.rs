@@ -180,7 +180,6 @@ mod tests {
             shim: None,
             bundle: "/b".into(),
             layer_dir: "/l".into(),
-            rootfs_mounted: false,
             log_path: None,
             cgroup_path: "/c".into(),
             resources: None,
