@@ -83,6 +83,9 @@ fn tx<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Transaction(e.to_string())
 }
 
+/// The page cache of one database.
+const CACHE_BYTES: usize = 4 << 20;
+
 /// One change in an atomic batch (see [`Store::apply`]).
 #[derive(Debug)]
 pub enum Op {
@@ -115,10 +118,16 @@ impl Store {
     /// Opens (or creates) the database at `path` and makes sure every table
     /// exists, so readers never see a missing table.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|source| StoreError::Open {
-            path: path.to_path_buf(),
-            source: Box::new(source),
-        })?;
+        // Records are few and small; a bounded cache keeps the daemons'
+        // memory flat however many objects come and go (redb's default cache
+        // grows to 1 GiB).
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|source| StoreError::Open {
+                path: path.to_path_buf(),
+                source: Box::new(source),
+            })?;
         // Records hold pod and container configs (environment variables may
         // carry secrets): owner-only, whatever the umask.
         let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
