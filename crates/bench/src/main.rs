@@ -10,6 +10,8 @@ mod machine;
 mod metrics;
 mod node;
 mod procfs;
+mod queue;
+mod queue_report;
 mod raw;
 mod report;
 mod stats;
@@ -70,13 +72,36 @@ pub struct Args {
     /// Length of the idle CPU window, in seconds.
     #[arg(long, default_value_t = 60)]
     pub idle_seconds: u64,
-    /// Where to write the report.
-    #[arg(long, default_value = "docs/PERFORMANCE.md")]
-    pub out: PathBuf,
+    /// Length of each run of the queue scenario (P6-P8), in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub queue_seconds: u64,
+    /// Run one part only: `runtime` (P1-P5) or `queue` (P6-P9: in-process,
+    /// needs neither root nor runc; prints its partial report unless --out
+    /// is given).
+    #[arg(long, value_enum, default_value_t = Part::All)]
+    pub only: Part,
+    /// Where to write the report [default: docs/PERFORMANCE.md; standard
+    /// output with --only queue].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// The command that ran the bench, as recorded in the report.
     #[arg(long)]
     pub command: Option<String>,
 }
+
+/// The parts of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// Everything: the whole docs/PERFORMANCE.md.
+    All,
+    /// The runtime (P1-P5).
+    Runtime,
+    /// The controller kit's queue (P6-P9).
+    Queue,
+}
+
+/// The default report.
+const DEFAULT_OUT: &str = "docs/PERFORMANCE.md";
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -90,6 +115,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<()> {
+    if args.only == Part::Queue {
+        return run_queue_only(args);
+    }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
     // Inits of the raw runc containers (and anything orphaned by a failure)
@@ -120,9 +148,38 @@ fn run(args: &Args) -> Result<()> {
     drop(tokio);
     let results = results?;
     let text = report::render(&machine, args, &results);
-    write_atomically(&args.out, &text)?;
-    eprintln!("petrel-bench: wrote {}", args.out.display());
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT));
+    write_atomically(&out, &text)?;
+    eprintln!("petrel-bench: wrote {}", out.display());
     drop(work);
+    Ok(())
+}
+
+/// `--only queue`: the queue figures alone, in this process.
+fn run_queue_only(args: &Args) -> Result<()> {
+    let machine = machine::Machine::collect(args, &std::env::temp_dir())?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start tokio")?;
+    let results = tokio.block_on(async {
+        tokio::select! {
+            r = queue::measure(args.queue_seconds, progress) => r,
+            s = interrupted() => bail!("interrupted by {s}"),
+        }
+    });
+    drop(tokio);
+    let text = report::render_queue_only(&machine, &results?);
+    match &args.out {
+        Some(out) => {
+            write_atomically(out, &text)?;
+            eprintln!("petrel-bench: wrote {}", out.display());
+        }
+        None => print!("{text}"),
+    }
     Ok(())
 }
 
@@ -170,6 +227,12 @@ struct Pod {
 }
 
 async fn bench(args: &Args, work: &Work) -> Result<Results> {
+    // The queue runs in this process and needs no runtime: first, on a
+    // machine not yet busy with containers.
+    let queue = match args.only {
+        Part::All => Some(queue::measure(args.queue_seconds, progress).await?),
+        Part::Runtime | Part::Queue => None,
+    };
     let fsync = probe_fsync(&work.dir, 100)?;
 
     progress("starting the runtime");
@@ -308,6 +371,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         shims_left,
         runtime_after,
         load_after: machine::load_average(),
+        queue,
     })
 }
 

@@ -6,6 +6,8 @@ use std::time::Duration;
 use crate::machine::Machine;
 use crate::metrics::OpTotals;
 use crate::procfs::{Cpu, Mem};
+use crate::queue::QueueResults;
+use crate::queue_report;
 use crate::stats::{ms, ratio, Samples};
 use crate::Args;
 
@@ -189,6 +191,8 @@ pub struct Results {
     pub runtime_after: Mem,
     /// /proc/loadavg at the end.
     pub load_after: String,
+    /// P6-P9, the controller kit's queue (absent with `--only runtime`).
+    pub queue: Option<QueueResults>,
 }
 
 fn verdict(pass: bool) -> &'static str {
@@ -241,6 +245,35 @@ pub fn render(m: &Machine, args: &Args, r: &Results) -> String {
     o
 }
 
+/// Renders the queue figures alone (`--only queue`): a partial report for
+/// quick iteration, not a replacement for docs/PERFORMANCE.md.
+pub fn render_queue_only(m: &Machine, q: &QueueResults) -> String {
+    let mut o = String::new();
+    // `write!` into a String cannot fail.
+    let _ = render_queue_only_into(&mut o, m, q);
+    o
+}
+
+fn render_queue_only_into(o: &mut String, m: &Machine, q: &QueueResults) -> std::fmt::Result {
+    writeln!(o, "# Petrel performance: the controller kit's queue only")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "<!-- `petrel-bench --only queue` on {}, commit {}, {} × {}. `make bench` writes the \
+         whole report. -->",
+        m.date, m.commit, m.cpus, m.cpu_model
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| # | Promise | Goal | Measured | Reference (same run) | Ratio | Verdict |"
+    )?;
+    writeln!(o, "|---|---|---|---|---|---|---|")?;
+    queue_report::summary_rows(o, q)?;
+    writeln!(o)?;
+    queue_report::sections(o, q)
+}
+
 fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fmt::Result {
     let hz = r.idle.ticks_per_second;
     let up_pass = within(r.up.petrel.p50(), r.up.raw.p50(), LIFECYCLE_RATIO_GOAL)
@@ -270,7 +303,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "Petrel makes the promises below about its runtime (`petrel runtime` and \
-         `petrel-shim`). `make bench` measures each one next to a reference taken **in the \
+         `petrel-shim`) and its controller kit's work queue (`petrel-controller`). `make bench` measures each one next to a reference taken **in the \
          same run on the same machine**, because this machine (2 vCPUs in a VM) is noisy \
          and the ratio to the reference carries over between machines where absolute \
          figures do not. Figures are reported as measured: percentiles are nearest-rank \
@@ -382,6 +415,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
         cpu_ms(r.idle.sleep, hz),
         verdict(idle_pass)
     )?;
+    if let Some(q) = &r.queue {
+        queue_report::summary_rows(o, q)?;
+    }
     writeln!(o)?;
 
     // ---- machine ------------------------------------------------------------
@@ -801,6 +837,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     )?;
     writeln!(o)?;
 
+    if let Some(q) = &r.queue {
+        queue_report::sections(o, q)?;
+    }
+
     // ---- hygiene, reproduce, noise ---------------------------------------------
     writeln!(o, "## Clean-up check")?;
     writeln!(o)?;
@@ -824,6 +864,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "scripts/bench.sh --idle-seconds 5 --out /tmp/PERF.md   # a quick run; any petrel-bench flag"
+    )?;
+    writeln!(
+        o,
+        "cargo run --release -p petrel-bench -- --only queue   # P6-P9 alone, no root, to stdout"
     )?;
     writeln!(o, "```")?;
     writeln!(o)?;

@@ -14,6 +14,11 @@ impl Samples {
         self.values.push(d);
     }
 
+    /// Adds every sample of `other`.
+    pub fn extend(&mut self, other: &Samples) {
+        self.values.extend_from_slice(&other.values);
+    }
+
     /// How many samples were taken.
     pub fn len(&self) -> usize {
         self.values.len()
@@ -28,7 +33,9 @@ impl Samples {
         }
         let mut v = self.values.clone();
         v.sort_unstable();
-        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        // The epsilon keeps float error from pushing an exact rank up one
+        // (99.9 / 100 × 1000 is 999.0000000000001 in f64).
+        let rank = ((p / 100.0) * v.len() as f64 - 1e-9).ceil() as usize;
         v[rank.clamp(1, v.len()) - 1]
     }
 
@@ -94,6 +101,13 @@ mod tests {
         let s = samples([5, 1, 9]);
         assert_eq!(s.p50(), Duration::from_millis(5));
         assert_eq!(s.p99(), Duration::from_millis(9));
+    }
+
+    #[test]
+    fn percentile_should_not_round_an_exact_rank_up() {
+        let s = samples(1..=1000);
+        assert_eq!(s.percentile(99.9), Duration::from_millis(999));
+        assert_eq!(s.percentile(99.0), Duration::from_millis(990));
     }
 
     #[test]
