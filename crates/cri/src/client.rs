@@ -72,6 +72,21 @@ pub async fn connect(endpoint: &str) -> Result<Channel, ClientError> {
     Ok(channel)
 }
 
+/// Like [`connect`], but the connection is made on first use and remade
+/// after it breaks, so a client outlives restarts of the server (the agent
+/// keeps one channel to its runtime for its whole life).
+pub fn connect_lazy(endpoint: &str) -> Result<Channel, ClientError> {
+    let ep = Endpoint::parse(endpoint)?;
+    let path = ep.path;
+    let channel = tonic::transport::Endpoint::from_static("http://[::1]:50051")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector_lazy(service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        }));
+    Ok(channel)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

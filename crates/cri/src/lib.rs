@@ -19,5 +19,5 @@ pub mod admin {
     tonic::include_proto!("petrel.admin.v1");
 }
 
-pub use client::{connect, ClientError, Endpoint};
+pub use client::{connect, connect_lazy, ClientError, Endpoint};
 pub use server::{bind_unix, ServerError};

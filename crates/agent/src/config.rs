@@ -1,0 +1,198 @@
+//! The agent's configuration: `[agent]` in Petrel's config file, overridden
+//! by flags. Every default is kubelet's unless a comment says otherwise.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// How the PLEG learns about changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PlegMode {
+    /// Events when the runtime serves GetContainerEvents, relisting
+    /// otherwise (decided at start-up).
+    #[default]
+    Auto,
+    /// The event stream (with a slow safety-net relist).
+    Events,
+    /// Relisting only, like kubelet's generic PLEG.
+    Relist,
+}
+
+impl std::str::FromStr for PlegMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "events" => Ok(Self::Events),
+            "relist" => Ok(Self::Relist),
+            other => Err(format!(
+                "invalid PLEG mode {other:?}: expected auto, events or relist"
+            )),
+        }
+    }
+}
+
+/// Everything the agent needs to run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The CRI endpoint, `unix:///path`.
+    pub runtime_endpoint: String,
+    /// The directory of pod manifests.
+    pub manifests: PathBuf,
+    /// Address of the HTTP server (/healthz, /metrics, /pods).
+    pub listen: SocketAddr,
+    /// The agent's own state (pod volumes, ...). Default /var/lib/petrel/agent.
+    pub root: PathBuf,
+    /// The node's name (labels, UIDs, status). Default: the host name.
+    pub node_name: String,
+    /// PLEG mode.
+    pub pleg: PlegMode,
+    /// Relist period in relist mode (1 s).
+    #[serde(with = "humantime_secs")]
+    pub relist_period: Duration,
+    /// Safety-net relist period in event mode (5 min).
+    #[serde(with = "humantime_secs")]
+    pub event_relist_period: Duration,
+    /// Unhealthy after this long without a successful relist (3 min).
+    #[serde(with = "humantime_secs")]
+    pub relist_threshold: Duration,
+    /// Periodic resync of every pod (10 s).
+    #[serde(with = "humantime_secs")]
+    pub sync_period: Duration,
+    /// Concurrent pod workers.
+    pub workers: usize,
+    /// Concurrent pod inspections by the PLEG.
+    pub inspect_concurrency: usize,
+    /// The cgroup under which the kubepods hierarchy is made
+    /// (`<cgroup_root>/kubepods/...`). Default `/petrel`.
+    pub cgroup_root: String,
+    /// Deadline of an ordinary CRI call.
+    #[serde(with = "humantime_secs")]
+    pub runtime_request_timeout: Duration,
+    /// Initial crash-loop backoff (10 s).
+    #[serde(with = "humantime_secs")]
+    pub backoff_initial: Duration,
+    /// Maximum crash-loop backoff (5 min).
+    #[serde(with = "humantime_secs")]
+    pub backoff_max: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            runtime_endpoint: "unix:///run/petrel/petrel.sock".to_string(),
+            manifests: PathBuf::from("/etc/petrel/manifests"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 10255)),
+            root: PathBuf::from("/var/lib/petrel/agent"),
+            node_name: String::new(),
+            pleg: PlegMode::Auto,
+            relist_period: Duration::from_secs(1),
+            event_relist_period: Duration::from_secs(300),
+            relist_threshold: Duration::from_secs(180),
+            sync_period: Duration::from_secs(10),
+            workers: 4,
+            inspect_concurrency: 8,
+            cgroup_root: "/petrel".to_string(),
+            runtime_request_timeout: Duration::from_secs(120),
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The node name, or the host name when unset.
+    pub fn effective_node_name(&self) -> String {
+        if !self.node_name.is_empty() {
+            return self.node_name.to_lowercase();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_lowercase())
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "localhost".to_string())
+    }
+}
+
+/// Durations in the file are written as seconds (floats allowed) or as
+/// strings with a unit: "300ms", "10s", "5m", "1h".
+mod humantime_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Secs(s) if s >= 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+            Raw::Secs(s) => Err(serde::de::Error::custom(format!("invalid duration {s}"))),
+            Raw::Text(t) => super::parse_duration(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses "300ms", "10s", "5m", "1h" or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 5m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: unit must be ms, s, m or h"
+            ))
+        }
+    };
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_should_parse_units_and_reject_nonsense() {
+        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn config_should_read_toml_with_defaults() {
+        let c: AgentConfig =
+            toml::from_str("relist_period = \"500ms\"\npleg = \"relist\"\nworkers = 2\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.relist_period, Duration::from_millis(500));
+        assert_eq!(c.pleg, PlegMode::Relist);
+        assert_eq!(c.workers, 2);
+        assert_eq!(c.sync_period, Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,430 @@
+//! The agent's view of a CRI runtime: [`RuntimeApi`], the calls it makes,
+//! as a trait so the PLEG and the pod workers can be unit-tested against a
+//! fake; [`CriRuntime`] implements it over gRPC, for any CRI runtime
+//! (Petrel's, containerd, CRI-O), counting every call in kubelet's
+//! `runtime_operations_*` metrics.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures_util::Stream;
+use petrel_cri::api;
+use petrel_cri::api::image_service_client::ImageServiceClient;
+use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+use crate::metrics::{AgentMetrics, OperationLabels};
+
+/// A CRI call that failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{operation}: {code:?}: {message}")]
+pub struct CriError {
+    /// The CRI operation, e.g. `create_container`.
+    pub operation: &'static str,
+    /// The gRPC status code.
+    pub code: tonic::Code,
+    /// The runtime's message.
+    pub message: String,
+}
+
+impl CriError {
+    fn new(operation: &'static str, s: tonic::Status) -> Self {
+        Self {
+            operation,
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+
+    /// The runtime does not know the object (already gone).
+    pub fn is_not_found(&self) -> bool {
+        self.code == tonic::Code::NotFound
+    }
+
+    /// The runtime does not implement the call.
+    pub fn is_unimplemented(&self) -> bool {
+        self.code == tonic::Code::Unimplemented
+    }
+
+    /// The runtime could not be reached at all.
+    pub fn is_unavailable(&self) -> bool {
+        self.code == tonic::Code::Unavailable
+    }
+}
+
+/// Result of a CRI call.
+pub type CriResult<T> = Result<T, CriError>;
+
+/// A stream of container events.
+pub type EventStream = Pin<Box<dyn Stream<Item = CriResult<api::ContainerEventResponse>> + Send>>;
+
+/// Output of ExecSync.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOutput {
+    /// Captured stdout.
+    pub stdout: Vec<u8>,
+    /// Captured stderr.
+    pub stderr: Vec<u8>,
+    /// Exit code.
+    pub exit_code: i32,
+}
+
+/// The CRI calls the agent makes.
+#[async_trait::async_trait]
+pub trait RuntimeApi: Send + Sync + 'static {
+    /// Version: the runtime's name and version.
+    async fn version(&self) -> CriResult<api::VersionResponse>;
+    /// Status: runtime and network readiness.
+    async fn status(&self) -> CriResult<api::RuntimeStatus>;
+    /// ListPodSandbox with the given label selector (empty: all).
+    async fn list_pod_sandboxes(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::PodSandbox>>;
+    /// ListContainers with the given label selector (empty: all).
+    async fn list_containers(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::Container>>;
+    /// PodSandboxStatus (not verbose).
+    async fn pod_sandbox_status(&self, id: &str) -> CriResult<api::PodSandboxStatus>;
+    /// ContainerStatus (not verbose).
+    async fn container_status(&self, id: &str) -> CriResult<api::ContainerStatus>;
+    /// RunPodSandbox; returns the sandbox id.
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String>;
+    /// StopPodSandbox.
+    async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()>;
+    /// RemovePodSandbox.
+    async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()>;
+    /// CreateContainer; returns the container id.
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> CriResult<String>;
+    /// StartContainer.
+    async fn start_container(&self, id: &str) -> CriResult<()>;
+    /// StopContainer with a grace period in seconds.
+    async fn stop_container(&self, id: &str, timeout_secs: i64) -> CriResult<()>;
+    /// RemoveContainer.
+    async fn remove_container(&self, id: &str) -> CriResult<()>;
+    /// ExecSync with a timeout in seconds (0: none).
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout_secs: i64,
+    ) -> CriResult<ExecOutput>;
+    /// ImageStatus: the image if present.
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>>;
+    /// PullImage; returns the image reference.
+    async fn pull_image(
+        &self,
+        image: &str,
+        sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> CriResult<String>;
+    /// GetContainerEvents: the runtime's event stream.
+    async fn container_events(&self) -> CriResult<EventStream>;
+}
+
+/// [`RuntimeApi`] over a CRI gRPC channel.
+#[derive(Clone)]
+pub struct CriRuntime {
+    rt: RuntimeServiceClient<Channel>,
+    img: ImageServiceClient<Channel>,
+    metrics: AgentMetrics,
+    timeout: Duration,
+}
+
+impl CriRuntime {
+    /// A client on `endpoint` (`unix:///path`); the connection is made on
+    /// first use and remade after the runtime restarts.
+    pub fn new(
+        endpoint: &str,
+        metrics: AgentMetrics,
+        timeout: Duration,
+    ) -> Result<Self, petrel_cri::ClientError> {
+        let channel = petrel_cri::connect_lazy(endpoint)?;
+        Ok(Self {
+            rt: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20),
+            img: ImageServiceClient::new(channel).max_decoding_message_size(64 << 20),
+            metrics,
+            timeout,
+        })
+    }
+
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.set_timeout(self.timeout);
+        r
+    }
+
+    async fn observe<T, F>(&self, op: &'static str, fut: F) -> CriResult<T>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let labels = OperationLabels {
+            operation_type: op.to_string(),
+        };
+        let start = Instant::now();
+        let r = fut.await;
+        self.metrics.runtime_operations.get_or_create(&labels).inc();
+        self.metrics
+            .runtime_operations_duration
+            .get_or_create(&labels)
+            .observe(start.elapsed().as_secs_f64());
+        match r {
+            Ok(resp) => Ok(resp.into_inner()),
+            Err(s) => {
+                self.metrics
+                    .runtime_operations_errors
+                    .get_or_create(&labels)
+                    .inc();
+                Err(CriError::new(op, s))
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RuntimeApi for CriRuntime {
+    async fn version(&self) -> CriResult<api::VersionResponse> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::VersionRequest {
+            version: "v1".to_string(),
+        });
+        self.observe("version", c.version(req)).await
+    }
+
+    async fn status(&self) -> CriResult<api::RuntimeStatus> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::StatusRequest { verbose: false });
+        let r = self.observe("status", c.status(req)).await?;
+        Ok(r.status.unwrap_or_default())
+    }
+
+    async fn list_pod_sandboxes(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::PodSandbox>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: labels,
+                ..Default::default()
+            }),
+        });
+        Ok(self
+            .observe("list_podsandbox", c.list_pod_sandbox(req))
+            .await?
+            .items)
+    }
+
+    async fn list_containers(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::Container>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: labels,
+                ..Default::default()
+            }),
+        });
+        Ok(self
+            .observe("list_containers", c.list_containers(req))
+            .await?
+            .containers)
+    }
+
+    async fn pod_sandbox_status(&self, id: &str) -> CriResult<api::PodSandboxStatus> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_string(),
+            verbose: false,
+        });
+        let r = self
+            .observe("podsandbox_status", c.pod_sandbox_status(req))
+            .await?;
+        r.status.ok_or_else(|| CriError {
+            operation: "podsandbox_status",
+            code: tonic::Code::Internal,
+            message: format!("runtime returned no status for sandbox {id}"),
+        })
+    }
+
+    async fn container_status(&self, id: &str) -> CriResult<api::ContainerStatus> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        });
+        let r = self
+            .observe("container_status", c.container_status(req))
+            .await?;
+        r.status.ok_or_else(|| CriError {
+            operation: "container_status",
+            code: tonic::Code::Internal,
+            message: format!("runtime returned no status for container {id}"),
+        })
+    }
+
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        // Sandbox creation may include CNI and image work: a longer deadline.
+        let mut req = tonic::Request::new(api::RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        });
+        req.set_timeout(self.timeout.max(Duration::from_secs(240)));
+        Ok(self
+            .observe("run_podsandbox", c.run_pod_sandbox(req))
+            .await?
+            .pod_sandbox_id)
+    }
+
+    async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::StopPodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        });
+        self.observe("stop_podsandbox", c.stop_pod_sandbox(req))
+            .await
+            .map(|_| ())
+    }
+
+    async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::RemovePodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        });
+        self.observe("remove_podsandbox", c.remove_pod_sandbox(req))
+            .await
+            .map(|_| ())
+    }
+
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config),
+        });
+        Ok(self
+            .observe("create_container", c.create_container(req))
+            .await?
+            .container_id)
+    }
+
+    async fn start_container(&self, id: &str) -> CriResult<()> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::StartContainerRequest {
+            container_id: id.to_string(),
+        });
+        self.observe("start_container", c.start_container(req))
+            .await
+            .map(|_| ())
+    }
+
+    async fn stop_container(&self, id: &str, timeout_secs: i64) -> CriResult<()> {
+        let mut c = self.rt.clone();
+        let mut req = tonic::Request::new(api::StopContainerRequest {
+            container_id: id.to_string(),
+            timeout: timeout_secs,
+        });
+        // The call lasts as long as the grace period, plus the runtime's work.
+        req.set_timeout(self.timeout + Duration::from_secs(timeout_secs.max(0) as u64));
+        self.observe("stop_container", c.stop_container(req))
+            .await
+            .map(|_| ())
+    }
+
+    async fn remove_container(&self, id: &str) -> CriResult<()> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::RemoveContainerRequest {
+            container_id: id.to_string(),
+        });
+        self.observe("remove_container", c.remove_container(req))
+            .await
+            .map(|_| ())
+    }
+
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout_secs: i64,
+    ) -> CriResult<ExecOutput> {
+        let mut c = self.rt.clone();
+        let mut req = tonic::Request::new(api::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd,
+            timeout: timeout_secs,
+        });
+        req.set_timeout(self.timeout + Duration::from_secs(timeout_secs.max(0) as u64));
+        let r = self.observe("exec_sync", c.exec_sync(req)).await?;
+        Ok(ExecOutput {
+            stdout: r.stdout,
+            stderr: r.stderr,
+            exit_code: r.exit_code,
+        })
+    }
+
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
+        let mut c = self.img.clone();
+        let req = self.request(api::ImageStatusRequest {
+            image: Some(api::ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+            verbose: false,
+        });
+        Ok(self
+            .observe("image_status", c.image_status(req))
+            .await?
+            .image)
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> CriResult<String> {
+        let mut c = self.img.clone();
+        let mut req = tonic::Request::new(api::PullImageRequest {
+            image: Some(api::ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+            auth: None,
+            sandbox_config,
+        });
+        req.set_timeout(Duration::from_secs(600));
+        Ok(self
+            .observe("pull_image", c.pull_image(req))
+            .await?
+            .image_ref)
+    }
+
+    async fn container_events(&self) -> CriResult<EventStream> {
+        use futures_util::StreamExt;
+        let mut c = self.rt.clone();
+        // No deadline: the stream lives until the runtime or agent ends it.
+        let req = tonic::Request::new(api::GetEventsRequest {});
+        let stream = c
+            .get_container_events(req)
+            .await
+            .map_err(|s| CriError::new("get_container_events", s))?
+            .into_inner();
+        Ok(Box::pin(stream.map(|r| {
+            r.map_err(|s| CriError::new("get_container_events", s))
+        })))
+    }
+}

@@ -1,0 +1,21 @@
+//! `petrel agent`: a kubelet-style node agent. It runs the pods described
+//! by the manifests in a directory on any CRI runtime and keeps their
+//! status true.
+//!
+//! The parts, each in its own module:
+//! - [`source`]: the manifest directory, watched with inotify, as desired pods;
+//! - [`pleg`]: learns what changed in the runtime (relisting, and the
+//!   runtime's event stream as hints), and keeps [`cache`] fresh;
+//! - [`worker`]: reconciles each pod through the controller kit's work queue;
+//! - [`status`]: computes and publishes Kubernetes pod statuses;
+//! - [`server`]: `/healthz`, `/metrics`, `/pods`.
+
+pub mod cache;
+pub mod config;
+pub mod cri;
+pub mod health;
+pub mod metrics;
+pub mod status;
+pub mod types;
+
+pub use config::{AgentConfig, PlegMode};

@@ -1,0 +1,141 @@
+//! Plain types shared by the agent's parts: what the sources want, what the
+//! runtime has, and the labels that tie the two together.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use petrel_cri::api;
+
+/// A pod's UID, the key of everything per pod (work queue, cache, workers).
+pub type PodUid = String;
+
+/// Sandbox and container label: the pod's UID.
+pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+/// Sandbox and container label: the pod's name.
+pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
+/// Sandbox and container label: the pod's namespace.
+pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+/// Container label: the container's name in the pod spec.
+pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// Sandbox and container label naming the agent (node) that made it. The
+/// agent only ever lists, inspects, stops or removes what carries its own
+/// value, so it never touches pods someone else made on the same runtime.
+pub const LABEL_MANAGED_BY: &str = "petrel.io/node";
+/// Container annotation: hash of the container's spec (a changed spec
+/// means the container is restarted).
+pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
+/// Container annotation: the restart count this container was created with.
+pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+/// Container annotation: `init` or `app`.
+pub const ANNOTATION_CONTAINER_KIND: &str = "petrel.io/container-kind";
+/// Container annotation: the pod's termination grace period in seconds,
+/// kept so a pod whose manifest is gone still stops gracefully.
+pub const ANNOTATION_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+/// Container annotation: the container's preStop exec command (JSON array),
+/// kept for the same reason.
+pub const ANNOTATION_PRE_STOP: &str = "petrel.io/pre-stop-exec";
+
+/// A pod that a source (the manifest directory) wants on this node.
+#[derive(Debug, Clone)]
+pub struct DesiredPod {
+    /// Stable UID (from the manifest's metadata.uid, else derived from
+    /// node, namespace and name).
+    pub uid: PodUid,
+    /// Namespace (default "default").
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The pod with defaults applied (metadata.uid set, restartPolicy,
+    /// terminationGracePeriodSeconds, imagePullPolicy, ... filled in).
+    pub pod: Arc<Pod>,
+    /// The manifest file it came from.
+    pub source: PathBuf,
+    /// Why this pod cannot run (a parse or validation error), in which case
+    /// it is shown with this reason and never started.
+    pub invalid: Option<String>,
+}
+
+/// What the runtime has for one pod: one inspection, as cached by the PLEG.
+#[derive(Debug, Clone, Default)]
+pub struct PodRuntimeStatus {
+    /// The pod's UID (from labels).
+    pub uid: PodUid,
+    /// Name (from labels).
+    pub name: String,
+    /// Namespace (from labels).
+    pub namespace: String,
+    /// Every sandbox of the pod, newest (largest created_at) first.
+    pub sandboxes: Vec<api::PodSandboxStatus>,
+    /// Every container of the pod (all sandboxes, every state), newest
+    /// first.
+    pub containers: Vec<api::ContainerStatus>,
+    /// Kind and restart count per container id, from the annotations the
+    /// agent wrote at create time.
+    pub container_meta: HashMap<String, ContainerMeta>,
+}
+
+/// What the agent recorded on a container when it created it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerMeta {
+    /// Init container?
+    pub init: bool,
+    /// Spec hash at create time.
+    pub hash: String,
+    /// Restart count at create time.
+    pub restart_count: i32,
+}
+
+impl PodRuntimeStatus {
+    /// The newest sandbox, if any.
+    pub fn latest_sandbox(&self) -> Option<&api::PodSandboxStatus> {
+        self.sandboxes.first()
+    }
+
+    /// The newest container with this name, if any.
+    pub fn latest_container(&self, name: &str) -> Option<&api::ContainerStatus> {
+        self.containers
+            .iter()
+            .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
+    }
+
+    /// The pod's IPs from its newest sandbox.
+    pub fn ips(&self) -> Vec<String> {
+        let Some(net) = self.latest_sandbox().and_then(|s| s.network.as_ref()) else {
+            return Vec::new();
+        };
+        let mut ips = Vec::new();
+        if !net.ip.is_empty() {
+            ips.push(net.ip.clone());
+        }
+        ips.extend(net.additional_ips.iter().map(|i| i.ip.clone()));
+        ips
+    }
+}
+
+/// What the pod worker knows beyond the runtime's view, for the status:
+/// why a container waits, and probe results.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodHints {
+    /// Per container name.
+    pub containers: HashMap<String, ContainerHints>,
+    /// The pod is being terminated (manifest deleted).
+    pub terminating: bool,
+    /// A pod-level message (e.g. why the sandbox cannot be created).
+    pub message: Option<String>,
+    /// When the agent first acknowledged the pod (status.startTime).
+    pub start_time: Option<std::time::SystemTime>,
+}
+
+/// Per-container hints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerHints {
+    /// Waiting reason and message (CrashLoopBackOff, ErrImageNeverPull,
+    /// CreateContainerError, ...), shown while the container is not running.
+    pub waiting: Option<(String, String)>,
+    /// Readiness probe result (None: no probe, ready when running).
+    pub ready: Option<bool>,
+    /// Startup probe passed (None: no probe, started when running).
+    pub started: Option<bool>,
+}
