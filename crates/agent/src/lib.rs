@@ -15,6 +15,7 @@ pub mod config;
 pub mod cri;
 pub mod health;
 pub mod metrics;
+pub mod quantity;
 pub mod status;
 pub mod types;
 
