@@ -16,6 +16,8 @@ pub mod cri;
 pub mod health;
 pub mod metrics;
 pub mod quantity;
+pub mod server;
+pub mod source;
 pub mod status;
 pub mod types;
 
