@@ -15,6 +15,7 @@ pub mod config;
 pub mod cri;
 pub mod health;
 pub mod metrics;
+pub mod pleg;
 pub mod quantity;
 pub mod server;
 pub mod source;
