@@ -12,6 +12,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod convert;
 pub mod cri;
 pub mod health;
 pub mod metrics;

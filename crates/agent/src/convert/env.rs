@@ -1,0 +1,2 @@
+//! Container environment: values, fieldRefs, resourceFieldRefs and
+//! `$(VAR)` expansion.

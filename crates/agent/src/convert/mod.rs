@@ -1,0 +1,94 @@
+//! Kubernetes pod spec → CRI configs: the sandbox config of a pod, the
+//! container config of each container, the QoS class and cgroup layout,
+//! the spec hash that decides restarts, and the pod's volume directories.
+//!
+//! Everything here is a pure function of the pod and a [`ConvertContext`]
+//! (except [`prepare_volumes`] and [`remove_pod_dir`], which touch only the
+//! pod's own directory), so the pod workers stay thin and this stays
+//! testable.
+
+mod container;
+mod env;
+mod hash;
+mod qos;
+mod resources;
+mod sandbox;
+mod volumes;
+
+use std::path::PathBuf;
+
+pub use container::container_config;
+pub use hash::container_hash;
+pub use qos::{pod_cgroup_parent, qos_class, QosClass};
+pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
+pub use sandbox::sandbox_config;
+pub use volumes::{prepare_volumes, remove_pod_dir};
+
+/// What a conversion needs to know about the node and the pod's place on
+/// it, beyond the pod itself.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertContext {
+    /// This node's name (spec.nodeName, and the managed-by label's value).
+    pub node_name: String,
+    /// The cgroup parent under which `kubepods` lives, e.g. "/petrel".
+    pub cgroup_root: String,
+    /// The pod's directory, `<agent root>/pods/<uid>` (emptyDir volumes).
+    pub pod_dir: PathBuf,
+    /// The pod's log directory, `<agent root>/logs/<ns>_<name>_<uid>`.
+    pub log_dir: PathBuf,
+    /// The pod's IPs when known (status.podIP(s) fieldRefs).
+    pub pod_ips: Vec<String>,
+    /// The node's IP (status.hostIP fieldRefs, hostNetwork pods).
+    pub host_ip: String,
+}
+
+/// Why a pod spec cannot be turned into CRI configs. Messages name the
+/// field concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// A field whose value is unusable (bad quantity, unknown fieldRef,
+    /// unsafe subPath, ...).
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field path, e.g. `spec.containers[app].env[FOO].valueFrom`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A feature the agent does not support yet (configMap/secret sources,
+    /// volume types other than emptyDir and hostPath, ...).
+    #[error("unsupported {field}: {reason}")]
+    Unsupported {
+        /// The field path.
+        field: String,
+        /// What is not supported.
+        reason: String,
+    },
+    /// An I/O error while preparing the pod's volumes.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation, e.g. "create emptyDir".
+        op: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ConvertError {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn unsupported(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Unsupported {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
