@@ -7,7 +7,7 @@ CARGO ?= cargo
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps
 
-.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci
+.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd
 
 all: build
 
@@ -34,6 +34,11 @@ release: deps
 image: deps
 	scripts/build-test-image.sh $(IMAGES)
 
+## containerd: containerd 1.7 (trixie) and 1.6 (bookworm) and CNI plugins
+## unpacked under build/ for the tests against them (nothing is installed)
+containerd: deps
+	scripts/containerd.sh build
+
 ## lint: formatting and clippy, warnings are errors
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -43,11 +48,11 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build image lint
+test: deps build image containerd lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-	  PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
+	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
-	  PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) test --workspace --no-fail-fast; \
+	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) test --workspace --no-fail-fast; \
 	fi
 	$(CARGO) test --workspace --doc
 
