@@ -5,6 +5,10 @@
 #   busybox-oci.tar     OCI image layout, ref name docker.io/petrel/busybox:latest
 #   busybox-docker.tar  the same image as a docker archive, tagged
 #                       docker.io/petrel/busybox:docker
+#   pause-oci.tar       OCI image layout, ref name docker.io/petrel/pause:latest:
+#                       the same layer, with an entrypoint that sleeps as PID 1
+#                       and exits 0 on SIGTERM or SIGINT (containerd's sandbox
+#                       image in the tests against containerd)
 # Both are deterministic (fixed mtimes and owners, sorted entries, gzip -n),
 # so the image id and digests only change with /bin/busybox or this script.
 # Does nothing when both outputs are newer than /bin/busybox and this script.
@@ -16,6 +20,7 @@ busybox=${BUSYBOX:-/bin/busybox}
 script=$(readlink -f "${BASH_SOURCE[0]}")
 ref_name=docker.io/petrel/busybox:latest
 docker_tag=docker.io/petrel/busybox:docker
+pause_ref_name=docker.io/petrel/pause:latest
 epoch=@0
 
 if [[ ! -x $busybox ]]; then
@@ -25,9 +30,10 @@ fi
 
 oci_tar=$out/busybox-oci.tar
 docker_tar=$out/busybox-docker.tar
+pause_tar=$out/pause-oci.tar
 up_to_date() {
     local f
-    for f in "$oci_tar" "$docker_tar"; do
+    for f in "$oci_tar" "$docker_tar" "$pause_tar"; do
         [[ -f $f && $f -nt $busybox && $f -nt $script ]] || return 1
     done
 }
@@ -38,7 +44,7 @@ fi
 
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/petrel-test-image.XXXXXX")
-trap 'rm -rf "$work" "$oci_tar.tmp.$$" "$docker_tar.tmp.$$"' EXIT
+trap 'rm -rf "$work" "$oci_tar.tmp.$$" "$docker_tar.tmp.$$" "$pause_tar.tmp.$$"' EXIT
 
 # Deterministic tar: sorted names, fixed owner and mtime, GNU format (no
 # PAX atime/ctime records).
@@ -99,6 +105,28 @@ find "$oci" -type d -exec chmod 0755 {} +
 find "$oci" -type f -exec chmod 0644 {} +
 (cd "$oci" && dtar -cf "$oci_tar.tmp.$$" oci-layout index.json blobs)
 
+# --- pause image: the same layer, another config --------------------------
+# A trap makes the shell (PID 1 of the sandbox) exit on TERM/INT; `wait`
+# returns as soon as a trapped signal arrives.
+pause_cmd="trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done"
+printf '{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z","config":{"Env":["%s"],"Entrypoint":["/bin/sh","-c","%s"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created":"1970-01-01T00:00:00Z","created_by":"scripts/build-test-image.sh"}]}' \
+    "$path_env" "$pause_cmd" "$diff_id" >"$work/pause-config.json"
+pause_config_digest=$(sha "$work/pause-config.json")
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
+    "$pause_config_digest" "$(size "$work/pause-config.json")" "$layer_digest" "$layer_size" >"$work/pause-manifest.json"
+pause_manifest_digest=$(sha "$work/pause-manifest.json")
+pause=$work/pause
+mkdir -p "$pause/blobs/sha256"
+cp "$work/layer.tar.gz" "$pause/blobs/sha256/$layer_digest"
+cp "$work/pause-config.json" "$pause/blobs/sha256/$pause_config_digest"
+cp "$work/pause-manifest.json" "$pause/blobs/sha256/$pause_manifest_digest"
+printf '{"imageLayoutVersion":"1.0.0"}' >"$pause/oci-layout"
+printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"org.opencontainers.image.ref.name":"%s"}}]}' \
+    "$pause_manifest_digest" "$(size "$work/pause-manifest.json")" "$pause_ref_name" >"$pause/index.json"
+find "$pause" -type d -exec chmod 0755 {} +
+find "$pause" -type f -exec chmod 0644 {} +
+(cd "$pause" && dtar -cf "$pause_tar.tmp.$$" oci-layout index.json blobs)
+
 # --- docker archive (docker save, classic layout) -------------------------
 docker=$work/docker
 mkdir -p "$docker/$diff_id"
@@ -116,4 +144,5 @@ find "$docker" -type f -exec chmod 0644 {} +
 # Replace the outputs atomically (the temp files sit beside them).
 mv -f "$oci_tar.tmp.$$" "$oci_tar"
 mv -f "$docker_tar.tmp.$$" "$docker_tar"
+mv -f "$pause_tar.tmp.$$" "$pause_tar"
 echo "build-test-image: image sha256:$config_digest (manifest sha256:$manifest_digest) in $out"
