@@ -13,11 +13,14 @@ mod hash;
 mod qos;
 mod resources;
 mod sandbox;
+mod security;
 mod volumes;
 
 use std::path::PathBuf;
 
-pub use container::container_config;
+pub use container::{
+    container_config, ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
+};
 pub use hash::container_hash;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
@@ -89,6 +92,77 @@ impl ConvertError {
         Self::Unsupported {
             field: field.into(),
             reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Builders shared by the conversion and status tests.
+
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::ConvertContext;
+    use crate::types::DesiredPod;
+
+    /// A desired pod from YAML, with the UID set as a source would.
+    pub fn desired(yaml: &str) -> DesiredPod {
+        let mut pod: Pod = serde_yaml::from_str(yaml).unwrap();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let namespace = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        let uid = format!("uid-{name}");
+        pod.metadata.uid = Some(uid.clone());
+        DesiredPod {
+            uid,
+            namespace,
+            name,
+            pod: Arc::new(pod),
+            source: PathBuf::from("/manifests/pod.yaml"),
+            invalid: None,
+        }
+    }
+
+    /// A context with fixed values.
+    pub fn ctx() -> ConvertContext {
+        ConvertContext {
+            node_name: "node-1".to_string(),
+            cgroup_root: "/petrel".to_string(),
+            pod_dir: PathBuf::from("/var/lib/petrel/pods/uid"),
+            log_dir: PathBuf::from("/var/lib/petrel/logs/ns_name_uid"),
+            pod_ips: vec!["10.0.0.5".to_string(), "fd00::5".to_string()],
+            host_ip: "192.168.1.10".to_string(),
+        }
+    }
+
+    fn list(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
+        (!pairs.is_empty()).then(|| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect()
+        })
+    }
+
+    /// A container with these requests and limits.
+    pub fn container_with(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
+        Container {
+            name: "c".to_string(),
+            image: Some("busybox".to_string()),
+            resources: Some(ResourceRequirements {
+                requests: list(requests),
+                limits: list(limits),
+                ..Default::default()
+            }),
+            ..Default::default()
         }
     }
 }

@@ -1,16 +1,333 @@
-//! The pod's volumes: emptyDir directories, hostPath checks, and mounts.
+//! The pod's volumes: emptyDir directories under the pod's directory,
+//! hostPath type checks, and the CRI mounts of a container.
 
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Volume, VolumeMount};
+use petrel_cri::api;
+
+use super::env::{container_field, expand};
 use super::{ConvertContext, ConvertError};
 use crate::types::DesiredPod;
 
-/// Creates the pod's emptyDir directories and checks its hostPaths.
+/// Where emptyDir volumes live inside the pod's directory (kubelet's
+/// plugin directory name, so tools that know kubelet find them).
+const EMPTY_DIR_PLUGIN: &str = "volumes/kubernetes.io~empty-dir";
+
+/// The host directory of an emptyDir volume.
+pub(crate) fn empty_dir_path(ctx: &ConvertContext, name: &str) -> PathBuf {
+    ctx.pod_dir.join(EMPTY_DIR_PLUGIN).join(name)
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ConvertError {
+    let path = path.to_path_buf();
+    move |source| ConvertError::Io { op, path, source }
+}
+
+/// A volume name becomes a path component: refuse anything that is not
+/// exactly one normal component.
+fn check_volume_name(name: &str, field: &str) -> Result<(), ConvertError> {
+    let mut comps = Path::new(name).components();
+    match (comps.next(), comps.next()) {
+        (Some(Component::Normal(_)), None) if !name.contains('/') => Ok(()),
+        _ => Err(ConvertError::invalid(
+            field,
+            format!("volume name {name:?} is not a single path component"),
+        )),
+    }
+}
+
+/// Creates the pod's emptyDir directories (mode 0777, so containers
+/// running as any user can write, like kubelet's) and checks or creates
+/// its hostPaths by their declared type. Other volume types are refused.
 pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), ConvertError> {
-    let _ = (pod, ctx);
+    let Some(spec) = pod.pod.spec.as_ref() else {
+        return Ok(());
+    };
+    for v in spec.volumes.iter().flatten() {
+        let field = format!("spec.volumes[{}]", v.name);
+        check_volume_name(&v.name, &field)?;
+        if let Some(ed) = &v.empty_dir {
+            if ed.medium.as_deref() == Some("Memory") {
+                // No tmpfs yet: a disk directory keeps such pods running.
+                tracing::warn!(pod = %pod.name, volume = %v.name, "emptyDir medium Memory served from disk");
+            }
+            let dir = empty_dir_path(ctx, &v.name);
+            fs::create_dir_all(&dir).map_err(io_err("create emptyDir", &dir))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
+                .map_err(io_err("chmod emptyDir", &dir))?;
+        } else if let Some(hp) = &v.host_path {
+            check_host_path(&hp.path, hp.type_.as_deref().unwrap_or(""), &field)?;
+        } else {
+            return Err(unsupported_volume(v, &field));
+        }
+    }
+    // subPaths inside emptyDirs must exist before the runtime binds them.
+    for (c, init) in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| (c, true))
+        .chain(spec.containers.iter().map(|c| (c, false)))
+    {
+        for m in c.volume_mounts.iter().flatten() {
+            let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            let field = format!(
+                "{}.volumeMounts[{}].subPath",
+                container_field(c, init),
+                m.name
+            );
+            let rel = safe_sub_path(sub, &field)?;
+            let Some(v) = spec.volumes.iter().flatten().find(|v| v.name == m.name) else {
+                continue; // reported by container_config
+            };
+            if v.empty_dir.is_some() {
+                create_inside(&empty_dir_path(ctx, &v.name), &rel)?;
+            }
+        }
+    }
     Ok(())
 }
 
-/// Removes the pod's directory.
-pub fn remove_pod_dir(ctx: &ConvertContext) -> std::io::Result<()> {
-    let _ = ctx;
+fn unsupported_volume(v: &Volume, field: &str) -> ConvertError {
+    // Name the volume's type by its JSON key, e.g. "configMap".
+    let kind = serde_json::to_value(v)
+        .ok()
+        .and_then(|j| {
+            j.as_object()
+                .and_then(|o| o.keys().find(|k| *k != "name").cloned())
+        })
+        .unwrap_or_else(|| "no source".to_string());
+    ConvertError::unsupported(
+        field,
+        format!("volume type {kind} (only emptyDir and hostPath)"),
+    )
+}
+
+/// Creates `rel` (already checked to be relative and free of `..`) as
+/// directories under `base`, one component at a time, refusing to pass
+/// through a symlink a container may have planted to escape its volume.
+fn create_inside(base: &Path, rel: &Path) -> Result<(), ConvertError> {
+    let mut cur = base.to_path_buf();
+    for comp in rel.components() {
+        cur.push(comp);
+        match fs::symlink_metadata(&cur) {
+            Ok(md) if md.file_type().is_symlink() => {
+                return Err(ConvertError::invalid(
+                    "subPath",
+                    format!("{} is a symlink", cur.display()),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir(&cur).map_err(io_err("create subPath", &cur))?;
+                fs::set_permissions(&cur, fs::Permissions::from_mode(0o777))
+                    .map_err(io_err("chmod subPath", &cur))?;
+            }
+            Err(e) => return Err(io_err("stat subPath", &cur)(e)),
+        }
+    }
     Ok(())
+}
+
+/// Checks a hostPath against its declared type, creating it for the
+/// `...OrCreate` types.
+fn check_host_path(path: &str, kind: &str, field: &str) -> Result<(), ConvertError> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(ConvertError::invalid(
+            format!("{field}.hostPath.path"),
+            format!("{path:?} is not absolute"),
+        ));
+    }
+    let md = fs::metadata(p);
+    let wrong = |what: &str| {
+        ConvertError::invalid(
+            format!("{field}.hostPath"),
+            format!("{path} is not {what} (type {kind})"),
+        )
+    };
+    match kind {
+        "" => Ok(()),
+        "DirectoryOrCreate" => match md {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(wrong("a directory")),
+            Err(_) => {
+                fs::create_dir_all(p).map_err(io_err("create hostPath", p))?;
+                fs::set_permissions(p, fs::Permissions::from_mode(0o755))
+                    .map_err(io_err("chmod hostPath", p))
+            }
+        },
+        "FileOrCreate" => match md {
+            Ok(m) if m.is_file() => Ok(()),
+            Ok(_) => Err(wrong("a file")),
+            Err(_) => {
+                if let Some(parent) = p.parent() {
+                    fs::create_dir_all(parent).map_err(io_err("create hostPath parent", parent))?;
+                }
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(p)
+                    .map_err(io_err("create hostPath", p))?;
+                fs::set_permissions(p, fs::Permissions::from_mode(0o644))
+                    .map_err(io_err("chmod hostPath", p))
+            }
+        },
+        "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" => {
+            let m = md.map_err(|_| wrong("present"))?;
+            let ft = m.file_type();
+            let ok = match kind {
+                "Directory" => ft.is_dir(),
+                "File" => ft.is_file(),
+                "Socket" => ft.is_socket(),
+                "CharDevice" => ft.is_char_device(),
+                _ => ft.is_block_device(),
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(wrong(match kind {
+                    "Directory" => "a directory",
+                    "File" => "a file",
+                    "Socket" => "a socket",
+                    "CharDevice" => "a character device",
+                    _ => "a block device",
+                }))
+            }
+        }
+        other => Err(ConvertError::invalid(
+            format!("{field}.hostPath.type"),
+            format!("unknown type {other:?}"),
+        )),
+    }
+}
+
+/// A subPath as a relative path that stays inside its volume: no absolute
+/// paths, no `..`.
+pub(crate) fn safe_sub_path(sub: &str, field: &str) -> Result<PathBuf, ConvertError> {
+    let p = Path::new(sub);
+    let mut out = PathBuf::new();
+    for comp in p.components() {
+        match comp {
+            Component::Normal(c) => out.push(c),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(ConvertError::invalid(
+                    field,
+                    format!("{sub:?} contains '..'"),
+                ))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(ConvertError::invalid(field, format!("{sub:?} is absolute")))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn propagation(m: &VolumeMount, privileged: bool, field: &str) -> Result<i32, ConvertError> {
+    Ok(match m.mount_propagation.as_deref() {
+        None | Some("") | Some("None") => api::MountPropagation::PropagationPrivate,
+        Some("HostToContainer") => api::MountPropagation::PropagationHostToContainer,
+        Some("Bidirectional") if privileged => api::MountPropagation::PropagationBidirectional,
+        Some("Bidirectional") => {
+            return Err(ConvertError::invalid(
+                format!("{field}.mountPropagation"),
+                "Bidirectional needs a privileged container",
+            ))
+        }
+        Some(other) => {
+            return Err(ConvertError::invalid(
+                format!("{field}.mountPropagation"),
+                format!("unknown mode {other:?}"),
+            ))
+        }
+    } as i32)
+}
+
+/// The container's CRI mounts from its volumeMounts. `env` expands
+/// subPathExpr.
+pub(crate) fn container_mounts(
+    pod: &DesiredPod,
+    container: &Container,
+    init: bool,
+    env: &[(String, String)],
+    ctx: &ConvertContext,
+) -> Result<Vec<api::Mount>, ConvertError> {
+    let volumes: &[Volume] = pod
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or(&[]);
+    let privileged = container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false);
+    let cfield = container_field(container, init);
+    let mut mounts = Vec::new();
+    for m in container.volume_mounts.iter().flatten() {
+        let field = format!("{cfield}.volumeMounts[{}]", m.name);
+        let v = volumes.iter().find(|v| v.name == m.name).ok_or_else(|| {
+            ConvertError::invalid(&field, format!("no volume named {:?}", m.name))
+        })?;
+        check_volume_name(&v.name, &field)?;
+        let mut host = if v.empty_dir.is_some() {
+            empty_dir_path(ctx, &v.name)
+        } else if let Some(hp) = &v.host_path {
+            PathBuf::from(&hp.path)
+        } else {
+            return Err(unsupported_volume(v, &format!("spec.volumes[{}]", v.name)));
+        };
+        if !Path::new(&m.mount_path).is_absolute() {
+            return Err(ConvertError::invalid(
+                format!("{field}.mountPath"),
+                format!("{:?} is not absolute", m.mount_path),
+            ));
+        }
+        let sub = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
+            (Some(s), _) if !s.is_empty() => Some((s.to_string(), "subPath")),
+            (_, Some(e)) if !e.is_empty() => {
+                let expanded = expand(e, &|n| {
+                    env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+                });
+                Some((expanded, "subPathExpr"))
+            }
+            _ => None,
+        };
+        if let Some((s, name)) = sub {
+            host.push(safe_sub_path(&s, &format!("{field}.{name}"))?);
+        }
+        let readonly = m.read_only.unwrap_or(false);
+        mounts.push(api::Mount {
+            container_path: m.mount_path.clone(),
+            host_path: host.to_string_lossy().into_owned(),
+            readonly,
+            recursive_read_only: readonly && m.recursive_read_only.as_deref() == Some("Enabled"),
+            propagation: propagation(m, privileged, &field)?,
+            ..Default::default()
+        });
+    }
+    Ok(mounts)
+}
+
+/// Removes the pod's directory and everything in it (its emptyDirs). The
+/// removal never follows symlinks, so a link a container left in an
+/// emptyDir cannot make it delete anything outside the pod's directory.
+pub fn remove_pod_dir(ctx: &ConvertContext) -> std::io::Result<()> {
+    match fs::symlink_metadata(&ctx.pod_dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        // A symlink in place of the pod directory: remove the link only.
+        Ok(md) if !md.is_dir() => fs::remove_file(&ctx.pod_dir),
+        // remove_dir_all does not follow symlinks inside the tree.
+        Ok(_) => fs::remove_dir_all(&ctx.pod_dir),
+    }
 }
