@@ -1,5 +1,10 @@
 //! The agent's health as `/healthz` reports it: the PLEG must have relisted
 //! successfully within its threshold, and the runtime must answer.
+//!
+//! While the runtime's event stream is connected, relists are only a
+//! safety net (every `event_relist_period`), so the threshold grows by that
+//! period: the PLEG is healthy between safety-net relists, and still
+//! reported when they keep failing.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -11,6 +16,8 @@ pub struct Health {
     started: Instant,
     last_relist: Mutex<Option<Instant>>,
     runtime_error: Mutex<Option<String>>,
+    /// The safety-net relist period while the event stream is connected.
+    event_stream: Mutex<Option<Duration>>,
 }
 
 impl Health {
@@ -21,6 +28,7 @@ impl Health {
             started: Instant::now(),
             last_relist: Mutex::new(None),
             runtime_error: Mutex::new(None),
+            event_stream: Mutex::new(None),
         }
     }
 
@@ -34,15 +42,28 @@ impl Health {
         *self.runtime_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
+    /// Records whether the PLEG's event stream is connected: `Some(period)`
+    /// (the safety-net relist period) while it is, `None` otherwise.
+    pub fn set_event_stream(&self, safety_net_period: Option<Duration>) {
+        *self.event_stream.lock().unwrap_or_else(|p| p.into_inner()) = safety_net_period;
+    }
+
+    /// The relist threshold in force now.
+    fn threshold(&self) -> Duration {
+        let extra = *self.event_stream.lock().unwrap_or_else(|p| p.into_inner());
+        self.relist_threshold + extra.unwrap_or_default()
+    }
+
     /// Ok, or the reasons the agent is unhealthy.
     pub fn check(&self) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
         let last = *self.last_relist.lock().unwrap_or_else(|p| p.into_inner());
         let since = last.unwrap_or(self.started).elapsed();
-        if since > self.relist_threshold {
+        let threshold = self.threshold();
+        if since > threshold {
             problems.push(format!(
                 "pleg was last seen active {:.1?} ago; threshold is {:?}",
-                since, self.relist_threshold
+                since, threshold
             ));
         }
         if let Some(e) = self
@@ -77,5 +98,16 @@ mod tests {
         assert!(e[0].contains("runtime is down"), "{e:?}");
         h.set_runtime_error(None);
         assert!(h.check().is_ok());
+    }
+
+    #[test]
+    fn health_should_extend_the_threshold_while_the_event_stream_is_connected() {
+        let h = Health::new(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(h.check().is_err());
+        h.set_event_stream(Some(Duration::from_secs(300)));
+        assert!(h.check().is_ok());
+        h.set_event_stream(None);
+        assert!(h.check().is_err());
     }
 }

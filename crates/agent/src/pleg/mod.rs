@@ -1,14 +1,43 @@
 //! The pod lifecycle event generator (PLEG): learns what changed in the
 //! runtime, keeps the [`PodCache`] fresh and tells the pod workers.
 //!
-//! Work in progress: the signatures are final, the body lands next.
+//! Two ways to learn, one truth (the runtime):
+//! - **Relist** ([`relist`]): list everything this node made, diff it with
+//!   the previous relist, inspect the changed pods (concurrently, bounded)
+//!   and emit kubelet's lifecycle events. Every `relist_period` (1 s) in
+//!   relist mode and whenever the event stream is down.
+//! - **Events** ([`evented`]): each event of `GetContainerEvents` is a hint
+//!   that its pod changed; the pod is inspected at once and the event
+//!   emitted after. A full relist runs after every (re)connect and every
+//!   `event_relist_period` (5 min) as a safety net. The stream reconnects
+//!   forever with capped backoff ([`driver`]).
+//!
+//! Only sandboxes and containers labelled with this node
+//! ([`LABEL_MANAGED_BY`](crate::types::LABEL_MANAGED_BY)) are ever listed or
+//! inspected. Every inspection writes the cache with the time it began, so
+//! the cache never goes backwards whatever the interleaving.
+//!
+//! Health: relist mode (or a disconnected stream) is healthy while a relist
+//! succeeded within `relist_threshold` (3 min). While the stream is
+//! connected the threshold grows by `event_relist_period`, so the PLEG stays
+//! healthy between safety-net relists but a runtime whose relists keep
+//! failing is still reported (after 8 min by default).
 
-use std::sync::Arc;
+mod driver;
+mod evented;
+mod events;
+mod ids;
+mod inspect;
+mod relist;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify, Semaphore};
 
-use crate::cache::PodCache;
+use crate::cache::{now_ns, PodCache};
 use crate::config::PlegMode;
 use crate::cri::{CriError, RuntimeApi};
 use crate::health::Health;
@@ -31,7 +60,8 @@ pub enum PodLifecycleEventType {
     ContainerChanged,
 }
 
-/// One lifecycle event for the pod workers.
+/// One lifecycle event for the pod workers. The cache already holds the
+/// inspection that found it when it is received.
 #[derive(Debug, Clone)]
 pub struct PodLifecycleEvent {
     /// The pod.
@@ -47,35 +77,79 @@ pub struct PodLifecycleEvent {
 pub struct PlegConfig {
     /// Auto, events or relist.
     pub mode: PlegMode,
-    /// Relist period in relist mode.
+    /// Relist period in relist mode (and while the stream is down).
     pub relist_period: Duration,
-    /// Safety-net relist period in event mode.
+    /// Safety-net relist period while the event stream is connected.
     pub event_relist_period: Duration,
-    /// Concurrent pod inspections.
+    /// Concurrent pod inspections (relist, events and [`Pleg::inspect`]
+    /// together).
     pub inspect_concurrency: usize,
     /// Only sandboxes and containers labelled with this node are ours.
     pub node_name: String,
 }
 
+const MODE_NONE: u8 = 0;
+const MODE_RELIST: u8 = 1;
+const MODE_EVENTS: u8 = 2;
+
 struct Inner {
-    #[allow(dead_code)]
     runtime: Arc<dyn RuntimeApi>,
-    #[allow(dead_code)]
     cache: Arc<PodCache>,
-    #[allow(dead_code)]
     health: Arc<Health>,
-    #[allow(dead_code)]
     metrics: AgentMetrics,
-    #[allow(dead_code)]
     config: PlegConfig,
-    #[allow(dead_code)]
-    events: mpsc::Sender<PodLifecycleEvent>,
+    emitter: events::Emitter,
+    /// Bounds concurrent inspections of every origin.
+    permits: Semaphore,
+    /// Container and sandbox id → pod, for events naming only an id.
+    ids: ids::IdMap,
+    /// The previous relist; held for a whole relist, so relists never
+    /// overlap.
+    relist: tokio::sync::Mutex<relist::RelistState>,
+    /// Pods whose last inspection failed: re-inspected by the next relist.
+    reinspect: Mutex<HashSet<PodUid>>,
+    /// Pods with an event-triggered inspection in flight.
+    work: Mutex<evented::WorkMap>,
+    /// Asks the main loop for a full relist now.
+    relist_wanted: Notify,
+    mode: AtomicU8,
+    first_relist_done: AtomicBool,
+}
+
+impl Inner {
+    fn reinspect_lock(&self) -> MutexGuard<'_, HashSet<PodUid>> {
+        // Single-operation updates: a poisoned lock is still consistent.
+        self.reinspect.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn work_lock(&self) -> MutexGuard<'_, evented::WorkMap> {
+        self.work.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_mode(&self, mode: u8) {
+        self.mode.store(mode, Ordering::Release);
+    }
+
+    fn first_relist_done(&self) -> bool {
+        self.first_relist_done.load(Ordering::Acquire)
+    }
+
+    fn set_first_relist_done(&self) {
+        self.first_relist_done.store(true, Ordering::Release);
+    }
+
+    /// A runtime that cannot be reached makes the agent unhealthy until
+    /// the next successful relist.
+    fn note_runtime_error(&self, e: &CriError) {
+        if e.is_unavailable() {
+            self.health.set_runtime_error(Some(e.to_string()));
+        }
+    }
 }
 
 /// The PLEG. Cheap to clone (shared state inside).
 #[derive(Clone)]
 pub struct Pleg {
-    #[allow(dead_code)]
     inner: Arc<Inner>,
 }
 
@@ -90,14 +164,40 @@ impl Pleg {
         metrics: AgentMetrics,
         config: PlegConfig,
     ) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
-        let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-        let inner = Inner {
+        Self::with_capacity(
             runtime,
             cache,
             health,
             metrics,
             config,
-            events: tx,
+            EVENT_CHANNEL_CAPACITY,
+        )
+    }
+
+    fn with_capacity(
+        runtime: Arc<dyn RuntimeApi>,
+        cache: Arc<PodCache>,
+        health: Arc<Health>,
+        metrics: AgentMetrics,
+        config: PlegConfig,
+        capacity: usize,
+    ) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let inner = Inner {
+            runtime,
+            cache,
+            health,
+            emitter: events::Emitter::new(tx, metrics.clone()),
+            metrics,
+            permits: Semaphore::new(config.inspect_concurrency.max(1)),
+            config,
+            ids: ids::IdMap::default(),
+            relist: tokio::sync::Mutex::new(relist::RelistState::default()),
+            reinspect: Mutex::new(HashSet::new()),
+            work: Mutex::new(evented::WorkMap::new()),
+            relist_wanted: Notify::new(),
+            mode: AtomicU8::new(MODE_NONE),
+            first_relist_done: AtomicBool::new(false),
         };
         (
             Self {
@@ -107,21 +207,60 @@ impl Pleg {
         )
     }
 
-    /// Runs until aborted (the caller aborts the task on shutdown).
+    /// Runs until aborted (the caller aborts the task on shutdown; the
+    /// inspections it started are aborted with it).
     pub async fn run(self) {
-        std::future::pending::<()>().await;
+        self.run_loop().await;
     }
 
     /// Inspects one pod now (a single-pod relist) and writes the result to
     /// the cache with a timestamp taken before the inspection began. Used
-    /// by pod workers that need status newer than their last action.
-    pub async fn inspect(&self, _uid: &str) -> Result<(), CriError> {
-        Ok(())
+    /// by pod workers that need status newer than their last action. A
+    /// failure is cached too (waiters wake and see it) and returned.
+    pub async fn inspect(&self, uid: &str) -> Result<(), CriError> {
+        let _permit = self.inner.permits.acquire().await;
+        let ts = now_ns();
+        self.inspect_at(uid, ts).await
     }
 
     /// The mode in use, once decided and the first relist succeeded
-    /// (adoption may start then): `Some(Events)` or `Some(Relist)`.
+    /// (adoption may start then): `Some(Events)` or `Some(Relist)`. In auto
+    /// mode with the runtime unreachable at start it may read `Relist`
+    /// first and turn to `Events` when the stream connects.
     pub fn mode_in_use(&self) -> Option<PlegMode> {
-        None
+        if !self.inner.first_relist_done() {
+            return None;
+        }
+        match self.inner.mode.load(Ordering::Acquire) {
+            MODE_EVENTS => Some(PlegMode::Events),
+            MODE_RELIST => Some(PlegMode::Relist),
+            _ => None,
+        }
+    }
+
+    /// Lists and inspects `uid` (only what this node made), then caches
+    /// the result stamped `ts`.
+    async fn inspect_at(&self, uid: &str, ts: i64) -> Result<(), CriError> {
+        let inner = &self.inner;
+        let rt = inner.runtime.as_ref();
+        let result = match inspect::list_pod(rt, &inner.config.node_name, uid).await {
+            Ok(listing) => {
+                inner.ids.insert(uid, listing.ids());
+                inspect::inspect_listed(rt, uid, &listing).await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(status) => {
+                inner.cache.set(uid, Ok(Arc::new(status)), ts);
+                Ok(())
+            }
+            Err(e) => {
+                inner.note_runtime_error(&e);
+                inner.cache.set(uid, Err(e.to_string()), ts);
+                inner.reinspect_lock().insert(uid.to_string());
+                Err(e)
+            }
+        }
     }
 }

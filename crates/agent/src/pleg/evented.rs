@@ -1,0 +1,265 @@
+//! Events as hints: each event of the runtime's stream names a pod whose
+//! status is then inspected at once. The payload is only used to find the
+//! pod and to skip an inspection already known to be newer than the event.
+//! Bursts coalesce: one inspection in flight per pod, and one more if
+//! events arrived during it.
+
+use std::collections::HashMap;
+
+use petrel_cri::api;
+
+use super::events::from_cri_event;
+use super::inspect::{node_selector, sandbox_uid};
+use super::{Pleg, PodLifecycleEvent};
+use crate::cache::now_ns;
+use crate::types::{PodUid, LABEL_MANAGED_BY, LABEL_POD_UID};
+
+/// Timestamps below this cannot be nanoseconds since the epoch (they would
+/// be before 1973): a runtime sending seconds or nothing gets no shortcut.
+const PLAUSIBLE_NS: i64 = 100_000_000_000_000_000;
+
+/// One event, reduced to what the PLEG keeps of it.
+#[derive(Debug, Clone)]
+pub(crate) struct Hint {
+    /// The event to emit once the pod is inspected (None for CREATED).
+    pub(crate) event: Option<PodLifecycleEvent>,
+    /// The runtime's created_at, if plausible.
+    pub(crate) created_at: Option<i64>,
+}
+
+/// Per pod with an inspection in flight.
+#[derive(Debug, Default)]
+pub(crate) struct PodWork {
+    /// Events arrived that the in-flight inspection may not reflect.
+    dirty: bool,
+    /// When the in-flight inspection began.
+    inflight_ts: i64,
+    /// Events to emit after the next inspection.
+    next: Vec<PodLifecycleEvent>,
+    /// Events older than the in-flight inspection: emitted after it.
+    covered: Vec<PodLifecycleEvent>,
+}
+
+/// Where an event's pod was found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Our pod.
+    Pod(PodUid),
+    /// Made by someone else: ignored.
+    Foreign,
+    /// Not known yet: ask the runtime.
+    Unknown,
+}
+
+impl Pleg {
+    /// Finds the pod of `ev` from its sandbox labels or the id map.
+    pub(crate) fn route(&self, ev: &api::ContainerEventResponse) -> Route {
+        if let Some(sb) = &ev.pod_sandbox_status {
+            match sb.labels.get(LABEL_MANAGED_BY) {
+                Some(node) if *node != self.inner.config.node_name => return Route::Foreign,
+                Some(_) => {
+                    let uid = sb
+                        .labels
+                        .get(LABEL_POD_UID)
+                        .cloned()
+                        .or_else(|| sb.metadata.as_ref().map(|m| m.uid.clone()))
+                        .filter(|u| !u.is_empty());
+                    if let Some(uid) = uid {
+                        return Route::Pod(uid);
+                    }
+                }
+                // Labelled, but not by any agent: not ours.
+                None if !sb.labels.is_empty() => return Route::Foreign,
+                // A runtime that sends no labels: use what we know.
+                None => {}
+            }
+        }
+        match self.inner.ids.get(&ev.container_id) {
+            Some(uid) => Route::Pod(uid),
+            None => Route::Unknown,
+        }
+    }
+
+    /// Handles one event from the stream. Returns a task to spawn when the
+    /// event needs work beyond bookkeeping (an inspection or a lookup), so
+    /// the stream loop never waits on the runtime.
+    pub(crate) fn on_event(
+        &self,
+        ev: api::ContainerEventResponse,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let now = now_ns();
+        let created_at = Some(ev.created_at).filter(|t| *t >= PLAUSIBLE_NS && *t <= now);
+        if let Some(t) = created_at {
+            self.inner
+                .metrics
+                .evented_pleg_connection_latency
+                .observe((now - t) as f64 / 1e9);
+        }
+        let route = self.route(&ev);
+        let kind = from_cri_event(ev.container_event_type);
+        let is_delete = kind == Some(super::PodLifecycleEventType::ContainerRemoved);
+        let id = ev.container_id;
+        let event_id = id.clone();
+        let make_hint = move |uid: &str| Hint {
+            event: kind.map(|kind| PodLifecycleEvent {
+                uid: uid.to_string(),
+                kind,
+                container_id: event_id.clone(),
+            }),
+            created_at,
+        };
+        match route {
+            Route::Foreign => None,
+            Route::Pod(uid) => {
+                let hint = make_hint(&uid);
+                if self.enqueue(&uid, hint) {
+                    let pleg = self.clone();
+                    Some(futures_util::future::Either::Left(async move {
+                        pleg.drive(uid).await;
+                    }))
+                } else {
+                    None
+                }
+            }
+            // Deleted before we ever saw it: nothing of ours to update.
+            Route::Unknown if is_delete => None,
+            Route::Unknown => {
+                let pleg = self.clone();
+                Some(futures_util::future::Either::Right(async move {
+                    let Some(uid) = pleg.lookup(&id).await else {
+                        return;
+                    };
+                    let hint = make_hint(&uid);
+                    if pleg.enqueue(&uid, hint) {
+                        pleg.drive(uid).await;
+                    }
+                }))
+            }
+        }
+    }
+
+    /// Asks the runtime which of our pods `id` belongs to (a container or
+    /// sandbox made since the last relist). None when it is not ours or
+    /// already gone; a failed listing asks for a full relist instead.
+    async fn lookup(&self, id: &str) -> Option<PodUid> {
+        let rt = self.inner.runtime.as_ref();
+        let node = &self.inner.config.node_name;
+        let containers = match rt.list_containers(node_selector(node)).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(container.id = %id, error = %e, "pleg event lookup failed; relisting");
+                self.inner.relist_wanted.notify_one();
+                return None;
+            }
+        };
+        let mut sandbox_of = None;
+        for c in &containers {
+            if c.id == id {
+                if let Some(uid) = c.labels.get(LABEL_POD_UID).filter(|u| !u.is_empty()) {
+                    self.inner.ids.insert(uid, [id]);
+                    return Some(uid.clone());
+                }
+                sandbox_of = Some(c.pod_sandbox_id.clone());
+            }
+        }
+        // A sandbox's own event, or a container without the pod label.
+        let want = sandbox_of.unwrap_or_else(|| id.to_string());
+        let sandboxes = match rt.list_pod_sandboxes(node_selector(node)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(container.id = %id, error = %e, "pleg event lookup failed; relisting");
+                self.inner.relist_wanted.notify_one();
+                return None;
+            }
+        };
+        let uid = sandboxes
+            .iter()
+            .find(|s| s.id == want)
+            .and_then(sandbox_uid)?;
+        self.inner.ids.insert(&uid, [id, want.as_str()]);
+        Some(uid)
+    }
+
+    /// Records a hint for `uid`. Returns true when the caller must run
+    /// [`Pleg::drive`] for it (no inspection in flight and none skipped).
+    pub(crate) fn enqueue(&self, uid: &str, hint: Hint) -> bool {
+        let mut work = self.inner.work_lock();
+        if let Some(w) = work.get_mut(uid) {
+            // An inspection that began after the event reflects it.
+            match (hint.created_at, hint.event) {
+                (Some(t), Some(ev)) if t < w.inflight_ts => w.covered.push(ev),
+                (Some(t), None) if t < w.inflight_ts => {}
+                (_, ev) => {
+                    w.dirty = true;
+                    w.next.extend(ev);
+                }
+            }
+            return false;
+        }
+        // The cached status is from an inspection that began after the
+        // event was created: it is provably newer, skip the inspection.
+        if let Some(t) = hint.created_at {
+            let cached = self.inner.cache.get(uid);
+            if cached.error.is_none() && cached.status.is_some() && cached.timestamp > t {
+                if let Some(ev) = hint.event {
+                    self.inner.emitter.emit(ev);
+                }
+                return false;
+            }
+        }
+        work.insert(
+            uid.to_string(),
+            PodWork {
+                dirty: true,
+                next: hint.event.into_iter().collect(),
+                ..Default::default()
+            },
+        );
+        true
+    }
+
+    /// Inspects `uid` until no event arrived during the last inspection,
+    /// emitting each event after the inspection that reflects it.
+    pub(crate) async fn drive(&self, uid: PodUid) {
+        loop {
+            let permit = self.inner.permits.acquire().await;
+            let ts = now_ns();
+            let mut batch = {
+                let mut work = self.inner.work_lock();
+                let Some(w) = work.get_mut(&uid) else {
+                    return;
+                };
+                w.dirty = false;
+                w.inflight_ts = ts;
+                std::mem::take(&mut w.next)
+            };
+            if let Err(e) = self.inspect_at(&uid, ts).await {
+                tracing::debug!(pod.uid = %uid, error = %e, "pleg event inspection failed");
+            }
+            drop(permit);
+            let done = {
+                let mut work = self.inner.work_lock();
+                let done = match work.get_mut(&uid) {
+                    Some(w) => {
+                        batch.append(&mut w.covered);
+                        !w.dirty
+                    }
+                    None => true,
+                };
+                if done {
+                    work.remove(&uid);
+                }
+                done
+            };
+            for ev in batch {
+                self.inner.emitter.emit(ev);
+            }
+            if done {
+                return;
+            }
+        }
+    }
+}
+
+/// The work map's type.
+pub(crate) type WorkMap = HashMap<PodUid, PodWork>;

@@ -1,0 +1,110 @@
+//! What a change means: kubelet's mapping of container state transitions
+//! (relist) and of CRI event types (event stream) to lifecycle events, and
+//! their delivery to the pod workers.
+
+use petrel_cri::api;
+use tokio::sync::mpsc;
+
+use super::{PodLifecycleEvent, PodLifecycleEventType};
+use crate::metrics::AgentMetrics;
+
+/// A container's (or sandbox's) state as the relist sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ObjState {
+    Running,
+    Exited,
+    Created,
+    Unknown,
+    /// Not listed (never made, or removed).
+    NonExistent,
+}
+
+impl ObjState {
+    /// The state of a listed container.
+    pub(crate) fn of_container(state: i32) -> Self {
+        match api::ContainerState::try_from(state) {
+            Ok(api::ContainerState::ContainerRunning) => Self::Running,
+            Ok(api::ContainerState::ContainerExited) => Self::Exited,
+            Ok(api::ContainerState::ContainerCreated) => Self::Created,
+            Ok(api::ContainerState::ContainerUnknown) | Err(_) => Self::Unknown,
+        }
+    }
+
+    /// The state of a listed sandbox: a ready sandbox counts as running, a
+    /// not-ready one as exited (kubelet treats sandboxes like containers).
+    pub(crate) fn of_sandbox(state: i32) -> Self {
+        match api::PodSandboxState::try_from(state) {
+            Ok(api::PodSandboxState::SandboxReady) => Self::Running,
+            Ok(api::PodSandboxState::SandboxNotready) => Self::Exited,
+            Err(_) => Self::Unknown,
+        }
+    }
+}
+
+/// The lifecycle events a transition from `old` to `new` means.
+pub(crate) fn transition_events(old: ObjState, new: ObjState) -> &'static [PodLifecycleEventType] {
+    use PodLifecycleEventType as T;
+    if old == new {
+        return &[];
+    }
+    match new {
+        ObjState::Running => &[T::ContainerStarted],
+        ObjState::Exited => &[T::ContainerDied],
+        ObjState::Unknown => &[T::ContainerChanged],
+        // Being created is no news for the pod worker (it made it); the pod
+        // is still re-inspected because its state changed.
+        ObjState::Created => &[],
+        // Gone: if it was seen dead, only its removal is news; otherwise its
+        // death was missed and is reported too.
+        ObjState::NonExistent if old == ObjState::Exited => &[T::ContainerRemoved],
+        ObjState::NonExistent => &[T::ContainerDied, T::ContainerRemoved],
+    }
+}
+
+/// The lifecycle event a CRI event type stands for. CREATED stands for
+/// none: the pod worker made the container itself, and reacting to it is
+/// how upstream's evented PLEG restarted static pods (kubernetes #121349).
+pub(crate) fn from_cri_event(event_type: i32) -> Option<PodLifecycleEventType> {
+    match api::ContainerEventType::try_from(event_type) {
+        Ok(api::ContainerEventType::ContainerStartedEvent) => {
+            Some(PodLifecycleEventType::ContainerStarted)
+        }
+        Ok(api::ContainerEventType::ContainerStoppedEvent) => {
+            Some(PodLifecycleEventType::ContainerDied)
+        }
+        Ok(api::ContainerEventType::ContainerDeletedEvent) => {
+            Some(PodLifecycleEventType::ContainerRemoved)
+        }
+        Ok(api::ContainerEventType::ContainerCreatedEvent) | Err(_) => None,
+    }
+}
+
+/// Delivers lifecycle events without ever blocking the PLEG.
+pub(crate) struct Emitter {
+    tx: mpsc::Sender<PodLifecycleEvent>,
+    metrics: AgentMetrics,
+}
+
+impl Emitter {
+    pub(crate) fn new(tx: mpsc::Sender<PodLifecycleEvent>, metrics: AgentMetrics) -> Self {
+        Self { tx, metrics }
+    }
+
+    /// Sends `event`; a full channel drops it and counts the discard (the
+    /// cache already holds the truth, and the periodic resync finds it).
+    /// ContainerChanged is never sent, like kubelet.
+    pub(crate) fn emit(&self, event: PodLifecycleEvent) {
+        if event.kind == PodLifecycleEventType::ContainerChanged {
+            return;
+        }
+        match self.tx.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(e)) => {
+                self.metrics.pleg_discard_events.inc();
+                tracing::debug!(pod.uid = %e.uid, "lifecycle event channel full; event dropped");
+            }
+            // Nobody listens any more (shutting down).
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+}

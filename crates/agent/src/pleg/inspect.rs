@@ -1,0 +1,141 @@
+//! One pod's inspection: its sandboxes and containers as listed, each
+//! asked for its status, folded into a [`PodRuntimeStatus`].
+
+use std::collections::HashMap;
+
+use petrel_cri::api;
+
+use crate::cri::{CriResult, RuntimeApi};
+use crate::types::{
+    ContainerMeta, PodRuntimeStatus, ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND,
+    ANNOTATION_RESTART_COUNT, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+};
+
+/// The label selector of everything this node made.
+pub(crate) fn node_selector(node: &str) -> HashMap<String, String> {
+    HashMap::from([(LABEL_MANAGED_BY.to_string(), node.to_string())])
+}
+
+/// The label selector of one pod of this node.
+pub(crate) fn pod_selector(node: &str, uid: &str) -> HashMap<String, String> {
+    let mut s = node_selector(node);
+    s.insert(LABEL_POD_UID.to_string(), uid.to_string());
+    s
+}
+
+/// The pod UID of a sandbox: its label, else its metadata.
+pub(crate) fn sandbox_uid(sb: &api::PodSandbox) -> Option<String> {
+    sb.labels
+        .get(LABEL_POD_UID)
+        .cloned()
+        .or_else(|| sb.metadata.as_ref().map(|m| m.uid.clone()))
+        .filter(|u| !u.is_empty())
+}
+
+/// A pod's sandboxes and containers, as listed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PodListing {
+    pub(crate) sandboxes: Vec<api::PodSandbox>,
+    pub(crate) containers: Vec<api::Container>,
+}
+
+impl PodListing {
+    /// Every id listed (sandboxes and containers).
+    pub(crate) fn ids(&self) -> impl Iterator<Item = &str> {
+        self.sandboxes
+            .iter()
+            .map(|s| s.id.as_str())
+            .chain(self.containers.iter().map(|c| c.id.as_str()))
+    }
+}
+
+/// Lists one pod (by its labels, only what this node made).
+pub(crate) async fn list_pod(rt: &dyn RuntimeApi, node: &str, uid: &str) -> CriResult<PodListing> {
+    let sandboxes = rt.list_pod_sandboxes(pod_selector(node, uid)).await?;
+    let containers = rt.list_containers(pod_selector(node, uid)).await?;
+    Ok(PodListing {
+        sandboxes,
+        containers,
+    })
+}
+
+/// Asks for the status of everything in `listing`. An object removed
+/// between the listing and its status call is left out (it is gone); any
+/// other error fails the inspection. Calls are sequential: the bound on
+/// concurrent inspections is then a bound on concurrent calls.
+pub(crate) async fn inspect_listed(
+    rt: &dyn RuntimeApi,
+    uid: &str,
+    listing: &PodListing,
+) -> CriResult<PodRuntimeStatus> {
+    let mut status = PodRuntimeStatus {
+        uid: uid.to_string(),
+        ..Default::default()
+    };
+    for sb in &listing.sandboxes {
+        match rt.pod_sandbox_status(&sb.id).await {
+            Ok(s) => status.sandboxes.push(s),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for c in &listing.containers {
+        match rt.container_status(&c.id).await {
+            Ok(s) => status.containers.push(s),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // Newest first; ties broken by id so the order is stable.
+    status
+        .sandboxes
+        .sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    status
+        .containers
+        .sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    fill_identity(&mut status, listing);
+    status.container_meta = status
+        .containers
+        .iter()
+        .map(|c| (c.id.clone(), container_meta(&c.annotations)))
+        .collect();
+    Ok(status)
+}
+
+/// Name and namespace from the newest sandbox, else from the labels.
+fn fill_identity(status: &mut PodRuntimeStatus, listing: &PodListing) {
+    if let Some(m) = status.sandboxes.first().and_then(|s| s.metadata.as_ref()) {
+        status.name = m.name.clone();
+        status.namespace = m.namespace.clone();
+        return;
+    }
+    let labels = listing
+        .sandboxes
+        .iter()
+        .map(|s| &s.labels)
+        .chain(listing.containers.iter().map(|c| &c.labels));
+    for l in labels {
+        if let (Some(n), Some(ns)) = (l.get(LABEL_POD_NAME), l.get(LABEL_POD_NAMESPACE)) {
+            status.name = n.clone();
+            status.namespace = ns.clone();
+            return;
+        }
+    }
+}
+
+/// What the agent wrote on a container at create time.
+pub(crate) fn container_meta(annotations: &HashMap<String, String>) -> ContainerMeta {
+    ContainerMeta {
+        init: annotations
+            .get(ANNOTATION_CONTAINER_KIND)
+            .is_some_and(|k| k == "init"),
+        hash: annotations
+            .get(ANNOTATION_CONTAINER_HASH)
+            .cloned()
+            .unwrap_or_default(),
+        restart_count: annotations
+            .get(ANNOTATION_RESTART_COUNT)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0),
+    }
+}
