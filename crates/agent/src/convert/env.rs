@@ -271,6 +271,7 @@ fn node_capacity(cpu: bool) -> i64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::convert::test_support::{ctx, desired};

@@ -97,6 +97,7 @@ impl ConvertError {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 pub(crate) mod test_support {
     //! Builders shared by the conversion and status tests.
 

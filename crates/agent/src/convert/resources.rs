@@ -107,6 +107,7 @@ pub fn linux_resources(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::convert::test_support::container_with;

@@ -3,5 +3,8 @@
 pub mod compute;
 pub mod store;
 
-pub use compute::{compute_pod_status, published_pod, StatusContext};
+pub use compute::{
+    carry_transition_times, compute_pod_status, published_pod, StatusContext,
+    REASON_INVALID_MANIFEST,
+};
 pub use store::{StatusStore, WatchEvent, WatchEventType};
