@@ -202,3 +202,277 @@ fn security_context(
         ..Default::default()
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::convert::test_support::{ctx, desired};
+    use crate::types::{LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
+
+    const POD: &str = r#"
+metadata: {name: web, namespace: prod}
+spec:
+  terminationGracePeriodSeconds: 45
+  securityContext: {runAsUser: 1000, supplementalGroups: [5], seccompProfile: {type: Unconfined}}
+  volumes:
+  - {name: data, emptyDir: {}}
+  - {name: host, hostPath: {path: /var/log}}
+  initContainers:
+  - name: setup
+    image: busybox
+    command: [sh, -c, "echo $(GREETING) $$(GREETING)"]
+  containers:
+  - name: app
+    image: nginx:1.25
+    command: [/bin/app]
+    args: ["--name=$(POD)", "--unknown=$(NOPE)"]
+    workingDir: /srv
+    stdin: true
+    tty: true
+    env:
+    - {name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+    - {name: DIR, value: logs}
+    resources:
+      requests: {cpu: 500m, memory: 256Mi}
+      limits: {cpu: "1", memory: 512Mi}
+    volumeMounts:
+    - {name: data, mountPath: /data}
+    - {name: data, mountPath: /cache, subPath: cache/app}
+    - {name: host, mountPath: /host-logs, readOnly: true, mountPropagation: HostToContainer}
+    - {name: data, mountPath: /per-pod, subPathExpr: "$(DIR)/$(POD)"}
+    lifecycle:
+      preStop: {exec: {command: [/bin/drain, --fast]}}
+    securityContext:
+      runAsUser: 2000
+      readOnlyRootFilesystem: true
+      allowPrivilegeEscalation: false
+      capabilities: {add: [NET_ADMIN], drop: [ALL]}
+      appArmorProfile: {type: Localhost, localhostProfile: k8s-nginx}
+"#;
+
+    fn app(pod: &DesiredPod) -> Container {
+        pod.pod.spec.as_ref().unwrap().containers[0].clone()
+    }
+
+    #[test]
+    fn container_config_should_carry_identity_command_and_io() {
+        let pod = desired(POD);
+        let cfg = container_config(&pod, &app(&pod), false, 3, &ctx()).unwrap();
+        let md = cfg.metadata.unwrap();
+        assert_eq!((md.name.as_str(), md.attempt), ("app", 3));
+        let image = cfg.image.unwrap();
+        assert_eq!(image.image, "nginx:1.25");
+        assert_eq!(image.user_specified_image, "nginx:1.25");
+        assert_eq!(cfg.command, vec!["/bin/app"]);
+        assert_eq!(cfg.args, vec!["--name=web", "--unknown=$(NOPE)"]);
+        assert_eq!(cfg.working_dir, "/srv");
+        assert_eq!(cfg.log_path, "app/3.log");
+        assert!(cfg.stdin && cfg.tty && !cfg.stdin_once);
+        assert_eq!(
+            cfg.envs
+                .iter()
+                .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+                .collect::<Vec<_>>(),
+            vec![("POD", "web"), ("DIR", "logs")]
+        );
+    }
+
+    #[test]
+    fn container_config_should_label_and_annotate_for_the_agent() {
+        let pod = desired(POD);
+        let c = app(&pod);
+        let cfg = container_config(&pod, &c, false, 3, &ctx()).unwrap();
+        assert_eq!(cfg.labels[LABEL_POD_NAME], "web");
+        assert_eq!(cfg.labels[LABEL_POD_NAMESPACE], "prod");
+        assert_eq!(cfg.labels[LABEL_POD_UID], "uid-web");
+        assert_eq!(cfg.labels[LABEL_CONTAINER_NAME], "app");
+        assert_eq!(cfg.labels[LABEL_MANAGED_BY], "node-1");
+        assert_eq!(
+            cfg.annotations[ANNOTATION_CONTAINER_HASH],
+            container_hash(&c)
+        );
+        assert_eq!(cfg.annotations[ANNOTATION_RESTART_COUNT], "3");
+        assert_eq!(cfg.annotations[ANNOTATION_CONTAINER_KIND], "app");
+        assert_eq!(cfg.annotations[ANNOTATION_TERMINATION_GRACE], "45");
+        assert_eq!(
+            cfg.annotations[ANNOTATION_PRE_STOP],
+            r#"["/bin/drain","--fast"]"#
+        );
+        assert_eq!(
+            cfg.annotations[ANNOTATION_TERMINATION_MESSAGE_PATH],
+            "/dev/termination-log"
+        );
+    }
+
+    #[test]
+    fn container_config_should_describe_init_containers() {
+        let pod = desired(POD);
+        let init = pod
+            .pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .init_containers
+            .as_ref()
+            .unwrap()[0]
+            .clone();
+        let cfg = container_config(&pod, &init, true, 0, &ctx()).unwrap();
+        assert_eq!(cfg.annotations[ANNOTATION_CONTAINER_KIND], "init");
+        assert!(!cfg.annotations.contains_key(ANNOTATION_PRE_STOP));
+        assert_eq!(
+            cfg.command,
+            vec!["sh", "-c", "echo $(GREETING) $(GREETING)"]
+        );
+        assert_eq!(cfg.log_path, "setup/0.log");
+        let sc = cfg.linux.unwrap().security_context.unwrap();
+        assert_eq!(
+            sc.run_as_user,
+            Some(api::Int64Value { value: 1000 }),
+            "the pod's"
+        );
+        assert_eq!(
+            sc.seccomp.unwrap().profile_type,
+            api::security_profile::ProfileType::Unconfined as i32
+        );
+        assert!(sc.capabilities.is_none() && !sc.readonly_rootfs && !sc.no_new_privs);
+    }
+
+    #[test]
+    fn container_config_should_default_the_grace_period() {
+        let pod = desired("metadata: {name: p}\nspec:\n  containers: [{name: a, image: x}]\n");
+        let cfg = container_config(&pod, &app(&pod), false, 0, &ctx()).unwrap();
+        assert_eq!(cfg.annotations[ANNOTATION_TERMINATION_GRACE], "30");
+    }
+
+    #[test]
+    fn container_config_should_map_resources_and_security() {
+        let pod = desired(POD);
+        let cfg = container_config(&pod, &app(&pod), false, 0, &ctx()).unwrap();
+        let linux = cfg.linux.unwrap();
+        let r = linux.resources.unwrap();
+        assert_eq!(
+            (r.cpu_shares, r.cpu_period, r.cpu_quota),
+            (512, 100_000, 100_000)
+        );
+        assert_eq!(r.memory_limit_in_bytes, 512 << 20);
+        assert!(
+            (3..=999).contains(&r.oom_score_adj),
+            "burstable: {}",
+            r.oom_score_adj
+        );
+        let sc = linux.security_context.unwrap();
+        assert_eq!(
+            sc.run_as_user,
+            Some(api::Int64Value { value: 2000 }),
+            "the container's wins"
+        );
+        assert!(sc.readonly_rootfs && sc.no_new_privs && !sc.privileged);
+        let caps = sc.capabilities.unwrap();
+        assert_eq!(
+            (caps.add_capabilities, caps.drop_capabilities),
+            (vec!["NET_ADMIN".to_string()], vec!["ALL".to_string()])
+        );
+        assert_eq!(sc.supplemental_groups, vec![5]);
+        let aa = sc.apparmor.unwrap();
+        assert_eq!(
+            aa.profile_type,
+            api::security_profile::ProfileType::Localhost as i32
+        );
+        assert_eq!(aa.localhost_ref, "k8s-nginx");
+        assert!(sc.masked_paths.is_empty() && sc.readonly_paths.is_empty());
+        assert_eq!(
+            sc.namespace_options.unwrap().pid,
+            api::NamespaceMode::Container as i32
+        );
+    }
+
+    #[test]
+    fn container_config_should_mount_volumes() {
+        let pod = desired(POD);
+        let cfg = container_config(&pod, &app(&pod), false, 0, &ctx()).unwrap();
+        let m: Vec<_> = cfg
+            .mounts
+            .iter()
+            .map(|m| {
+                (
+                    m.container_path.as_str(),
+                    m.host_path.as_str(),
+                    m.readonly,
+                    m.propagation,
+                )
+            })
+            .collect();
+        let dir = "/var/lib/petrel/pods/uid/volumes/kubernetes.io~empty-dir/data";
+        let private = api::MountPropagation::PropagationPrivate as i32;
+        assert_eq!(
+            m,
+            vec![
+                ("/data", dir, false, private),
+                ("/cache", &*format!("{dir}/cache/app"), false, private),
+                (
+                    "/host-logs",
+                    "/var/log",
+                    true,
+                    api::MountPropagation::PropagationHostToContainer as i32
+                ),
+                ("/per-pod", &*format!("{dir}/logs/web"), false, private),
+            ]
+        );
+    }
+
+    #[test]
+    fn container_config_should_refuse_escaping_sub_paths() {
+        for (key, sub) in [
+            ("subPath", "../../etc"),
+            ("subPath", "/etc"),
+            ("subPath", "a/../../b"),
+            ("subPathExpr", "$(X)"),
+        ] {
+            let yaml = format!(
+                "metadata: {{name: p}}\nspec:\n  volumes: [{{name: d, emptyDir: {{}}}}]\n  containers:\n  - name: a\n    image: x\n    env: [{{name: X, value: '..'}}]\n    volumeMounts: [{{name: d, mountPath: /m, {key}: '{sub}'}}]\n"
+            );
+            let pod = desired(&yaml);
+            let err = container_config(&pod, &app(&pod), false, 0, &ctx())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("spec.containers[a].volumeMounts[d].{key}")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn container_config_should_refuse_what_it_cannot_run() {
+        let cases = [
+            ("containers: [{name: a}]", "spec.containers[a].image"),
+            ("containers: [{name: a, image: x, volumeMounts: [{name: nope, mountPath: /m}]}]", "spec.containers[a].volumeMounts[nope]"),
+            (
+                "volumes: [{name: cm, configMap: {name: c}}]\n  containers: [{name: a, image: x, volumeMounts: [{name: cm, mountPath: /m}]}]",
+                "configMap",
+            ),
+            (
+                "volumes: [{name: d, emptyDir: {}}]\n  containers: [{name: a, image: x, volumeMounts: [{name: d, mountPath: /m, mountPropagation: Bidirectional}]}]",
+                "mountPropagation",
+            ),
+            ("containers: [{name: a, image: x, securityContext: {seccompProfile: {type: Localhost}}}]", "seccompProfile.localhostProfile"),
+        ];
+        for (spec, needle) in cases {
+            let pod = desired(&format!("metadata: {{name: p}}\nspec:\n  {spec}\n"));
+            let err = container_config(&pod, &app(&pod), false, 0, &ctx())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        let pod = desired(
+            "metadata: {name: p}\nspec:\n  volumes: [{name: d, emptyDir: {}}]\n  containers: [{name: a, image: x, securityContext: {privileged: true}, volumeMounts: [{name: d, mountPath: /m, mountPropagation: Bidirectional}]}]\n",
+        );
+        let cfg = container_config(&pod, &app(&pod), false, 0, &ctx()).unwrap();
+        assert_eq!(
+            cfg.mounts[0].propagation,
+            api::MountPropagation::PropagationBidirectional as i32
+        );
+        assert!(cfg.linux.unwrap().security_context.unwrap().privileged);
+    }
+}

@@ -113,3 +113,113 @@ pub fn pod_cgroup_parent(uid: &str, qos: QosClass, cgroup_root: &str) -> String 
         QosClass::BestEffort => format!("{root}/kubepods/besteffort/pod{uid}"),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::convert::test_support::container_with;
+
+    fn spec(init: Vec<Container>, apps: Vec<Container>) -> PodSpec {
+        PodSpec {
+            init_containers: (!init.is_empty()).then_some(init),
+            containers: apps,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn qos_class_should_be_best_effort_without_requests_or_limits() {
+        let s = spec(
+            vec![],
+            vec![container_with(&[], &[]), container_with(&[], &[])],
+        );
+        assert_eq!(qos_class(&s), QosClass::BestEffort);
+        let s = spec(vec![], vec![container_with(&[("cpu", "0")], &[])]);
+        assert_eq!(qos_class(&s), QosClass::BestEffort, "zero counts as unset");
+        let s = spec(
+            vec![],
+            vec![container_with(&[("ephemeral-storage", "1Gi")], &[])],
+        );
+        assert_eq!(
+            qos_class(&s),
+            QosClass::BestEffort,
+            "only cpu and memory count"
+        );
+    }
+
+    #[test]
+    fn qos_class_should_be_guaranteed_when_limits_equal_requests_everywhere() {
+        let g = || {
+            container_with(
+                &[("cpu", "500m"), ("memory", "1Gi")],
+                &[("cpu", "0.5"), ("memory", "1024Mi")],
+            )
+        };
+        assert_eq!(
+            qos_class(&spec(vec![], vec![g(), g()])),
+            QosClass::Guaranteed
+        );
+        assert_eq!(qos_class(&spec(vec![g()], vec![g()])), QosClass::Guaranteed);
+        let only_limits = container_with(&[], &[("cpu", "1"), ("memory", "1Gi")]);
+        assert_eq!(
+            qos_class(&spec(vec![], vec![only_limits])),
+            QosClass::Guaranteed
+        );
+    }
+
+    #[test]
+    fn qos_class_should_be_burstable_otherwise() {
+        let g = || {
+            container_with(
+                &[("cpu", "1"), ("memory", "1Gi")],
+                &[("cpu", "1"), ("memory", "1Gi")],
+            )
+        };
+        let less = container_with(
+            &[("cpu", "500m"), ("memory", "1Gi")],
+            &[("cpu", "1"), ("memory", "1Gi")],
+        );
+        assert_eq!(qos_class(&spec(vec![], vec![less])), QosClass::Burstable);
+        let cpu_only = container_with(&[("cpu", "1")], &[("cpu", "1")]);
+        assert_eq!(
+            qos_class(&spec(vec![], vec![cpu_only])),
+            QosClass::Burstable
+        );
+        assert_eq!(
+            qos_class(&spec(vec![], vec![g(), container_with(&[], &[])])),
+            QosClass::Burstable,
+            "one unlimited container"
+        );
+        assert_eq!(
+            qos_class(&spec(
+                vec![container_with(&[("memory", "1Mi")], &[])],
+                vec![g()]
+            )),
+            QosClass::Burstable,
+            "init containers count"
+        );
+    }
+
+    #[test]
+    fn pod_cgroup_parent_should_follow_kubelets_layout() {
+        assert_eq!(
+            pod_cgroup_parent("u1", QosClass::Guaranteed, "/petrel"),
+            "/petrel/kubepods/podu1"
+        );
+        assert_eq!(
+            pod_cgroup_parent("u1", QosClass::Burstable, "/petrel/"),
+            "/petrel/kubepods/burstable/podu1"
+        );
+        assert_eq!(
+            pod_cgroup_parent("u1", QosClass::BestEffort, "/petrel"),
+            "/petrel/kubepods/besteffort/podu1"
+        );
+        assert_eq!(
+            pod_cgroup_parent("u1", QosClass::BestEffort, ""),
+            "/kubepods/besteffort/podu1"
+        );
+        assert_eq!(QosClass::Burstable.as_str(), "Burstable");
+        assert_eq!(QosClass::BestEffort.to_string(), "BestEffort");
+    }
+}

@@ -244,3 +244,193 @@ fn merge_dns(dns: &mut api::DnsConfig, extra: &PodDNSConfig) {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::convert::test_support::{ctx, desired};
+
+    const POD: &str = r#"
+metadata:
+  name: web
+  namespace: prod
+  labels: {app: web, "io.kubernetes.pod.name": spoofed, "petrel.io/node": other}
+  annotations: {note: hi}
+spec:
+  hostname: www
+  securityContext:
+    runAsUser: 1000
+    runAsGroup: 3000
+    supplementalGroups: [4000]
+    fsGroup: 2000
+    sysctls: [{name: net.ipv4.ip_unprivileged_port_start, value: "0"}]
+    seccompProfile: {type: RuntimeDefault}
+  initContainers:
+  - name: setup
+    image: busybox
+    securityContext: {privileged: true}
+  containers:
+  - name: app
+    image: nginx
+    resources: {requests: {cpu: 100m}}
+    ports:
+    - {containerPort: 80, hostPort: 8080}
+    - {containerPort: 53, hostPort: 5353, protocol: UDP, hostIP: 127.0.0.1}
+    - {containerPort: 9000}
+"#;
+
+    #[test]
+    fn sandbox_config_should_carry_identity_labels_and_logs() {
+        let pod = desired(POD);
+        let cfg = sandbox_config(&pod, 2, &ctx()).unwrap();
+        let md = cfg.metadata.unwrap();
+        assert_eq!(
+            (
+                md.name.as_str(),
+                md.namespace.as_str(),
+                md.uid.as_str(),
+                md.attempt
+            ),
+            ("web", "prod", "uid-web", 2)
+        );
+        assert_eq!(cfg.hostname, "www");
+        assert_eq!(cfg.log_directory, "/var/lib/petrel/logs/ns_name_uid");
+        assert_eq!(cfg.labels["app"], "web");
+        assert_eq!(cfg.labels[LABEL_POD_NAME], "web", "ours override the pod's");
+        assert_eq!(cfg.labels[LABEL_POD_NAMESPACE], "prod");
+        assert_eq!(cfg.labels[LABEL_POD_UID], "uid-web");
+        assert_eq!(cfg.labels[LABEL_MANAGED_BY], "node-1");
+        assert_eq!(cfg.annotations["note"], "hi");
+        assert!(cfg.dns_config.is_some());
+    }
+
+    #[test]
+    fn sandbox_config_should_map_host_ports() {
+        let cfg = sandbox_config(&desired(POD), 0, &ctx()).unwrap();
+        assert_eq!(
+            cfg.port_mappings,
+            vec![
+                api::PortMapping {
+                    protocol: api::Protocol::Tcp as i32,
+                    container_port: 80,
+                    host_port: 8080,
+                    host_ip: String::new()
+                },
+                api::PortMapping {
+                    protocol: api::Protocol::Udp as i32,
+                    container_port: 53,
+                    host_port: 5353,
+                    host_ip: "127.0.0.1".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn sandbox_config_should_set_linux_security_and_cgroup() {
+        let cfg = sandbox_config(&desired(POD), 0, &ctx()).unwrap();
+        let linux = cfg.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, "/petrel/kubepods/burstable/poduid-web");
+        assert_eq!(linux.sysctls["net.ipv4.ip_unprivileged_port_start"], "0");
+        let sc = linux.security_context.unwrap();
+        assert_eq!(sc.run_as_user, Some(api::Int64Value { value: 1000 }));
+        assert_eq!(sc.run_as_group, Some(api::Int64Value { value: 3000 }));
+        assert_eq!(sc.supplemental_groups, vec![4000, 2000]);
+        assert!(sc.privileged, "an init container is privileged");
+        assert_eq!(
+            sc.seccomp.unwrap().profile_type,
+            api::security_profile::ProfileType::RuntimeDefault as i32
+        );
+        let ns = sc.namespace_options.unwrap();
+        assert_eq!(ns.network, api::NamespaceMode::Pod as i32);
+        assert_eq!(ns.pid, api::NamespaceMode::Container as i32);
+        assert_eq!(ns.ipc, api::NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn sandbox_config_should_use_host_namespaces_when_asked() {
+        let pod = desired(
+            "metadata: {name: h}\nspec:\n  hostNetwork: true\n  hostPID: true\n  hostIPC: true\n  containers: [{name: a, image: x}]\n",
+        );
+        let cfg = sandbox_config(&pod, 0, &ctx()).unwrap();
+        assert_eq!(cfg.hostname, "", "the host's own hostname");
+        let linux = cfg.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, "/petrel/kubepods/besteffort/poduid-h");
+        let sc = linux.security_context.unwrap();
+        assert!(!sc.privileged);
+        let ns = sc.namespace_options.unwrap();
+        let node = api::NamespaceMode::Node as i32;
+        assert_eq!((ns.network, ns.pid, ns.ipc), (node, node, node));
+
+        let pod = desired("metadata: {name: s}\nspec:\n  shareProcessNamespace: true\n  containers: [{name: a, image: x}]\n");
+        let ns = namespace_options(pod.pod.spec.as_ref().unwrap());
+        assert_eq!(ns.pid, api::NamespaceMode::Pod as i32);
+    }
+
+    #[test]
+    fn hostname_should_default_to_the_pod_name_and_fit() {
+        let spec = PodSpec::default();
+        assert_eq!(hostname(&spec, "web"), "web");
+        let long = format!("{}-x", "a".repeat(62));
+        assert_eq!(
+            hostname(&spec, &long),
+            "a".repeat(62),
+            "cut to 63, no trailing dash"
+        );
+    }
+
+    const RESOLV: &str = "# generated\nnameserver 10.0.0.2\nnameserver 10.0.0.3 ; second\nsearch corp.example example\noptions ndots:2 edns0\n";
+
+    fn spec(yaml: &str) -> PodSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn dns_config_should_use_the_hosts_resolv_conf_by_default() {
+        for policy in [
+            "",
+            "dnsPolicy: Default\n",
+            "dnsPolicy: ClusterFirst\n",
+            "dnsPolicy: ClusterFirstWithHostNet\n",
+        ] {
+            let dns = dns_config(&spec(&format!("{policy}containers: []\n")), RESOLV).unwrap();
+            assert_eq!(dns.servers, vec!["10.0.0.2", "10.0.0.3"], "{policy}");
+            assert_eq!(dns.searches, vec!["corp.example", "example"]);
+            assert_eq!(dns.options, vec!["ndots:2", "edns0"]);
+        }
+    }
+
+    #[test]
+    fn dns_config_should_merge_the_pods_dns_config() {
+        let s = spec(
+            "dnsPolicy: Default\ndnsConfig:\n  nameservers: [10.0.0.2, 1.1.1.1]\n  searches: [svc.local]\n  options: [{name: ndots, value: '5'}, {name: rotate}]\ncontainers: []\n",
+        );
+        let dns = dns_config(&s, RESOLV).unwrap();
+        assert_eq!(dns.servers, vec!["10.0.0.2", "10.0.0.3", "1.1.1.1"]);
+        assert_eq!(dns.searches, vec!["corp.example", "example", "svc.local"]);
+        assert_eq!(dns.options, vec!["ndots:5", "edns0", "rotate"]);
+    }
+
+    #[test]
+    fn dns_config_should_take_only_the_pods_config_with_policy_none() {
+        let s = spec("dnsPolicy: None\ndnsConfig:\n  nameservers: [9.9.9.9, 8.8.8.8, 1.1.1.1, 4.4.4.4]\ncontainers: []\n");
+        let dns = dns_config(&s, RESOLV).unwrap();
+        assert_eq!(
+            dns.servers,
+            vec!["9.9.9.9", "8.8.8.8", "1.1.1.1"],
+            "at most 3"
+        );
+        assert!(dns.searches.is_empty() && dns.options.is_empty());
+        let err = dns_config(&spec("dnsPolicy: None\ncontainers: []\n"), RESOLV).unwrap_err();
+        assert!(err.to_string().contains("spec.dnsConfig"), "{err}");
+        let err = dns_config(&spec("dnsPolicy: Bogus\ncontainers: []\n"), RESOLV).unwrap_err();
+        assert!(err.to_string().contains("spec.dnsPolicy"), "{err}");
+    }
+
+    #[test]
+    fn parse_resolv_conf_should_let_the_last_search_line_win() {
+        let dns = parse_resolv_conf("search a b\ndomain c\n");
+        assert_eq!(dns.searches, vec!["c"]);
+    }
+}

@@ -331,3 +331,152 @@ pub fn remove_pod_dir(ctx: &ConvertContext) -> std::io::Result<()> {
         Ok(_) => fs::remove_dir_all(&ctx.pod_dir),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::convert::test_support::{ctx, desired};
+
+    fn ctx_in(dir: &Path) -> ConvertContext {
+        ConvertContext {
+            pod_dir: dir.join("pods/uid"),
+            ..ctx()
+        }
+    }
+
+    #[test]
+    fn prepare_volumes_should_create_empty_dirs_and_sub_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        let pod = desired(
+            "metadata: {name: p}\nspec:\n  volumes: [{name: d, emptyDir: {}}, {name: m, emptyDir: {medium: Memory}}]\n  containers: [{name: a, image: x, volumeMounts: [{name: d, mountPath: /m, subPath: x/y}]}]\n",
+        );
+        prepare_volumes(&pod, &c).unwrap();
+        let d = empty_dir_path(&c, "d");
+        assert!(d.ends_with("pods/uid/volumes/kubernetes.io~empty-dir/d"));
+        assert_eq!(
+            fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o777
+        );
+        assert!(empty_dir_path(&c, "m").is_dir());
+        assert!(d.join("x/y").is_dir());
+        // Idempotent.
+        prepare_volumes(&pod, &c).unwrap();
+    }
+
+    #[test]
+    fn prepare_volumes_should_not_follow_symlinks_in_sub_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let pod = desired(
+            "metadata: {name: p}\nspec:\n  volumes: [{name: d, emptyDir: {}}]\n  containers: [{name: a, image: x, volumeMounts: [{name: d, mountPath: /m, subPath: evil/inner}]}]\n",
+        );
+        fs::create_dir_all(empty_dir_path(&c, "d")).unwrap();
+        std::os::unix::fs::symlink(&outside, empty_dir_path(&c, "d").join("evil")).unwrap();
+        let err = prepare_volumes(&pod, &c).unwrap_err().to_string();
+        assert!(err.contains("symlink"), "{err}");
+        assert!(!outside.join("inner").exists());
+    }
+
+    #[test]
+    fn prepare_volumes_should_check_host_path_types() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        let base = tmp.path().display().to_string();
+        fs::write(tmp.path().join("file"), b"x").unwrap();
+        let ok = [
+            format!("{{path: {base}, type: Directory}}"),
+            format!("{{path: {base}/file, type: File}}"),
+            format!("{{path: {base}/new/dir, type: DirectoryOrCreate}}"),
+            format!("{{path: {base}/newer/file, type: FileOrCreate}}"),
+            format!("{{path: {base}/missing}}"),
+            "{path: /dev/null, type: CharDevice}".to_string(),
+        ];
+        for hp in ok {
+            let pod = desired(&format!("metadata: {{name: p}}\nspec:\n  volumes: [{{name: h, hostPath: {hp}}}]\n  containers: []\n"));
+            prepare_volumes(&pod, &c).unwrap_or_else(|e| panic!("{hp}: {e}"));
+        }
+        assert!(tmp.path().join("new/dir").is_dir());
+        assert!(tmp.path().join("newer/file").is_file());
+        let bad = [
+            (
+                format!("{{path: {base}/file, type: Directory}}"),
+                "spec.volumes[h].hostPath",
+            ),
+            (format!("{{path: {base}, type: File}}"), "not a file"),
+            (
+                format!("{{path: {base}/missing, type: Directory}}"),
+                "not present",
+            ),
+            (format!("{{path: {base}, type: Socket}}"), "not a socket"),
+            (
+                format!("{{path: {base}/file, type: DirectoryOrCreate}}"),
+                "not a directory",
+            ),
+            (format!("{{path: {base}, type: Weird}}"), "hostPath.type"),
+            ("{path: relative}".to_string(), "not absolute"),
+        ];
+        for (hp, needle) in bad {
+            let pod = desired(&format!("metadata: {{name: p}}\nspec:\n  volumes: [{{name: h, hostPath: {hp}}}]\n  containers: []\n"));
+            let err = prepare_volumes(&pod, &c).unwrap_err().to_string();
+            assert!(err.contains(needle), "{hp}: {err}");
+        }
+    }
+
+    #[test]
+    fn prepare_volumes_should_refuse_unsupported_types_and_bad_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        let pod = desired("metadata: {name: p}\nspec:\n  volumes: [{name: s, secret: {secretName: x}}]\n  containers: []\n");
+        let err = prepare_volumes(&pod, &c).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.volumes[s]") && err.contains("secret"),
+            "{err}"
+        );
+        let pod = desired("metadata: {name: p}\nspec:\n  volumes: [{name: '..', emptyDir: {}}]\n  containers: []\n");
+        assert!(prepare_volumes(&pod, &c).is_err());
+        assert!(!tmp
+            .path()
+            .join("pods/uid/volumes")
+            .join("..")
+            .join("..")
+            .join("x")
+            .exists());
+    }
+
+    #[test]
+    fn safe_sub_path_should_refuse_escapes() {
+        assert_eq!(safe_sub_path("a/./b", "f").unwrap(), PathBuf::from("a/b"));
+        assert!(safe_sub_path("..", "f").is_err());
+        assert!(safe_sub_path("a/../b", "f").is_err());
+        assert!(safe_sub_path("/abs", "f").is_err());
+    }
+
+    #[test]
+    fn remove_pod_dir_should_remove_only_the_pod_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("keep"), b"x").unwrap();
+        let pod = desired(
+            "metadata: {name: p}\nspec:\n  volumes: [{name: d, emptyDir: {}}]\n  containers: []\n",
+        );
+        prepare_volumes(&pod, &c).unwrap();
+        let d = empty_dir_path(&c, "d");
+        fs::write(d.join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("link")).unwrap();
+        remove_pod_dir(&c).unwrap();
+        assert!(!c.pod_dir.exists());
+        assert!(outside.join("keep").exists(), "symlink target untouched");
+        remove_pod_dir(&c).unwrap(); // already gone: fine
+                                     // A symlink in place of the pod dir: only the link goes.
+        std::os::unix::fs::symlink(&outside, &c.pod_dir).unwrap();
+        remove_pod_dir(&c).unwrap();
+        assert!(outside.join("keep").exists());
+        assert!(fs::symlink_metadata(&c.pod_dir).is_err());
+    }
+}
