@@ -10,6 +10,7 @@
 //! - [`status`]: computes and publishes Kubernetes pod statuses;
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`.
 
+mod agent;
 pub mod cache;
 pub mod config;
 pub mod convert;
@@ -17,10 +18,13 @@ pub mod cri;
 pub mod health;
 pub mod metrics;
 pub mod pleg;
+pub mod probe;
 pub mod quantity;
 pub mod server;
 pub mod source;
 pub mod status;
 pub mod types;
+pub mod worker;
 
+pub use agent::{run, AgentError};
 pub use config::{AgentConfig, PlegMode};

@@ -15,6 +15,8 @@ use serde::Deserialize;
 pub struct FileConfig {
     /// `[cri]`: the runtime.
     pub cri: RuntimeConfig,
+    /// `[agent]`: the node agent.
+    pub agent: petrel_agent::AgentConfig,
 }
 
 impl FileConfig {

@@ -1,7 +1,9 @@
 //! `petrel`: the one command of the Petrel node stack.
 //!
 //! - `petrel runtime`: the CRI v1 runtime;
-//! - `petrel ctl`: a crictl-like client for any CRI runtime.
+//! - `petrel ctl`: a crictl-like client for any CRI runtime;
+//! - `petrel agent`: the node agent;
+//! - `petrel node`: runtime and agent in one process.
 
 mod commands;
 mod config;
@@ -25,6 +27,10 @@ enum Command {
     Runtime(commands::runtime::RuntimeArgs),
     /// Talk to a CRI runtime, like crictl.
     Ctl(commands::ctl::CtlArgs),
+    /// Run the node agent against a CRI runtime.
+    Agent(commands::agent::AgentArgs),
+    /// Run runtime and agent in one process: a node.
+    Node(commands::node::NodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,5 +38,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Runtime(args) => commands::runtime::main(args),
         Command::Ctl(args) => commands::ctl::main(args),
+        Command::Agent(args) => commands::agent::main(args),
+        Command::Node(args) => commands::node::main(args),
     }
 }

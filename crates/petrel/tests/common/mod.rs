@@ -5,6 +5,9 @@
 
 #![allow(dead_code, unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod agent;
+pub mod containerd;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,289 @@
+//! Wiring: the agent's parts started in order and connected by channels.
+//!
+//! ```text
+//! manifests --inotify--> source --change (urgent)--+
+//! runtime --events/relist--> PLEG --event (urgent)-+--> work queue --> pod workers --> CRI
+//! probes --result (urgent/normal)------------------+        ^
+//! resync timer (background, spread) ------------------------+
+//! ```
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::{IpAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use petrel_controller::{run_workers, Priority, QueueConfig, WorkQueue};
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+
+use crate::cache::PodCache;
+use crate::config::AgentConfig;
+use crate::cri::{CriRuntime, RuntimeApi};
+use crate::health::Health;
+use crate::metrics::AgentMetrics;
+use crate::pleg::{Pleg, PlegConfig, PodLifecycleEventType};
+use crate::probe::{ProbeChange, ProbeManager};
+use crate::source::{PodSource, SourceError};
+use crate::status::StatusStore;
+use crate::worker::{PodWorkers, WorkerConfig};
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The manifest directory could not be read or watched.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The runtime endpoint is malformed.
+    #[error(transparent)]
+    Endpoint(#[from] petrel_cri::ClientError),
+    /// The HTTP server could not listen.
+    #[error("listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The agent's root directory could not be created.
+    #[error("create {path}: {source}")]
+    Root {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Runs the agent until `shutdown` completes. Pods keep running after it
+/// returns; a new agent adopts them.
+pub async fn run(
+    config: AgentConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AgentError> {
+    let node_name = config.effective_node_name();
+    std::fs::create_dir_all(&config.root).map_err(|source| AgentError::Root {
+        path: config.root.clone(),
+        source,
+    })?;
+    let metrics = AgentMetrics::new();
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let runtime: Arc<dyn RuntimeApi> = Arc::new(CriRuntime::new(
+        &config.runtime_endpoint,
+        metrics.clone(),
+        config.runtime_request_timeout,
+    )?);
+    let cache = Arc::new(PodCache::new());
+    let health = Arc::new(Health::new(config.relist_threshold));
+    let store = Arc::new(StatusStore::new());
+    let source = PodSource::load(&config.manifests, &node_name)?;
+    let queue: WorkQueue<String> = WorkQueue::new(
+        QueueConfig::default()
+            .name("pods")
+            .resync_window(config.sync_period / 2),
+    );
+    queue.register(&mut registry);
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server_stop = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let server = tokio::spawn(crate::server::serve(
+        listener,
+        crate::server::ServerState {
+            store: Arc::clone(&store),
+            health: Arc::clone(&health),
+            registry: Arc::new(registry),
+        },
+        server_stop,
+    ));
+    tracing::info!(listen = %config.listen, manifests = %config.manifests.display(), node = %node_name, "agent serving");
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let (pleg, mut pleg_events) = Pleg::new(
+        Arc::clone(&runtime),
+        Arc::clone(&cache),
+        Arc::clone(&health),
+        metrics.clone(),
+        PlegConfig {
+            mode: config.pleg,
+            relist_period: config.relist_period,
+            event_relist_period: config.event_relist_period,
+            inspect_concurrency: config.inspect_concurrency,
+            node_name: node_name.clone(),
+        },
+    );
+    tasks.spawn(pleg.clone().run());
+
+    let main = async {
+        let runtime_name = wait_for_runtime(runtime.as_ref(), &health).await;
+        // Adoption waits for the PLEG's first relist, so pods already
+        // running are recognised instead of created again.
+        while pleg.mode_in_use().is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::info!(runtime = %runtime_name, pleg = ?pleg.mode_in_use(), "runtime connected; adopting pods");
+        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+        let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
+        let workers = Arc::new(PodWorkers::new(
+            Arc::clone(&runtime),
+            Arc::clone(&cache),
+            pleg.clone(),
+            source.clone(),
+            Arc::clone(&store),
+            probes,
+            metrics.clone(),
+            WorkerConfig {
+                node_name: node_name.clone(),
+                host_ip: host_ip(),
+                runtime_name,
+                cgroup_root: config.cgroup_root.clone(),
+                root: config.root.clone(),
+                backoff_initial: config.backoff_initial,
+                backoff_max: config.backoff_max,
+            },
+        ));
+
+        // Start-up: pods the runtime already runs are background work
+        // (adoption); new pods and orphans are normal.
+        let wanted: HashSet<String> = source.all().into_iter().map(|d| d.uid).collect();
+        for uid in &wanted {
+            let known = cache
+                .get(uid)
+                .status
+                .is_some_and(|s| !s.sandboxes.is_empty());
+            queue.add(
+                uid.clone(),
+                if known {
+                    Priority::Background
+                } else {
+                    Priority::Normal
+                },
+            );
+        }
+        for uid in cache.uids() {
+            if !wanted.contains(&uid) {
+                queue.add(uid, Priority::Normal);
+            }
+        }
+
+        let (src_tx, mut src_rx) = mpsc::unbounded_channel();
+        let watch = source.spawn_watch(src_tx)?;
+        let q = queue.clone();
+        tasks.spawn(async move {
+            while let Some(change) = src_rx.recv().await {
+                tracing::info!(uid = %change.uid, kind = ?change.kind, pod = %format!("{}/{}", change.pod.namespace, change.pod.name), "manifest changed");
+                q.add(change.uid, Priority::Urgent);
+            }
+            watch.abort();
+        });
+        let q = queue.clone();
+        tasks.spawn(async move {
+            while let Some(ev) = pleg_events.recv().await {
+                if ev.kind != PodLifecycleEventType::ContainerChanged {
+                    q.add(ev.uid, Priority::Urgent);
+                }
+            }
+        });
+        let q = queue.clone();
+        tasks.spawn(async move {
+            while let Some((uid, change)) = probe_rx.recv().await {
+                let p = match change {
+                    ProbeChange::Kill => Priority::Urgent,
+                    ProbeChange::Status => Priority::Normal,
+                };
+                q.add(uid, p);
+            }
+        });
+        let (q, w, s, period) = (
+            queue.clone(),
+            Arc::clone(&workers),
+            source.clone(),
+            config.sync_period,
+        );
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let mut uids: HashSet<String> = s.all().into_iter().map(|d| d.uid).collect();
+                uids.extend(w.known_uids());
+                for uid in uids {
+                    q.add_resync(uid);
+                }
+            }
+        });
+        let w = Arc::clone(&workers);
+        tasks.spawn(run_workers(
+            queue.clone(),
+            config.workers,
+            move |uid: String| {
+                let w = Arc::clone(&w);
+                async move { w.sync(uid).await }
+            },
+        ));
+        std::future::pending::<Result<(), AgentError>>().await
+    };
+
+    let result = tokio::select! {
+        r = main => r,
+        () = shutdown => Ok(()),
+    };
+    tracing::info!("agent stopping; pods keep running");
+    queue.shut_down();
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    result
+}
+
+/// Waits until the runtime answers Version; returns its name. Meanwhile
+/// the agent reports the runtime unhealthy.
+async fn wait_for_runtime(runtime: &dyn RuntimeApi, health: &Health) -> String {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match runtime.version().await {
+            Ok(v) => {
+                health.set_runtime_error(None);
+                return if v.runtime_name.is_empty() {
+                    "cri".to_string()
+                } else {
+                    v.runtime_name
+                };
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "runtime not answering; retrying");
+                health.set_runtime_error(Some(e.to_string()));
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// The node's IP: the source address of the default route, else loopback.
+fn host_ip() -> String {
+    // Connecting a UDP socket sends nothing; it only picks a route.
+    UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect("192.0.2.1:9")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]))
+        .to_string()
+}

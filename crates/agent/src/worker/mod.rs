@@ -1,0 +1,305 @@
+//! Pod workers: the reconcile function the controller kit's work queue
+//! calls for each pod UID.
+//!
+//! One sync looks at what the manifest wants ([`PodSource`]) and what the
+//! runtime has (the [`PodCache`], never older than this worker's own last
+//! action: see [`PodWorkers::fresh_status`]) and moves the runtime one step
+//! closer: sandbox, then init containers in order, then app containers with
+//! the restart policy and crash-loop backoff; or, for a pod whose manifest
+//! is gone, graceful termination. Then it publishes the pod's status.
+//!
+//! Never creating a container twice rests on three facts: the work queue
+//! never runs one UID on two workers; every sync acts on a status inspected
+//! after the previous sync's last action; and a container is only created
+//! when that status shows no live instance of it.
+
+mod backoff;
+mod hooks;
+mod sync;
+mod terminate;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use petrel_controller::Action;
+
+use crate::cache::{now_ns, PodCache};
+use crate::convert::{ConvertContext, ConvertError};
+use crate::cri::{CriError, RuntimeApi};
+use crate::metrics::AgentMetrics;
+use crate::pleg::Pleg;
+use crate::probe::ProbeManager;
+use crate::source::PodSource;
+use crate::status::compute::{compute_pod_status, published_pod, StatusContext};
+use crate::status::StatusStore;
+use crate::types::{DesiredPod, PodHints, PodRuntimeStatus, PodUid};
+
+pub use backoff::CrashBackoff;
+
+/// Why a sync failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A CRI call failed.
+    #[error(transparent)]
+    Runtime(#[from] CriError),
+    /// The pod's spec could not be turned into CRI configuration.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// The runtime did not produce a status newer than our last action.
+    #[error("no fresh status for pod {0} from the runtime")]
+    StaleStatus(PodUid),
+    /// Creating the pod's directories failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Settings of the pod workers.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The node's name.
+    pub node_name: String,
+    /// The node's IP.
+    pub host_ip: String,
+    /// The runtime's name, for containerID (`containerd://...`).
+    pub runtime_name: String,
+    /// `<cgroup_root>/kubepods/...`.
+    pub cgroup_root: String,
+    /// The agent's root: pods/<uid> and logs/ under it.
+    pub root: PathBuf,
+    /// Crash-loop backoff start and cap.
+    pub backoff_initial: Duration,
+    /// Crash-loop backoff cap.
+    pub backoff_max: Duration,
+}
+
+/// What a worker remembers about a pod between syncs.
+#[derive(Debug, Default)]
+struct PodState {
+    /// When this agent last changed the pod in the runtime (ns).
+    last_action: i64,
+    /// Waiting reasons and messages for the status.
+    hints: PodHints,
+    /// When the agent first saw the pod (pod start latency).
+    first_seen: Option<Instant>,
+    /// Pod start latency already recorded.
+    start_recorded: bool,
+    /// The manifest was deleted at this time.
+    terminating_since: Option<SystemTime>,
+    /// The last desired pod seen (to show a terminating pod).
+    last_desired: Option<DesiredPod>,
+}
+
+/// The pod workers' shared state; `sync` is the reconcile function.
+pub struct PodWorkers {
+    runtime: Arc<dyn RuntimeApi>,
+    cache: Arc<PodCache>,
+    pleg: Pleg,
+    source: PodSource,
+    store: Arc<StatusStore>,
+    probes: Arc<ProbeManager>,
+    metrics: AgentMetrics,
+    backoff: CrashBackoff,
+    config: WorkerConfig,
+    pods: Mutex<HashMap<PodUid, PodState>>,
+}
+
+impl PodWorkers {
+    /// The workers' state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        runtime: Arc<dyn RuntimeApi>,
+        cache: Arc<PodCache>,
+        pleg: Pleg,
+        source: PodSource,
+        store: Arc<StatusStore>,
+        probes: Arc<ProbeManager>,
+        metrics: AgentMetrics,
+        config: WorkerConfig,
+    ) -> Self {
+        Self {
+            runtime,
+            cache,
+            pleg,
+            source,
+            store,
+            probes,
+            metrics,
+            backoff: CrashBackoff::new(config.backoff_initial, config.backoff_max),
+            config,
+            pods: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn with_state<R>(&self, uid: &str, f: impl FnOnce(&mut PodState) -> R) -> R {
+        let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.entry(uid.to_string()).or_default())
+    }
+
+    /// Records that the agent just changed the pod in the runtime: the
+    /// next sync waits for a status inspected after now.
+    fn acted(&self, uid: &str) {
+        let t = now_ns();
+        self.with_state(uid, |s| s.last_action = s.last_action.max(t));
+    }
+
+    fn set_waiting(&self, uid: &str, container: &str, reason: &str, message: String) {
+        self.with_state(uid, |s| {
+            s.hints
+                .containers
+                .entry(container.to_string())
+                .or_default()
+                .waiting = Some((reason.to_string(), message));
+        });
+    }
+
+    fn clear_waiting(&self, uid: &str, container: &str) {
+        self.with_state(uid, |s| {
+            if let Some(h) = s.hints.containers.get_mut(container) {
+                h.waiting = None;
+            }
+        });
+    }
+
+    fn set_pod_message(&self, uid: &str, message: Option<String>) {
+        self.with_state(uid, |s| s.hints.message = message);
+    }
+
+    /// The conversion context of a pod.
+    fn convert_context(&self, pod: &DesiredPod, pod_ips: Vec<String>) -> ConvertContext {
+        ConvertContext {
+            node_name: self.config.node_name.clone(),
+            cgroup_root: self.config.cgroup_root.clone(),
+            pod_dir: self.config.root.join("pods").join(&pod.uid),
+            log_dir: self
+                .config
+                .root
+                .join("logs")
+                .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid)),
+            pod_ips,
+            host_ip: self.config.host_ip.clone(),
+        }
+    }
+
+    /// Reconciles the pod `uid` once.
+    pub async fn sync(&self, uid: PodUid) -> Result<Action, WorkerError> {
+        let desired = self.source.get(&uid);
+        let status = self.fresh_status(&uid).await?;
+        match desired {
+            Some(d) if d.invalid.is_none() => {
+                self.with_state(&uid, |s| {
+                    s.terminating_since = None;
+                    s.last_desired = Some(d.clone());
+                    if s.first_seen.is_none() {
+                        s.first_seen = Some(Instant::now());
+                        s.hints.start_time = Some(SystemTime::now());
+                    }
+                });
+                self.sync_pod(&d, &status).await
+            }
+            Some(d) => {
+                // A manifest that cannot run: whatever ran under its name
+                // before is stopped, and the pod is shown with its reason.
+                if !status.sandboxes.is_empty() || !status.containers.is_empty() {
+                    self.kill_pod(&uid, &status, Some(&d), true).await?;
+                }
+                self.with_state(&uid, |s| s.last_desired = Some(d.clone()));
+                self.publish(&d, None);
+                Ok(Action::Done)
+            }
+            None => self.terminate(&uid, &status).await,
+        }
+    }
+
+    /// The runtime's status of `uid`, inspected after this agent's last
+    /// action on it: from the cache if that is fresh enough, else by a
+    /// targeted inspection (and `get_newer_than` makes sure of it).
+    async fn fresh_status(&self, uid: &str) -> Result<Arc<PodRuntimeStatus>, WorkerError> {
+        let last = self.with_state(uid, |s| s.last_action);
+        let entry = self.cache.get(uid);
+        if entry.timestamp <= last || entry.timestamp == 0 {
+            self.pleg.inspect(uid).await?;
+        }
+        let entry = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.cache.get_newer_than(uid, last),
+        )
+        .await
+        .map_err(|_| WorkerError::StaleStatus(uid.to_string()))?;
+        if let Some(e) = entry.error {
+            return Err(WorkerError::Io(format!("inspecting pod {uid}: {e}")));
+        }
+        Ok(entry.status.unwrap_or_else(|| {
+            Arc::new(PodRuntimeStatus {
+                uid: uid.to_string(),
+                ..Default::default()
+            })
+        }))
+    }
+
+    /// Publishes the status of `pod` computed from `runtime`.
+    fn publish(&self, pod: &DesiredPod, runtime: Option<&PodRuntimeStatus>) {
+        let (mut hints, terminating_since) =
+            self.with_state(&pod.uid, |s| (s.hints.clone(), s.terminating_since));
+        hints.terminating = terminating_since.is_some();
+        // Probe results of the running instances.
+        if let Some(rt) = runtime {
+            for c in pod_containers(pod) {
+                if let Some(inst) = rt.latest_container(&c.name) {
+                    if inst.state == petrel_cri::api::ContainerState::ContainerRunning as i32 {
+                        let r = self.probes.results(&pod.uid, &c.name, &inst.id);
+                        let h = hints.containers.entry(c.name.clone()).or_default();
+                        h.ready = r.ready;
+                        h.started = r.started;
+                    }
+                }
+            }
+        }
+        let ctx = StatusContext {
+            host_ip: &self.config.host_ip,
+            runtime_name: &self.config.runtime_name,
+            now: SystemTime::now(),
+        };
+        let status = compute_pod_status(pod, runtime, &hints, &ctx);
+        self.store
+            .upsert(published_pod(pod, status, terminating_since));
+    }
+
+    /// Forgets everything about `uid` (its pod is gone from the runtime and
+    /// from the sources).
+    fn forget(&self, uid: &str) {
+        let state = {
+            let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            g.remove(uid)
+        };
+        if let Some(d) = state.and_then(|s| s.last_desired) {
+            self.store.remove(&d.namespace, &d.name);
+            let ctx = self.convert_context(&d, Vec::new());
+            if let Err(e) = crate::convert::remove_pod_dir(&ctx) {
+                tracing::warn!(uid, error = %e, "removing the pod's directory failed");
+            }
+        }
+        self.cache.delete(uid);
+        self.probes.remove_pod(uid);
+        self.backoff.forget_pod(uid);
+    }
+
+    /// UIDs of every pod the workers know (for the periodic resync).
+    pub fn known_uids(&self) -> Vec<PodUid> {
+        let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        g.keys().cloned().collect()
+    }
+}
+
+/// Init and app containers of a pod's spec.
+fn pod_containers(
+    pod: &DesiredPod,
+) -> impl Iterator<Item = &k8s_openapi::api::core::v1::Container> {
+    pod.pod.spec.iter().flat_map(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(s.containers.iter())
+    })
+}

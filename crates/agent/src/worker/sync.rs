@@ -1,0 +1,526 @@
+//! Syncing a pod that should run: one step towards its spec per call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use petrel_controller::Action;
+use petrel_cri::api;
+use petrel_cri::api::{ContainerState, PodSandboxState};
+
+use super::hooks::{exec_command, grace_seconds};
+use super::{PodWorkers, WorkerError};
+use crate::convert::{container_config, container_hash, prepare_volumes, sandbox_config};
+use crate::types::{DesiredPod, PodRuntimeStatus};
+
+/// How long to wait before retrying an image that is not present.
+const IMAGE_RETRY: Duration = Duration::from_secs(10);
+/// Exited instances kept per container name (the newest is the status's
+/// lastState; older ones are removed).
+const KEEP_EXITED: usize = 1;
+
+/// The sandbox the containers run in.
+struct Sandbox {
+    id: String,
+    created_at: i64,
+    config: api::PodSandboxConfig,
+    ips: Vec<String>,
+}
+
+/// What a sync decided about one container.
+enum Step {
+    /// Nothing to do now.
+    Nothing,
+    /// Retry after this long (backoff, image not present).
+    RetryAfter(Duration),
+}
+
+fn state(c: &api::ContainerStatus) -> ContainerState {
+    ContainerState::try_from(c.state).unwrap_or(ContainerState::ContainerUnknown)
+}
+
+fn name_of(c: &api::ContainerStatus) -> &str {
+    c.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or("")
+}
+
+/// Should an exited container be started again?
+fn should_restart(policy: &str, exit_code: i32) -> bool {
+    match policy {
+        "Never" => false,
+        "OnFailure" => exit_code != 0,
+        _ => true,
+    }
+}
+
+impl PodWorkers {
+    pub(super) async fn sync_pod(
+        &self,
+        pod: &DesiredPod,
+        status: &Arc<PodRuntimeStatus>,
+    ) -> Result<Action, WorkerError> {
+        let uid = pod.uid.as_str();
+        let Some(spec) = pod.pod.spec.as_ref() else {
+            self.publish(pod, Some(status));
+            return Ok(Action::Done);
+        };
+        let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+
+        // 1. The sandbox: the newest, if it is ready; else a new one.
+        let latest = status.latest_sandbox();
+        let ready = latest.filter(|s| s.state == PodSandboxState::SandboxReady as i32);
+        let sandbox = match ready {
+            Some(s) => {
+                let attempt = s.metadata.as_ref().map_or(0, |m| m.attempt);
+                let ips = status.ips();
+                let ctx = self.convert_context(pod, ips.clone());
+                Sandbox {
+                    id: s.id.clone(),
+                    created_at: s.created_at,
+                    config: sandbox_config(pod, attempt, &ctx)?,
+                    ips,
+                }
+            }
+            None => {
+                // A pod that must not restart stays down once its sandbox
+                // died after its containers ran.
+                if latest.is_some() && policy == "Never" && !status.containers.is_empty() {
+                    self.publish(pod, Some(status));
+                    return Ok(Action::Done);
+                }
+                if latest.is_some() || !status.containers.is_empty() {
+                    // Whatever still runs in the dead sandbox goes first.
+                    self.kill_pod(uid, status, Some(pod), false).await?;
+                }
+                let attempt = latest
+                    .and_then(|s| s.metadata.as_ref())
+                    .map_or(0, |m| m.attempt + 1);
+                match self.create_sandbox(pod, attempt).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.set_pod_message(
+                            uid,
+                            Some(format!("Failed to create pod sandbox: {e}")),
+                        );
+                        self.publish(pod, Some(status));
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        self.set_pod_message(uid, None);
+
+        // Containers of the current sandbox, newest first.
+        let current: Vec<&api::ContainerStatus> = status
+            .containers
+            .iter()
+            .filter(|c| c.created_at >= sandbox.created_at && sandbox.id == latest_id(status))
+            .collect();
+        let latest_of = |name: &str| current.iter().copied().find(|c| name_of(c) == name);
+
+        let mut retry: Option<Duration> = None;
+        let mut note = |s: Step| {
+            if let Step::RetryAfter(d) = s {
+                retry = Some(retry.map_or(d, |r| r.min(d)));
+            }
+        };
+
+        // 2. Init containers, in order, each to completion.
+        let mut initialized = true;
+        for c in spec.init_containers.iter().flatten() {
+            let inst = latest_of(&c.name);
+            match inst.map(|i| (i, state(i))) {
+                Some((i, ContainerState::ContainerExited)) if i.exit_code == 0 => continue,
+                Some((_, ContainerState::ContainerRunning)) => {
+                    initialized = false;
+                    break;
+                }
+                Some((i, ContainerState::ContainerCreated)) => {
+                    self.start_created(uid, i).await?;
+                    initialized = false;
+                    break;
+                }
+                Some((i, ContainerState::ContainerExited)) => {
+                    initialized = false;
+                    // A failed init container: the pod fails with Never,
+                    // else the init container is retried with backoff.
+                    if policy != "Never" {
+                        note(
+                            self.restart(pod, spec, c, true, i, status, &sandbox)
+                                .await?,
+                        );
+                    }
+                    break;
+                }
+                Some((i, ContainerState::ContainerUnknown)) => {
+                    self.stop_container(uid, i, Some(c), 0, "state unknown")
+                        .await?;
+                    self.acted(uid);
+                    initialized = false;
+                    break;
+                }
+                None => {
+                    let rc = next_restart_count(status, &c.name);
+                    note(
+                        self.start_new(pod, spec, c, true, rc, status, &sandbox)
+                            .await?,
+                    );
+                    initialized = false;
+                    break;
+                }
+            }
+        }
+
+        // 3. App containers.
+        if initialized {
+            for c in &spec.containers {
+                let inst = latest_of(&c.name);
+                let step = match inst.map(|i| (i, state(i))) {
+                    None => {
+                        let rc = next_restart_count(status, &c.name);
+                        self.start_new(pod, spec, c, false, rc, status, &sandbox)
+                            .await?
+                    }
+                    Some((i, ContainerState::ContainerCreated)) => {
+                        self.start_created(uid, i).await?;
+                        Step::Nothing
+                    }
+                    Some((i, ContainerState::ContainerRunning)) => {
+                        self.check_running(pod, spec, c, i, status, &sandbox)
+                            .await?
+                    }
+                    Some((i, ContainerState::ContainerExited)) => {
+                        if should_restart(policy, i.exit_code) {
+                            self.restart(pod, spec, c, false, i, status, &sandbox)
+                                .await?
+                        } else {
+                            Step::Nothing
+                        }
+                    }
+                    Some((i, ContainerState::ContainerUnknown)) => {
+                        self.stop_container(uid, i, Some(c), 0, "state unknown")
+                            .await?;
+                        self.acted(uid);
+                        Step::Nothing
+                    }
+                };
+                note(step);
+            }
+        }
+
+        // 4. Old instances: keep the newest exited one per name.
+        self.prune(uid, status).await;
+
+        self.publish(pod, Some(status));
+        self.record_start_latency(pod, status);
+        Ok(match retry {
+            Some(d) => Action::RequeueAfter(d),
+            None => Action::Done,
+        })
+    }
+
+    /// RunPodSandbox for `pod`, after preparing its volumes and log
+    /// directory.
+    async fn create_sandbox(&self, pod: &DesiredPod, attempt: u32) -> Result<Sandbox, WorkerError> {
+        let ctx = self.convert_context(pod, Vec::new());
+        prepare_volumes(pod, &ctx)?;
+        std::fs::create_dir_all(&ctx.log_dir).map_err(|e| {
+            WorkerError::Io(format!(
+                "create log directory {}: {e}",
+                ctx.log_dir.display()
+            ))
+        })?;
+        let config = sandbox_config(pod, attempt, &ctx)?;
+        tracing::info!(uid = %pod.uid, pod = %format!("{}/{}", pod.namespace, pod.name), attempt, "creating pod sandbox");
+        let id = self.runtime.run_pod_sandbox(config.clone()).await;
+        self.acted(&pod.uid);
+        let id = id?;
+        let st = self.runtime.pod_sandbox_status(&id).await?;
+        let mut ips = Vec::new();
+        if let Some(n) = st.network.as_ref() {
+            if !n.ip.is_empty() {
+                ips.push(n.ip.clone());
+            }
+            ips.extend(n.additional_ips.iter().map(|i| i.ip.clone()));
+        }
+        Ok(Sandbox {
+            id,
+            created_at: st.created_at,
+            config,
+            ips,
+        })
+    }
+
+    /// StartContainer for a container left created (e.g. the agent died
+    /// between create and start).
+    async fn start_created(&self, uid: &str, c: &api::ContainerStatus) -> Result<(), WorkerError> {
+        let r = self.runtime.start_container(&c.id).await;
+        self.acted(uid);
+        r.map_err(Into::into)
+    }
+
+    /// A running container: restart it if its spec changed or a liveness
+    /// probe failed; keep its probes running.
+    async fn check_running(
+        &self,
+        pod: &DesiredPod,
+        spec: &PodSpec,
+        c: &Container,
+        inst: &api::ContainerStatus,
+        status: &PodRuntimeStatus,
+        sandbox: &Sandbox,
+    ) -> Result<Step, WorkerError> {
+        let uid = pod.uid.as_str();
+        let grace = grace_seconds(spec.termination_grace_period_seconds, inst);
+        let hash = container_hash(c);
+        let recorded = status.container_meta.get(&inst.id).map(|m| m.hash.as_str());
+        if recorded.is_some_and(|h| h != hash) {
+            tracing::info!(uid, container = %c.name, "container spec changed; restarting it");
+            self.stop_container(uid, inst, Some(c), grace, "spec changed")
+                .await?;
+            self.acted(uid);
+            // The replacement starts at once, with no backoff.
+            let rc = status
+                .container_meta
+                .get(&inst.id)
+                .map_or(0, |m| m.restart_count + 1);
+            return self
+                .start_new(pod, spec, c, false, rc, status, sandbox)
+                .await;
+        }
+        let host = self.probe_host(spec, sandbox);
+        self.probes.ensure(uid, c, &inst.id, host);
+        if let Some(why) = self.probes.results(uid, &c.name, &inst.id).kill_reason {
+            tracing::info!(uid, container = %c.name, reason = %why, "container failed its probe; restarting it");
+            self.stop_container(uid, inst, Some(c), grace, "probe failed")
+                .await?;
+            self.acted(uid);
+        }
+        Ok(Step::Nothing)
+    }
+
+    /// An exited container that the restart policy wants back: restart it
+    /// unless it is in crash-loop backoff.
+    #[allow(clippy::too_many_arguments)]
+    async fn restart(
+        &self,
+        pod: &DesiredPod,
+        spec: &PodSpec,
+        c: &Container,
+        init: bool,
+        inst: &api::ContainerStatus,
+        status: &PodRuntimeStatus,
+        sandbox: &Sandbox,
+    ) -> Result<Step, WorkerError> {
+        let uid = pod.uid.as_str();
+        let ran = Duration::from_nanos(
+            u64::try_from(inst.finished_at.saturating_sub(inst.started_at)).unwrap_or(0),
+        );
+        let now = Instant::now();
+        if let Some(wait) = self.backoff.remaining(uid, &c.name, ran, now) {
+            let delay = self.backoff.current_delay(uid, &c.name);
+            self.set_waiting(
+                uid,
+                &c.name,
+                "CrashLoopBackOff",
+                format!(
+                    "back-off {}s restarting failed container={} pod={}_{}({})",
+                    delay.as_secs(),
+                    c.name,
+                    pod.name,
+                    pod.namespace,
+                    uid
+                ),
+            );
+            return Ok(Step::RetryAfter(wait));
+        }
+        self.backoff.restarted(uid, &c.name, now);
+        let rc = status.container_meta.get(&inst.id).map_or_else(
+            || next_restart_count(status, &c.name),
+            |m| m.restart_count + 1,
+        );
+        self.start_new(pod, spec, c, init, rc, status, sandbox)
+            .await
+    }
+
+    /// Pulls (per policy), creates and starts a new instance of `c`, runs
+    /// its postStart hook and starts its probes.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_new(
+        &self,
+        pod: &DesiredPod,
+        spec: &PodSpec,
+        c: &Container,
+        init: bool,
+        restart_count: i32,
+        _status: &PodRuntimeStatus,
+        sandbox: &Sandbox,
+    ) -> Result<Step, WorkerError> {
+        let uid = pod.uid.as_str();
+        let image = c.image.clone().unwrap_or_default();
+        let policy = c.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
+        let present = match policy {
+            "Always" => false,
+            _ => self.runtime.image_status(&image).await?.is_some(),
+        };
+        if !present {
+            if policy == "Never" {
+                self.set_waiting(
+                    uid,
+                    &c.name,
+                    "ErrImageNeverPull",
+                    format!("Container image \"{image}\" is not present with pull policy of Never"),
+                );
+                return Ok(Step::RetryAfter(IMAGE_RETRY));
+            }
+            if let Err(e) = self
+                .runtime
+                .pull_image(&image, Some(sandbox.config.clone()))
+                .await
+            {
+                self.set_waiting(uid, &c.name, "ErrImagePull", e.message.clone());
+                return Ok(Step::RetryAfter(IMAGE_RETRY));
+            }
+        }
+        let ctx = self.convert_context(pod, sandbox.ips.clone());
+        let config = match container_config(pod, c, init, restart_count, &ctx) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                // A spec problem: retrying cannot help until it changes.
+                self.set_waiting(uid, &c.name, "CreateContainerConfigError", e.to_string());
+                return Ok(Step::Nothing);
+            }
+        };
+        tracing::info!(uid, container = %c.name, restart_count, "creating container");
+        let created = self
+            .runtime
+            .create_container(&sandbox.id, config, sandbox.config.clone())
+            .await;
+        self.acted(uid);
+        let id = match created {
+            Ok(id) => id,
+            Err(e) => {
+                self.set_waiting(uid, &c.name, "CreateContainerError", e.message.clone());
+                return Err(e.into());
+            }
+        };
+        let started = self.runtime.start_container(&id).await;
+        self.acted(uid);
+        if let Err(e) = started {
+            self.set_waiting(uid, &c.name, "RunContainerError", e.message.clone());
+            return Err(e.into());
+        }
+        self.clear_waiting(uid, &c.name);
+        if let Some(cmd) = exec_command(c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref())) {
+            let out = self.runtime.exec_sync(&id, cmd, 30).await;
+            let failed = match out {
+                Ok(o) if o.exit_code == 0 => None,
+                Ok(o) => Some(format!(
+                    "exited with {}: {}",
+                    o.exit_code,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(why) = failed {
+                tracing::warn!(uid, container = %c.name, %why, "postStart hook failed; killing the container");
+                let st = self.runtime.container_status(&id).await?;
+                let grace = grace_seconds(spec.termination_grace_period_seconds, &st);
+                self.stop_container(uid, &st, Some(c), grace, "postStart hook failed")
+                    .await?;
+                self.acted(uid);
+                self.set_waiting(uid, &c.name, "PostStartHookError", why);
+                return Ok(Step::Nothing);
+            }
+        }
+        if !init {
+            let host = self.probe_host(spec, sandbox);
+            self.probes.ensure(uid, c, &id, host);
+        }
+        Ok(Step::Nothing)
+    }
+
+    /// The address HTTP and TCP probes use.
+    fn probe_host(&self, spec: &PodSpec, sandbox: &Sandbox) -> Option<String> {
+        if spec.host_network == Some(true) {
+            return Some("127.0.0.1".to_string());
+        }
+        sandbox.ips.first().cloned()
+    }
+
+    /// Removes exited instances beyond the newest per name, and dead
+    /// sandboxes other than the newest that hold no containers.
+    async fn prune(&self, uid: &str, status: &PodRuntimeStatus) {
+        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for c in &status.containers {
+            let n = seen.entry(name_of(c)).or_default();
+            if state(c) == ContainerState::ContainerExited {
+                *n += 1;
+                if *n > KEEP_EXITED {
+                    if let Err(e) = self.runtime.remove_container(&c.id).await {
+                        tracing::debug!(uid, id = %c.id, error = %e, "removing an old container failed");
+                    }
+                }
+            }
+        }
+        let newest = latest_id(status);
+        for s in status.sandboxes.iter().filter(|s| s.id != newest) {
+            if s.state == PodSandboxState::SandboxNotready as i32 {
+                let holds = status.containers.iter().any(|c| {
+                    c.created_at >= s.created_at && state(c) == ContainerState::ContainerRunning
+                });
+                if !holds {
+                    if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await {
+                        tracing::debug!(uid, id = %s.id, error = %e, "removing an old sandbox failed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn record_start_latency(&self, pod: &DesiredPod, status: &PodRuntimeStatus) {
+        let Some(spec) = pod.pod.spec.as_ref() else {
+            return;
+        };
+        let all_running = spec.containers.iter().all(|c| {
+            status
+                .latest_container(&c.name)
+                .is_some_and(|i| state(i) == ContainerState::ContainerRunning)
+        });
+        if !all_running {
+            return;
+        }
+        let first = self.with_state(&pod.uid, |s| {
+            if s.start_recorded {
+                None
+            } else {
+                s.start_recorded = true;
+                s.first_seen
+            }
+        });
+        if let Some(t) = first {
+            self.metrics
+                .pod_start_duration
+                .observe(t.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// The id of the newest sandbox ("" if none).
+fn latest_id(status: &PodRuntimeStatus) -> String {
+    status
+        .latest_sandbox()
+        .map(|s| s.id.clone())
+        .unwrap_or_default()
+}
+
+/// The restart count of a new instance of `name`: one more than the newest
+/// previous instance's, 0 for the first.
+fn next_restart_count(status: &PodRuntimeStatus, name: &str) -> i32 {
+    status.latest_container(name).map_or(0, |i| {
+        status
+            .container_meta
+            .get(&i.id)
+            .map_or(0, |m| m.restart_count)
+            + 1
+    })
+}

@@ -1,0 +1,290 @@
+//! A `petrel agent` under test, beside a runtime from [`super::Node`] (or
+//! any CRI endpoint): its own manifest directory, root, node name (so its
+//! labels never match another test's pods) and HTTP port.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{petrel_bin, random_suffix};
+
+/// A running agent.
+pub struct Agent {
+    pub manifests: PathBuf,
+    pub root: PathBuf,
+    pub node_name: String,
+    pub port: u16,
+    endpoint: String,
+    cgroup_root: String,
+    extra: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl Agent {
+    /// Starts an agent against `endpoint` with its files under `dir`.
+    pub fn start(dir: &Path, endpoint: &str, cgroup_root: &str, extra: &[&str]) -> Agent {
+        let suffix = random_suffix();
+        let manifests = dir.join(format!("manifests-{suffix}"));
+        std::fs::create_dir_all(&manifests).expect("manifests dir");
+        let mut a = Agent {
+            manifests,
+            root: dir.join(format!("agent-{suffix}")),
+            node_name: format!("node-{suffix}"),
+            port: free_port(),
+            endpoint: endpoint.to_string(),
+            cgroup_root: cgroup_root.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            log: dir.join(format!("agent-{suffix}.log")),
+            child: None,
+        };
+        a.spawn();
+        a
+    }
+
+    /// Starts an agent against the runtime `node`.
+    pub fn for_node(node: &super::Node, extra: &[&str]) -> Agent {
+        Self::start(
+            node.dir.path(),
+            &format!("unix://{}", node.socket.display()),
+            &node.cgroup_parent,
+            extra,
+        )
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("agent log");
+        let child = Command::new(petrel_bin())
+            .arg("agent")
+            .args(["--runtime-endpoint", &self.endpoint])
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--root")
+            .arg(&self.root)
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--node-name", &self.node_name])
+            .args(["--cgroup-root", &self.cgroup_root])
+            .args(["--log-level", "debug"])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start petrel agent");
+        self.child = Some(child);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if self.get("/healthz").is_some() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("agent exited at start ({st}):\n{}", self.log());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("agent did not start:\n{}", self.log());
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9` the agent.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM the agent and wait for it.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the agent again with the same settings.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the agent first");
+        self.spawn();
+    }
+
+    /// Writes a manifest file (atomically, like an editor).
+    pub fn write_manifest(&self, file: &str, text: &str) {
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    /// Deletes a manifest file.
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
+    }
+
+    /// A raw GET: (status code, body), or None if the agent is unreachable.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).ok()?;
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let code = head.split_whitespace().nth(1)?.parse().ok()?;
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        Some((code, body))
+    }
+
+    /// Every pod at /pods.
+    pub fn pods(&self) -> Vec<Value> {
+        let Some((200, body)) = self.get("/pods") else {
+            return Vec::new();
+        };
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The pod `ns/name` at /pods/{ns}/{name}.
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        match self.get(&format!("/pods/{ns}/{name}")) {
+            Some((200, body)) => serde_json::from_str(&body).ok(),
+            _ => None,
+        }
+    }
+
+    /// Polls the pod until `f` holds, or panics with the pod and the log.
+    pub fn wait_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        within: Duration,
+        what: &str,
+        f: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < within {
+            if let Some(p) = self.pod(ns, name) {
+                if f(&p) {
+                    return p;
+                }
+                last = Some(p);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!(
+            "pod {ns}/{name}: not {what} within {within:?}; last seen:\n{}\nagent log:\n{}",
+            serde_json::to_string_pretty(&last).unwrap_or_default(),
+            tail(&self.log(), 80)
+        );
+    }
+
+    /// Polls until the pod is gone from /pods.
+    pub fn wait_gone(&self, ns: &str, name: &str, within: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if self.pod(ns, name).is_none() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!(
+            "pod {ns}/{name} still present after {within:?}:\n{}",
+            tail(&self.log(), 80)
+        );
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The state key (`running`, `waiting`, `terminated`) of container `name`.
+pub fn container_state<'a>(pod: &'a Value, name: &str) -> Option<(&'a str, &'a Value)> {
+    let statuses = pod["status"]["containerStatuses"].as_array()?;
+    let c = statuses.iter().find(|c| c["name"] == name)?;
+    let st = c["state"].as_object()?;
+    st.iter().next().map(|(k, v)| (k.as_str(), v))
+}
+
+/// A container's status object.
+pub fn container_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+/// Phase of a pod.
+pub fn phase(pod: &Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or("")
+}
+
+/// The pod's condition `kind` is True.
+pub fn condition(pod: &Value, kind: &str) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == kind && c["status"] == "True")
+    })
+}

@@ -1,0 +1,258 @@
+//! End-to-end: `petrel agent` running static pods on a real `petrel
+//! runtime` with real runc containers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::agent::{condition, container_state, container_status, phase, Agent};
+use common::{Node, BUSYBOX};
+use petrel_cri::api;
+
+const T: Duration = Duration::from_secs(30);
+
+async fn node_with_busybox() -> Node {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    node
+}
+
+fn pod_yaml(name: &str, extra_spec: &str, containers: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{extra_spec}  containers:\n{containers}"
+    )
+}
+
+fn sh(name: &str, script: &str) -> String {
+    format!(
+        "  - name: {name}\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n"
+    )
+}
+
+/// Ids of the runtime's containers labelled with this agent's node, by name.
+async fn runtime_containers(node: &Node, agent: &Agent) -> Vec<api::Container> {
+    let mut c = node.clients().await;
+    c.rt.list_containers(api::ListContainersRequest {
+        filter: Some(api::ContainerFilter {
+            label_selector: [("petrel.io/node".to_string(), agent.node_name.clone())].into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .expect("list containers")
+    .into_inner()
+    .containers
+}
+
+async fn runtime_sandboxes(node: &Node, agent: &Agent) -> Vec<api::PodSandbox> {
+    let mut c = node.clients().await;
+    c.rt.list_pod_sandbox(api::ListPodSandboxRequest {
+        filter: Some(api::PodSandboxFilter {
+            label_selector: [("petrel.io/node".to_string(), agent.node_name.clone())].into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .expect("list sandboxes")
+    .into_inner()
+    .items
+}
+
+fn container_id(pod: &serde_json::Value, name: &str) -> String {
+    container_status(pod, name)
+        .and_then(|c| c["containerID"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+fn running(pod: &serde_json::Value, name: &str) -> bool {
+    matches!(container_state(pod, name), Some(("running", _)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_start_change_and_delete_a_pod() {
+    let node = node_with_busybox().await;
+    let agent = Agent::for_node(&node, &["--pleg", "events"]);
+    let out = node.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let volumes = format!(
+        "  volumes:\n  - name: out\n    hostPath:\n      path: {}\n  terminationGracePeriodSeconds: 5\n",
+        out.display()
+    );
+    let a = format!(
+        "{}    volumeMounts:\n    - name: out\n      mountPath: /out\n    lifecycle:\n      preStop:\n        exec:\n          command: [\"sh\", \"-c\", \"echo stopping > /out/prestop\"]\n",
+        sh("a", "trap 'exit 0' TERM; while :; do sleep 1; done")
+    );
+    let b = sh("b", "echo v1; exec sleep 3600");
+    agent.write_manifest("web.yaml", &pod_yaml("web", &volumes, &format!("{a}{b}")));
+
+    let pod = agent.wait_pod("default", "web", T, "running and ready", |p| {
+        phase(p) == "Running" && condition(p, "Ready") && running(p, "a") && running(p, "b")
+    });
+    assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    assert!(condition(&pod, "Initialized") && condition(&pod, "PodReadyToStartContainers"));
+    let (a1, b1) = (container_id(&pod, "a"), container_id(&pod, "b"));
+    assert!(a1.starts_with("petrel://"), "{a1}");
+
+    // A change to b's spec restarts b only.
+    let b2spec = sh("b", "echo v2; exec sleep 3600");
+    agent.write_manifest(
+        "web.yaml",
+        &pod_yaml("web", &volumes, &format!("{a}{b2spec}")),
+    );
+    let pod = agent.wait_pod("default", "web", T, "running a new b", |p| {
+        running(p, "b") && container_id(p, "b") != b1 && !container_id(p, "b").is_empty()
+    });
+    assert_eq!(container_id(&pod, "a"), a1, "a must not restart");
+    assert_eq!(container_status(&pod, "b").unwrap()["restartCount"], 1);
+    let live: Vec<_> = runtime_containers(&node, &agent)
+        .await
+        .into_iter()
+        .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
+        .collect();
+    assert_eq!(live.len(), 2, "exactly one a and one b run: {live:?}");
+
+    // Deleting the manifest terminates the pod gracefully (preStop ran).
+    agent.remove_manifest("web.yaml");
+    agent.wait_gone("default", "web", T);
+    assert_eq!(
+        std::fs::read_to_string(out.join("prestop"))
+            .unwrap_or_default()
+            .trim(),
+        "stopping"
+    );
+    assert!(runtime_containers(&node, &agent).await.is_empty());
+    assert!(runtime_sandboxes(&node, &agent).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_run_init_containers_in_order() {
+    let node = node_with_busybox().await;
+    let agent = Agent::for_node(&node, &[]);
+    let out = node.dir.path().join("init-out");
+    std::fs::create_dir_all(&out).unwrap();
+    let spec = format!(
+        "  volumes:\n  - name: out\n    hostPath:\n      path: {}\n  - name: scratch\n    emptyDir: {{}}\n  initContainers:\n{}    volumeMounts:\n    - {{name: out, mountPath: /out}}\n    - {{name: scratch, mountPath: /scratch}}\n{}    volumeMounts:\n    - {{name: out, mountPath: /out}}\n    - {{name: scratch, mountPath: /scratch}}\n",
+        out.display(),
+        sh("first", "sleep 1; echo 1 >> /out/order; echo hi > /scratch/x"),
+        sh("second", "echo 2 >> /out/order; cat /scratch/x >> /out/order"),
+    );
+    let app = format!(
+        "{}    volumeMounts:\n    - {{name: out, mountPath: /out}}\n",
+        sh("app", "echo app >> /out/order; exec sleep 3600")
+    );
+    agent.write_manifest("init.yaml", &pod_yaml("init", &spec, &app));
+    // While the first init container runs, the pod is Pending/initialising.
+    let pod = agent.wait_pod("default", "init", T, "running", |p| running(p, "app"));
+    assert!(condition(&pod, "Initialized"));
+    let inits = pod["status"]["initContainerStatuses"].as_array().unwrap();
+    assert_eq!(inits.len(), 2);
+    for i in inits {
+        assert_eq!(i["state"]["terminated"]["exitCode"], 0, "{i}");
+        assert_eq!(i["state"]["terminated"]["reason"], "Completed", "{i}");
+    }
+    let order = std::fs::read_to_string(out.join("order")).unwrap();
+    assert_eq!(order, "1\n2\nhi\napp\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_apply_restart_policies_with_backoff() {
+    let node = node_with_busybox().await;
+    let agent = Agent::for_node(&node, &["--backoff-initial", "2s"]);
+    agent.write_manifest(
+        "crash.yaml",
+        &pod_yaml("crash", "", &sh("c", "echo boom; exit 3")),
+    );
+    agent.write_manifest(
+        "once.yaml",
+        &pod_yaml("once", "  restartPolicy: OnFailure\n", &sh("c", "exit 0")),
+    );
+    agent.write_manifest(
+        "never.yaml",
+        &pod_yaml("never", "  restartPolicy: Never\n", &sh("c", "exit 1")),
+    );
+    // Always: restarted, then held in CrashLoopBackOff.
+    let pod = agent.wait_pod("default", "crash", T, "in CrashLoopBackOff", |p| {
+        matches!(container_state(p, "c"), Some(("waiting", w)) if w["reason"] == "CrashLoopBackOff")
+    });
+    let cs = container_status(&pod, "c").unwrap();
+    assert!(cs["restartCount"].as_i64().unwrap() >= 1, "{cs}");
+    assert_eq!(cs["lastState"]["terminated"]["exitCode"], 3, "{cs}");
+    assert_eq!(phase(&pod), "Running");
+    // The backoff doubles: restart count keeps growing, slowly.
+    let pod = agent.wait_pod("default", "crash", T, "restarted twice", |p| {
+        container_status(p, "c").is_some_and(|c| c["restartCount"].as_i64() >= Some(2))
+    });
+    assert!(!running(&pod, "c") || container_status(&pod, "c").is_some());
+
+    let pod = agent.wait_pod("default", "once", T, "Succeeded", |p| {
+        phase(p) == "Succeeded"
+    });
+    assert_eq!(container_status(&pod, "c").unwrap()["restartCount"], 0);
+    let pod = agent.wait_pod("default", "never", T, "Failed", |p| phase(p) == "Failed");
+    let (k, v) = container_state(&pod, "c").unwrap();
+    assert_eq!((k, v["exitCode"].as_i64()), ("terminated", Some(1)));
+    assert_eq!(v["reason"], "Error");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_act_on_exec_probes() {
+    let node = node_with_busybox().await;
+    let agent = Agent::for_node(&node, &[]);
+    let c = format!(
+        "{}    readinessProbe:\n      exec: {{command: [\"test\", \"-f\", \"/tmp/ready\"]}}\n      periodSeconds: 1\n      failureThreshold: 1\n{}    livenessProbe:\n      exec: {{command: [\"sh\", \"-c\", \"test ! -f /tmp/dead\"]}}\n      periodSeconds: 1\n      failureThreshold: 2\n",
+        sh("ready", "sleep 2; touch /tmp/ready; exec sleep 3600"),
+        sh("live", "sleep 2; touch /tmp/dead; exec sleep 3600"),
+    );
+    agent.write_manifest("probe.yaml", &pod_yaml("probe", "", &c));
+    let pod = agent.wait_pod("default", "probe", T, "running", |p| running(p, "ready"));
+    assert_eq!(container_status(&pod, "ready").unwrap()["ready"], false);
+    assert!(!condition(&pod, "Ready"));
+    agent.wait_pod("default", "probe", T, "ready", |p| {
+        container_status(p, "ready").is_some_and(|c| c["ready"] == true)
+    });
+    // The liveness probe fails once /tmp/dead exists: restarted.
+    agent.wait_pod("default", "probe", T, "live restarted", |p| {
+        container_status(p, "live").is_some_and(|c| c["restartCount"].as_i64() >= Some(1))
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_show_invalid_manifests_and_run_the_rest() {
+    let node = node_with_busybox().await;
+    let agent = Agent::for_node(&node, &[]);
+    agent.write_manifest(
+        "broken.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: [oops\n",
+    );
+    agent.write_manifest(
+        "noimage.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: noimage\nspec:\n  containers:\n  - name: c\n",
+    );
+    agent.write_manifest(
+        "missing.yaml",
+        &pod_yaml(
+            "missing",
+            "",
+            "  - name: c\n    image: docker.io/petrel/absent:1\n    imagePullPolicy: Never\n",
+        ),
+    );
+    agent.write_manifest(
+        "good.yaml",
+        &pod_yaml("good", "", &sh("c", "exec sleep 3600")),
+    );
+    agent.wait_pod("default", "good", T, "running", |p| running(p, "c"));
+    let bad = agent.wait_pod("default", "noimage", T, "shown", |_| true);
+    assert_eq!(phase(&bad), "Pending");
+    let msg = bad["status"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("image"), "{bad}");
+    let broken = agent.wait_pod("default", "broken", T, "shown", |_| true);
+    assert!(
+        broken["status"]["message"].as_str().unwrap_or("").len() > 5,
+        "{broken}"
+    );
+    agent.wait_pod("default", "missing", T, "ErrImageNeverPull", |p| {
+        matches!(container_state(p, "c"), Some(("waiting", w)) if w["reason"] == "ErrImageNeverPull")
+    });
+}
