@@ -468,3 +468,591 @@ pub fn published_pod(
         status: Some(status),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::convert::test_support::desired;
+    use crate::types::ContainerMeta;
+
+    const SEC: i64 = 1_000_000_000;
+
+    fn ctx() -> StatusContext<'static> {
+        StatusContext {
+            host_ip: "192.168.1.10",
+            runtime_name: "petrel",
+            now: SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000),
+        }
+    }
+
+    /// A runtime container: state, created second, exit code.
+    fn rc(
+        name: &str,
+        id: &str,
+        state: api::ContainerState,
+        created: i64,
+        exit: i32,
+    ) -> api::ContainerStatus {
+        let exited = state == api::ContainerState::ContainerExited;
+        api::ContainerStatus {
+            id: id.to_string(),
+            metadata: Some(api::ContainerMetadata {
+                name: name.to_string(),
+                attempt: 0,
+            }),
+            state: state as i32,
+            created_at: created * SEC,
+            started_at: if state == api::ContainerState::ContainerCreated {
+                0
+            } else {
+                (created + 1) * SEC
+            },
+            finished_at: if exited { (created + 5) * SEC } else { 0 },
+            exit_code: exit,
+            image_ref: format!("sha256:{name}"),
+            ..Default::default()
+        }
+    }
+
+    use api::ContainerState::{
+        ContainerCreated as CREATED, ContainerExited as EXITED, ContainerRunning as RUNNING,
+    };
+
+    fn runtime(containers: Vec<api::ContainerStatus>) -> PodRuntimeStatus {
+        let mut containers = containers;
+        containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
+        PodRuntimeStatus {
+            uid: "uid-p".into(),
+            name: "p".into(),
+            namespace: "default".into(),
+            sandboxes: vec![api::PodSandboxStatus {
+                id: "sb".into(),
+                state: api::PodSandboxState::SandboxReady as i32,
+                network: Some(api::PodSandboxNetworkStatus {
+                    ip: "10.1.0.7".into(),
+                    additional_ips: vec![api::PodIp {
+                        ip: "fd00::7".into(),
+                    }],
+                }),
+                ..Default::default()
+            }],
+            containers,
+            container_meta: HashMap::new(),
+        }
+    }
+
+    fn with_meta(mut r: PodRuntimeStatus, id: &str, restart_count: i32) -> PodRuntimeStatus {
+        r.container_meta.insert(
+            id.into(),
+            ContainerMeta {
+                init: false,
+                hash: String::new(),
+                restart_count,
+            },
+        );
+        r
+    }
+
+    fn pod(policy: &str, inits: &[&str], apps: &[&str]) -> DesiredPod {
+        let list = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| format!("{{name: {n}, image: img-{n}}}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        desired(&format!(
+            "metadata: {{name: p}}\nspec:\n  restartPolicy: {policy}\n  initContainers: [{}]\n  containers: [{}]\n",
+            list(inits),
+            list(apps)
+        ))
+    }
+
+    fn cond<'a>(s: &'a PodStatus, kind: &str) -> &'a PodCondition {
+        s.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == kind)
+            .unwrap()
+    }
+
+    fn app<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
+        s.container_statuses
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap()
+    }
+
+    fn init<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
+        s.init_container_statuses
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap()
+    }
+
+    fn waiting_reason(c: &ContainerStatus) -> Option<&str> {
+        c.state.as_ref()?.waiting.as_ref()?.reason.as_deref()
+    }
+
+    fn phase(s: &PodStatus) -> &str {
+        s.phase.as_deref().unwrap()
+    }
+
+    fn compute(p: &DesiredPod, r: Option<&PodRuntimeStatus>) -> PodStatus {
+        compute_pod_status(p, r, &PodHints::default(), &ctx())
+    }
+
+    #[test]
+    fn status_should_be_pending_before_anything_runs() {
+        let p = pod("Always", &[], &["a", "b"]);
+        let hints = PodHints {
+            start_time: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+            ..Default::default()
+        };
+        let s = compute_pod_status(&p, None, &hints, &ctx());
+        assert_eq!(phase(&s), "Pending");
+        assert_eq!(waiting_reason(app(&s, "a")), Some("ContainerCreating"));
+        assert_eq!(app(&s, "a").image, "img-a");
+        assert_eq!(app(&s, "a").container_id, None);
+        assert_eq!(cond(&s, "PodReadyToStartContainers").status, "False");
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert_eq!(cond(&s, "PodScheduled").status, "True");
+        let ready = cond(&s, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("False", Some("ContainersNotReady"))
+        );
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [a b]")
+        );
+        assert_eq!(cond(&s, "ContainersReady").message, ready.message);
+        assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
+        assert_eq!(s.host_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(s.host_ips.as_ref().unwrap()[0].ip, "192.168.1.10");
+        assert_eq!(s.pod_ip, None);
+        assert_eq!(s.start_time.unwrap().0.as_second(), 1_700_000_000);
+        assert!(s.init_container_statuses.is_none());
+        let types: Vec<_> = s
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled"
+            ]
+        );
+    }
+
+    #[test]
+    fn status_should_be_running_and_ready_when_all_run() {
+        let p = pod("Always", &[], &["a", "b"]);
+        let r = runtime(vec![
+            rc("a", "ida", RUNNING, 100, 0),
+            rc("b", "idb", RUNNING, 101, 0),
+        ]);
+        let s = compute(&p, Some(&r));
+        assert_eq!(phase(&s), "Running");
+        for kind in [
+            "PodReadyToStartContainers",
+            "Initialized",
+            "Ready",
+            "ContainersReady",
+        ] {
+            assert_eq!(cond(&s, kind).status, "True", "{kind}");
+        }
+        let a = app(&s, "a");
+        assert!(a.ready);
+        assert_eq!(a.started, Some(true));
+        assert_eq!(a.container_id.as_deref(), Some("petrel://ida"));
+        assert_eq!(a.image_id, "sha256:a");
+        assert_eq!(a.restart_count, 0);
+        let running = a.state.as_ref().unwrap().running.as_ref().unwrap();
+        assert_eq!(running.started_at.as_ref().unwrap().0.as_second(), 101);
+        assert_eq!(a.last_state, Some(ContainerState::default()));
+        assert_eq!(s.pod_ip.as_deref(), Some("10.1.0.7"));
+        let ips: Vec<_> = s
+            .pod_ips
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|i| i.ip.as_str())
+            .collect();
+        assert_eq!(ips, ["10.1.0.7", "fd00::7"]);
+    }
+
+    #[test]
+    fn status_should_be_pending_while_some_container_is_missing_or_created() {
+        let p = pod("Always", &[], &["a", "b"]);
+        let s = compute(&p, Some(&runtime(vec![rc("a", "ida", RUNNING, 100, 0)])));
+        assert_eq!(phase(&s), "Pending");
+        assert_eq!(waiting_reason(app(&s, "b")), Some("ContainerCreating"));
+        let s = compute(
+            &p,
+            Some(&runtime(vec![
+                rc("a", "ida", RUNNING, 100, 0),
+                rc("b", "idb", CREATED, 101, 0),
+            ])),
+        );
+        assert_eq!(phase(&s), "Pending");
+        assert_eq!(waiting_reason(app(&s, "b")), Some("ContainerCreating"));
+        assert_eq!(app(&s, "b").container_id.as_deref(), Some("petrel://idb"));
+        assert_eq!(
+            cond(&s, "Ready").message.as_deref(),
+            Some("containers with unready status: [b]")
+        );
+    }
+
+    #[test]
+    fn status_should_wait_for_init_containers() {
+        let p = pod("Always", &["i1", "i2"], &["a"]);
+        let s = compute(&p, Some(&runtime(vec![rc("i1", "id1", RUNNING, 100, 0)])));
+        assert_eq!(phase(&s), "Pending");
+        let c = cond(&s, "Initialized");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some("ContainersNotInitialized"))
+        );
+        assert_eq!(
+            c.message.as_deref(),
+            Some("containers with incomplete status: [i1 i2]")
+        );
+        assert_eq!(waiting_reason(init(&s, "i2")), Some("PodInitializing"));
+        assert_eq!(waiting_reason(app(&s, "a")), Some("PodInitializing"));
+        assert!(!init(&s, "i1").ready);
+
+        let s = compute(
+            &p,
+            Some(&runtime(vec![
+                rc("i1", "id1", EXITED, 100, 0),
+                rc("i2", "id2", EXITED, 110, 0),
+            ])),
+        );
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert!(init(&s, "i1").ready && init(&s, "i2").ready);
+        let t = init(&s, "i2")
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(t.reason.as_deref(), Some("Completed"));
+        assert_eq!(waiting_reason(app(&s, "a")), Some("ContainerCreating"));
+        assert_eq!(phase(&s), "Pending");
+    }
+
+    #[test]
+    fn status_should_treat_inits_as_done_once_apps_exist() {
+        let p = pod("Always", &["i1"], &["a"]);
+        let s = compute(&p, Some(&runtime(vec![rc("a", "ida", RUNNING, 200, 0)])));
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert_eq!(phase(&s), "Running");
+    }
+
+    #[test]
+    fn status_should_fail_on_a_failed_init_only_with_restart_never() {
+        let r = runtime(vec![rc("i1", "id1", EXITED, 100, 3)]);
+        let s = compute(&pod("OnFailure", &["i1"], &["a"]), Some(&r));
+        assert_eq!(phase(&s), "Pending");
+        assert!(!init(&s, "i1").ready);
+        let t = init(&s, "i1")
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
+        let s = compute(&pod("Never", &["i1"], &["a"]), Some(&r));
+        assert_eq!(phase(&s), "Failed");
+        assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
+    }
+
+    #[test]
+    fn status_should_reach_terminal_phases_by_restart_policy() {
+        let ok = || rc("a", "ida", EXITED, 100, 0);
+        let bad = || rc("b", "idb", EXITED, 100, 1);
+        let both_ok = runtime(vec![ok(), rc("b", "idb", EXITED, 100, 0)]);
+        let one_bad = runtime(vec![ok(), bad()]);
+        let cases = [
+            ("Never", &both_ok, false, "Succeeded"),
+            ("Never", &one_bad, false, "Failed"),
+            ("OnFailure", &both_ok, false, "Succeeded"),
+            ("OnFailure", &one_bad, false, "Running"),
+            ("OnFailure", &one_bad, true, "Failed"),
+            ("Always", &both_ok, false, "Running"),
+            ("Always", &one_bad, false, "Running"),
+            ("Always", &both_ok, true, "Succeeded"),
+            ("Always", &one_bad, true, "Failed"),
+        ];
+        for (policy, r, terminating, want) in cases {
+            let hints = PodHints {
+                terminating,
+                ..Default::default()
+            };
+            let s = compute_pod_status(&pod(policy, &[], &["a", "b"]), Some(r), &hints, &ctx());
+            assert_eq!(phase(&s), want, "{policy} terminating={terminating}");
+        }
+        let s = compute(&pod("Never", &[], &["a", "b"]), Some(&both_ok));
+        for kind in ["Ready", "ContainersReady"] {
+            let c = cond(&s, kind);
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_deref()),
+                ("False", Some("PodCompleted"))
+            );
+        }
+        let t = app(&s, "a")
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(t.started_at.as_ref().unwrap().0.as_second(), 101);
+        assert_eq!(t.finished_at.as_ref().unwrap().0.as_second(), 105);
+        assert_eq!(t.container_id.as_deref(), Some("petrel://ida"));
+    }
+
+    #[test]
+    fn status_should_show_crash_loop_backoff_with_the_last_exit() {
+        let p = pod("Always", &[], &["a"]);
+        let r = with_meta(
+            runtime(vec![
+                rc("a", "old", EXITED, 100, 1),
+                rc("a", "new", EXITED, 200, 2),
+            ]),
+            "new",
+            4,
+        );
+        let mut hints = PodHints::default();
+        hints.containers.insert(
+            "a".into(),
+            ContainerHints {
+                waiting: Some((
+                    "CrashLoopBackOff".into(),
+                    "back-off 40s restarting failed container".into(),
+                )),
+                ..Default::default()
+            },
+        );
+        let s = compute_pod_status(&p, Some(&r), &hints, &ctx());
+        let a = app(&s, "a");
+        let w = a.state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(w.reason.as_deref(), Some("CrashLoopBackOff"));
+        assert_eq!(
+            w.message.as_deref(),
+            Some("back-off 40s restarting failed container")
+        );
+        let last = a.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(
+            (last.exit_code, last.container_id.as_deref()),
+            (2, Some("petrel://new"))
+        );
+        assert_eq!(a.restart_count, 4);
+        assert!(!a.ready);
+        assert_eq!(phase(&s), "Running", "restarting, not pending");
+    }
+
+    #[test]
+    fn status_should_show_the_previous_instance_as_last_state() {
+        let p = pod("Always", &[], &["a"]);
+        let r = runtime(vec![
+            rc("a", "old", EXITED, 100, 137),
+            rc("a", "mid", EXITED, 150, 1),
+            rc("a", "new", RUNNING, 200, 0),
+        ]);
+        let s = compute(&p, Some(&r));
+        let a = app(&s, "a");
+        assert_eq!(a.restart_count, 2, "instances - 1 without the annotation");
+        let last = a.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(last.container_id.as_deref(), Some("petrel://mid"));
+        assert_eq!(a.container_id.as_deref(), Some("petrel://new"));
+        let s = compute(&p, Some(&with_meta(r, "new", 7)));
+        assert_eq!(app(&s, "a").restart_count, 7, "the annotation wins");
+    }
+
+    #[test]
+    fn status_should_keep_the_runtimes_termination_reason() {
+        let p = pod("Never", &[], &["a"]);
+        let mut c = rc("a", "ida", EXITED, 100, 137);
+        c.reason = "OOMKilled".into();
+        c.message = "memory limit".into();
+        let s = compute(&p, Some(&runtime(vec![c])));
+        let t = app(&s, "a")
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (t.reason.as_deref(), t.message.as_deref(), t.exit_code),
+            (Some("OOMKilled"), Some("memory limit"), 137)
+        );
+        assert_eq!(phase(&s), "Failed");
+    }
+
+    #[test]
+    fn status_should_follow_probe_hints() {
+        let p = pod("Always", &[], &["a"]);
+        let r = runtime(vec![rc("a", "ida", RUNNING, 100, 0)]);
+        let mut hints = PodHints {
+            message: Some("probing".into()),
+            ..Default::default()
+        };
+        hints.containers.insert(
+            "a".into(),
+            ContainerHints {
+                ready: Some(false),
+                started: Some(false),
+                waiting: None,
+            },
+        );
+        let s = compute_pod_status(&p, Some(&r), &hints, &ctx());
+        let a = app(&s, "a");
+        assert!(!a.ready);
+        assert_eq!(a.started, Some(false));
+        assert!(
+            a.state.as_ref().unwrap().running.is_some(),
+            "a waiting hint is ignored while running"
+        );
+        assert_eq!(cond(&s, "Ready").status, "False");
+        assert_eq!(phase(&s), "Running");
+        assert_eq!(s.message.as_deref(), Some("probing"));
+    }
+
+    #[test]
+    fn status_should_show_worker_waiting_reasons_for_never_created_containers() {
+        let p = pod("Always", &[], &["a"]);
+        let mut hints = PodHints::default();
+        hints.containers.insert(
+            "a".into(),
+            ContainerHints {
+                waiting: Some(("ErrImageNeverPull".into(), "image x not present".into())),
+                ..Default::default()
+            },
+        );
+        let s = compute_pod_status(&p, None, &hints, &ctx());
+        assert_eq!(waiting_reason(app(&s, "a")), Some("ErrImageNeverPull"));
+        assert_eq!(phase(&s), "Pending");
+    }
+
+    #[test]
+    fn status_should_report_invalid_manifests() {
+        let mut p = pod("Always", &["i"], &["a"]);
+        p.invalid = Some("spec.containers[a].image: missing".into());
+        let s = compute(&p, None);
+        assert_eq!(phase(&s), "Pending");
+        assert_eq!(s.reason.as_deref(), Some("InvalidManifest"));
+        assert_eq!(
+            s.message.as_deref(),
+            Some("spec.containers[a].image: missing")
+        );
+        assert_eq!(waiting_reason(app(&s, "a")), Some("InvalidManifest"));
+        assert_eq!(waiting_reason(init(&s, "i")), Some("InvalidManifest"));
+        assert_eq!(cond(&s, "Ready").status, "False");
+        assert_eq!(cond(&s, "PodScheduled").status, "True");
+    }
+
+    #[test]
+    fn status_should_use_the_host_ip_for_host_network_pods() {
+        let p = desired("metadata: {name: p}\nspec:\n  hostNetwork: true\n  containers: [{name: a, image: x, resources: {limits: {cpu: '1', memory: 1Gi}}}]\n");
+        let mut r = runtime(vec![rc("a", "ida", RUNNING, 100, 0)]);
+        r.sandboxes[0].network = None;
+        let s = compute(&p, Some(&r));
+        assert_eq!(s.pod_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(s.pod_ips.as_ref().unwrap().len(), 1);
+        assert_eq!(s.qos_class.as_deref(), Some("Guaranteed"));
+        assert_eq!(cond(&s, "PodReadyToStartContainers").status, "True");
+        r.sandboxes[0].state = api::PodSandboxState::SandboxNotready as i32;
+        assert_eq!(
+            cond(&compute(&p, Some(&r)), "PodReadyToStartContainers").status,
+            "False"
+        );
+    }
+
+    #[test]
+    fn carry_transition_times_should_keep_unchanged_conditions() {
+        let p = pod("Always", &[], &["a"]);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let t1 = SystemTime::UNIX_EPOCH + Duration::from_secs(2000);
+        let mut first = compute(&p, None);
+        carry_transition_times(None, &mut first, t0);
+        assert!(first.conditions.iter().flatten().all(|c| c
+            .last_transition_time
+            .as_ref()
+            .unwrap()
+            .0
+            .as_second()
+            == 1000));
+        let mut second = compute(&p, Some(&runtime(vec![rc("a", "ida", RUNNING, 100, 0)])));
+        carry_transition_times(Some(&first), &mut second, t1);
+        let at = |s: &PodStatus, k: &str| {
+            cond(s, k)
+                .last_transition_time
+                .as_ref()
+                .unwrap()
+                .0
+                .as_second()
+        };
+        assert_eq!(at(&second, "PodScheduled"), 1000);
+        assert_eq!(at(&second, "Initialized"), 1000);
+        assert_eq!(at(&second, "Ready"), 2000);
+        assert_eq!(at(&second, "PodReadyToStartContainers"), 2000);
+    }
+
+    #[test]
+    fn published_pod_should_carry_metadata_spec_and_status() {
+        let p = pod("Always", &[], &["a"]);
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let hints = PodHints {
+            start_time: Some(start),
+            ..Default::default()
+        };
+        let status = compute_pod_status(&p, None, &hints, &ctx());
+        let out = published_pod(&p, status.clone(), None);
+        assert_eq!(out.metadata.uid.as_deref(), Some("uid-p"));
+        assert_eq!(out.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(out.metadata.creation_timestamp, status.start_time);
+        assert!(out.metadata.deletion_timestamp.is_none());
+        assert_eq!(out.spec, p.pod.spec);
+        assert_eq!(out.status.as_ref(), Some(&status));
+        let json = serde_json::to_value(&out).unwrap();
+        assert_eq!(json["kind"], "Pod");
+        assert_eq!(json["apiVersion"], "v1");
+        assert_eq!(json["status"]["startTime"], "2023-11-14T22:13:20Z");
+
+        let out = published_pod(&p, status, Some(start + Duration::from_secs(5)));
+        assert_eq!(
+            out.metadata.deletion_timestamp.unwrap().0.as_second(),
+            1_700_000_005
+        );
+        assert_eq!(out.metadata.deletion_grace_period_seconds, Some(30));
+    }
+
+    #[test]
+    fn times_should_convert_from_nanoseconds() {
+        assert_eq!(time_from_nanos(0), None);
+        assert_eq!(time_from_nanos(-5), None);
+        let t = time_from_nanos(1_700_000_000 * SEC + 500).unwrap();
+        assert_eq!(t.0.as_nanosecond(), 1_700_000_000_000_000_500);
+    }
+}
