@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: start a Petrel runtime in a temporary root, import the test
-# image, run a pod whose container prints to its log, and show pods,
-# containers, logs and the live event stream; then stop and clean up.
+# `make demo`: a Petrel node (`petrel node`: runtime + agent in one process)
+# in a temporary root, running the sample pods of examples/manifests:
+# pods starting, a container crashing and restarting with backoff, and a
+# manifest deleted (its pod terminated gracefully). Then everything is
+# stopped and cleaned up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,19 +12,27 @@ PETREL=$BIN/petrel
 IMAGE=${PETREL_IMAGES:-build/images}/busybox-oci.tar
 WORK=$(mktemp -d /tmp/petrel-demo.XXXXXX)
 SOCK=$WORK/state/petrel.sock
+PORT=${PETREL_DEMO_PORT:-10355}
+SERVER=http://127.0.0.1:$PORT
 export PETREL_ENDPOINT=unix://$SOCK
-RT_PID=""
-EV_PID=""
+NODE_PID=""
+WATCH_PID=""
 
 say() { printf '\n\033[1;34m== %s\033[0m\n' "$*"; }
 
 cleanup() {
   set +e
-  if [ -S "$SOCK" ]; then
+  [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null && wait "$WATCH_PID" 2>/dev/null
+  if [ -n "$NODE_PID" ] && kill -0 "$NODE_PID" 2>/dev/null; then
+    # Deleting the manifests makes the agent terminate the pods.
+    rm -f "$WORK"/manifests/*.yaml
+    for _ in $(seq 1 100); do
+      [ -z "$($PETREL ctl pods -q 2>/dev/null)" ] && break
+      sleep 0.1
+    done
     for p in $($PETREL ctl pods -q 2>/dev/null); do $PETREL ctl rmp -f "$p" >/dev/null 2>&1; done
+    kill -TERM "$NODE_PID" 2>/dev/null; wait "$NODE_PID" 2>/dev/null
   fi
-  [ -n "$EV_PID" ] && kill "$EV_PID" 2>/dev/null && wait "$EV_PID" 2>/dev/null
-  if [ -n "$RT_PID" ]; then kill -TERM "$RT_PID" 2>/dev/null; wait "$RT_PID" 2>/dev/null; fi
   for c in /sys/fs/cgroup/*/petrel-demo /sys/fs/cgroup/petrel-demo; do
     [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
@@ -30,47 +40,54 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "starting petrel runtime (root $WORK/root, state $WORK/state)"
-$PETREL runtime --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
-  --log-level info 2> "$WORK/runtime.log" &
-RT_PID=$!
+mkdir -p "$WORK/manifests"
+say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
+$PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
+  --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info 2> "$WORK/node.log" &
+NODE_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
-[ -S "$SOCK" ] || { echo "runtime did not start:"; cat "$WORK/runtime.log"; exit 1; }
+[ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }
 $PETREL ctl version
 
-say "importing the busybox test image"
+say "importing the busybox test image (no registry needed)"
 $PETREL ctl image import "$(realpath "$IMAGE")"
-$PETREL ctl images
 
-say "live event stream (petrel ctl events) in the background"
-$PETREL ctl events &
-EV_PID=$!
+say "watching pods (petrel get pods -w) while manifests arrive"
+$PETREL get pods -A -w --server "$SERVER" &
+WATCH_PID=$!
 sleep 0.5
+say "copying examples/manifests/*.yaml into the manifest directory"
+cp examples/manifests/*.yaml "$WORK/manifests/"
+sleep 15
+kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null || true
+WATCH_PID=""
 
-say "running a pod from examples/demo-pod.yaml"
-$PETREL ctl run examples/demo-pod.yaml
-sleep 3
+say "petrel get pods -A -o wide"
+$PETREL get pods -A -o wide --server "$SERVER"
+say "the crasher's status: restarts with backoff (CrashLoopBackOff between them)"
+$PETREL get pods crasher -n demo -o json --server "$SERVER" \
+  | grep -E '"(restartCount|reason|exitCode|message)"' || true
+say "petrel ctl ps -a (the runtime's view)"
+$PETREL ctl ps -a
+CID=$($PETREL ctl ps -q --name greeter | head -n 1)
+say "petrel ctl logs greeter"
+$PETREL ctl logs "$CID" | head -n 5
 
-say "petrel ctl pods"
-$PETREL ctl pods
-say "petrel ctl ps"
-$PETREL ctl ps
-CID=$($PETREL ctl ps -q | head -n 1)
-say "petrel ctl logs $CID"
-$PETREL ctl logs "$CID"
-say "petrel ctl exec $CID -- cat /etc/hostname"
-$PETREL ctl exec "$CID" -- cat /etc/hostname
-say "petrel ctl stats"
-$PETREL ctl stats
+say "deleting web.yaml: the pod is terminated gracefully"
+$PETREL get pods -A -w --server "$SERVER" &
+WATCH_PID=$!
+sleep 0.3
+rm "$WORK/manifests/web.yaml"
+sleep 4
+kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null || true
+WATCH_PID=""
+say "petrel get pods -A"
+$PETREL get pods -A --server "$SERVER"
 
-say "stopping and removing"
-POD=$($PETREL ctl pods -q | head -n 1)
-$PETREL ctl stop "$CID"
-$PETREL ctl rm "$CID"
-$PETREL ctl stopp "$POD"
-$PETREL ctl rmp "$POD"
-sleep 0.5
-say "runtime metrics (events)"
-$PETREL ctl metrics | grep -E '^petrel_runtime_(events|event_subscriber)' || true
-say "done: stopping the runtime; runtime log in the last lines below"
-tail -n 5 "$WORK/runtime.log"
+say "agent health and a few metrics"
+curl -s "$SERVER/healthz" 2>/dev/null || $PETREL get pods -A --server "$SERVER" >/dev/null
+echo
+curl -s "$SERVER/metrics" 2>/dev/null | grep -E '^kubelet_(running_pods|running_containers|evented_pleg_connection_success)' || true
+
+say "done: stopping the node (pods are removed first); last lines of its log:"
+tail -n 8 "$WORK/node.log"
