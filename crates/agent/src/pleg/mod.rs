@@ -26,9 +26,14 @@
 mod driver;
 mod evented;
 mod events;
+#[cfg(test)]
+mod fake;
 mod ids;
 mod inspect;
 mod relist;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};

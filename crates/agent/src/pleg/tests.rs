@@ -1,0 +1,627 @@
+//! The PLEG's unit tests, against [`FakeRuntime`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use petrel_cri::api::{ContainerEventType as Ev, ContainerState as St};
+use tokio::sync::mpsc;
+
+use super::events::{from_cri_event, transition_events, ObjState};
+use super::fake::FakeRuntime;
+use super::*;
+
+const NODE: &str = "node-a";
+
+struct Harness {
+    rt: Arc<FakeRuntime>,
+    cache: Arc<PodCache>,
+    health: Arc<Health>,
+    metrics: AgentMetrics,
+    pleg: Pleg,
+    rx: mpsc::Receiver<PodLifecycleEvent>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+fn config(mode: PlegMode) -> PlegConfig {
+    PlegConfig {
+        mode,
+        relist_period: Duration::from_millis(50),
+        event_relist_period: Duration::from_secs(3600),
+        inspect_concurrency: 4,
+        node_name: NODE.into(),
+    }
+}
+
+fn harness_with(rt: Arc<FakeRuntime>, cfg: PlegConfig, capacity: usize) -> Harness {
+    let cache = Arc::new(PodCache::new());
+    let health = Arc::new(Health::new(Duration::from_secs(180)));
+    let metrics = AgentMetrics::new();
+    let (pleg, rx) = Pleg::with_capacity(
+        rt.clone(),
+        cache.clone(),
+        health.clone(),
+        metrics.clone(),
+        cfg,
+        capacity,
+    );
+    Harness {
+        rt,
+        cache,
+        health,
+        metrics,
+        pleg,
+        rx,
+        task: None,
+    }
+}
+
+fn harness(cfg: PlegConfig) -> Harness {
+    harness_with(Arc::new(FakeRuntime::new()), cfg, EVENT_CHANNEL_CAPACITY)
+}
+
+impl Harness {
+    fn start(&mut self) {
+        self.task = Some(tokio::spawn(self.pleg.clone().run()));
+    }
+
+    /// Every event received so far (without waiting).
+    fn drain(&mut self) -> Vec<(String, PodLifecycleEventType, String)> {
+        let mut out = Vec::new();
+        while let Ok(e) = self.rx.try_recv() {
+            out.push((e.uid, e.kind, e.container_id));
+        }
+        out
+    }
+
+    /// Waits for an event matching `f`, skipping others.
+    async fn wait_event(
+        &mut self,
+        f: impl Fn(&PodLifecycleEvent) -> bool,
+    ) -> Option<PodLifecycleEvent> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(e)) if f(&e) => return Some(e),
+                Ok(Some(_)) => {}
+                _ => return None,
+            }
+        }
+    }
+
+    async fn wait_mode(&self) -> Option<PlegMode> {
+        until(|| self.pleg.mode_in_use().is_some()).await;
+        self.pleg.mode_in_use()
+    }
+
+    /// The cached state of container `id` of pod `uid`.
+    fn cached_state(&self, uid: &str, id: &str) -> Option<i32> {
+        self.cache
+            .get(uid)
+            .status
+            .and_then(|s| s.containers.iter().find(|c| c.id == id).map(|c| c.state))
+    }
+}
+
+/// Polls `f` until true (5 s at most).
+async fn until(f: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f()
+}
+
+use PodLifecycleEventType::{ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted};
+
+#[test]
+fn transitions_should_map_like_kubelet() {
+    use ObjState::*;
+    let table: &[(ObjState, ObjState, &[PodLifecycleEventType])] = &[
+        (NonExistent, Running, &[ContainerStarted]),
+        (Created, Running, &[ContainerStarted]),
+        (Running, Exited, &[ContainerDied]),
+        (NonExistent, Exited, &[ContainerDied]),
+        (Running, Unknown, &[ContainerChanged]),
+        (Exited, NonExistent, &[ContainerRemoved]),
+        (Running, NonExistent, &[ContainerDied, ContainerRemoved]),
+        (Created, NonExistent, &[ContainerDied, ContainerRemoved]),
+        (Unknown, NonExistent, &[ContainerDied, ContainerRemoved]),
+        (NonExistent, Created, &[]),
+        (Running, Running, &[]),
+        (Exited, Exited, &[]),
+    ];
+    for (old, new, want) in table {
+        assert_eq!(transition_events(*old, *new), *want, "{old:?} -> {new:?}");
+    }
+    assert_eq!(ObjState::of_sandbox(0), Running);
+    assert_eq!(ObjState::of_sandbox(1), Exited);
+    assert_eq!(ObjState::of_container(99), Unknown);
+}
+
+#[test]
+fn cri_events_should_map_and_created_should_emit_nothing() {
+    assert_eq!(
+        from_cri_event(Ev::ContainerStartedEvent as i32),
+        Some(ContainerStarted)
+    );
+    assert_eq!(
+        from_cri_event(Ev::ContainerStoppedEvent as i32),
+        Some(ContainerDied)
+    );
+    assert_eq!(
+        from_cri_event(Ev::ContainerDeletedEvent as i32),
+        Some(ContainerRemoved)
+    );
+    assert_eq!(from_cri_event(Ev::ContainerCreatedEvent as i32), None);
+    assert_eq!(from_cri_event(42), None);
+}
+
+#[tokio::test]
+async fn relist_should_emit_kubelet_events_and_fill_the_cache() {
+    let mut h = harness(config(PlegMode::Relist));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c1 = h.rt.add_container(&sb, "init-a", St::ContainerExited);
+    let c2 = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    assert!(h.pleg.relist().await);
+    let mut ev = h.drain();
+    ev.sort_by(|a, b| a.2.cmp(&b.2));
+    assert_eq!(
+        ev,
+        vec![
+            ("p1".into(), ContainerDied, c1.clone()),
+            ("p1".into(), ContainerStarted, c2.clone()),
+            ("p1".into(), ContainerStarted, sb.clone()),
+        ]
+    );
+    let e = h.cache.get("p1");
+    let s = e.status.unwrap_or_default();
+    assert_eq!(s.sandboxes.len(), 1);
+    assert_eq!(s.name, "pod-p1");
+    // Newest first, with the agent's annotations read back.
+    let ids: Vec<_> = s.containers.iter().map(|c| c.id.clone()).collect();
+    assert_eq!(ids, vec![c2.clone(), c1.clone()]);
+    assert!(s.container_meta.get(&c1).is_some_and(|m| m.init));
+    assert!(s.container_meta.get(&c2).is_some_and(|m| !m.init));
+    assert!(h.cache.global_timestamp() >= e.timestamp && e.timestamp > 0);
+    assert_eq!(h.metrics.running_pods.get(), 1);
+
+    // Nothing changed: no events, no inspection.
+    let statuses = h.rt.calls("container_status");
+    assert!(h.pleg.relist().await);
+    assert!(h.drain().is_empty());
+    assert_eq!(h.rt.calls("container_status"), statuses);
+
+    // Exit, then removal after exit, then removal without a seen exit.
+    h.rt.set_state(&c2, St::ContainerExited);
+    assert!(h.pleg.relist().await);
+    assert_eq!(h.drain(), vec![("p1".into(), ContainerDied, c2.clone())]);
+    assert_eq!(h.cached_state("p1", &c2), Some(St::ContainerExited as i32));
+    h.rt.remove(&c2);
+    assert!(h.pleg.relist().await);
+    assert_eq!(h.drain(), vec![("p1".into(), ContainerRemoved, c2.clone())]);
+    let c3 = h.rt.add_container(&sb, "app", St::ContainerCreated);
+    assert!(h.pleg.relist().await);
+    assert!(h.drain().is_empty(), "created is no news");
+    assert_eq!(h.cached_state("p1", &c3), Some(St::ContainerCreated as i32));
+    h.rt.remove(&c3);
+    assert!(h.pleg.relist().await);
+    assert_eq!(
+        h.drain(),
+        vec![
+            ("p1".into(), ContainerDied, c3.clone()),
+            ("p1".into(), ContainerRemoved, c3.clone())
+        ]
+    );
+    // A sandbox going not-ready is a death too.
+    h.rt.stop_sandbox(&sb);
+    assert!(h.pleg.relist().await);
+    assert_eq!(h.drain(), vec![("p1".into(), ContainerDied, sb.clone())]);
+    assert_eq!(h.metrics.running_pods.get(), 0);
+}
+
+#[tokio::test]
+async fn relist_should_only_see_this_nodes_pods_and_empty_vanished_ones() {
+    let mut h = harness(config(PlegMode::Relist));
+    let sb = h.rt.add_sandbox("mine", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    let other = h.rt.add_sandbox("theirs", "node-b");
+    h.rt.add_container(&other, "app", St::ContainerRunning);
+    assert!(h.pleg.relist().await);
+    assert!(h.drain().iter().all(|e| e.0 == "mine"));
+    assert_eq!(h.cache.uids(), vec!["mine".to_string()]);
+    assert_eq!(h.rt.calls("container_status"), 1);
+    assert_eq!(h.rt.calls("podsandbox_status"), 1);
+
+    // The pod disappears: its waiters get an empty status.
+    h.rt.remove(&c);
+    h.rt.remove(&sb);
+    let before = h.cache.get("mine").timestamp;
+    let waiter = {
+        let cache = h.cache.clone();
+        tokio::spawn(async move { cache.get_newer_than("mine", before).await })
+    };
+    assert!(h.pleg.relist().await);
+    let e = tokio::time::timeout(Duration::from_secs(2), waiter).await;
+    let e = e.ok().and_then(|r| r.ok()).unwrap_or_default();
+    let s = e.status.unwrap_or_default();
+    assert_eq!(s.uid, "mine");
+    assert!(s.sandboxes.is_empty() && s.containers.is_empty());
+    assert_eq!(h.metrics.running_pods.get(), 0);
+}
+
+#[tokio::test]
+async fn relist_should_bound_concurrent_inspections() {
+    let mut cfg = config(PlegMode::Relist);
+    cfg.inspect_concurrency = 3;
+    let h = harness(cfg);
+    for i in 0..12 {
+        let sb = h.rt.add_sandbox(&format!("p{i}"), NODE);
+        h.rt.add_container(&sb, "app", St::ContainerRunning);
+    }
+    h.rt.delay("container_status", Duration::from_millis(30));
+    h.rt.delay("podsandbox_status", Duration::from_millis(30));
+    let start = Instant::now();
+    assert!(h.pleg.relist().await);
+    assert_eq!(h.cache.uids().len(), 12);
+    // Concurrent (faster than 24 serial calls), never above the bound.
+    assert_eq!(h.rt.max_inflight_status(), 3);
+    assert!(
+        start.elapsed() < Duration::from_millis(24 * 30),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn failed_inspection_should_be_cached_and_retried_next_relist() {
+    let h = harness(config(PlegMode::Relist));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    h.rt.fail_id(&c, true);
+    assert!(h.pleg.relist().await);
+    let e = h.cache.get("p1");
+    assert!(
+        e.error.as_deref().is_some_and(|m| m.contains("injected")),
+        "{e:?}"
+    );
+    // Nothing changed in the listing, but the pod is inspected again.
+    h.rt.fail_id(&c, false);
+    assert!(h.pleg.relist().await);
+    let e = h.cache.get("p1");
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerRunning as i32));
+    // And then no more.
+    let n = h.rt.calls("container_status");
+    assert!(h.pleg.relist().await);
+    assert_eq!(h.rt.calls("container_status"), n);
+}
+
+#[tokio::test]
+async fn failed_list_should_not_advance_time_and_should_report_the_runtime() {
+    let h = harness(config(PlegMode::Relist));
+    h.rt.add_sandbox("p1", NODE);
+    h.rt.fail("list_containers", Some(tonic::Code::Unavailable));
+    assert!(!h.pleg.relist().await);
+    assert_eq!(h.cache.global_timestamp(), 0);
+    assert!(h.cache.uids().is_empty());
+    let problems = h.health.check().err().unwrap_or_default();
+    assert!(
+        problems.iter().any(|p| p.contains("runtime is down")),
+        "{problems:?}"
+    );
+    h.rt.fail("list_containers", None);
+    assert!(h.pleg.relist().await);
+    assert!(h.cache.global_timestamp() > 0);
+    assert!(h.health.check().is_ok());
+}
+
+#[tokio::test]
+async fn relist_mode_should_run_periodically_and_report_its_mode() {
+    let mut h = harness(config(PlegMode::Relist));
+    h.start();
+    assert_eq!(h.wait_mode().await, Some(PlegMode::Relist));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    assert!(h
+        .wait_event(|e| e.container_id == c && e.kind == ContainerStarted)
+        .await
+        .is_some());
+    assert_eq!(h.rt.calls("get_container_events"), 0);
+}
+
+#[tokio::test]
+async fn channel_full_should_drop_and_count_events() {
+    let mut h = harness_with(Arc::new(FakeRuntime::new()), config(PlegMode::Relist), 2);
+    for i in 0..5 {
+        let sb = h.rt.add_sandbox(&format!("p{i}"), NODE);
+        h.rt.add_container(&sb, "app", St::ContainerRunning);
+    }
+    assert!(h.pleg.relist().await);
+    // 10 starts (5 sandboxes, 5 containers): 2 delivered, 8 discarded.
+    assert_eq!(h.drain().len(), 2);
+    assert_eq!(h.metrics.pleg_discard_events.get(), 8);
+    // Every pod is in the cache regardless.
+    assert_eq!(h.cache.uids().len(), 5);
+}
+
+#[tokio::test]
+async fn event_should_inspect_its_pod_at_once_and_emit_after_the_cache() {
+    let mut h = harness(config(PlegMode::Events));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    let tx = h.rt.script_stream();
+    h.start();
+    assert_eq!(h.wait_mode().await, Some(PlegMode::Events));
+    h.drain();
+    h.rt.set_state(&c, St::ContainerExited);
+    let _ = tx.send(Ok(h.rt.event(&c, Ev::ContainerStoppedEvent)));
+    let e = h.wait_event(|_| true).await;
+    assert!(
+        e.as_ref()
+            .is_some_and(|e| e.kind == ContainerDied && e.container_id == c && e.uid == "p1"),
+        "{e:?}"
+    );
+    // Emitted after the inspection was cached.
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerExited as i32));
+    assert!(h.health.check().is_ok());
+}
+
+#[tokio::test]
+async fn created_event_should_update_the_cache_but_emit_nothing() {
+    let mut h = harness(config(PlegMode::Events));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    h.drain();
+    let c = h.rt.add_container(&sb, "app", St::ContainerCreated);
+    let _ = tx.send(Ok(h.rt.event(&c, Ev::ContainerCreatedEvent)));
+    assert!(until(|| h.cached_state("p1", &c).is_some()).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(h.drain().is_empty());
+}
+
+#[tokio::test]
+async fn foreign_events_should_be_ignored_and_unknown_ids_looked_up() {
+    let mut h = harness(config(PlegMode::Events));
+    let theirs = h.rt.add_sandbox("theirs", "node-b");
+    let tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    let calls = h.rt.total_calls();
+    let tc = h.rt.add_container(&theirs, "app", St::ContainerRunning);
+    let _ = tx.send(Ok(h.rt.event(&tc, Ev::ContainerStartedEvent)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.rt.total_calls(), calls, "a foreign event costs nothing");
+    assert!(h.cache.get("theirs").status.is_none());
+
+    // An event without a payload for an id made since the last relist.
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    let mut ev = h.rt.event(&c, Ev::ContainerStartedEvent);
+    ev.pod_sandbox_status = None;
+    let _ = tx.send(Ok(ev));
+    let e = h.wait_event(|e| e.container_id == c).await;
+    assert!(e.is_some_and(|e| e.uid == "p1" && e.kind == ContainerStarted));
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerRunning as i32));
+}
+
+#[tokio::test]
+async fn bursts_should_coalesce_into_few_inspections() {
+    let mut h = harness(config(PlegMode::Events));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    let tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    h.drain();
+    h.rt.delay("container_status", Duration::from_millis(40));
+    let before = h.rt.calls("container_status");
+    for _ in 0..20 {
+        let _ = tx.send(Ok(h.rt.event(&c, Ev::ContainerStartedEvent)));
+    }
+    let mut got = 0;
+    while got < 20 {
+        if h.wait_event(|e| e.container_id == c).await.is_none() {
+            break;
+        }
+        got += 1;
+    }
+    assert_eq!(got, 20, "every event is delivered");
+    let inspections = h.rt.calls("container_status") - before;
+    assert!(
+        (1..=2).contains(&inspections),
+        "{inspections} inspections for one burst"
+    );
+}
+
+#[tokio::test]
+async fn reordered_duplicate_and_stale_events_should_never_move_the_cache_backwards() {
+    let mut h = harness(config(PlegMode::Events));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    let tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    let started = h.rt.event(&c, Ev::ContainerStartedEvent);
+
+    // A slow relist sees the container running, then it exits and a fast
+    // event-triggered inspection caches the exit before the relist ends.
+    h.rt.delay("container_status", Duration::from_millis(150));
+    h.rt.set_state(&c, St::ContainerRunning);
+    let slow = {
+        let pleg = h.pleg.clone();
+        tokio::spawn(async move { pleg.inspect("p1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.rt.delay("container_status", Duration::ZERO);
+    h.rt.set_state(&c, St::ContainerExited);
+    let _ = tx.send(Ok(h.rt.event(&c, Ev::ContainerStoppedEvent)));
+    assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    let exited_ts = h.cache.get("p1").timestamp;
+    let _ = slow.await;
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerExited as i32));
+    assert_eq!(h.cache.get("p1").timestamp, exited_ts);
+
+    // A stale STARTED (created before the cached inspection) and
+    // duplicates: the cache keeps the exit and only moves forward.
+    let calls = h.rt.calls("container_status");
+    let _ = tx.send(Ok(started));
+    assert!(h.wait_event(|e| e.kind == ContainerStarted).await.is_some());
+    assert_eq!(
+        h.rt.calls("container_status"),
+        calls,
+        "a provably stale event is not inspected"
+    );
+    for _ in 0..3 {
+        let _ = tx.send(Ok(h.rt.event(&c, Ev::ContainerStoppedEvent)));
+    }
+    for _ in 0..3 {
+        assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    }
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerExited as i32));
+    assert!(h.cache.get("p1").timestamp >= exited_ts);
+    assert_eq!(h.rt.state_of(&c), Some(St::ContainerExited));
+}
+
+#[tokio::test]
+async fn cut_stream_should_reconnect_with_backoff_and_relist_missed_exits() {
+    // No relisting while disconnected: only the reconnect's relist can
+    // find the exit.
+    let mut cfg = config(PlegMode::Events);
+    cfg.relist_period = Duration::from_secs(3600);
+    let mut h = harness(cfg);
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    let tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    h.drain();
+    // The runtime goes away: the stream breaks, the container exits
+    // unseen, and the next connects fail.
+    h.rt.script_failure(tonic::Code::Unavailable);
+    h.rt.script_failure(tonic::Code::Unavailable);
+    h.rt.script_failure(tonic::Code::Unavailable);
+    let tx2 = h.rt.script_stream();
+    h.rt.set_state(&c, St::ContainerExited);
+    let cut = Instant::now();
+    let _ = tx.send(Err(crate::cri::CriError {
+        operation: "get_container_events",
+        code: tonic::Code::Unavailable,
+        message: "transport closed".into(),
+    }));
+    drop(tx);
+    let e = h.wait_event(|e| e.container_id == c).await;
+    assert!(e.is_some_and(|e| e.kind == ContainerDied));
+    // Back-off 20 + 40 + 80 + 160 ms before the fourth attempt.
+    assert!(
+        cut.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        cut.elapsed()
+    );
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerExited as i32));
+    assert_eq!(h.rt.calls("get_container_events"), 5);
+    assert_eq!(h.metrics.evented_pleg_connection_successes.get(), 2);
+    assert_eq!(h.metrics.evented_pleg_connection_errors.get(), 4);
+    assert_eq!(h.pleg.mode_in_use(), Some(PlegMode::Events));
+    // The new stream works.
+    h.rt.remove(&c);
+    let _ = tx2.send(Ok(h.rt.event(&c, Ev::ContainerDeletedEvent)));
+    let e = h.wait_event(|e| e.container_id == c).await;
+    assert!(e.is_some_and(|e| e.kind == ContainerRemoved));
+}
+
+#[tokio::test]
+async fn auto_should_relist_for_good_when_events_are_unimplemented() {
+    let mut h = harness(config(PlegMode::Auto));
+    h.rt.script_failure(tonic::Code::Unimplemented);
+    let sb = h.rt.add_sandbox("p1", NODE);
+    h.start();
+    assert_eq!(h.wait_mode().await, Some(PlegMode::Relist));
+    let c = h.rt.add_container(&sb, "app", St::ContainerRunning);
+    assert!(h.wait_event(|e| e.container_id == c).await.is_some());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.rt.calls("get_container_events"), 1);
+    assert_eq!(h.metrics.evented_pleg_connection_errors.get(), 0);
+}
+
+#[tokio::test]
+async fn auto_should_relist_while_the_runtime_is_down_and_switch_to_events() {
+    let mut h = harness(config(PlegMode::Auto));
+    h.rt.script_failure(tonic::Code::Unavailable);
+    h.rt.script_failure(tonic::Code::Unavailable);
+    h.rt.fail("list_podsandbox", Some(tonic::Code::Unavailable));
+    h.start();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(h.pleg.mode_in_use(), None);
+    assert!(h.health.check().is_err());
+    h.rt.fail("list_podsandbox", None);
+    let _tx = h.rt.script_stream();
+    assert!(until(|| h.pleg.mode_in_use() == Some(PlegMode::Events)).await);
+    assert!(h.health.check().is_ok());
+    // Relisting stops once events flow.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let lists = h.rt.calls("list_podsandbox");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.rt.calls("list_podsandbox"), lists);
+    h.drain();
+}
+
+#[tokio::test]
+async fn events_mode_should_make_no_calls_while_idle() {
+    let mut h = harness(config(PlegMode::Events));
+    for i in 0..5 {
+        let sb = h.rt.add_sandbox(&format!("p{i}"), NODE);
+        h.rt.add_container(&sb, "app", St::ContainerRunning);
+    }
+    let _tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let calls = h.rt.total_calls();
+    // Ten relist periods of quiet.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(h.rt.total_calls(), calls);
+    assert!(h.health.check().is_ok());
+}
+
+#[tokio::test]
+async fn events_mode_should_keep_retrying_unimplemented_and_relist_meanwhile() {
+    let mut h = harness(config(PlegMode::Events));
+    for _ in 0..4 {
+        h.rt.script_failure(tonic::Code::Unimplemented);
+    }
+    h.start();
+    assert_eq!(h.wait_mode().await, Some(PlegMode::Events));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    assert!(h.wait_event(|e| e.container_id == sb).await.is_some());
+    // Never given up: it connects once the runtime serves events.
+    let _tx = h.rt.script_stream();
+    assert!(until(|| h.metrics.evented_pleg_connection_successes.get() == 1).await);
+}
+
+#[tokio::test]
+async fn inspect_should_cache_a_status_newer_than_the_call() {
+    let h = harness(config(PlegMode::Relist));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let c = h.rt.add_container(&sb, "app", St::ContainerCreated);
+    let before = crate::cache::now_ns();
+    assert!(h.pleg.inspect("p1").await.is_ok());
+    let e = h.cache.get("p1");
+    assert!(e.timestamp >= before);
+    assert_eq!(h.cached_state("p1", &c), Some(St::ContainerCreated as i32));
+    h.rt.fail("list_containers", Some(tonic::Code::Internal));
+    assert!(h.pleg.inspect("p1").await.is_err());
+    assert!(h.cache.get("p1").error.is_some());
+}
