@@ -1,11 +1,30 @@
 //! The static pod source: a directory of Pod manifests (YAML or JSON),
 //! read into [`DesiredPod`]s and watched with inotify.
+//!
+//! - [`parse`]: file names that count, files into documents;
+//! - [`defaults`]: the API server's defaults;
+//! - [`validate`]: field checks with Kubernetes-style messages;
+//! - [`uid`]: stable pod UIDs;
+//! - `snapshot`: documents of all files into pods, duplicates, diffs;
+//! - `watch`: the inotify loop.
+//!
+//! A document that cannot run still becomes a pod, marked invalid with the
+//! reason, so it is shown and never started; other pods are unaffected.
+
+pub mod defaults;
+pub mod parse;
+mod snapshot;
+pub mod uid;
+pub mod validate;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::types::{DesiredPod, PodUid};
+use parse::Doc;
+use snapshot::{Files, Snapshot};
 
 /// Errors of the manifest source (invalid manifests are not errors: they
 /// become pods marked invalid).
@@ -42,7 +61,7 @@ pub enum SourceError {
 pub enum ChangeKind {
     /// A new pod.
     Added,
-    /// The pod's desired state changed.
+    /// The pod's desired state (pod object or validity) changed.
     Updated,
     /// The pod is gone from the manifests.
     Removed,
@@ -59,14 +78,21 @@ pub struct SourceChange {
     pub pod: DesiredPod,
 }
 
+#[derive(Debug, Default)]
+struct State {
+    files: Files,
+    pods: Snapshot,
+}
+
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
     node: String,
-    pods: RwLock<BTreeMap<PodUid, DesiredPod>>,
+    state: RwLock<State>,
 }
 
-/// The desired pods from one manifest directory. Cheap to clone.
+/// The desired pods from one manifest directory. Cheap to clone; clones
+/// share the snapshot the watcher keeps current.
 #[derive(Debug, Clone)]
 pub struct PodSource {
     inner: Arc<Inner>,
@@ -76,39 +102,158 @@ impl PodSource {
     /// Reads `dir` once. Err if dir does not exist or is not a directory
     /// (message names the path).
     pub fn load(dir: &Path, node_name: &str) -> Result<Self, SourceError> {
-        let _ = (dir, node_name);
-        Err(SourceError::NotADirectory {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(SourceError::NotADirectory {
+                    path: dir.to_path_buf(),
+                    reason: "not a directory".into(),
+                })
+            }
+            Err(e) => {
+                return Err(SourceError::NotADirectory {
+                    path: dir.to_path_buf(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+        let files = scan(dir).map_err(|source| SourceError::ReadDir {
             path: dir.to_path_buf(),
-            reason: "not implemented yet".into(),
+            source,
+        })?;
+        let pods = snapshot::build(&files, node_name);
+        tracing::info!(
+            dir = %dir.display(),
+            pods = pods.len(),
+            invalid = pods.values().filter(|p| p.invalid.is_some()).count(),
+            "manifests loaded"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                node: node_name.to_string(),
+                state: RwLock::new(State { files, pods }),
+            }),
         })
     }
 
     /// The pod with this UID.
     pub fn get(&self, uid: &str) -> Option<DesiredPod> {
-        self.read().get(uid).cloned()
+        self.read().pods.get(uid).cloned()
     }
 
     /// Every pod, ordered by UID.
     pub fn all(&self) -> Vec<DesiredPod> {
-        self.read().values().cloned().collect()
+        self.read().pods.values().cloned().collect()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<PodUid, DesiredPod>> {
-        self.inner.pods.read().unwrap_or_else(|p| p.into_inner())
+    /// The watched directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.inner.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Watches the directory with inotify (no polling), re-reads changed
     /// files, updates the snapshot and sends one [`SourceChange`] per pod
-    /// whose [`DesiredPod`] changed. Runs until the receiver is dropped or
-    /// the task aborted.
+    /// whose [`DesiredPod`] changed (touching a file changes nothing).
+    /// Handles editors' rename-into-place, deletes, new files and the
+    /// directory being replaced. Runs until the receiver is dropped or the
+    /// task aborted. Must be called within a tokio runtime.
     pub fn spawn_watch(
         &self,
         tx: tokio::sync::mpsc::UnboundedSender<SourceChange>,
     ) -> Result<tokio::task::JoinHandle<()>, SourceError> {
-        let _ = (tx, &self.inner.dir, &self.inner.node);
-        Err(SourceError::Watch {
+        let watcher = watch::Watcher::new(self.clone()).map_err(|source| SourceError::Watch {
             path: self.inner.dir.clone(),
-            source: std::io::Error::other("not implemented yet"),
-        })
+            source,
+        })?;
+        Ok(tokio::spawn(watcher.run(tx)))
+    }
+
+    /// Re-reads the named files (names inside the directory), or the whole
+    /// directory when `names` is None, and returns the changes.
+    fn refresh(&self, names: Option<&[std::ffi::OsString]>) -> Vec<SourceChange> {
+        let dir = &self.inner.dir;
+        // Read outside the lock: readers of the snapshot never wait on I/O.
+        let update: Result<Files, std::io::Error> = match names {
+            None => scan(dir),
+            Some(names) => Ok(names
+                .iter()
+                .filter_map(|n| {
+                    let path = dir.join(n);
+                    read_manifest(&path).map(|docs| (path, docs))
+                })
+                .collect()),
+        };
+        let mut st = self.inner.state.write().unwrap_or_else(|p| p.into_inner());
+        match (names, update) {
+            (None, Ok(files)) => st.files = files,
+            (None, Err(e)) => {
+                // A directory that is gone holds no pods; it may come back.
+                tracing::warn!(dir = %dir.display(), error = %e, "manifest directory unreadable");
+                st.files.clear();
+            }
+            (Some(names), Ok(mut read)) => {
+                for n in names {
+                    let path = dir.join(n);
+                    match read.remove(&path) {
+                        Some(docs) => st.files.insert(path, docs),
+                        None => st.files.remove(&path),
+                    };
+                }
+            }
+            (Some(_), Err(_)) => {}
+        }
+        let pods = snapshot::build(&st.files, &self.inner.node);
+        let changes = snapshot::diff(&st.pods, &pods);
+        st.pods = pods;
+        changes
     }
 }
+
+/// Reads every manifest file of `dir`.
+fn scan(dir: &Path) -> Result<Files, std::io::Error> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(parse::is_manifest_name) {
+            continue;
+        }
+        let path = entry.path();
+        if let Some(docs) = read_manifest(&path) {
+            files.insert(path, docs);
+        }
+    }
+    Ok(files)
+}
+
+/// The documents of one manifest file; None when it is not a manifest (a
+/// directory, gone, an ignored name). A file that cannot be read is one
+/// broken document, shown with the reason.
+fn read_manifest(path: &Path) -> Option<Vec<Doc>> {
+    let name = path.file_name()?.to_str()?;
+    if !parse::is_manifest_name(name) {
+        return None;
+    }
+    // Follows symlinks: a linked manifest counts as its target.
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        _ => return None,
+    }
+    match std::fs::read(path) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => Some(parse::parse(path, &text)),
+            Err(_) => Some(vec![Doc::broken("not UTF-8 text".into())]),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(vec![Doc::broken(format!("read {}: {e}", path.display()))]),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;
