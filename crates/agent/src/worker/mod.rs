@@ -32,7 +32,9 @@ use crate::metrics::AgentMetrics;
 use crate::pleg::Pleg;
 use crate::probe::ProbeManager;
 use crate::source::PodSource;
-use crate::status::compute::{compute_pod_status, published_pod, StatusContext};
+use crate::status::compute::{
+    carry_transition_times, compute_pod_status, published_pod, StatusContext,
+};
 use crate::status::StatusStore;
 use crate::types::{DesiredPod, PodHints, PodRuntimeStatus, PodUid};
 
@@ -188,12 +190,18 @@ impl PodWorkers {
         let status = self.fresh_status(&uid).await?;
         match desired {
             Some(d) if d.invalid.is_none() => {
+                // An adopted pod started when its oldest sandbox was made.
+                let adopted_at = status.sandboxes.last().map(|sb| {
+                    SystemTime::UNIX_EPOCH
+                        + Duration::from_nanos(u64::try_from(sb.created_at).unwrap_or(0))
+                });
                 self.with_state(&uid, |s| {
                     s.terminating_since = None;
                     s.last_desired = Some(d.clone());
                     if s.first_seen.is_none() {
                         s.first_seen = Some(Instant::now());
-                        s.hints.start_time = Some(SystemTime::now());
+                        s.start_recorded = adopted_at.is_some();
+                        s.hints.start_time = Some(adopted_at.unwrap_or_else(SystemTime::now));
                     }
                 });
                 self.sync_pod(&d, &status).await
@@ -261,7 +269,13 @@ impl PodWorkers {
             runtime_name: &self.config.runtime_name,
             now: SystemTime::now(),
         };
-        let status = compute_pod_status(pod, runtime, &hints, &ctx);
+        let mut status = compute_pod_status(pod, runtime, &hints, &ctx);
+        let prev = self.store.get(&pod.namespace, &pod.name);
+        carry_transition_times(
+            prev.as_ref().and_then(|p| p.status.as_ref()),
+            &mut status,
+            ctx.now,
+        );
         self.store
             .upsert(published_pod(pod, status, terminating_since));
     }
