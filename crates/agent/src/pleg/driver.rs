@@ -24,6 +24,9 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// A connection that lasted this long was healthy: the backoff restarts.
 pub(crate) const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(10);
 
+/// How long subscribing may take (the runtime answers at once when well).
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Capped exponential backoff.
 #[derive(Debug)]
 pub(crate) struct Backoff {
@@ -74,7 +77,17 @@ impl Pleg {
         loop {
             let now = Instant::now();
             if stream_enabled && conn.is_none() && now >= next_connect {
-                match inner.runtime.container_events().await {
+                // Bounded: a wedged runtime must not stop the relists.
+                let connect =
+                    tokio::time::timeout(CONNECT_TIMEOUT, inner.runtime.container_events());
+                let connected = connect.await.unwrap_or_else(|_| {
+                    Err(crate::cri::CriError {
+                        operation: "get_container_events",
+                        code: tonic::Code::DeadlineExceeded,
+                        message: format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    })
+                });
+                match connected {
                     Ok(stream) => {
                         inner.metrics.evented_pleg_connection_successes.inc();
                         tracing::info!("pleg: runtime event stream connected");

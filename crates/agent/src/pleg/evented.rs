@@ -224,7 +224,7 @@ impl Pleg {
         loop {
             let permit = self.inner.permits.acquire().await;
             let ts = now_ns();
-            let mut batch = {
+            let batch = {
                 let mut work = self.inner.work_lock();
                 let Some(w) = work.get_mut(&uid) else {
                     return;
@@ -233,15 +233,25 @@ impl Pleg {
                 w.inflight_ts = ts;
                 std::mem::take(&mut w.next)
             };
-            if let Err(e) = self.inspect_at(&uid, ts).await {
+            let (found, result) = self.inspect_at(&uid, ts).await;
+            if let Err(e) = result {
                 tracing::debug!(pod.uid = %uid, error = %e, "pleg event inspection failed");
             }
             drop(permit);
+            // The changes the inspection found, then the events' own news
+            // where the listing did not report it already (CREATED brings
+            // none; a DELETED of a container never listed does).
+            let mut out = found;
+            for ev in batch {
+                push_unique(&mut out, ev);
+            }
             let done = {
                 let mut work = self.inner.work_lock();
                 let done = match work.get_mut(&uid) {
                     Some(w) => {
-                        batch.append(&mut w.covered);
+                        for ev in w.covered.drain(..) {
+                            push_unique(&mut out, ev);
+                        }
                         !w.dirty
                     }
                     None => true,
@@ -251,13 +261,24 @@ impl Pleg {
                 }
                 done
             };
-            for ev in batch {
+            for ev in out {
                 self.inner.emitter.emit(ev);
             }
             if done {
                 return;
             }
         }
+    }
+}
+
+/// Adds `ev` unless the same news (kind and container) is already there:
+/// a burst of events about one container is reported once.
+fn push_unique(out: &mut Vec<PodLifecycleEvent>, ev: PodLifecycleEvent) {
+    if !out
+        .iter()
+        .any(|o| o.kind == ev.kind && o.container_id == ev.container_id)
+    {
+        out.push(ev);
     }
 }
 

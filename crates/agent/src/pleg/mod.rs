@@ -31,6 +31,7 @@ mod fake;
 mod ids;
 mod inspect;
 mod relist;
+mod seen;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests;
@@ -106,6 +107,8 @@ struct Inner {
     emitter: events::Emitter,
     /// Bounds concurrent inspections of every origin.
     permits: Semaphore,
+    /// Each pod's newest listing, from which lifecycle events are made.
+    seen: seen::Seen,
     /// Container and sandbox id → pod, for events naming only an id.
     ids: ids::IdMap,
     /// The previous relist; held for a whole relist, so relists never
@@ -196,6 +199,7 @@ impl Pleg {
             metrics,
             permits: Semaphore::new(config.inspect_concurrency.max(1)),
             config,
+            seen: seen::Seen::default(),
             ids: ids::IdMap::default(),
             relist: tokio::sync::Mutex::new(relist::RelistState::default()),
             reinspect: Mutex::new(HashSet::new()),
@@ -221,11 +225,17 @@ impl Pleg {
     /// Inspects one pod now (a single-pod relist) and writes the result to
     /// the cache with a timestamp taken before the inspection began. Used
     /// by pod workers that need status newer than their last action. A
-    /// failure is cached too (waiters wake and see it) and returned.
+    /// failure is cached too (waiters wake and see it) and returned. The
+    /// lifecycle events of any change found are emitted after the write.
     pub async fn inspect(&self, uid: &str) -> Result<(), CriError> {
-        let _permit = self.inner.permits.acquire().await;
+        let permit = self.inner.permits.acquire().await;
         let ts = now_ns();
-        self.inspect_at(uid, ts).await
+        let (events, result) = self.inspect_at(uid, ts).await;
+        drop(permit);
+        for ev in events {
+            self.inner.emitter.emit(ev);
+        }
+        result
     }
 
     /// The mode in use, once decided and the first relist succeeded
@@ -243,19 +253,31 @@ impl Pleg {
         }
     }
 
-    /// Lists and inspects `uid` (only what this node made), then caches
-    /// the result stamped `ts`.
-    async fn inspect_at(&self, uid: &str, ts: i64) -> Result<(), CriError> {
+    /// Lists and inspects `uid` (only what this node made), caches the
+    /// result stamped `ts` and records the listing. Returns the lifecycle
+    /// events of the changes found (for the caller to emit) and the
+    /// outcome.
+    async fn inspect_at(
+        &self,
+        uid: &str,
+        ts: i64,
+    ) -> (Vec<PodLifecycleEvent>, Result<(), CriError>) {
         let inner = &self.inner;
         let rt = inner.runtime.as_ref();
+        let mut events = Vec::new();
         let result = match inspect::list_pod(rt, &inner.config.node_name, uid).await {
             Ok(listing) => {
                 inner.ids.insert(uid, listing.ids());
+                let now_seen = seen::PodSeen::of(ts, Some(&listing));
+                if let seen::Observed::Fresh { events: e, .. } = inner.seen.observe(uid, now_seen) {
+                    events = e;
+                    self.record_gauges();
+                }
                 inspect::inspect_listed(rt, uid, &listing).await
             }
             Err(e) => Err(e),
         };
-        match result {
+        let result = match result {
             Ok(status) => {
                 inner.cache.set(uid, Ok(Arc::new(status)), ts);
                 Ok(())
@@ -266,6 +288,7 @@ impl Pleg {
                 inner.reinspect_lock().insert(uid.to_string());
                 Err(e)
             }
-        }
+        };
+        (events, result)
     }
 }

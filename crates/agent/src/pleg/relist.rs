@@ -8,19 +8,17 @@ use std::time::{Instant, SystemTime};
 
 use futures_util::future::join_all;
 
-use super::events::{transition_events, ObjState};
 use super::inspect::{inspect_listed, node_selector, sandbox_uid, PodListing};
+use super::seen::{observe_locked, Observed, PodSeen};
 use super::{Pleg, PodLifecycleEvent};
 use crate::cache::now_ns;
 use crate::cri::CriError;
 use crate::metrics::ContainerStateLabels;
 use crate::types::{PodRuntimeStatus, PodUid, LABEL_POD_UID};
 
-/// What the previous relist saw; relists are serialised on it.
+/// The relists' own state; relists are serialised on it.
 #[derive(Default)]
 pub(crate) struct RelistState {
-    /// Per pod, the state of each sandbox and container id.
-    pods: HashMap<PodUid, HashMap<String, ObjState>>,
     /// A relist succeeded once (every pod counts as changed until then).
     done_once: bool,
     /// When the previous relist started.
@@ -57,22 +55,28 @@ impl Pleg {
         inner.health.set_runtime_error(None);
         inner.ids.replace(generation, ids);
 
-        let current: HashMap<PodUid, HashMap<String, ObjState>> = pods
-            .iter()
-            .map(|(uid, l)| (uid.clone(), listing_states(l)))
-            .collect();
-
-        // Which pods changed, with the events their changes mean.
-        let empty = HashMap::new();
+        // Record every pod's listing; the pods that changed (or were never
+        // inspected, or failed last time) are inspected, with their events.
         let reinspect: HashSet<PodUid> = std::mem::take(&mut *inner.reinspect_lock());
         let mut changed: Vec<(PodUid, Vec<PodLifecycleEvent>)> = Vec::new();
-        let uids: HashSet<&PodUid> = current.keys().chain(state.pods.keys()).collect();
-        for uid in uids {
-            let old = state.pods.get(uid).unwrap_or(&empty);
-            let new = current.get(uid).unwrap_or(&empty);
-            let events = diff_pod(uid, old, new);
-            if !state.done_once || old != new || reinspect.contains(uid) {
-                changed.push((uid.clone(), events));
+        {
+            let mut seen = inner.seen.lock();
+            let uids: HashSet<PodUid> = pods.keys().chain(seen.keys()).cloned().collect();
+            for uid in uids {
+                let listing = pods.get(&uid);
+                let observed = observe_locked(&mut seen, &uid, PodSeen::of(ts, listing));
+                if listing.is_none() && seen.get(&uid).is_some_and(|p| p.ts <= ts) {
+                    // Gone as of this relist: forget it.
+                    seen.remove(&uid);
+                }
+                match observed {
+                    Observed::Stale => {}
+                    Observed::Fresh { changed: c, events } => {
+                        if c || !state.done_once || reinspect.contains(&uid) {
+                            changed.push((uid, events));
+                        }
+                    }
+                }
             }
         }
 
@@ -113,8 +117,7 @@ impl Pleg {
             }
         }
 
-        record_gauges(self, &pods);
-        state.pods = current;
+        self.record_gauges();
         state.done_once = true;
         inner.cache.update_time(ts);
         inner.health.relisted();
@@ -167,76 +170,22 @@ impl Pleg {
     }
 }
 
-/// The state of every id in one pod's listing.
-fn listing_states(l: &PodListing) -> HashMap<String, ObjState> {
-    l.sandboxes
-        .iter()
-        .map(|s| (s.id.clone(), ObjState::of_sandbox(s.state)))
-        .chain(
-            l.containers
-                .iter()
-                .map(|c| (c.id.clone(), ObjState::of_container(c.state))),
-        )
-        .collect()
-}
-
-/// The lifecycle events of one pod between two relists.
-pub(crate) fn diff_pod(
-    uid: &str,
-    old: &HashMap<String, ObjState>,
-    new: &HashMap<String, ObjState>,
-) -> Vec<PodLifecycleEvent> {
-    let mut ids: Vec<&String> = old.keys().chain(new.keys()).collect();
-    ids.sort();
-    ids.dedup();
-    let mut out = Vec::new();
-    for id in ids {
-        let o = old.get(id).copied().unwrap_or(ObjState::NonExistent);
-        let n = new.get(id).copied().unwrap_or(ObjState::NonExistent);
-        for kind in transition_events(o, n) {
-            out.push(PodLifecycleEvent {
-                uid: uid.to_string(),
-                kind: *kind,
-                container_id: id.clone(),
-            });
+impl Pleg {
+    /// kubelet_running_pods and kubelet_running_containers from what was
+    /// last seen.
+    pub(crate) fn record_gauges(&self) {
+        let m = &self.inner.metrics;
+        let (pods, states) = self.inner.seen.gauges();
+        m.running_pods.set(pods);
+        for (name, n) in ["running", "exited", "created", "unknown"]
+            .iter()
+            .zip(states)
+        {
+            m.running_containers
+                .get_or_create(&ContainerStateLabels {
+                    container_state: (*name).to_string(),
+                })
+                .set(n);
         }
-    }
-    out
-}
-
-/// kubelet_running_pods and kubelet_running_containers from a listing.
-fn record_gauges(pleg: &Pleg, pods: &HashMap<PodUid, PodListing>) {
-    let m = &pleg.inner.metrics;
-    let running_pods = pods
-        .values()
-        .filter(|l| {
-            l.sandboxes
-                .iter()
-                .any(|s| ObjState::of_sandbox(s.state) == ObjState::Running)
-        })
-        .count();
-    m.running_pods
-        .set(i64::try_from(running_pods).unwrap_or(i64::MAX));
-    let mut counts: HashMap<&'static str, i64> = HashMap::from([
-        ("running", 0),
-        ("exited", 0),
-        ("created", 0),
-        ("unknown", 0),
-    ]);
-    for c in pods.values().flat_map(|l| &l.containers) {
-        let key = match ObjState::of_container(c.state) {
-            ObjState::Running => "running",
-            ObjState::Exited => "exited",
-            ObjState::Created => "created",
-            ObjState::Unknown | ObjState::NonExistent => "unknown",
-        };
-        *counts.entry(key).or_default() += 1;
-    }
-    for (state, n) in counts {
-        m.running_containers
-            .get_or_create(&ContainerStateLabels {
-                container_state: state.to_string(),
-            })
-            .set(n);
     }
 }
