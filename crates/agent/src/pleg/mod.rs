@@ -2,15 +2,15 @@
 //! runtime, keeps the [`PodCache`] fresh and tells the pod workers.
 //!
 //! Two ways to learn, one truth (the runtime):
-//! - **Relist** ([`relist`]): list everything this node made, diff it with
+//! - **Relist** (`relist`): list everything this node made, diff it with
 //!   the previous relist, inspect the changed pods (concurrently, bounded)
 //!   and emit kubelet's lifecycle events. Every `relist_period` (1 s) in
 //!   relist mode and whenever the event stream is down.
-//! - **Events** ([`evented`]): each event of `GetContainerEvents` is a hint
+//! - **Events** (`evented`): each event of `GetContainerEvents` is a hint
 //!   that its pod changed; the pod is inspected at once and the event
 //!   emitted after. A full relist runs after every (re)connect and every
 //!   `event_relist_period` (5 min) as a safety net. The stream reconnects
-//!   forever with capped backoff ([`driver`]).
+//!   forever with capped backoff (`driver`).
 //!
 //! Only sandboxes and containers labelled with this node
 //! ([`LABEL_MANAGED_BY`](crate::types::LABEL_MANAGED_BY)) are ever listed or
