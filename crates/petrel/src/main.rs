@@ -3,7 +3,8 @@
 //! - `petrel runtime`: the CRI v1 runtime;
 //! - `petrel ctl`: a crictl-like client for any CRI runtime;
 //! - `petrel agent`: the node agent;
-//! - `petrel node`: runtime and agent in one process.
+//! - `petrel node`: runtime and agent in one process;
+//! - `petrel get pods`: the agent's pods, like kubectl.
 
 mod commands;
 mod config;
@@ -27,6 +28,8 @@ enum Command {
     Runtime(commands::runtime::RuntimeArgs),
     /// Talk to a CRI runtime, like crictl.
     Ctl(commands::ctl::CtlArgs),
+    /// Show the agent's pods, like kubectl get.
+    Get(commands::get::GetArgs),
     /// Run the node agent against a CRI runtime.
     Agent(commands::agent::AgentArgs),
     /// Run runtime and agent in one process: a node.
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Runtime(args) => commands::runtime::main(args),
         Command::Ctl(args) => commands::ctl::main(args),
+        Command::Get(args) => commands::get::main(args),
         Command::Agent(args) => commands::agent::main(args),
         Command::Node(args) => commands::node::main(args),
     }
