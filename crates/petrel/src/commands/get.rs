@@ -144,13 +144,11 @@ async fn run(args: GetArgs) -> Result<(), GetError> {
     let server = Server::parse(&args.server)?;
     let query = Query::from_args(&args)?;
     let pods = fetch(&server, &query).await?;
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::stdout();
     let mut widths = Vec::new();
     print_initial(&mut out, &query, &pods, &mut widths)?;
     if args.watch {
-        // Releases stdout's lock while waiting on the network.
-        drop(out);
-        watch(&server, &query, pods, widths).await?;
+        watch(&server, &query, pods, widths, &mut out).await?;
     }
     Ok(())
 }
@@ -307,6 +305,7 @@ async fn watch(
     q: &Query,
     shown: Vec<Pod>,
     mut widths: Vec<usize>,
+    out: &mut impl Write,
 ) -> Result<(), GetError> {
     let key = |p: &Pod| {
         (
@@ -335,7 +334,7 @@ async fn watch(
                         .collect();
                     for k in gone {
                         if let Some(p) = last.remove(&k) {
-                            print_change(q, &p, &mut widths)?;
+                            print_change(out, q, &p, &mut widths)?;
                         }
                     }
                 }
@@ -388,21 +387,25 @@ async fn watch(
                 } else {
                     last.insert(k, ev.object.clone());
                 }
-                print_change(q, &ev.object, &mut widths)?;
+                print_change(out, q, &ev.object, &mut widths)?;
             }
         }
     }
 }
 
-fn print_change(q: &Query, pod: &Pod, widths: &mut Vec<usize>) -> Result<(), GetError> {
-    let mut out = std::io::stdout().lock();
+fn print_change(
+    out: &mut impl Write,
+    q: &Query,
+    pod: &Pod,
+    widths: &mut Vec<usize>,
+) -> Result<(), GetError> {
     match q.output {
         Some(Output::Json) | Some(Output::Yaml) => {
             let v = serde_json::to_value(pod).map_err(|e| GetError::Decode(e.to_string()))?;
             if q.output == Some(Output::Yaml) {
                 out.write_all(b"---\n")?;
             }
-            write_object(&mut out, q.output, &v)?;
+            write_object(out, q.output, &v)?;
         }
         _ => {
             let row = q.columns.row(pod, now());
@@ -412,3 +415,7 @@ fn print_change(q: &Query, pod: &Pod, widths: &mut Vec<usize>) -> Result<(), Get
     out.flush()?;
     Ok(())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

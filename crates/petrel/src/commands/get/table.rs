@@ -315,3 +315,322 @@ fn two(a: i64, ua: &str, b: i64, ub: &str) -> String {
         format!("{a}{ua}{b}{ub}")
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+        ContainerStateWaiting, PodCondition, PodSpec, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+
+    const NOW: i64 = 1_700_000_000;
+
+    fn ts(secs_ago: i64) -> Time {
+        Time(Timestamp::new(NOW - secs_ago, 0).unwrap())
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::new(NOW, 0).unwrap()
+    }
+
+    fn container(name: &str) -> Container {
+        Container {
+            name: name.into(),
+            image: Some("busybox".into()),
+            ..Default::default()
+        }
+    }
+
+    fn pod(containers: &[&str], init: &[&str]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                creation_timestamp: Some(ts(200)),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: containers.iter().map(|n| container(n)).collect(),
+                init_containers: (!init.is_empty())
+                    .then(|| init.iter().map(|n| container(n)).collect()),
+                node_name: Some("node-a".into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn running(name: &str, ready: bool, restarts: i32) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            ready,
+            restart_count: restarts,
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(ts(100)),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn waiting(name: &str, reason: &str) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn terminated(
+        name: &str,
+        code: i32,
+        reason: Option<&str>,
+        signal: Option<i32>,
+    ) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: code,
+                    reason: reason.map(Into::into),
+                    signal,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn status(p: &mut Pod) -> &mut PodStatus {
+        p.status.as_mut().unwrap()
+    }
+
+    fn summary(p: &Pod) -> (usize, usize, String, String) {
+        let s = summarize(p, now());
+        (s.ready, s.total, s.status, s.restarts)
+    }
+
+    #[test]
+    fn status_should_show_the_phase_when_nothing_overrides_it() {
+        let mut p = pod(&["a", "b"], &[]);
+        assert_eq!(summary(&p), (0, 2, "Pending".into(), "0".into()));
+        status(&mut p).phase = Some("Running".into());
+        status(&mut p).container_statuses =
+            Some(vec![running("a", true, 0), running("b", false, 0)]);
+        assert_eq!(summary(&p), (1, 2, "Running".into(), "0".into()));
+        p.status = None;
+        assert_eq!(summarize(&p, now()).status, "Pending");
+    }
+
+    #[test]
+    fn status_should_show_init_progress_and_init_failures() {
+        let mut p = pod(&["a"], &["i1", "i2"]);
+        status(&mut p).init_container_statuses = Some(vec![
+            waiting("i1", "PodInitializing"),
+            waiting("i2", "PodInitializing"),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "Init:0/2");
+        status(&mut p).init_container_statuses = Some(vec![
+            terminated("i1", 0, Some("Completed"), None),
+            running("i2", false, 0),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "Init:1/2");
+        status(&mut p).init_container_statuses = Some(vec![
+            terminated("i1", 0, Some("Completed"), None),
+            waiting("i2", "CrashLoopBackOff"),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "Init:CrashLoopBackOff");
+        status(&mut p).init_container_statuses =
+            Some(vec![terminated("i1", 3, Some("Error"), None)]);
+        assert_eq!(summarize(&p, now()).status, "Init:Error");
+        status(&mut p).init_container_statuses = Some(vec![terminated("i1", 137, None, Some(9))]);
+        assert_eq!(summarize(&p, now()).status, "Init:Signal:9");
+        status(&mut p).init_container_statuses = Some(vec![terminated("i1", 2, None, None)]);
+        assert_eq!(summarize(&p, now()).status, "Init:ExitCode:2");
+        // App containers do not speak while init runs.
+        status(&mut p).container_statuses = Some(vec![waiting("a", "ErrImageNeverPull")]);
+        assert_eq!(summarize(&p, now()).status, "Init:ExitCode:2");
+    }
+
+    #[test]
+    fn status_should_prefer_container_reasons() {
+        let mut p = pod(&["a", "b"], &[]);
+        status(&mut p).phase = Some("Running".into());
+        status(&mut p).container_statuses = Some(vec![
+            running("a", true, 0),
+            waiting("b", "CrashLoopBackOff"),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "CrashLoopBackOff");
+        status(&mut p).container_statuses = Some(vec![
+            waiting("a", "ErrImageNeverPull"),
+            waiting("b", "CrashLoopBackOff"),
+        ]);
+        assert_eq!(
+            summarize(&p, now()).status,
+            "ErrImageNeverPull",
+            "the first container wins"
+        );
+        status(&mut p).container_statuses = Some(vec![
+            terminated("a", 1, Some("Error"), None),
+            running("b", true, 0),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "Error");
+        status(&mut p).container_statuses = Some(vec![
+            terminated("a", 0, None, Some(15)),
+            running("b", true, 0),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "Signal:15");
+        status(&mut p).container_statuses = Some(vec![
+            terminated("a", 0, Some("Completed"), None),
+            terminated("b", 0, Some("Completed"), None),
+        ]);
+        status(&mut p).phase = Some("Succeeded".into());
+        assert_eq!(summarize(&p, now()).status, "Completed");
+        // Completed beside a running container reads as Running/NotReady.
+        status(&mut p).container_statuses = Some(vec![
+            terminated("a", 0, Some("Completed"), None),
+            running("b", true, 0),
+        ]);
+        assert_eq!(summarize(&p, now()).status, "NotReady");
+        status(&mut p).conditions = Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+        assert_eq!(summarize(&p, now()).status, "Running");
+    }
+
+    #[test]
+    fn status_should_show_pod_reason_and_terminating() {
+        let mut p = pod(&["a"], &[]);
+        status(&mut p).reason = Some("Invalid".into());
+        assert_eq!(summarize(&p, now()).status, "Invalid");
+        p.metadata.deletion_timestamp = Some(ts(1));
+        status(&mut p).phase = Some("Running".into());
+        status(&mut p).reason = None;
+        status(&mut p).container_statuses = Some(vec![running("a", true, 0)]);
+        assert_eq!(summary(&p), (1, 1, "Terminating".into(), "0".into()));
+    }
+
+    #[test]
+    fn restarts_should_sum_and_say_when() {
+        let mut p = pod(&["a", "b"], &[]);
+        let mut a = running("a", true, 2);
+        a.last_state = Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                finished_at: Some(ts(20)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        status(&mut p).container_statuses = Some(vec![a, running("b", true, 1)]);
+        assert_eq!(summarize(&p, now()).restarts, "3 (20s ago)");
+    }
+
+    #[test]
+    fn sidecars_should_count_in_ready() {
+        let mut p = pod(&["a"], &["side"]);
+        p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy =
+            Some("Always".into());
+        let mut side = running("side", true, 1);
+        side.started = Some(true);
+        status(&mut p).init_container_statuses = Some(vec![side]);
+        status(&mut p).container_statuses = Some(vec![running("a", true, 0)]);
+        status(&mut p).phase = Some("Running".into());
+        assert_eq!(summary(&p), (2, 2, "Running".into(), "1".into()));
+    }
+
+    #[test]
+    fn human_duration_should_match_kubectl() {
+        let cases = [
+            (-5, "<invalid>"),
+            (-1, "0s"),
+            (0, "0s"),
+            (5, "5s"),
+            (119, "119s"),
+            (120, "2m"),
+            (200, "3m20s"),
+            (599, "9m59s"),
+            (600, "10m"),
+            (179 * 60 + 59, "179m"),
+            (3 * 3600, "3h"),
+            (3 * 3600 + 60 * 5, "3h5m"),
+            (2 * 3600, "120m"),
+            (8 * 3600 + 60, "8h"),
+            (47 * 3600, "47h"),
+            (48 * 3600, "2d"),
+            (3 * 86400 + 4 * 3600, "3d4h"),
+            (8 * 86400, "8d"),
+            (730 * 86400, "2y"),
+            (731 * 86400, "2y1d"),
+            (8 * 365 * 86400, "8y"),
+        ];
+        for (secs, want) in cases {
+            assert_eq!(human_duration(secs), want, "{secs}s");
+        }
+    }
+
+    #[test]
+    fn age_should_use_creation_then_start_time() {
+        let mut p = pod(&["a"], &[]);
+        assert_eq!(age(&p, now()), "3m20s");
+        p.metadata.creation_timestamp = None;
+        assert_eq!(age(&p, now()), "<unknown>");
+        status(&mut p).start_time = Some(ts(7200));
+        assert_eq!(age(&p, now()), "120m");
+    }
+
+    #[test]
+    fn render_should_align_columns_like_kubectl() {
+        let mut p = pod(&["a"], &[]);
+        status(&mut p).phase = Some("Running".into());
+        status(&mut p).pod_ip = Some("10.88.0.5".into());
+        status(&mut p).container_statuses = Some(vec![running("a", true, 0)]);
+        let cols = Columns {
+            namespace: true,
+            wide: true,
+        };
+        let mut widths = Vec::new();
+        let text = render(&[cols.header(), cols.row(&p, now())], &mut widths);
+        assert_eq!(
+            text,
+            "NAMESPACE   NAME   READY   STATUS    RESTARTS   AGE     IP          NODE\n\
+             default     web    1/1     Running   0          3m20s   10.88.0.5   node-a\n"
+        );
+        let plain = Columns::default();
+        let mut widths = Vec::new();
+        let text = render(
+            &[plain.header(), plain.row(&pod(&["a"], &[]), now())],
+            &mut widths,
+        );
+        assert_eq!(
+            text,
+            "NAME   READY   STATUS    RESTARTS   AGE\nweb    0/1     Pending   0          3m20s\n"
+        );
+        // Later rows keep the earlier widths.
+        let again = render(&[plain.row(&pod(&["a"], &[]), now())], &mut widths);
+        assert_eq!(again, "web    0/1     Pending   0          3m20s\n");
+        let wide = Columns {
+            namespace: false,
+            wide: true,
+        };
+        let row = wide.row(&Pod::default(), now());
+        assert_eq!(&row[5..], ["<none>", "<none>"]);
+    }
+}
