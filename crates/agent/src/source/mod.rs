@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::types::{DesiredPod, PodUid};
 use parse::Doc;
-use snapshot::{Files, Snapshot};
+use snapshot::{Files, Owners, Snapshot};
 
 /// Errors of the manifest source (invalid manifests are not errors: they
 /// become pods marked invalid).
@@ -82,6 +82,7 @@ pub struct SourceChange {
 struct State {
     files: Files,
     pods: Snapshot,
+    owners: Owners,
 }
 
 #[derive(Debug)]
@@ -121,7 +122,7 @@ impl PodSource {
             path: dir.to_path_buf(),
             source,
         })?;
-        let pods = snapshot::build(&files, node_name);
+        let (pods, owners) = snapshot::build(&files, node_name);
         tracing::info!(
             dir = %dir.display(),
             pods = pods.len(),
@@ -132,7 +133,11 @@ impl PodSource {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 node: node_name.to_string(),
-                state: RwLock::new(State { files, pods }),
+                state: RwLock::new(State {
+                    files,
+                    pods,
+                    owners,
+                }),
             }),
         })
     }
@@ -145,6 +150,16 @@ impl PodSource {
     /// Every pod, ordered by UID.
     pub fn all(&self) -> Vec<DesiredPod> {
         self.read().pods.values().cloned().collect()
+    }
+
+    /// The pod that owns `namespace/name`: the first defined, in path
+    /// order. A later duplicate is a pod of its own (invalid, own UID) and
+    /// must not be published over the owner's status.
+    pub fn owner(&self, namespace: &str, name: &str) -> Option<PodUid> {
+        self.read()
+            .owners
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// The watched directory.
@@ -207,9 +222,10 @@ impl PodSource {
             }
             (Some(_), Err(_)) => {}
         }
-        let pods = snapshot::build(&st.files, &self.inner.node);
+        let (pods, owners) = snapshot::build(&st.files, &self.inner.node);
         let changes = snapshot::diff(&st.pods, &pods);
         st.pods = pods;
+        st.owners = owners;
         changes
     }
 }

@@ -30,8 +30,12 @@ struct Candidate<'a> {
     explicit_uid: Option<String>,
 }
 
+/// Which pod owns each namespace/name (the first defined; later
+/// duplicates are shown as invalid under their own UIDs).
+pub type Owners = HashMap<(String, String), PodUid>;
+
 /// Builds the desired pods of `files` for node `node`.
-pub fn build(files: &Files, node: &str) -> Snapshot {
+pub fn build(files: &Files, node: &str) -> (Snapshot, Owners) {
     let mut cands = Vec::new();
     for (path, docs) in files {
         let many = docs.len() > 1;
@@ -50,6 +54,7 @@ pub fn build(files: &Files, node: &str) -> Snapshot {
         .map(|(i, _)| i)
         .collect::<Vec<_>>();
     let mut by_name: HashMap<(String, String), PathBuf> = HashMap::new();
+    let mut owners = Owners::new();
     let mut out = Snapshot::new();
     let mut cands: Vec<Option<Candidate>> = cands.into_iter().map(Some).collect();
     for i in order {
@@ -61,6 +66,7 @@ pub fn build(files: &Files, node: &str) -> Snapshot {
             .explicit_uid
             .clone()
             .unwrap_or_else(|| uid::derive(node, &c.namespace, &c.name));
+        let owner = !by_name.contains_key(&key);
         if let Some(first) = by_name.get(&key) {
             c.invalid.push(format!(
                 "duplicate pod {}/{}, also defined in {}",
@@ -84,6 +90,9 @@ pub fn build(files: &Files, node: &str) -> Snapshot {
             uid = uid::derive_for_duplicate(node, &c.namespace, &c.name, &c.path.to_string_lossy());
         }
         c.pod.metadata.uid = Some(uid.clone());
+        if owner {
+            owners.insert((c.namespace.clone(), c.name.clone()), uid.clone());
+        }
         let invalid = (!c.invalid.is_empty()).then(|| c.invalid.join("; "));
         out.insert(
             uid.clone(),
@@ -97,7 +106,7 @@ pub fn build(files: &Files, node: &str) -> Snapshot {
             },
         );
     }
-    out
+    (out, owners)
 }
 
 fn candidate<'a>(path: &'a Path, index: usize, many: bool, doc: &Doc, node: &str) -> Candidate<'a> {

@@ -234,6 +234,8 @@ fn duplicates_should_invalidate_the_later_file() {
         )
     );
     assert_ne!(dup.uid, first.uid);
+    assert_eq!(src.owner("default", "x"), Some(first.uid.clone()));
+    assert_eq!(src.owner("default", "nope"), None);
     let broken = all.iter().find(|p| p.source.ends_with("x.yaml")).unwrap();
     let reason = broken.invalid.as_deref().unwrap();
     assert!(
