@@ -3,6 +3,8 @@
 # same run and rewrite docs/PERFORMANCE.md (crates/bench does the work).
 #
 #   scripts/bench.sh [petrel-bench flags]     e.g. --idle-seconds 5 --out /tmp/P.md
+#   scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 \
+#       --agent-pods 4 --agent-large-pods 20 --out /tmp/A.md   # quick agent run
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
 # image (make image; IMAGES=dir overrides build/images). Everything the bench
@@ -51,17 +53,31 @@ sweep() {
     set +e
     if [[ -d $work ]]; then
         echo "bench: sweeping what the bench left in $work" >&2
-        if [[ -f $work/runtime.pid ]]; then
-            local pid
-            pid=$(<"$work/runtime.pid")
+        # The runtimes, agent and containerd the bench started: pid files
+        # in the work directory, each process checked to name the work
+        # directory on its command line (agents first, then runtimes).
+        local f pid
+        for f in "$work/agent/agent.pid" "$work/containerd/agent/agent.pid" \
+            "$work/runtime.pid" "$work/agent/runtime.pid" "$work/containerd/containerd.pid"; do
+            [[ -f $f ]] || continue
+            pid=$(<"$f")
             if [[ -r /proc/$pid/cmdline ]] &&
-                tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--state $work/state"; then
+                tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$work/"; then
                 kill -TERM "$pid"
                 for _ in $(seq 1 150); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
             fi
-        fi
+        done
+        # containerd's shims, named by their -address in the work directory.
+        local p
+        for p in /proc/[0-9]*; do
+            if tr '\0' ' ' <"$p/cmdline" 2>/dev/null |
+                grep -qF -- "-address $work/containerd/c.sock"; then
+                kill -KILL "${p#/proc/}" 2>/dev/null
+            fi
+        done
         local root c
-        for root in "$work/state/runc" "$work/raw/runc-root"; do
+        for root in "$work/state/runc" "$work/raw/runc-root" "$work/agent/state/runc" \
+            "$work/containerd/runc"; do
             [[ -d $root ]] || continue
             for c in $(runc --root "$root" list -q 2>/dev/null); do
                 runc --root "$root" delete --force "$c" >/dev/null 2>&1
@@ -88,6 +104,7 @@ else
 fi
 
 cargo run --release -p petrel-bench -- \
+    --build-dir "$(realpath -m build)" \
     --petrel "$(realpath target/release/petrel)" \
     --image "$(realpath "$image")" \
     --work-dir "$work" \

@@ -6,6 +6,11 @@
 //! ratio is what carries over between machines. Everything the bench
 //! creates is removed on every path (guards with `Drop`).
 
+mod agent;
+mod agent_proc;
+mod agent_report;
+mod containerd;
+mod http;
 mod machine;
 mod metrics;
 mod node;
@@ -75,9 +80,38 @@ pub struct Args {
     /// Length of each run of the queue scenario (P6-P8), in seconds.
     #[arg(long, default_value_t = 20)]
     pub queue_seconds: u64,
-    /// Run one part only: `runtime` (P1-P5) or `queue` (P6-P9: in-process,
+    /// Idle window of each agent CPU figure (P10), in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub agent_idle_seconds: u64,
+    /// Running containers (one per pod) of the agent CPU figures (P10).
+    #[arg(long, value_delimiter = ',', default_value = "10,50,100")]
+    pub agent_sizes: Vec<usize>,
+    /// Pods per PLEG mode for the agent's exit and start figures (P11, P12).
+    #[arg(long, default_value_t = 50)]
+    pub agent_pods: usize,
+    /// Pods of the large relist figure (P13).
+    #[arg(long, default_value_t = 1000)]
+    pub agent_large_pods: usize,
+    /// Containers per pod of the relist figures (P13).
+    #[arg(long, default_value_t = 5)]
+    pub agent_containers_per_pod: usize,
+    /// Window over which relists are averaged (P13), in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub agent_relist_seconds: u64,
+    /// Longest wait for the large layout to run (P13), in seconds.
+    #[arg(long, default_value_t = 900)]
+    pub agent_grow_timeout: u64,
+    /// Do not run the agent against containerd 1.7.
+    #[arg(long)]
+    pub agent_skip_containerd: bool,
+    /// The workspace's build directory (`make containerd` unpacks
+    /// containerd 1.7 into build/containerd-1.7).
+    #[arg(long, default_value = "build")]
+    pub build_dir: PathBuf,
+    /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
-    /// is given).
+    /// is given) or `agent` (P10-P13; partial report to standard output
+    /// unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -98,6 +132,8 @@ pub enum Part {
     Runtime,
     /// The controller kit's queue (P6-P9).
     Queue,
+    /// The agent (P10-P13).
+    Agent,
 }
 
 /// The default report.
@@ -117,6 +153,9 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<()> {
     if args.only == Part::Queue {
         return run_queue_only(args);
+    }
+    if args.only == Part::Agent {
+        return run_agent_only(args);
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -183,6 +222,48 @@ fn run_queue_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only agent`: the agent figures alone, with their own work directory.
+fn run_agent_only(args: &Args) -> Result<()> {
+    ensure!(args.agent_pods > 0, "--agent-pods must be at least 1");
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .context("become a child subreaper")?;
+    let id = match &args.id {
+        Some(id) => id.clone(),
+        None => random_id()?,
+    };
+    let dir = args
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("petrel-bench.{id}")));
+    let work = Work::create(dir, format!("/petrel-bench-{id}"))?;
+    let machine = machine::Machine::collect(args, &work.dir)?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start tokio")?;
+    let results = tokio.block_on(async {
+        tokio::select! {
+            r = agent::measure(args, &work, &progress) => Ok(r),
+            s = interrupted() => bail!("interrupted by {s}"),
+        }
+    });
+    drop(tokio);
+    let results = results?;
+    let text = report::render_agent_only(&machine, &results);
+    match &args.out {
+        Some(out) => {
+            write_atomically(out, &text)?;
+            eprintln!("petrel-bench: wrote {}", out.display());
+        }
+        None => print!("{text}"),
+    }
+    drop(work);
+    let failed = results.petrel.error.is_some()
+        || results.containerd.as_ref().is_ok_and(|c| c.error.is_some());
+    ensure!(!failed, "the agent figures are incomplete (see the report)");
+    Ok(())
+}
+
 async fn interrupted() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
@@ -231,7 +312,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     // machine not yet busy with containers.
     let queue = match args.only {
         Part::All => Some(queue::measure(args.queue_seconds, progress).await?),
-        Part::Runtime | Part::Queue => None,
+        Part::Runtime | Part::Queue | Part::Agent => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -359,6 +440,11 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     drop(c);
     node.shutdown();
     raw.sweep();
+
+    let agent = match args.only {
+        Part::All => Some(agent::measure(args, work, &progress).await),
+        Part::Runtime | Part::Queue | Part::Agent => None,
+    };
     Ok(Results {
         fsync,
         up,
@@ -372,6 +458,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         runtime_after,
         load_after: machine::load_average(),
         queue,
+        agent,
     })
 }
 

@@ -197,6 +197,19 @@ pub struct Clients {
 }
 
 impl Clients {
+    /// CRI clients on one new connection to `endpoint` (`unix:///path`);
+    /// the admin client only works with Petrel's runtime.
+    pub async fn connect(endpoint: &str) -> Result<Clients> {
+        let ch = petrel_cri::connect(endpoint)
+            .await
+            .with_context(|| format!("connect to {endpoint}"))?;
+        Ok(Clients {
+            rt: RuntimeServiceClient::new(ch.clone()),
+            img: ImageServiceClient::new(ch.clone()),
+            admin: AdminClient::new(ch),
+        })
+    }
+
     /// Imports an image archive through the admin API.
     pub async fn import(&mut self, archive: &Path) -> Result<()> {
         let path = std::fs::canonicalize(archive)

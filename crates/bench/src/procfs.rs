@@ -107,7 +107,7 @@ pub fn ticks_per_second() -> u64 {
 }
 
 /// The NUL-separated arguments of a process, or nothing if it is gone.
-fn cmdline(pid: u32) -> Vec<String> {
+pub fn cmdline(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| {
             b.split(|c| *c == 0)
@@ -140,6 +140,40 @@ pub fn shims_of(state: &Path) -> Result<Vec<u32>> {
 fn is_shim_of(argv: &[String], bundle_prefix: &str) -> bool {
     argv.windows(2)
         .any(|w| w[0] == "--bundle" && w[1].starts_with(bundle_prefix))
+}
+
+/// Whether a process has exited and waits to be reaped (or is gone).
+pub fn is_zombie(pid: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let state = text
+        .rfind(')')
+        .and_then(|i| text[i + 1..].split_whitespace().next());
+    matches!(state, Some("Z" | "X") | None)
+}
+
+/// Threads alive on the machine (every pid is a task) and the kernel's
+/// limit on pids.
+pub fn tasks_and_pid_max() -> (usize, usize) {
+    let mut n = 0;
+    if let Ok(it) = std::fs::read_dir("/proc") {
+        for e in it.flatten() {
+            if e.file_name()
+                .to_str()
+                .is_some_and(|s| s.parse::<u32>().is_ok())
+            {
+                n += std::fs::read_dir(e.path().join("task"))
+                    .map(|t| t.count())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    let max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    (n, max)
 }
 
 /// The parent pid of a process.

@@ -3,6 +3,8 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use crate::agent::AgentResults;
+use crate::agent_report;
 use crate::machine::Machine;
 use crate::metrics::OpTotals;
 use crate::procfs::{Cpu, Mem};
@@ -193,6 +195,8 @@ pub struct Results {
     pub load_after: String,
     /// P6-P9, the controller kit's queue (absent with `--only runtime`).
     pub queue: Option<QueueResults>,
+    /// P10-P13, the agent (absent with `--only runtime`).
+    pub agent: Option<AgentResults>,
 }
 
 fn verdict(pass: bool) -> &'static str {
@@ -272,6 +276,34 @@ fn render_queue_only_into(o: &mut String, m: &Machine, q: &QueueResults) -> std:
     queue_report::summary_rows(o, q)?;
     writeln!(o)?;
     queue_report::sections(o, q)
+}
+
+/// Renders the agent figures alone (`--only agent`): a partial report for
+/// quick iteration, not a replacement for docs/PERFORMANCE.md.
+pub fn render_agent_only(m: &Machine, a: &AgentResults) -> String {
+    let mut o = String::new();
+    // `write!` into a String cannot fail.
+    let _ = render_agent_only_into(&mut o, m, a);
+    o
+}
+
+fn render_agent_only_into(o: &mut String, m: &Machine, a: &AgentResults) -> std::fmt::Result {
+    writeln!(o, "# Petrel performance: the agent only")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "<!-- `{}` on {}, commit {}, {} × {}. `make bench` writes the whole report. -->",
+        m.command, m.date, m.commit, m.cpus, m.cpu_model
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| # | Promise | Goal | Measured | Reference (same run) | Ratio | Verdict |"
+    )?;
+    writeln!(o, "|---|---|---|---|---|---|---|")?;
+    agent_report::summary_rows(o, a)?;
+    writeln!(o)?;
+    agent_report::sections(o, a)
 }
 
 fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fmt::Result {
@@ -417,6 +449,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     )?;
     if let Some(q) = &r.queue {
         queue_report::summary_rows(o, q)?;
+    }
+    if let Some(a) = &r.agent {
+        agent_report::summary_rows(o, a)?;
     }
     writeln!(o)?;
 
@@ -839,6 +874,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
 
     if let Some(q) = &r.queue {
         queue_report::sections(o, q)?;
+    }
+    if let Some(a) = &r.agent {
+        agent_report::sections(o, a)?;
     }
 
     // ---- hygiene, reproduce, noise ---------------------------------------------

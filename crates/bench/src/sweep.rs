@@ -24,6 +24,14 @@ impl Work {
         Ok(Work { dir, cgroup_parent })
     }
 
+    /// The run's id (the suffix of the cgroup parent).
+    pub fn id(&self) -> &str {
+        self.cgroup_parent
+            .rsplit_once("petrel-bench-")
+            .map(|(_, id)| id)
+            .unwrap_or(&self.cgroup_parent)
+    }
+
     fn sweep(&self) {
         unmount_under(&self.dir);
         for left in remove_cgroup_tree(&self.cgroup_parent) {

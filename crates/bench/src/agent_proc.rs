@@ -1,0 +1,579 @@
+//! The agent under test: a `petrel agent` process started and restarted
+//! by the bench beside a runtime, its manifest directory, and a view of
+//! its pods through `/pods` (the watch stream when it serves one, polling
+//! otherwise).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rustix::process::{Pid, Signal};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::http;
+
+/// How the agent's PLEG learns about changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `--pleg events`: the runtime's GetContainerEvents stream.
+    Events,
+    /// `--pleg relist --relist-period 1s`: kubelet's generic PLEG.
+    Relist,
+}
+
+impl Mode {
+    /// The value of `--pleg`.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Mode::Events => "events",
+            Mode::Relist => "relist",
+        }
+    }
+
+    /// The other mode.
+    pub fn other(self) -> Mode {
+        match self {
+            Mode::Events => Mode::Relist,
+            Mode::Relist => Mode::Events,
+        }
+    }
+}
+
+/// The namespace of every bench pod.
+pub const NAMESPACE: &str = "bench";
+
+/// The relist period of relist mode (kubelet's).
+pub const RELIST_PERIOD: &str = "1s";
+
+/// A `petrel agent` of the bench.
+pub struct AgentProc {
+    petrel: PathBuf,
+    endpoint: String,
+    /// The manifest directory.
+    pub manifests: PathBuf,
+    root: PathBuf,
+    /// `--node-name`: the label value on everything it creates.
+    pub node: String,
+    cgroup_root: String,
+    log: PathBuf,
+    pid_file: PathBuf,
+    /// Where it serves HTTP.
+    pub addr: SocketAddr,
+    /// The mode it runs in.
+    pub mode: Mode,
+    child: Option<Child>,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
+    Ok(l.local_addr().context("local address")?.port())
+}
+
+impl AgentProc {
+    /// Prepares an agent (not started) with its files under `dir`.
+    pub fn new(
+        petrel: &Path,
+        endpoint: &str,
+        dir: &Path,
+        node: &str,
+        cgroup_root: &str,
+    ) -> Result<AgentProc> {
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)
+            .with_context(|| format!("create {}", manifests.display()))?;
+        Ok(AgentProc {
+            petrel: petrel.to_path_buf(),
+            endpoint: endpoint.to_string(),
+            manifests,
+            root: dir.join("agent-root"),
+            node: node.to_string(),
+            cgroup_root: cgroup_root.to_string(),
+            log: dir.join("agent.log"),
+            pid_file: dir.join("agent.pid"),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            mode: Mode::Events,
+            child: None,
+        })
+    }
+
+    /// Starts the agent in `mode` and waits until `/healthz` answers 200.
+    pub async fn start(&mut self, mode: Mode) -> Result<()> {
+        if self.child.is_some() {
+            bail!("the agent is already running");
+        }
+        self.mode = mode;
+        self.addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        let mut cmd = Command::new(&self.petrel);
+        cmd.arg("agent")
+            .args(["--runtime-endpoint", &self.endpoint])
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--root")
+            .arg(&self.root)
+            .args(["--listen", &self.addr.to_string()])
+            .args(["--node-name", &self.node])
+            .args(["--cgroup-root", &self.cgroup_root])
+            .args(["--pleg", mode.arg()]);
+        if mode == Mode::Relist {
+            cmd.args(["--relist-period", RELIST_PERIOD]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {} agent", self.petrel.display()))?;
+        std::fs::write(&self.pid_file, child.id().to_string())
+            .with_context(|| format!("write {}", self.pid_file.display()))?;
+        self.child = Some(child);
+        let start = Instant::now();
+        let mut last = String::from("no answer");
+        while start.elapsed() < Duration::from_secs(30) {
+            match http::get(self.addr, "/healthz", Duration::from_secs(2)).await {
+                Ok(r) if r.status == 200 => return Ok(()),
+                Ok(r) => {
+                    last = format!(
+                        "status {}: {}",
+                        r.status,
+                        String::from_utf8_lossy(&r.body).trim()
+                    )
+                }
+                Err(e) => last = format!("{e:#}"),
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Some(st) = c.try_wait().context("wait for the agent")? {
+                    self.child = None;
+                    bail!("agent exited at start ({st}):\n{}", self.log_tail());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!(
+            "agent's /healthz not 200 within 30 s (last: {last}):\n{}",
+            self.log_tail()
+        )
+    }
+
+    /// Stops the agent (SIGTERM, SIGKILL after 10 s); its pods keep running.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if !matches!(child.try_wait(), Ok(None)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Our own child, by its handle: a no-op if it already exited.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Stops the agent and starts it again in `mode`.
+    pub async fn restart(&mut self, mode: Mode) -> Result<()> {
+        self.stop();
+        self.start(mode).await
+    }
+
+    /// The agent's pid (0 when stopped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn manifest_path(&self, name: &str) -> PathBuf {
+        self.manifests.join(format!("{name}.yaml"))
+    }
+
+    /// Writes the manifest of pod `name` to a hidden temporary file; the
+    /// returned closure renames it into place (the moment the agent may
+    /// see it) and returns that moment.
+    pub fn stage_manifest(&self, name: &str, text: &str) -> Result<Staged> {
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
+        Ok(Staged {
+            tmp,
+            path: self.manifest_path(name),
+        })
+    }
+
+    /// Writes the manifest of pod `name` in one step.
+    pub fn write_manifest(&self, name: &str, text: &str) -> Result<Instant> {
+        self.stage_manifest(name, text)?.publish()
+    }
+
+    /// Deletes the manifest of pod `name`.
+    pub fn remove_manifest(&self, name: &str) -> Result<()> {
+        let p = self.manifest_path(name);
+        std::fs::remove_file(&p).with_context(|| format!("remove {}", p.display()))
+    }
+
+    /// GET `path`, status 200 required.
+    pub async fn get(&self, path: &str) -> Result<Vec<u8>> {
+        let r = http::get(self.addr, path, Duration::from_secs(30)).await?;
+        if r.status != 200 {
+            bail!(
+                "GET {path}: status {}: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body).trim()
+            );
+        }
+        Ok(r.body)
+    }
+
+    /// Every pod at `/pods`.
+    pub async fn pods(&self) -> Result<Vec<Value>> {
+        let body = self.get("/pods").await?;
+        let v: Value = serde_json::from_slice(&body).context("/pods is not JSON")?;
+        Ok(v.get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> Result<String> {
+        Ok(String::from_utf8_lossy(&self.get("/metrics").await?).into_owned())
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A manifest written to a temporary file, not yet in place.
+pub struct Staged {
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl Staged {
+    /// Renames it into place; returns the moment just before the rename.
+    pub fn publish(self) -> Result<Instant> {
+        let t = Instant::now();
+        std::fs::rename(&self.tmp, &self.path)
+            .with_context(|| format!("rename to {}", self.path.display()))?;
+        Ok(t)
+    }
+}
+
+/// The manifest of a bench pod: `containers` busybox containers running
+/// `sleep`, grace period 0 (the bench removes pods without waiting).
+pub fn manifest(name: &str, containers: usize, restart: &str, host_network: bool) -> String {
+    let mut s = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 0\n"
+    );
+    if host_network {
+        s.push_str("  hostNetwork: true\n");
+    }
+    s.push_str("  containers:\n");
+    for i in 0..containers {
+        s.push_str(&format!(
+            "  - name: c{i}\n    image: {}\n    imagePullPolicy: IfNotPresent\n    command: [\"sleep\", \"86400\"]\n",
+            crate::node::BUSYBOX
+        ));
+    }
+    s
+}
+
+/// The state key (`running`, `waiting`, `terminated`) and value of
+/// container `name` of a pod.
+pub fn container_state<'a>(pod: &'a Value, name: &str) -> Option<(&'a str, &'a Value)> {
+    let c = pod
+        .pointer("/status/containerStatuses")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))?;
+    c.get("state")?
+        .as_object()?
+        .iter()
+        .next()
+        .map(|(k, v)| (k.as_str(), v))
+}
+
+/// Every one of the pod's `n` containers is running.
+pub fn all_running(pod: &Value, n: usize) -> bool {
+    let Some(cs) = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+    else {
+        return false;
+    };
+    cs.len() == n
+        && cs
+            .iter()
+            .all(|c| c.pointer("/state/running").is_some_and(Value::is_object))
+}
+
+/// The exit code of container `name` if it is terminated.
+pub fn terminated_code(pod: &Value, name: &str) -> Option<i64> {
+    match container_state(pod, name) {
+        Some(("terminated", v)) => Some(v.get("exitCode").and_then(Value::as_i64).unwrap_or(-1)),
+        _ => None,
+    }
+}
+
+/// The runtime's id of container `name` (`containerID` without its
+/// `runtime://` prefix).
+pub fn container_id(pod: &Value, name: &str) -> Option<String> {
+    let c = pod
+        .pointer("/status/containerStatuses")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))?;
+    let id = c.get("containerID")?.as_str()?;
+    let id = id.split_once("://").map(|(_, i)| i).unwrap_or(id);
+    (!id.is_empty()).then(|| id.to_string())
+}
+
+fn key_of(pod: &Value) -> Option<String> {
+    let ns = pod.pointer("/metadata/namespace")?.as_str()?;
+    let name = pod.pointer("/metadata/name")?.as_str()?;
+    Some(format!("{ns}/{name}"))
+}
+
+/// How the bench sees the agent's pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObserveMethod {
+    /// `GET /pods?watch=true`, each event stamped when its last byte arrived.
+    Watch,
+    /// `GET /pods/{ns}/{name}` every [`POLL_EVERY`], stamped on each answer.
+    Poll,
+}
+
+/// The polling interval when there is no watch stream.
+pub const POLL_EVERY: Duration = Duration::from_millis(2);
+
+/// The bench's view of the agent's pods.
+pub struct Observer {
+    addr: SocketAddr,
+    rx: Option<mpsc::UnboundedReceiver<http::Line>>,
+    /// The latest version of each pod seen, by `ns/name`.
+    latest: HashMap<String, Value>,
+    /// Why the watch stream is not used, if it is not.
+    pub watch_error: Option<String>,
+}
+
+impl Observer {
+    /// Opens a watch on `agent`, or falls back to polling.
+    pub async fn open(agent: &AgentProc) -> Observer {
+        let mut o = Observer {
+            addr: agent.addr,
+            rx: None,
+            latest: HashMap::new(),
+            watch_error: None,
+        };
+        match http::stream_lines(agent.addr, "/pods?watch=true").await {
+            Ok(rx) => o.rx = Some(rx),
+            Err(e) => o.watch_error = Some(format!("{e:#}")),
+        }
+        o
+    }
+
+    /// Which method is in use.
+    pub fn method(&self) -> ObserveMethod {
+        if self.rx.is_some() {
+            ObserveMethod::Watch
+        } else {
+            ObserveMethod::Poll
+        }
+    }
+
+    fn apply(&mut self, line: &http::Line) {
+        let Ok(ev) = serde_json::from_str::<Value>(&line.text) else {
+            return;
+        };
+        let (kind, obj) = match (ev.get("type").and_then(Value::as_str), ev.get("object")) {
+            (Some(k), Some(o)) => (k, o),
+            // A bare pod (a server that streams objects).
+            _ => ("MODIFIED", &ev),
+        };
+        let Some(key) = key_of(obj) else { return };
+        if kind == "DELETED" {
+            self.latest.remove(&key);
+        } else {
+            self.latest.insert(key, obj.clone());
+        }
+    }
+
+    /// Applies every event received so far.
+    pub fn drain(&mut self) -> Result<()> {
+        let mut lines = vec![];
+        if let Some(rx) = self.rx.as_mut() {
+            loop {
+                match rx.try_recv() {
+                    Ok(l) => lines.push(l),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        bail!("the agent closed the watch stream")
+                    }
+                }
+            }
+        }
+        for l in &lines {
+            self.apply(l);
+        }
+        Ok(())
+    }
+
+    /// Waits until pod `name` satisfies `pred`; returns when the bench
+    /// learnt it (the arrival of the watch event, or the poll's answer)
+    /// and the pod.
+    pub async fn wait_for(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<(Instant, Value)> {
+        let key = format!("{NAMESPACE}/{name}");
+        let deadline = Instant::now() + timeout;
+        if self.rx.is_none() {
+            let path = format!("/pods/{NAMESPACE}/{name}");
+            while Instant::now() < deadline {
+                let r = http::get(self.addr, &path, Duration::from_secs(10)).await?;
+                let at = Instant::now();
+                if r.status == 200 {
+                    if let Ok(pod) = serde_json::from_slice::<Value>(&r.body) {
+                        if pred(&pod) {
+                            return Ok((at, pod));
+                        }
+                        self.latest.insert(key.clone(), pod);
+                    }
+                }
+                tokio::time::sleep(POLL_EVERY).await;
+            }
+            bail!(
+                "pod {key}: condition not met within {timeout:?}; last seen {}",
+                self.describe(name)
+            );
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match self.rx.as_mut() {
+                Some(rx) => tokio::time::timeout(left, rx.recv()).await,
+                None => bail!("no watch stream"),
+            };
+            match line {
+                Ok(Some(l)) => {
+                    self.apply(&l);
+                    if let Some(pod) = self.latest.get(&key) {
+                        if pred(pod) {
+                            return Ok((l.at, pod.clone()));
+                        }
+                    }
+                }
+                Ok(None) => bail!("the agent closed the watch stream"),
+                Err(_) => bail!(
+                    "pod {key}: condition not met within {timeout:?}; last seen {}",
+                    self.describe(name)
+                ),
+            }
+        }
+    }
+
+    /// The latest version of pod `name`, if seen.
+    pub fn latest(&self, name: &str) -> Option<&Value> {
+        self.latest.get(&format!("{NAMESPACE}/{name}"))
+    }
+
+    /// A short description of the latest version of pod `name`.
+    pub fn describe(&self, name: &str) -> String {
+        match self.latest(name) {
+            None => "never".to_string(),
+            Some(p) => {
+                let s = p.get("status").cloned().unwrap_or(Value::Null);
+                let text = s.to_string();
+                text.chars().take(600).collect()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pod(states: &[&str]) -> Value {
+        let cs: Vec<Value> = states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let state = match *s {
+                    "running" => serde_json::json!({"running": {"startedAt": "x"}}),
+                    "killed" => serde_json::json!({"terminated": {"exitCode": 137}}),
+                    _ => serde_json::json!({"waiting": {"reason": "ContainerCreating"}}),
+                };
+                serde_json::json!({"name": format!("c{i}"), "state": state, "containerID": format!("petrel://id{i}")})
+            })
+            .collect();
+        serde_json::json!({"metadata": {"name": "p", "namespace": "bench"}, "status": {"containerStatuses": cs}})
+    }
+
+    #[test]
+    fn predicates_should_read_kubernetes_container_states() {
+        assert!(all_running(&pod(&["running", "running"]), 2));
+        assert!(!all_running(&pod(&["running", "waiting"]), 2));
+        assert!(!all_running(&pod(&["running"]), 2));
+        assert_eq!(terminated_code(&pod(&["killed"]), "c0"), Some(137));
+        assert_eq!(terminated_code(&pod(&["running"]), "c0"), None);
+        assert_eq!(
+            container_id(&pod(&["running"]), "c0").as_deref(),
+            Some("id0")
+        );
+    }
+
+    #[test]
+    fn manifest_should_be_a_v1_pod_with_n_containers() {
+        let m = manifest("big-0001", 3, "Always", true);
+        assert!(m.contains("name: big-0001\n  namespace: bench"));
+        assert!(m.contains("hostNetwork: true"));
+        assert_eq!(m.matches("- name: c").count(), 3);
+        assert!(!manifest("x", 1, "Never", false).contains("hostNetwork"));
+    }
+
+    #[test]
+    fn observer_should_apply_watch_events() {
+        let mut o = Observer {
+            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+            rx: None,
+            latest: HashMap::new(),
+            watch_error: None,
+        };
+        let line = |t: &str| http::Line {
+            at: Instant::now(),
+            text: t.to_string(),
+        };
+        let p = pod(&["running"]);
+        o.apply(&line(
+            &serde_json::json!({"type": "ADDED", "object": p}).to_string(),
+        ));
+        assert!(o.latest("p").is_some());
+        o.apply(&line(
+            &serde_json::json!({"type": "DELETED", "object": p}).to_string(),
+        ));
+        assert!(o.latest("p").is_none());
+    }
+}
