@@ -408,8 +408,13 @@ fn print_change(
             write_object(out, q.output, &v)?;
         }
         _ => {
-            let row = q.columns.row(pod, now());
-            out.write_all(table::render(&[row], widths).as_bytes())?;
+            let mut rows = Vec::new();
+            // Nothing was listed at the start: the first row brings the header.
+            if widths.is_empty() {
+                rows.push(q.columns.header());
+            }
+            rows.push(q.columns.row(pod, now()));
+            out.write_all(table::render(&rows, widths).as_bytes())?;
         }
     }
     out.flush()?;
