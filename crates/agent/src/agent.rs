@@ -13,7 +13,9 @@ use std::net::{IpAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
-use petrel_controller::{run_workers, Priority, QueueConfig, WorkQueue};
+use petrel_controller::{
+    run_workers, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
+};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 
@@ -81,7 +83,17 @@ pub async fn run(
     let queue: WorkQueue<String> = WorkQueue::new(
         QueueConfig::default()
             .name("pods")
-            .resync_window(config.sync_period / 2),
+            .resync_window(config.sync_period / 2)
+            // A failed sync (runtime down, say) retries from 50 ms up to
+            // 5 s, not client-go's 1000 s: a pod must start soon after the
+            // runtime returns, as kubelet's pod workers do.
+            .rate_limiter(MaxOf::new(vec![
+                Box::new(ItemExponential::<String>::new(
+                    Duration::from_millis(50),
+                    Duration::from_secs(5),
+                )),
+                Box::new(TokenBucket::new(50.0, 200)),
+            ])),
     );
     queue.register(&mut registry);
 

@@ -1,6 +1,8 @@
 //! End-to-end: `petrel agent` running static pods on a real `petrel
 //! runtime` with real runc containers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -205,7 +207,10 @@ async fn agent_should_act_on_exec_probes() {
         sh("ready", "sleep 2; touch /tmp/ready; exec sleep 3600"),
         sh("live", "sleep 2; touch /tmp/dead; exec sleep 3600"),
     );
-    agent.write_manifest("probe.yaml", &pod_yaml("probe", "", &c));
+    agent.write_manifest(
+        "probe.yaml",
+        &pod_yaml("probe", "  terminationGracePeriodSeconds: 1\n", &c),
+    );
     let pod = agent.wait_pod("default", "probe", T, "running", |p| running(p, "ready"));
     assert_eq!(container_status(&pod, "ready").unwrap()["ready"], false);
     assert!(!condition(&pod, "Ready"));

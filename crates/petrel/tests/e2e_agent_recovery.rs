@@ -1,6 +1,8 @@
 //! End-to-end: the agent survives its own restarts, the runtime's crashes
 //! and a cut event stream, without duplicating or losing containers.
 
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -20,7 +22,7 @@ async fn node_with_busybox() -> Node {
 
 fn pod_yaml(name: &str, policy: &str, containers: &[(&str, &str)]) -> String {
     let mut s = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {policy}\n  containers:\n"
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 2\n  containers:\n"
     );
     for (c, script) in containers {
         s.push_str(&format!(
@@ -62,13 +64,20 @@ async fn live_containers(node: &Node, agent: &Agent) -> Vec<api::Container> {
 async fn restarted_agent_should_adopt_running_pods() {
     let node = node_with_busybox().await;
     let mut agent = Agent::for_node(&node, &[]);
-    agent.write_manifest("a.yaml", &pod_yaml("a", "Always", &[("c", "exec sleep 3600")]));
+    agent.write_manifest(
+        "a.yaml",
+        &pod_yaml("a", "Always", &[("c", "exec sleep 3600")]),
+    );
     let pod = agent.wait_pod("default", "a", T, "running", |p| running(p, "c"));
     let before = cid(&pod, "c");
     agent.terminate();
     agent.restart();
     let pod = agent.wait_pod("default", "a", T, "running again", |p| running(p, "c"));
-    assert_eq!(cid(&pod, "c"), before, "adoption must not restart the container");
+    assert_eq!(
+        cid(&pod, "c"),
+        before,
+        "adoption must not restart the container"
+    );
     assert_eq!(container_status(&pod, "c").unwrap()["restartCount"], 0);
     // kill -9 too.
     agent.kill9();
@@ -83,7 +92,10 @@ async fn restarted_agent_should_adopt_running_pods() {
 async fn agent_should_survive_a_runtime_kill_and_converge() {
     let mut node = node_with_busybox().await;
     let agent = Agent::for_node(&node, &["--pleg", "events"]);
-    agent.write_manifest("a.yaml", &pod_yaml("a", "Always", &[("c", "exec sleep 3600")]));
+    agent.write_manifest(
+        "a.yaml",
+        &pod_yaml("a", "Always", &[("c", "exec sleep 3600")]),
+    );
     let pod = agent.wait_pod("default", "a", T, "running", |p| running(p, "c"));
     let before = cid(&pod, "c");
 
@@ -99,20 +111,39 @@ async fn agent_should_survive_a_runtime_kill_and_converge() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(unhealthy, "healthz never reported the runtime down:\n{}", agent.log());
+    assert!(
+        unhealthy,
+        "healthz never reported the runtime down:\n{}",
+        agent.log()
+    );
     // A manifest added while the runtime is down starts once it is back.
-    agent.write_manifest("b.yaml", &pod_yaml("b", "Always", &[("c", "exec sleep 3600")]));
+    agent.write_manifest(
+        "b.yaml",
+        &pod_yaml("b", "Always", &[("c", "exec sleep 3600")]),
+    );
     node.restart();
     agent.wait_pod("default", "b", T, "running", |p| running(p, "c"));
     let pod = agent.wait_pod("default", "a", T, "running", |p| running(p, "c"));
-    assert_eq!(cid(&pod, "c"), before, "the container survived the runtime crash");
+    assert_eq!(
+        cid(&pod, "c"),
+        before,
+        "the container survived the runtime crash"
+    );
     let start = Instant::now();
     while agent.get("/healthz").map(|r| r.0) != Some(200) {
-        assert!(start.elapsed() < T, "agent never became healthy again:\n{}", agent.log());
+        assert!(
+            start.elapsed() < T,
+            "agent never became healthy again:\n{}",
+            agent.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(live_containers(&node, &agent).await.len(), 2, "no duplicates");
+    assert_eq!(
+        live_containers(&node, &agent).await.len(),
+        2,
+        "no duplicates"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -140,11 +171,18 @@ async fn exits_missed_while_the_stream_was_cut_should_be_recovered() {
 #[tokio::test(flavor = "multi_thread")]
 async fn exits_should_reach_the_status_in_both_pleg_modes() {
     let node = node_with_busybox().await;
-    for (mode, bound) in [("events", Duration::from_secs(2)), ("relist", Duration::from_secs(4))] {
+    for (mode, bound) in [
+        ("events", Duration::from_secs(2)),
+        ("relist", Duration::from_secs(4)),
+    ] {
         let agent = Agent::for_node(&node, &["--pleg", mode]);
         agent.write_manifest(
             "e.yaml",
-            &pod_yaml("e", "Never", &[("c", "read x < /dev/null; sleep 2; exit 5")]),
+            &pod_yaml(
+                "e",
+                "Never",
+                &[("c", "read x < /dev/null; sleep 2; exit 5")],
+            ),
         );
         agent.wait_pod("default", "e", T, "running", |p| running(p, "c"));
         let pod = agent.wait_pod("default", "e", T, "terminated", |p| {
@@ -162,11 +200,18 @@ async fn exits_should_reach_the_status_in_both_pleg_modes() {
 #[test]
 fn petrel_node_should_run_manifests_in_one_process() {
     use std::process::{Command, Stdio};
-    let dir = tempfile::Builder::new().prefix("petrel-node.").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("petrel-node.")
+        .tempdir()
+        .unwrap();
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
     let cgroup = format!("/petrel-test-node-{}", std::process::id());
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let state = dir.path().join("state");
     let mut child = Command::new(common::petrel_bin())
         .arg("node")
@@ -207,7 +252,12 @@ fn petrel_node_should_run_manifests_in_one_process() {
         let start = Instant::now();
         while start.elapsed() < T {
             let out = Command::new(common::petrel_bin())
-                .args(["get", "pods", "--server", &format!("http://127.0.0.1:{port}")])
+                .args([
+                    "get",
+                    "pods",
+                    "--server",
+                    &format!("http://127.0.0.1:{port}"),
+                ])
                 .output()
                 .ok()?;
             let text = String::from_utf8_lossy(&out.stdout).to_string();

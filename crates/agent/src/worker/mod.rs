@@ -213,7 +213,13 @@ impl PodWorkers {
                     self.kill_pod(&uid, &status, Some(&d), true).await?;
                 }
                 self.with_state(&uid, |s| s.last_desired = Some(d.clone()));
-                self.publish(&d, None);
+                // A duplicate of another file's pod is only logged: the
+                // name belongs to the first file's pod.
+                if self.source.owner(&d.namespace, &d.name).as_deref() == Some(uid.as_str()) {
+                    self.publish(&d, None);
+                } else {
+                    tracing::warn!(uid, pod = %format!("{}/{}", d.namespace, d.name), reason = ?d.invalid, "ignoring a duplicate pod manifest");
+                }
                 Ok(Action::Done)
             }
             None => self.terminate(&uid, &status).await,
@@ -226,7 +232,8 @@ impl PodWorkers {
     async fn fresh_status(&self, uid: &str) -> Result<Arc<PodRuntimeStatus>, WorkerError> {
         let last = self.with_state(uid, |s| s.last_action);
         let entry = self.cache.get(uid);
-        if entry.timestamp <= last || entry.timestamp == 0 {
+        // A failed inspection is not a status: look again.
+        if entry.timestamp <= last || entry.timestamp == 0 || entry.error.is_some() {
             self.pleg.inspect(uid).await?;
         }
         let entry = tokio::time::timeout(
@@ -288,7 +295,14 @@ impl PodWorkers {
             g.remove(uid)
         };
         if let Some(d) = state.and_then(|s| s.last_desired) {
-            self.store.remove(&d.namespace, &d.name);
+            // Only our own entry: a duplicate shares the name.
+            let ours = self
+                .store
+                .get(&d.namespace, &d.name)
+                .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid));
+            if ours {
+                self.store.remove(&d.namespace, &d.name);
+            }
             let ctx = self.convert_context(&d, Vec::new());
             if let Err(e) = crate::convert::remove_pod_dir(&ctx) {
                 tracing::warn!(uid, error = %e, "removing the pod's directory failed");
