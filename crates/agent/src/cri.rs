@@ -414,17 +414,47 @@ impl RuntimeApi for CriRuntime {
     }
 
     async fn container_events(&self) -> CriResult<EventStream> {
-        use futures_util::StreamExt;
+        use tokio_stream::StreamExt;
+        // A dead runtime is an error here rather than a stream that never
+        // starts.
+        self.version().await?;
         let mut c = self.rt.clone();
         // No deadline: the stream lives until the runtime or agent ends it.
         let req = tonic::Request::new(api::GetEventsRequest {});
-        let stream = c
-            .get_container_events(req)
-            .await
-            .map_err(|s| CriError::new("get_container_events", s))?
-            .into_inner();
-        Ok(Box::pin(stream.map(|r| {
-            r.map_err(|s| CriError::new("get_container_events", s))
-        })))
+        // containerd 1.7 sends the response headers only with the first
+        // event, so the call itself would block until something happens:
+        // the subscription is made now, and waiting for the headers is
+        // the stream's first step (an error then, such as UNIMPLEMENTED,
+        // is its first item).
+        // The call runs in a task of its own, started now, so the
+        // subscription exists before the caller's first relist; it ends
+        // when the receiver is dropped.
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            let op = "get_container_events";
+            let resp = tokio::select! {
+                r = c.get_container_events(req) => r,
+                () = tx.closed() => return,
+            };
+            let mut inner = match resp {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    let _ = tx.send(Err(CriError::new(op, s))).await;
+                    return;
+                }
+            };
+            loop {
+                let item = tokio::select! {
+                    i = inner.next() => i,
+                    () = tx.closed() => return,
+                };
+                let Some(item) = item else { return };
+                if tx.send(item.map_err(|s| CriError::new(op, s))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Box::pin(stream))
     }
 }
