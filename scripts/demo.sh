@@ -78,7 +78,7 @@ $PETREL get pods -A -w --server "$SERVER" &
 WATCH_PID=$!
 sleep 0.3
 rm "$WORK/manifests/web.yaml"
-sleep 4
+sleep 5
 kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null || true
 WATCH_PID=""
 say "petrel get pods -A"

@@ -34,12 +34,14 @@ pub struct AgentMetrics {
     /// kubelet_pleg_last_seen_seconds: unix time of the last successful
     /// relist.
     pub pleg_last_seen: Gauge<f64, AtomicU64>,
-    /// kubelet_pleg_discard_events.
-    pub pleg_discard_events: Counter,
-    /// kubelet_evented_pleg_connection_error_count.
-    pub evented_pleg_connection_errors: Counter,
-    /// kubelet_evented_pleg_connection_success_count.
-    pub evented_pleg_connection_successes: Counter,
+    /// kubelet_pleg_discard_events. Counts, but exposed as a gauge: an
+    /// OpenMetrics counter must end in `_total`, and dashboards written for
+    /// kubelet use the name without it.
+    pub pleg_discard_events: Gauge,
+    /// kubelet_evented_pleg_connection_error_count (a gauge, as above).
+    pub evented_pleg_connection_errors: Gauge,
+    /// kubelet_evented_pleg_connection_success_count (a gauge, as above).
+    pub evented_pleg_connection_successes: Gauge,
     /// kubelet_evented_pleg_connection_latency_seconds: event created_at
     /// to receipt.
     pub evented_pleg_connection_latency: Histogram,
@@ -71,9 +73,9 @@ impl AgentMetrics {
             pleg_relist_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             pleg_relist_interval: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
             pleg_last_seen: Gauge::default(),
-            pleg_discard_events: Counter::default(),
-            evented_pleg_connection_errors: Counter::default(),
-            evented_pleg_connection_successes: Counter::default(),
+            pleg_discard_events: Gauge::default(),
+            evented_pleg_connection_errors: Gauge::default(),
+            evented_pleg_connection_successes: Gauge::default(),
             evented_pleg_connection_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             running_pods: Gauge::default(),
             running_containers: Family::default(),

@@ -1,5 +1,7 @@
 //! Logging set-up for the daemons (libraries only emit events).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs a tracing subscriber writing to stderr. `level` is a default
@@ -9,7 +11,9 @@ pub fn init(level: &str, json: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false);
+        .with_target(false)
+        // Colours only on a terminal: log files stay plain text.
+        .with_ansi(std::io::stderr().is_terminal());
     // A second initialisation (tests) is harmless: keep the first.
     let _ = if json {
         builder.json().try_init()

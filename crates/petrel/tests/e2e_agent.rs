@@ -261,3 +261,41 @@ async fn agent_should_show_invalid_manifests_and_run_the_rest() {
         matches!(container_state(p, "c"), Some(("waiting", w)) if w["reason"] == "ErrImageNeverPull")
     });
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_probe_host_network_pods_over_http_and_tcp() {
+    let node = node_with_busybox().await;
+    let agent = Agent::for_node(&node, &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let c = format!(
+        "{}    ports:\n    - {{name: http, containerPort: {port}}}\n    readinessProbe:\n      httpGet: {{path: /index.html, port: http}}\n      periodSeconds: 1\n    livenessProbe:\n      tcpSocket: {{port: {port}}}\n      periodSeconds: 1\n{}    readinessProbe:\n      httpGet: {{path: /missing, port: {port}}}\n      periodSeconds: 1\n",
+        sh(
+            "web",
+            &format!("mkdir -p /www; echo ok > /www/index.html; exec httpd -f -p 127.0.0.1:{port} -h /www")
+        ),
+        sh("other", "exec sleep 3600"),
+    );
+    agent.write_manifest(
+        "hn.yaml",
+        &pod_yaml(
+            "hn",
+            "  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n",
+            &c,
+        ),
+    );
+    let pod = agent.wait_pod("default", "hn", T, "web ready", |p| {
+        container_status(p, "web").is_some_and(|c| c["ready"] == true)
+    });
+    // A 404 is a failure: "other" never becomes ready.
+    assert_eq!(container_status(&pod, "other").unwrap()["ready"], false);
+    assert!(!condition(&pod, "Ready"));
+    // The TCP liveness probe passes: no restarts.
+    std::thread::sleep(Duration::from_secs(3));
+    let pod = agent.pod("default", "hn").unwrap();
+    assert_eq!(container_status(&pod, "web").unwrap()["restartCount"], 0);
+    assert!(pod["status"]["podIP"].is_string(), "{pod}");
+}
