@@ -39,6 +39,13 @@ mod tests {
         assert_eq!(c.cri.state, RuntimeConfig::default().state);
         assert!(toml::from_str::<FileConfig>("[cri]\nbogus = 1\n").is_err());
         assert!(toml::from_str::<FileConfig>("[nope]\n").is_err());
+        let c: FileConfig = toml::from_str(
+            "[agent]\nmanifests = \"/m\"\npleg = \"events\"\nrelist_period = \"2s\"\n",
+        )?;
+        assert_eq!(c.agent.manifests, std::path::PathBuf::from("/m"));
+        assert_eq!(c.agent.pleg, petrel_agent::PlegMode::Events);
+        assert_eq!(c.agent.relist_period, std::time::Duration::from_secs(2));
+        assert!(toml::from_str::<FileConfig>("[agent]\npleg = \"sometimes\"\n").is_err());
         Ok(())
     }
 }

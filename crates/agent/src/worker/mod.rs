@@ -307,6 +307,13 @@ impl PodWorkers {
             if let Err(e) = crate::convert::remove_pod_dir(&ctx) {
                 tracing::warn!(uid, error = %e, "removing the pod's directory failed");
             }
+            // The pod's container logs go with it, as kubelet removes
+            // /var/log/pods/<pod> with the pod.
+            match std::fs::remove_dir_all(&ctx.log_dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(uid, error = %e, "removing the pod's logs failed"),
+            }
         }
         self.cache.delete(uid);
         self.probes.remove_pod(uid);
