@@ -1,13 +1,29 @@
-//! An in-memory [`RuntimeApi`] for the PLEG's unit tests: pods and
-//! containers the test controls, per-call delays and failures, call counts,
-//! and scripted event streams.
+//! An in-memory [`RuntimeApi`] for unit tests of the PLEG and the pod
+//! workers.
+//!
+//! Two ways to use it:
+//! - **Scripted** (the PLEG's tests): the test adds sandboxes and
+//!   containers, changes their states, feeds event streams by hand, and
+//!   sets fixed per-call delays and failures.
+//! - **Faithful** (the pod workers' fault tests): the mutating CRI calls
+//!   behave like a runtime's (RunPodSandbox, CreateContainer, Start, Stop,
+//!   Remove, with labels, annotations, metadata and timestamps from the
+//!   configs) and publish CRI events to live subscribers. [`Faults`] then
+//!   injects seeded random trouble: call delays, UNAVAILABLE before or
+//!   after a call took effect, events late, duplicated, reordered, dropped,
+//!   streams cut, containers and sandboxes dying by themselves. The fake
+//!   checks the agent's invariants on every create and start and records
+//!   each violation (see [`FakeRuntime::violations`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use petrel_cri::api;
+use petrel_cri::api::ContainerEventType as Ev;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 
 use crate::cache::now_ns;
@@ -26,19 +42,39 @@ enum Script {
 #[derive(Clone)]
 struct Sandbox {
     uid: String,
-    node: String,
     ready: bool,
     created_at: i64,
+    metadata: api::PodSandboxMetadata,
+    labels: HashMap<String, String>,
+    annotations: HashMap<String, String>,
 }
 
 #[derive(Clone)]
 struct Container {
     sandbox: String,
     uid: String,
-    node: String,
     name: String,
+    init: bool,
     state: api::ContainerState,
     created_at: i64,
+    started_at: i64,
+    finished_at: i64,
+    exit_code: i32,
+    attempt: u32,
+    image: String,
+    labels: HashMap<String, String>,
+    annotations: HashMap<String, String>,
+    /// An init container exits by itself at this time, with this code.
+    planned_exit: Option<(Instant, i32)>,
+}
+
+impl Container {
+    fn live(&self) -> bool {
+        matches!(
+            self.state,
+            api::ContainerState::ContainerCreated | api::ContainerState::ContainerRunning
+        )
+    }
 }
 
 #[derive(Default)]
@@ -46,10 +82,83 @@ struct State {
     sandboxes: HashMap<String, Sandbox>,
     containers: HashMap<String, Container>,
     next: i64,
+    /// The last runtime timestamp handed out (ns, strictly increasing).
+    clock: i64,
+}
+
+impl State {
+    /// A runtime timestamp: now, but always after the previous one, so
+    /// creation order is timestamp order (as the pod workers assume).
+    fn stamp(&mut self) -> i64 {
+        self.clock = now_ns().max(self.clock + 1);
+        self.clock
+    }
+
+    fn next_id(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}{}", self.next)
+    }
+}
+
+/// Random trouble, all off by default. Probabilities are per call, per
+/// event delivery or per [`FakeRuntime::chaos_tick`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Faults {
+    /// Each call waits up to this long before it takes effect (or takes
+    /// its snapshot) and up to this long again before it returns.
+    pub(crate) max_delay: Duration,
+    /// Some calls are slow instead: each wait is, with this probability,
+    /// up to `slow_delay` long.
+    pub(crate) slow: f64,
+    /// The longest wait of a slow call.
+    pub(crate) slow_delay: Duration,
+    /// A call fails with UNAVAILABLE without doing anything.
+    pub(crate) fail_before: f64,
+    /// A mutating call takes effect, then fails with UNAVAILABLE (the
+    /// answer was lost).
+    pub(crate) fail_after: f64,
+    /// An event is not delivered to a subscriber.
+    pub(crate) event_drop: f64,
+    /// An event is delivered twice.
+    pub(crate) event_dup: f64,
+    /// Each delivery is late by up to this long (so events reorder).
+    pub(crate) event_max_delay: Duration,
+    /// A subscriber's stream breaks (UNAVAILABLE) instead of getting an
+    /// event.
+    pub(crate) stream_cut: f64,
+    /// Per tick: every stream breaks.
+    pub(crate) cut_all: f64,
+    /// Per tick and running app container: it exits by itself.
+    pub(crate) app_exit: f64,
+    /// Per tick and ready sandbox: it dies (its containers with it).
+    pub(crate) sandbox_death: f64,
+    /// An init container exits non-zero.
+    pub(crate) init_failure: f64,
+}
+
+/// One container or sandbox as the test sees it (for assertions).
+#[derive(Debug, Clone)]
+pub(crate) struct ContainerView {
+    pub(crate) id: String,
+    pub(crate) sandbox: String,
+    pub(crate) uid: String,
+    pub(crate) name: String,
+    pub(crate) state: api::ContainerState,
+    pub(crate) exit_code: i32,
+    pub(crate) created_at: i64,
+    pub(crate) annotations: HashMap<String, String>,
+}
+
+/// One sandbox as the test sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct SandboxView {
+    pub(crate) id: String,
+    pub(crate) uid: String,
+    pub(crate) ready: bool,
+    pub(crate) created_at: i64,
 }
 
 /// The fake runtime.
-#[derive(Default)]
 pub(crate) struct FakeRuntime {
     state: Mutex<State>,
     calls: Mutex<HashMap<&'static str, usize>>,
@@ -59,6 +168,33 @@ pub(crate) struct FakeRuntime {
     scripts: Mutex<VecDeque<Script>>,
     inflight: AtomicUsize,
     max_inflight: AtomicUsize,
+    /// Subscribe `container_events` to the fake's own events when no
+    /// stream is scripted.
+    live_events: AtomicBool,
+    subscribers: Mutex<Vec<StreamTx>>,
+    faults: Mutex<Faults>,
+    rng: Mutex<StdRng>,
+    violations: Mutex<Vec<String>>,
+}
+
+impl Default for FakeRuntime {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            calls: Mutex::default(),
+            delays: Mutex::default(),
+            failing: Mutex::default(),
+            failing_ids: Mutex::default(),
+            scripts: Mutex::default(),
+            inflight: AtomicUsize::new(0),
+            max_inflight: AtomicUsize::new(0),
+            live_events: AtomicBool::new(false),
+            subscribers: Mutex::default(),
+            faults: Mutex::default(),
+            rng: Mutex::new(StdRng::seed_from_u64(0)),
+            violations: Mutex::default(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -77,9 +213,34 @@ fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>)
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// Is `op` one that changes the runtime?
+fn mutating(op: &str) -> bool {
+    matches!(
+        op,
+        "run_podsandbox"
+            | "stop_podsandbox"
+            | "remove_podsandbox"
+            | "create_container"
+            | "start_container"
+            | "stop_container"
+            | "remove_container"
+            | "pull_image"
+    )
+}
+
 impl FakeRuntime {
     pub(crate) fn new() -> Self {
         Self::default()
+    }
+
+    /// A fake whose `container_events` subscribes to its own events and
+    /// whose random faults (off until [`FakeRuntime::set_faults`]) draw
+    /// from `seed`.
+    pub(crate) fn live(seed: u64) -> Self {
+        let f = Self::default();
+        f.live_events.store(true, Ordering::SeqCst);
+        *lock(&f.rng) = StdRng::seed_from_u64(seed);
+        f
     }
 
     // ---- the test's controls ----
@@ -87,41 +248,70 @@ impl FakeRuntime {
     /// Adds a ready sandbox of pod `uid` made by `node`; returns its id.
     pub(crate) fn add_sandbox(&self, uid: &str, node: &str) -> String {
         let mut s = lock(&self.state);
-        s.next += 1;
-        let id = format!("sb{}", s.next);
+        let id = s.next_id("sb");
         let created_at = s.next;
         s.sandboxes.insert(
             id.clone(),
             Sandbox {
                 uid: uid.into(),
-                node: node.into(),
                 ready: true,
                 created_at,
+                metadata: api::PodSandboxMetadata {
+                    name: format!("pod-{uid}"),
+                    uid: uid.into(),
+                    namespace: "default".into(),
+                    attempt: 0,
+                },
+                labels: HashMap::from([
+                    (LABEL_MANAGED_BY.to_string(), node.to_string()),
+                    (LABEL_POD_UID.to_string(), uid.to_string()),
+                ]),
+                annotations: HashMap::new(),
             },
         );
         id
     }
 
-    /// Adds a container to sandbox `sb`; returns its id.
+    /// Adds a container to sandbox `sb`; returns its id. A name starting
+    /// with `init` makes an init container.
     pub(crate) fn add_container(&self, sb: &str, name: &str, state: api::ContainerState) -> String {
         let mut s = lock(&self.state);
-        s.next += 1;
-        let id = format!("c{}", s.next);
+        let id = s.next_id("c");
         let created_at = s.next;
-        let (uid, node) = s
+        let (uid, labels) = s
             .sandboxes
             .get(sb)
-            .map(|b| (b.uid.clone(), b.node.clone()))
+            .map(|b| {
+                let labels = b
+                    .labels
+                    .iter()
+                    .filter(|(k, _)| *k == LABEL_MANAGED_BY || *k == LABEL_POD_UID)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                (b.uid.clone(), labels)
+            })
             .unwrap_or_default();
+        let init = name.starts_with("init");
         s.containers.insert(
             id.clone(),
             Container {
                 sandbox: sb.into(),
                 uid,
-                node,
                 name: name.into(),
+                init,
                 state,
                 created_at,
+                started_at: 0,
+                finished_at: 0,
+                exit_code: 0,
+                attempt: 0,
+                image: String::new(),
+                labels,
+                annotations: HashMap::from([(
+                    ANNOTATION_CONTAINER_KIND.to_string(),
+                    if init { "init" } else { "app" }.to_string(),
+                )]),
+                planned_exit: None,
             },
         );
         id
@@ -181,7 +371,8 @@ impl FakeRuntime {
     }
 
     /// The next `container_events` call connects a stream the test feeds.
-    /// Without a script, calls fail with Unavailable.
+    /// Without a script, calls fail with Unavailable (unless the fake is
+    /// [`FakeRuntime::live`]).
     pub(crate) fn script_stream(&self) -> StreamTx {
         let (tx, rx) = mpsc::unbounded_channel();
         lock(&self.scripts).push_back(Script::Stream(rx));
@@ -226,11 +417,141 @@ impl FakeRuntime {
         }
     }
 
+    /// Replaces the random faults (`Faults::default()`: none).
+    pub(crate) fn set_faults(&self, faults: Faults) {
+        *lock(&self.faults) = faults;
+    }
+
+    /// Every invariant violation seen so far.
+    pub(crate) fn violations(&self) -> Vec<String> {
+        lock(&self.violations).clone()
+    }
+
+    /// Every sandbox now.
+    pub(crate) fn sandboxes(&self) -> Vec<SandboxView> {
+        let s = lock(&self.state);
+        let mut v: Vec<SandboxView> = s
+            .sandboxes
+            .iter()
+            .map(|(id, b)| SandboxView {
+                id: id.clone(),
+                uid: b.uid.clone(),
+                ready: b.ready,
+                created_at: b.created_at,
+            })
+            .collect();
+        v.sort_by_key(|b| b.created_at);
+        v
+    }
+
+    /// Every container now, oldest first.
+    pub(crate) fn containers(&self) -> Vec<ContainerView> {
+        let s = lock(&self.state);
+        let mut v: Vec<ContainerView> = s
+            .containers
+            .iter()
+            .map(|(id, c)| ContainerView {
+                id: id.clone(),
+                sandbox: c.sandbox.clone(),
+                uid: c.uid.clone(),
+                name: c.name.clone(),
+                state: c.state,
+                exit_code: c.exit_code,
+                created_at: c.created_at,
+                annotations: c.annotations.clone(),
+            })
+            .collect();
+        v.sort_by_key(|c| c.created_at);
+        v
+    }
+
+    /// Lets time act on the runtime: init containers whose run is over
+    /// exit; with faults, app containers exit and sandboxes die at random,
+    /// and streams break. Call it every few milliseconds.
+    pub(crate) fn chaos_tick(&self) {
+        let faults = lock(&self.faults).clone();
+        let now = Instant::now();
+        let mut s = lock(&self.state);
+        let mut rng = lock(&self.rng);
+        let mut events = Vec::new();
+        let mut ids: Vec<String> = s.containers.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            let roll: f64 = rng.gen();
+            let code = [0, 1, 137][rng.gen_range(0..3)];
+            let ts = s.stamp();
+            let Some(c) = s.containers.get_mut(&id) else {
+                continue;
+            };
+            if c.state != api::ContainerState::ContainerRunning {
+                continue;
+            }
+            let exit = match c.planned_exit {
+                Some((at, code)) if at <= now => Some(code),
+                Some(_) => None,
+                None if roll < faults.app_exit => Some(code),
+                None => None,
+            };
+            if let Some(code) = exit {
+                exit_container(c, code, ts);
+                events.push((id.clone(), Ev::ContainerStoppedEvent, ts));
+            }
+        }
+        let mut sbs: Vec<String> = s
+            .sandboxes
+            .iter()
+            .filter(|(_, b)| b.ready)
+            .map(|(id, _)| id.clone())
+            .collect();
+        sbs.sort();
+        for sb in sbs {
+            if rng.gen::<f64>() < faults.sandbox_death {
+                events.extend(stop_sandbox_locked(&mut s, &sb));
+            }
+        }
+        let cut = rng.gen::<f64>() < faults.cut_all;
+        drop(rng);
+        for (id, kind, ts) in events {
+            self.publish_locked(&s, &id, kind, ts);
+        }
+        drop(s);
+        if cut {
+            let subs = std::mem::take(&mut *lock(&self.subscribers));
+            for tx in subs {
+                let _ = tx.send(Err(err(
+                    "get_container_events",
+                    tonic::Code::Unavailable,
+                    "stream cut",
+                )));
+            }
+        }
+    }
+
     // ---- plumbing ----
 
-    /// Counts, delays and fails a call; the snapshot is taken by the
-    /// caller after this returns (so a delayed call sees late state) unless
-    /// it snapshots first.
+    fn roll(&self, p: f64) -> bool {
+        p > 0.0 && lock(&self.rng).gen::<f64>() < p
+    }
+
+    /// One wait of a call under `faults`.
+    fn call_delay(&self, faults: &Faults) -> Duration {
+        if self.roll(faults.slow) {
+            self.random_delay(faults.slow_delay)
+        } else {
+            self.random_delay(faults.max_delay)
+        }
+    }
+
+    fn random_delay(&self, max: Duration) -> Duration {
+        if max.is_zero() {
+            return Duration::ZERO;
+        }
+        lock(&self.rng).gen_range(Duration::ZERO..max)
+    }
+
+    /// Counts, delays and fails a call before it acts; the snapshot is
+    /// taken by the caller after this returns (so a delayed call sees late
+    /// state) unless it snapshots first.
     async fn enter(&self, op: &'static str) -> CriResult<()> {
         *lock(&self.calls).entry(op).or_default() += 1;
         let delay = lock(&self.delays).get(op).copied();
@@ -239,6 +560,31 @@ impl FakeRuntime {
         }
         if let Some(code) = lock(&self.failing).get(op).copied() {
             return Err(err(op, code, "injected failure"));
+        }
+        let faults = lock(&self.faults).clone();
+        let d = self.call_delay(&faults);
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+        if self.roll(faults.fail_before) {
+            return Err(err(op, tonic::Code::Unavailable, "injected failure"));
+        }
+        Ok(())
+    }
+
+    /// After a call acted: a late answer, or a lost one.
+    async fn leave(&self, op: &'static str) -> CriResult<()> {
+        let faults = lock(&self.faults).clone();
+        let d = self.call_delay(&faults);
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+        if mutating(op) && self.roll(faults.fail_after) {
+            return Err(err(
+                op,
+                tonic::Code::Unavailable,
+                "injected failure after the fact",
+            ));
         }
         Ok(())
     }
@@ -257,25 +603,158 @@ impl FakeRuntime {
         let r = self.enter(op).await;
         self.inflight.fetch_sub(1, Ordering::SeqCst);
         r?;
+        self.leave(op).await?;
         if lock(&self.failing_ids).contains(id) {
             return Err(err(op, tonic::Code::Internal, "injected failure"));
         }
         snap.ok_or_else(|| err(op, tonic::Code::NotFound, id))
     }
+
+    fn violation(&self, what: String) {
+        tracing::error!(%what, "fake runtime: invariant violated");
+        lock(&self.violations).push(what);
+    }
+
+    /// The invariants a container `id` (about to be created or started)
+    /// must not break: one live instance per name and sandbox; init
+    /// containers alone in their sandbox and one at a time.
+    fn check_container(&self, s: &State, id: &str, c: &Container, op: &str) {
+        for (oid, o) in &s.containers {
+            if oid == id || o.sandbox != c.sandbox || !o.live() {
+                continue;
+            }
+            if o.name == c.name {
+                self.violation(format!(
+                    "{op} {id}: container {} of pod {} already live in sandbox {} as {oid} ({:?})",
+                    c.name, c.uid, c.sandbox, o.state
+                ));
+            } else if c.init || o.init {
+                self.violation(format!(
+                    "{op} {id}: {} container {} of pod {} while {} container {} ({oid}, {:?}) is live in sandbox {}",
+                    if c.init { "init" } else { "app" },
+                    c.name,
+                    c.uid,
+                    if o.init { "init" } else { "app" },
+                    o.name,
+                    o.state,
+                    c.sandbox
+                ));
+            }
+        }
+    }
+
+    /// Publishes an event to every live subscriber, with the faults'
+    /// drops, duplicates, delays and cuts. Called with the state locked so
+    /// that, without faults, events arrive in the order of the changes.
+    fn publish_locked(&self, s: &State, id: &str, kind: Ev, ts: i64) {
+        let sb_id = s
+            .containers
+            .get(id)
+            .map(|c| c.sandbox.clone())
+            .unwrap_or_else(|| id.to_string());
+        let sandbox = s.sandboxes.get(&sb_id).map(|b| sandbox_status(&sb_id, b));
+        let ev = api::ContainerEventResponse {
+            container_id: id.to_string(),
+            container_event_type: kind as i32,
+            created_at: ts,
+            pod_sandbox_status: sandbox,
+            containers_statuses: Vec::new(),
+        };
+        let faults = lock(&self.faults).clone();
+        let mut subs = lock(&self.subscribers);
+        subs.retain(|tx| !tx.is_closed());
+        let mut keep = Vec::with_capacity(subs.len());
+        for tx in subs.drain(..) {
+            if self.roll(faults.stream_cut) {
+                let _ = tx.send(Err(err(
+                    "get_container_events",
+                    tonic::Code::Unavailable,
+                    "stream cut",
+                )));
+                continue;
+            }
+            if !self.roll(faults.event_drop) {
+                let copies = if self.roll(faults.event_dup) { 2 } else { 1 };
+                for _ in 0..copies {
+                    let d = self.random_delay(faults.event_max_delay);
+                    if d.is_zero() {
+                        let _ = tx.send(Ok(ev.clone()));
+                    } else {
+                        let (tx, ev) = (tx.clone(), ev.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(d).await;
+                            let _ = tx.send(Ok(ev));
+                        });
+                    }
+                }
+            }
+            keep.push(tx);
+        }
+        *subs = keep;
+    }
+
+    fn publish_all(&self, s: &State, events: Vec<(String, Ev, i64)>) {
+        for (id, kind, ts) in events {
+            self.publish_locked(s, &id, kind, ts);
+        }
+    }
+
+    /// Removes a sandbox and its containers (stopping what runs).
+    fn remove_sandbox_locked(&self, s: &mut State, id: &str) {
+        let mut events = stop_sandbox_locked(s, id);
+        let mut ids: Vec<String> = s
+            .containers
+            .iter()
+            .filter(|(_, c)| c.sandbox == id)
+            .map(|(cid, _)| cid.clone())
+            .collect();
+        ids.sort();
+        for cid in ids {
+            let ts = s.stamp();
+            events.push((cid, Ev::ContainerDeletedEvent, ts));
+        }
+        let ts = s.stamp();
+        events.push((id.to_string(), Ev::ContainerDeletedEvent, ts));
+        // The payload names the sandbox: publish before it is gone.
+        self.publish_all(s, events);
+        s.containers.retain(|_, c| c.sandbox != id);
+        s.sandboxes.remove(id);
+    }
 }
 
-fn sandbox_labels(b: &Sandbox) -> HashMap<String, String> {
-    HashMap::from([
-        (LABEL_MANAGED_BY.to_string(), b.node.clone()),
-        (LABEL_POD_UID.to_string(), b.uid.clone()),
-    ])
+fn exit_container(c: &mut Container, code: i32, ts: i64) {
+    c.state = api::ContainerState::ContainerExited;
+    c.exit_code = code;
+    c.finished_at = ts;
+    c.planned_exit = None;
 }
 
-fn container_labels(c: &Container) -> HashMap<String, String> {
-    HashMap::from([
-        (LABEL_MANAGED_BY.to_string(), c.node.clone()),
-        (LABEL_POD_UID.to_string(), c.uid.clone()),
-    ])
+/// Stops a sandbox and every live container in it (as a runtime does when
+/// the sandbox dies or is stopped); returns the events.
+fn stop_sandbox_locked(s: &mut State, sb: &str) -> Vec<(String, Ev, i64)> {
+    let mut events = Vec::new();
+    let mut ids: Vec<String> = s
+        .containers
+        .iter()
+        .filter(|(_, c)| c.sandbox == sb && c.live())
+        .map(|(id, _)| id.clone())
+        .collect();
+    ids.sort();
+    for id in ids {
+        let ts = s.stamp();
+        if let Some(c) = s.containers.get_mut(&id) {
+            exit_container(c, 137, ts);
+            events.push((id, Ev::ContainerStoppedEvent, ts));
+        }
+    }
+    let ts = s.stamp();
+    if let Some(b) = s.sandboxes.get_mut(sb) {
+        if b.ready {
+            b.ready = false;
+            events.push((sb.to_string(), Ev::ContainerStoppedEvent, ts));
+        }
+    }
+    events
 }
 
 fn sandbox_state(b: &Sandbox) -> i32 {
@@ -289,15 +768,40 @@ fn sandbox_state(b: &Sandbox) -> i32 {
 fn sandbox_status(id: &str, b: &Sandbox) -> api::PodSandboxStatus {
     api::PodSandboxStatus {
         id: id.into(),
-        metadata: Some(api::PodSandboxMetadata {
-            name: format!("pod-{}", b.uid),
-            uid: b.uid.clone(),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
+        metadata: Some(b.metadata.clone()),
         state: sandbox_state(b),
         created_at: b.created_at,
-        labels: sandbox_labels(b),
+        labels: b.labels.clone(),
+        annotations: b.annotations.clone(),
+        ..Default::default()
+    }
+}
+
+fn container_status(id: &str, c: &Container) -> api::ContainerStatus {
+    let reason = match (c.state, c.exit_code) {
+        (api::ContainerState::ContainerExited, 0) => "Completed",
+        (api::ContainerState::ContainerExited, _) => "Error",
+        _ => "",
+    };
+    api::ContainerStatus {
+        id: id.into(),
+        metadata: Some(api::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: c.attempt,
+        }),
+        state: c.state as i32,
+        created_at: c.created_at,
+        started_at: c.started_at,
+        finished_at: c.finished_at,
+        exit_code: c.exit_code,
+        image: Some(api::ImageSpec {
+            image: c.image.clone(),
+            ..Default::default()
+        }),
+        image_ref: c.image.clone(),
+        reason: reason.to_string(),
+        labels: c.labels.clone(),
+        annotations: c.annotations.clone(),
         ..Default::default()
     }
 }
@@ -306,11 +810,16 @@ fn sandbox_status(id: &str, b: &Sandbox) -> api::PodSandboxStatus {
 impl RuntimeApi for FakeRuntime {
     async fn version(&self) -> CriResult<api::VersionResponse> {
         self.enter("version").await?;
-        Ok(api::VersionResponse::default())
+        self.leave("version").await?;
+        Ok(api::VersionResponse {
+            runtime_name: "fake".into(),
+            ..Default::default()
+        })
     }
 
     async fn status(&self) -> CriResult<api::RuntimeStatus> {
         self.enter("status").await?;
+        self.leave("status").await?;
         Ok(api::RuntimeStatus::default())
     }
 
@@ -319,19 +828,24 @@ impl RuntimeApi for FakeRuntime {
         labels: HashMap<String, String>,
     ) -> CriResult<Vec<api::PodSandbox>> {
         self.enter("list_podsandbox").await?;
-        let s = lock(&self.state);
-        Ok(s.sandboxes
-            .iter()
-            .filter(|(_, b)| matches(&sandbox_labels(b), &labels))
-            .map(|(id, b)| api::PodSandbox {
-                id: id.clone(),
-                metadata: sandbox_status(id, b).metadata,
-                state: sandbox_state(b),
-                created_at: b.created_at,
-                labels: sandbox_labels(b),
-                ..Default::default()
-            })
-            .collect())
+        let items = {
+            let s = lock(&self.state);
+            s.sandboxes
+                .iter()
+                .filter(|(_, b)| matches(&b.labels, &labels))
+                .map(|(id, b)| api::PodSandbox {
+                    id: id.clone(),
+                    metadata: Some(b.metadata.clone()),
+                    state: sandbox_state(b),
+                    created_at: b.created_at,
+                    labels: b.labels.clone(),
+                    annotations: b.annotations.clone(),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        self.leave("list_podsandbox").await?;
+        Ok(items)
     }
 
     async fn list_containers(
@@ -339,23 +853,28 @@ impl RuntimeApi for FakeRuntime {
         labels: HashMap<String, String>,
     ) -> CriResult<Vec<api::Container>> {
         self.enter("list_containers").await?;
-        let s = lock(&self.state);
-        Ok(s.containers
-            .iter()
-            .filter(|(_, c)| matches(&container_labels(c), &labels))
-            .map(|(id, c)| api::Container {
-                id: id.clone(),
-                pod_sandbox_id: c.sandbox.clone(),
-                metadata: Some(api::ContainerMetadata {
-                    name: c.name.clone(),
-                    attempt: 0,
-                }),
-                state: c.state as i32,
-                created_at: c.created_at,
-                labels: container_labels(c),
-                ..Default::default()
-            })
-            .collect())
+        let items = {
+            let s = lock(&self.state);
+            s.containers
+                .iter()
+                .filter(|(_, c)| matches(&c.labels, &labels))
+                .map(|(id, c)| api::Container {
+                    id: id.clone(),
+                    pod_sandbox_id: c.sandbox.clone(),
+                    metadata: Some(api::ContainerMetadata {
+                        name: c.name.clone(),
+                        attempt: c.attempt,
+                    }),
+                    state: c.state as i32,
+                    created_at: c.created_at,
+                    labels: c.labels.clone(),
+                    annotations: c.annotations.clone(),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        self.leave("list_containers").await?;
+        Ok(items)
     }
 
     async fn pod_sandbox_status(&self, id: &str) -> CriResult<api::PodSandboxStatus> {
@@ -367,82 +886,265 @@ impl RuntimeApi for FakeRuntime {
 
     async fn container_status(&self, id: &str) -> CriResult<api::ContainerStatus> {
         self.status_call("container_status", id, |s| {
-            s.containers.get(id).map(|c| api::ContainerStatus {
-                id: id.into(),
-                metadata: Some(api::ContainerMetadata {
-                    name: c.name.clone(),
-                    attempt: 0,
-                }),
-                state: c.state as i32,
-                created_at: c.created_at,
-                labels: container_labels(c),
-                annotations: HashMap::from([(
-                    ANNOTATION_CONTAINER_KIND.to_string(),
-                    if c.name.starts_with("init") {
-                        "init"
-                    } else {
-                        "app"
-                    }
-                    .to_string(),
-                )]),
-                ..Default::default()
-            })
+            s.containers.get(id).map(|c| container_status(id, c))
         })
         .await
     }
 
-    async fn run_pod_sandbox(&self, _config: api::PodSandboxConfig) -> CriResult<String> {
-        Err(err("run_podsandbox", tonic::Code::Unimplemented, "fake"))
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String> {
+        const OP: &str = "run_podsandbox";
+        self.enter(OP).await?;
+        let id = {
+            let mut s = lock(&self.state);
+            let metadata = config.metadata.clone().unwrap_or_default();
+            let uid = config
+                .labels
+                .get(LABEL_POD_UID)
+                .cloned()
+                .unwrap_or_else(|| metadata.uid.clone());
+            for (oid, b) in &s.sandboxes {
+                if b.uid == uid && b.ready {
+                    self.violation(format!(
+                        "run_podsandbox: pod {uid} already has the ready sandbox {oid}"
+                    ));
+                }
+            }
+            let id = s.next_id("sb");
+            let created_at = s.stamp();
+            s.sandboxes.insert(
+                id.clone(),
+                Sandbox {
+                    uid,
+                    ready: true,
+                    created_at,
+                    metadata,
+                    labels: config.labels,
+                    annotations: config.annotations,
+                },
+            );
+            let started = s.stamp();
+            self.publish_all(
+                &s,
+                vec![
+                    (id.clone(), Ev::ContainerCreatedEvent, created_at),
+                    (id.clone(), Ev::ContainerStartedEvent, started),
+                ],
+            );
+            id
+        };
+        self.leave(OP).await?;
+        Ok(id)
     }
 
-    async fn stop_pod_sandbox(&self, _id: &str) -> CriResult<()> {
-        Err(err("stop_podsandbox", tonic::Code::Unimplemented, "fake"))
+    async fn stop_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        const OP: &str = "stop_podsandbox";
+        self.enter(OP).await?;
+        {
+            let mut s = lock(&self.state);
+            if !s.sandboxes.contains_key(id) {
+                return Err(err(OP, tonic::Code::NotFound, id));
+            }
+            let events = stop_sandbox_locked(&mut s, id);
+            self.publish_all(&s, events);
+        }
+        self.leave(OP).await
     }
 
-    async fn remove_pod_sandbox(&self, _id: &str) -> CriResult<()> {
-        Err(err("remove_podsandbox", tonic::Code::Unimplemented, "fake"))
+    async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        const OP: &str = "remove_podsandbox";
+        self.enter(OP).await?;
+        {
+            let mut s = lock(&self.state);
+            // Removing what is gone succeeds (CRI).
+            if s.sandboxes.contains_key(id) {
+                self.remove_sandbox_locked(&mut s, id);
+            }
+        }
+        self.leave(OP).await
     }
 
     async fn create_container(
         &self,
-        _sandbox_id: &str,
-        _config: api::ContainerConfig,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
         _sandbox_config: api::PodSandboxConfig,
     ) -> CriResult<String> {
-        Err(err("create_container", tonic::Code::Unimplemented, "fake"))
+        const OP: &str = "create_container";
+        self.enter(OP).await?;
+        let id = {
+            let mut s = lock(&self.state);
+            let Some(sb) = s.sandboxes.get(sandbox_id) else {
+                return Err(err(OP, tonic::Code::NotFound, sandbox_id));
+            };
+            if !sb.ready {
+                return Err(err(
+                    OP,
+                    tonic::Code::FailedPrecondition,
+                    &format!("sandbox {sandbox_id} is not ready"),
+                ));
+            }
+            let uid = sb.uid.clone();
+            let metadata = config.metadata.clone().unwrap_or_default();
+            let init = config
+                .annotations
+                .get(ANNOTATION_CONTAINER_KIND)
+                .is_some_and(|k| k == "init");
+            let id = s.next_id("c");
+            let created_at = s.stamp();
+            let c = Container {
+                sandbox: sandbox_id.to_string(),
+                uid,
+                name: metadata.name.clone(),
+                init,
+                state: api::ContainerState::ContainerCreated,
+                created_at,
+                started_at: 0,
+                finished_at: 0,
+                exit_code: 0,
+                attempt: metadata.attempt,
+                image: config.image.map(|i| i.image).unwrap_or_default(),
+                labels: config.labels,
+                annotations: config.annotations,
+                planned_exit: None,
+            };
+            self.check_container(&s, &id, &c, OP);
+            s.containers.insert(id.clone(), c);
+            self.publish_all(
+                &s,
+                vec![(id.clone(), Ev::ContainerCreatedEvent, created_at)],
+            );
+            id
+        };
+        self.leave(OP).await?;
+        Ok(id)
     }
 
-    async fn start_container(&self, _id: &str) -> CriResult<()> {
-        Err(err("start_container", tonic::Code::Unimplemented, "fake"))
+    async fn start_container(&self, id: &str) -> CriResult<()> {
+        const OP: &str = "start_container";
+        self.enter(OP).await?;
+        {
+            let mut guard = lock(&self.state);
+            let s = &mut *guard;
+            let Some(c) = s.containers.get(id).cloned() else {
+                return Err(err(OP, tonic::Code::NotFound, id));
+            };
+            if c.state != api::ContainerState::ContainerCreated {
+                return Err(err(
+                    OP,
+                    tonic::Code::FailedPrecondition,
+                    &format!("container {id} is {:?}, not created", c.state),
+                ));
+            }
+            if !s.sandboxes.get(&c.sandbox).is_some_and(|b| b.ready) {
+                return Err(err(
+                    OP,
+                    tonic::Code::FailedPrecondition,
+                    &format!("sandbox {} of container {id} is not ready", c.sandbox),
+                ));
+            }
+            self.check_container(s, id, &c, OP);
+            let planned_exit = if c.init {
+                let faults = lock(&self.faults).clone();
+                let run = Duration::from_millis(lock(&self.rng).gen_range(2..30));
+                let code = if self.roll(faults.init_failure) { 1 } else { 0 };
+                Some((Instant::now() + run, code))
+            } else {
+                None
+            };
+            let ts = s.stamp();
+            if let Some(c) = s.containers.get_mut(id) {
+                c.state = api::ContainerState::ContainerRunning;
+                c.started_at = ts;
+                c.planned_exit = planned_exit;
+            }
+            self.publish_all(s, vec![(id.to_string(), Ev::ContainerStartedEvent, ts)]);
+        }
+        self.leave(OP).await
     }
 
-    async fn stop_container(&self, _id: &str, _timeout_secs: i64) -> CriResult<()> {
-        Err(err("stop_container", tonic::Code::Unimplemented, "fake"))
+    async fn stop_container(&self, id: &str, _timeout_secs: i64) -> CriResult<()> {
+        const OP: &str = "stop_container";
+        self.enter(OP).await?;
+        {
+            let mut s = lock(&self.state);
+            let ts = s.stamp();
+            let Some(c) = s.containers.get_mut(id) else {
+                return Err(err(OP, tonic::Code::NotFound, id));
+            };
+            if c.live() {
+                exit_container(c, 137, ts);
+                self.publish_all(&s, vec![(id.to_string(), Ev::ContainerStoppedEvent, ts)]);
+            }
+        }
+        self.leave(OP).await
     }
 
-    async fn remove_container(&self, _id: &str) -> CriResult<()> {
-        Err(err("remove_container", tonic::Code::Unimplemented, "fake"))
+    async fn remove_container(&self, id: &str) -> CriResult<()> {
+        const OP: &str = "remove_container";
+        self.enter(OP).await?;
+        {
+            let mut s = lock(&self.state);
+            if s.containers.contains_key(id) {
+                let mut events = Vec::new();
+                let ts = s.stamp();
+                if let Some(c) = s.containers.get_mut(id) {
+                    // A running container is removed forcibly (CRI).
+                    if c.live() {
+                        exit_container(c, 137, ts);
+                        events.push((id.to_string(), Ev::ContainerStoppedEvent, ts));
+                    }
+                }
+                let ts = s.stamp();
+                events.push((id.to_string(), Ev::ContainerDeletedEvent, ts));
+                self.publish_all(&s, events);
+                s.containers.remove(id);
+            }
+        }
+        self.leave(OP).await
     }
 
     async fn exec_sync(
         &self,
-        _id: &str,
+        id: &str,
         _cmd: Vec<String>,
         _timeout_secs: i64,
     ) -> CriResult<ExecOutput> {
-        Err(err("exec_sync", tonic::Code::Unimplemented, "fake"))
+        const OP: &str = "exec_sync";
+        self.enter(OP).await?;
+        let running = lock(&self.state)
+            .containers
+            .get(id)
+            .map(|c| c.state == api::ContainerState::ContainerRunning);
+        self.leave(OP).await?;
+        match running {
+            Some(true) => Ok(ExecOutput::default()),
+            Some(false) => Err(err(
+                OP,
+                tonic::Code::FailedPrecondition,
+                &format!("container {id} is not running"),
+            )),
+            None => Err(err(OP, tonic::Code::NotFound, id)),
+        }
     }
 
-    async fn image_status(&self, _image: &str) -> CriResult<Option<api::Image>> {
-        Err(err("image_status", tonic::Code::Unimplemented, "fake"))
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
+        self.enter("image_status").await?;
+        self.leave("image_status").await?;
+        Ok(Some(api::Image {
+            id: format!("sha256:{image}"),
+            repo_tags: vec![image.to_string()],
+            ..Default::default()
+        }))
     }
 
     async fn pull_image(
         &self,
-        _image: &str,
+        image: &str,
         _sandbox_config: Option<api::PodSandboxConfig>,
     ) -> CriResult<String> {
-        Err(err("pull_image", tonic::Code::Unimplemented, "fake"))
+        self.enter("pull_image").await?;
+        self.leave("pull_image").await?;
+        Ok(format!("sha256:{image}"))
     }
 
     async fn container_events(&self) -> CriResult<EventStream> {
@@ -453,6 +1155,21 @@ impl RuntimeApi for FakeRuntime {
                 tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
             )),
             Some(Script::Fail(code)) => Err(err("get_container_events", code, "scripted")),
+            None if self.live_events.load(Ordering::SeqCst) => {
+                let faults = lock(&self.faults).clone();
+                if self.roll(faults.fail_before) {
+                    return Err(err(
+                        "get_container_events",
+                        tonic::Code::Unavailable,
+                        "injected failure",
+                    ));
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                lock(&self.subscribers).push(tx);
+                Ok(Box::pin(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                ))
+            }
             None => Err(err(
                 "get_container_events",
                 tonic::Code::Unavailable,

@@ -27,7 +27,7 @@ mod driver;
 mod evented;
 mod events;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod ids;
 mod inspect;
 mod relist;
