@@ -207,7 +207,20 @@ impl PodWorkers {
             }
         }
 
-        // 4. Old instances: keep the newest exited one per name.
+        // 4. Containers whose name left the spec (the manifest was edited;
+        // the pod's UID stays): stopped, as kubelet does, or they would
+        // run on forever.
+        for c in &current {
+            let live = !matches!(state(c), ContainerState::ContainerExited);
+            if live && !super::pod_containers(pod).any(|x| x.name == name_of(c)) {
+                let grace = grace_seconds(spec.termination_grace_period_seconds, c);
+                self.stop_container(uid, c, None, grace, "not in the spec any more")
+                    .await?;
+                self.acted(uid);
+            }
+        }
+
+        // 5. Old instances: keep the newest exited one per name.
         self.prune(uid, status).await;
 
         self.publish(pod, Some(status));
