@@ -124,9 +124,17 @@ impl PodWorkers {
             }
         };
 
-        // 2. Init containers, in order, each to completion.
+        // 2. Init containers, in order, each to completion. An app
+        // container in this sandbox proves they completed (apps are only
+        // created then; the status reasons the same way): an init
+        // container added to the manifest since, or whose instance is
+        // gone, must not run beside the apps.
+        let apps_created = spec.containers.iter().any(|c| latest_of(&c.name).is_some());
         let mut initialized = true;
         for c in spec.init_containers.iter().flatten() {
+            if apps_created {
+                break;
+            }
             let inst = latest_of(&c.name);
             match inst.map(|i| (i, state(i))) {
                 Some((i, ContainerState::ContainerExited)) if i.exit_code == 0 => continue,
