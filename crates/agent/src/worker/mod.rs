@@ -17,6 +17,9 @@ mod backoff;
 mod hooks;
 mod sync;
 mod terminate;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,0 +1,534 @@
+//! The pod workers under injected faults (issue 4, item 6: no interleaving
+//! of events, relists and syncs may create a container twice).
+//!
+//! The real pipeline runs in-process: the manifest source on a temporary
+//! directory, the PLEG (event and relist modes), the cache, the work queue
+//! and the pod workers, wired as `agent.rs` wires them, against the fake
+//! runtime with seeded random faults: slow calls, calls failing with
+//! UNAVAILABLE before or after they took effect, events late, duplicated,
+//! reordered and dropped, streams cut, containers and sandboxes dying by
+//! themselves. Meanwhile manifests change, disappear and come back. On
+//! every create and start the fake checks that no container name has two
+//! live instances in a sandbox, that no pod gets a second ready sandbox,
+//! and that init containers never run beside other containers of their
+//! sandbox. Then the faults stop and every pod must converge to its spec.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use petrel_controller::{
+    run_workers, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
+};
+use petrel_cri::api::ContainerState;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::{PodWorkers, WorkerConfig};
+use crate::cache::PodCache;
+use crate::config::PlegMode;
+use crate::convert::container_hash;
+use crate::cri::RuntimeApi;
+use crate::health::Health;
+use crate::metrics::AgentMetrics;
+use crate::pleg::fake::{FakeRuntime, Faults};
+use crate::pleg::{Pleg, PlegConfig, PodLifecycleEventType};
+use crate::probe::{ProbeChange, ProbeManager};
+use crate::source::PodSource;
+use crate::status::StatusStore;
+use crate::types::{DesiredPod, ANNOTATION_CONTAINER_HASH};
+
+const NODE: &str = "node-faults";
+/// How long the faults last.
+const CHAOS: Duration = Duration::from_millis(3000);
+/// How long convergence may take once they stop.
+const CONVERGE: Duration = Duration::from_secs(10);
+const SYNC_PERIOD: Duration = Duration::from_millis(800);
+
+fn faults() -> Faults {
+    Faults {
+        max_delay: Duration::from_millis(3),
+        slow: 0.1,
+        slow_delay: Duration::from_millis(30),
+        fail_before: 0.03,
+        fail_after: 0.03,
+        event_drop: 0.1,
+        event_dup: 0.1,
+        event_max_delay: Duration::from_millis(40),
+        stream_cut: 0.005,
+        cut_all: 0.002,
+        app_exit: 0.01,
+        sandbox_death: 0.002,
+        init_failure: 0.2,
+    }
+}
+
+/// A pod manifest: init and app containers (`name=image` or
+/// `name=image:args`), restart policy, and a postStart/preStop hook on the
+/// first app container.
+fn manifest(name: &str, policy: &str, init: &[&str], apps: &[&str]) -> String {
+    fn containers(list: &[&str], hooks: bool) -> String {
+        let mut out = String::new();
+        for (i, c) in list.iter().enumerate() {
+            let (n, rest) = c.split_once('=').unwrap_or((c, "busybox:1.36"));
+            let (image, arg) = rest.split_once(';').unwrap_or((rest, "run"));
+            out.push_str(&format!(
+                "  - name: {n}\n    image: {image}\n    command: [sh, -c]\n    args: [\"{arg}\"]\n"
+            ));
+            if hooks && i == 0 {
+                out.push_str(
+                    "    lifecycle:\n      postStart: {exec: {command: [\"true\"]}}\n      preStop: {exec: {command: [\"true\"]}}\n",
+                );
+            }
+        }
+        out
+    }
+    let mut y = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 1\n"
+    );
+    if !init.is_empty() {
+        y.push_str("  initContainers:\n");
+        y.push_str(&containers(init, false));
+    }
+    y.push_str("  containers:\n");
+    y.push_str(&containers(apps, true));
+    y
+}
+
+/// Writes a manifest atomically (the watcher never reads half a file).
+fn put(dir: &Path, file: &str, text: &str) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, dir.join(file)).unwrap();
+}
+
+fn delete(dir: &Path, file: &str) {
+    std::fs::remove_file(dir.join(file)).unwrap();
+}
+
+/// The agent's pipeline minus the HTTP server, wired as in `agent.rs`.
+struct Pipeline {
+    source: PodSource,
+    queue: WorkQueue<String>,
+    tasks: JoinSet<()>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.queue.shut_down();
+        self.tasks.abort_all();
+    }
+}
+
+async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMode) -> Pipeline {
+    let runtime: Arc<dyn RuntimeApi> = rt;
+    let metrics = AgentMetrics::new();
+    let cache = Arc::new(PodCache::new());
+    let health = Arc::new(Health::new(Duration::from_secs(180)));
+    let store = Arc::new(StatusStore::new());
+    let source = PodSource::load(manifests, NODE).unwrap();
+    // agent.rs retries from 50 ms to 5 s; shorter here so that a pod that
+    // failed many times under faults converges within the test.
+    let queue: WorkQueue<String> = WorkQueue::new(
+        QueueConfig::default()
+            .name("pods")
+            .resync_window(SYNC_PERIOD / 2)
+            .rate_limiter(MaxOf::new(vec![
+                Box::new(ItemExponential::<String>::new(
+                    Duration::from_millis(10),
+                    Duration::from_millis(300),
+                )),
+                Box::new(TokenBucket::new(50.0, 200)),
+            ])),
+    );
+    let mut tasks = JoinSet::new();
+    let (pleg, mut pleg_events) = Pleg::new(
+        Arc::clone(&runtime),
+        Arc::clone(&cache),
+        Arc::clone(&health),
+        metrics.clone(),
+        PlegConfig {
+            mode,
+            relist_period: Duration::from_millis(50),
+            // Dropped events are found by the safety net (and by relists
+            // after stream cuts).
+            event_relist_period: Duration::from_secs(1),
+            inspect_concurrency: 4,
+            node_name: NODE.into(),
+        },
+    );
+    tasks.spawn(pleg.clone().run());
+    while runtime.version().await.is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    while pleg.mode_in_use().is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+    let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
+    let workers = Arc::new(PodWorkers::new(
+        Arc::clone(&runtime),
+        Arc::clone(&cache),
+        pleg.clone(),
+        source.clone(),
+        store,
+        probes,
+        metrics,
+        WorkerConfig {
+            node_name: NODE.into(),
+            host_ip: "127.0.0.1".into(),
+            runtime_name: "fake".into(),
+            cgroup_root: "/petrel-test".into(),
+            root: root.to_path_buf(),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(160),
+        },
+    ));
+    let wanted: HashSet<String> = source.all().into_iter().map(|d| d.uid).collect();
+    for uid in &wanted {
+        queue.add(uid.clone(), Priority::Normal);
+    }
+    for uid in cache.uids() {
+        if !wanted.contains(&uid) {
+            queue.add(uid, Priority::Normal);
+        }
+    }
+    let (src_tx, mut src_rx) = mpsc::unbounded_channel();
+    let watch = source.spawn_watch(src_tx).unwrap();
+    let q = queue.clone();
+    tasks.spawn(async move {
+        while let Some(change) = src_rx.recv().await {
+            q.add(change.uid, Priority::Urgent);
+        }
+        watch.abort();
+    });
+    let q = queue.clone();
+    tasks.spawn(async move {
+        while let Some(ev) = pleg_events.recv().await {
+            if ev.kind != PodLifecycleEventType::ContainerChanged {
+                q.add(ev.uid, Priority::Urgent);
+            }
+        }
+    });
+    let q = queue.clone();
+    tasks.spawn(async move {
+        while let Some((uid, change)) = probe_rx.recv().await {
+            let p = match change {
+                ProbeChange::Kill => Priority::Urgent,
+                ProbeChange::Status => Priority::Normal,
+            };
+            q.add(uid, p);
+        }
+    });
+    let (q, w, s) = (queue.clone(), Arc::clone(&workers), source.clone());
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(SYNC_PERIOD);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let mut uids: HashSet<String> = s.all().into_iter().map(|d| d.uid).collect();
+            uids.extend(w.known_uids());
+            for uid in uids {
+                q.add_resync(uid);
+            }
+        }
+    });
+    let w = Arc::clone(&workers);
+    tasks.spawn(run_workers(queue.clone(), 4, move |uid: String| {
+        let w = Arc::clone(&w);
+        async move { w.sync(uid).await }
+    }));
+    Pipeline {
+        source,
+        queue,
+        tasks,
+    }
+}
+
+/// Why the runtime does not (yet) match the desired pods; None when it
+/// does: each pod has one ready sandbox in which its init containers
+/// completed and its app containers run their current spec (or, with
+/// OnFailure, completed), nothing else of it is live, and pods no longer
+/// wanted are gone.
+fn divergence(rt: &FakeRuntime, desired: &[DesiredPod]) -> Option<String> {
+    let sandboxes = rt.sandboxes();
+    let containers = rt.containers();
+    let wanted: HashMap<&str, &DesiredPod> = desired.iter().map(|d| (d.uid.as_str(), d)).collect();
+    for sb in &sandboxes {
+        if !wanted.contains_key(sb.uid.as_str()) {
+            return Some(format!(
+                "sandbox {} of deleted pod {} remains",
+                sb.id, sb.uid
+            ));
+        }
+    }
+    for c in &containers {
+        if !wanted.contains_key(c.uid.as_str()) {
+            return Some(format!(
+                "container {} ({}) of deleted pod {} remains",
+                c.name, c.id, c.uid
+            ));
+        }
+    }
+    for d in desired {
+        let Some(spec) = d.pod.spec.as_ref() else {
+            return Some(format!("pod {} has no spec", d.name));
+        };
+        let ready: Vec<_> = sandboxes
+            .iter()
+            .filter(|s| s.uid == d.uid && s.ready)
+            .collect();
+        let [sb] = ready.as_slice() else {
+            return Some(format!("pod {}: {} ready sandboxes", d.name, ready.len()));
+        };
+        let newest = |name: &str| {
+            containers
+                .iter()
+                .rev()
+                .find(|c| c.sandbox == sb.id && c.name == name)
+        };
+        // An init container added to the manifest after the pod started
+        // runs with the next sandbox only.
+        let apps_created = spec.containers.iter().any(|c| newest(&c.name).is_some());
+        for c in spec.init_containers.iter().flatten() {
+            match newest(&c.name) {
+                Some(i) if i.state == ContainerState::ContainerExited && i.exit_code == 0 => {}
+                None if apps_created => {}
+                other => {
+                    return Some(format!(
+                        "pod {}: init container {} is {:?}",
+                        d.name,
+                        c.name,
+                        other.map(|i| (i.state, i.exit_code))
+                    ))
+                }
+            }
+        }
+        let on_failure = spec.restart_policy.as_deref() == Some("OnFailure");
+        for c in &spec.containers {
+            match newest(&c.name) {
+                Some(i) if i.state == ContainerState::ContainerRunning => {
+                    let hash = i.annotations.get(ANNOTATION_CONTAINER_HASH);
+                    if hash != Some(&container_hash(c)) {
+                        return Some(format!("pod {}: {} runs an old spec", d.name, c.name));
+                    }
+                }
+                Some(i)
+                    if on_failure
+                        && i.state == ContainerState::ContainerExited
+                        && i.exit_code == 0 => {}
+                other => {
+                    return Some(format!(
+                        "pod {}: container {} is {:?}",
+                        d.name,
+                        c.name,
+                        other.map(|i| (i.state, i.exit_code))
+                    ))
+                }
+            }
+        }
+        let names: HashSet<&str> = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .map(|c| c.name.as_str())
+            .collect();
+        for c in containers.iter().filter(|c| c.uid == d.uid) {
+            let live = matches!(
+                c.state,
+                ContainerState::ContainerCreated | ContainerState::ContainerRunning
+            );
+            if live && (c.sandbox != sb.id || !names.contains(c.name.as_str())) {
+                return Some(format!(
+                    "pod {}: {} ({}) live outside its spec or sandbox",
+                    d.name, c.name, c.id
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// What one seed did.
+struct Outcome {
+    creates: usize,
+    sandboxes: usize,
+    converged_in: Duration,
+}
+
+/// One seed: chaos with manifest changes, then convergence. Err names the
+/// first problem.
+async fn run_seed(seed: u64, mode: PlegMode) -> Result<Outcome, String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    let web = |image: &str| {
+        manifest(
+            "web",
+            "Always",
+            &["init-a", "init-b"],
+            &[&format!("app={image}"), "side", "log"],
+        )
+    };
+    put(&dir, "web.yaml", &web("busybox:1.36"));
+    put(
+        &dir,
+        "job.yaml",
+        &manifest("job", "OnFailure", &["setup"], &["work", "helper"]),
+    );
+    put(
+        &dir,
+        "plain.yaml",
+        &manifest("plain", "Always", &[], &["one", "two"]),
+    );
+    put(&dir, "gone.yaml", &manifest("gone", "Always", &[], &["x"]));
+    let flap = manifest("flap", "OnFailure", &["prep"], &["main"]);
+    put(&dir, "flap.yaml", &flap);
+
+    let rt = Arc::new(FakeRuntime::live(seed));
+    rt.set_faults(faults());
+    let pipeline = start(Arc::clone(&rt), &dir, &root, mode).await;
+
+    // The script of manifest changes, at fractions of the chaos.
+    let t0 = Instant::now();
+    let mut step = 0;
+    let check = |rt: &FakeRuntime| -> Result<(), String> {
+        match rt.violations().first() {
+            Some(v) => Err(format!("seed {seed} {mode:?}: {v}")),
+            None => Ok(()),
+        }
+    };
+    while t0.elapsed() < CHAOS {
+        rt.chaos_tick();
+        check(&rt)?;
+        let frac = t0.elapsed().as_secs_f64() / CHAOS.as_secs_f64();
+        if step == 0 && frac > 0.25 {
+            put(&dir, "web.yaml", &web("busybox:1.37"));
+            put(
+                &dir,
+                "plain.yaml",
+                &manifest("plain", "Always", &[], &["one", "two=busybox:1.36;changed"]),
+            );
+            delete(&dir, "gone.yaml");
+            step += 1;
+        } else if step == 1 && frac > 0.5 {
+            delete(&dir, "flap.yaml");
+            put(
+                &dir,
+                "late.yaml",
+                &manifest("late", "Always", &["init-l"], &["l1", "l2"]),
+            );
+            step += 1;
+        } else if step == 2 && frac > 0.75 {
+            put(&dir, "flap.yaml", &flap);
+            // An init container added to a running pod: it must not run
+            // beside the app containers.
+            put(
+                &dir,
+                "late.yaml",
+                &manifest("late", "Always", &["init-l", "init-m"], &["l1", "l2"]),
+            );
+            // A container removed from a running pod, another added.
+            put(
+                &dir,
+                "plain.yaml",
+                &manifest(
+                    "plain",
+                    "Always",
+                    &[],
+                    &["two=busybox:1.36;changed", "three"],
+                ),
+            );
+            put(
+                &dir,
+                "job.yaml",
+                &manifest(
+                    "job",
+                    "OnFailure",
+                    &["setup"],
+                    &["work=busybox:1.36;v2", "helper"],
+                ),
+            );
+            step += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // Faults off: everything must converge, and stay converged.
+    rt.set_faults(Faults::default());
+    let t1 = Instant::now();
+    let expected: HashSet<&str> = ["web", "job", "plain", "flap", "late"].into();
+    let mut stable_since: Option<Instant> = None;
+    loop {
+        rt.chaos_tick();
+        check(&rt)?;
+        let desired = pipeline.source.all();
+        let names: HashSet<&str> = desired.iter().map(|d| d.name.as_str()).collect();
+        let why = if names != expected {
+            Some(format!("the source has {names:?}"))
+        } else {
+            divergence(&rt, &desired)
+        };
+        match why {
+            None if stable_since.is_some_and(|t| t.elapsed() > Duration::from_millis(500)) => break,
+            None => {
+                stable_since.get_or_insert_with(Instant::now);
+            }
+            Some(why) => {
+                stable_since = None;
+                if t1.elapsed() > CONVERGE {
+                    return Err(format!(
+                        "seed {seed} {mode:?}: no convergence within {CONVERGE:?}: {why}"
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let converged_in = t1.elapsed() - Duration::from_millis(500);
+    drop(pipeline);
+    Ok(Outcome {
+        creates: rt.calls("create_container"),
+        sandboxes: rt.calls("run_podsandbox"),
+        converged_in,
+    })
+}
+
+/// Runs several seeds at once and reports every failure.
+async fn run_seeds(mode: PlegMode, seeds: &[u64]) {
+    let mut set = JoinSet::new();
+    for &seed in seeds {
+        set.spawn(async move { (seed, run_seed(seed, mode).await) });
+    }
+    let mut failures = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let (seed, r) = r.unwrap();
+        match r {
+            Ok(o) => {
+                eprintln!(
+                    "seed {seed} {mode:?}: {} creates, {} sandboxes, converged in {:?}",
+                    o.creates, o.sandboxes, o.converged_in
+                );
+                // A test that cannot fail is not a test: the faults must
+                // have made the workers restart things.
+                if o.creates < 35 {
+                    failures.push(format!("seed {seed} {mode:?}: only {} creates", o.creates));
+                }
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_should_never_create_twice_and_should_converge_in_events_mode() {
+    run_seeds(PlegMode::Events, &[1, 2, 3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_should_never_create_twice_and_should_converge_in_relist_mode() {
+    run_seeds(PlegMode::Relist, &[11, 12, 13]).await;
+}
