@@ -105,6 +105,8 @@ pub struct ExitRun {
     pub runtime: Samples,
     /// Exit codes shown that were not 137.
     pub wrong_codes: Vec<i64>,
+    /// What `runtime` is.
+    pub reference: ExitReference,
 }
 
 /// P12 in one mode.
@@ -483,6 +485,44 @@ async fn idle_window(
     })
 }
 
+/// What the agent's exit figure is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExitReference {
+    /// The runtime's STOPPED event at the bench's own GetContainerEvents
+    /// subscriber (Petrel's runtime broadcasts to every subscriber).
+    #[default]
+    Event,
+    /// The runtime's ContainerStatus reporting EXITED, polled every
+    /// [`STATUS_POLL`]: containerd 1.7 hands each event to one subscriber
+    /// only (containerd#7318, fixed in 2.0), so a second subscriber would
+    /// take events away from the agent.
+    StatusPoll,
+}
+
+/// The polling interval of [`ExitReference::StatusPoll`].
+pub const STATUS_POLL: Duration = Duration::from_millis(2);
+
+/// Polls ContainerStatus of `id` until it is EXITED; when it first was.
+async fn poll_exited(mut c: Clients, id: String) -> Option<Instant> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(15) {
+        let st =
+            c.rt.container_status(api::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status?;
+        if st.state == api::ContainerState::ContainerExited as i32 {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(STATUS_POLL).await;
+    }
+    None
+}
+
 /// A STOPPED event as the bench's own subscriber received it.
 struct Stopped {
     id: String,
@@ -490,18 +530,21 @@ struct Stopped {
 }
 
 async fn subscribe_stopped(
-    c: &mut Clients,
+    c: &Clients,
 ) -> Result<(
     tokio::sync::mpsc::UnboundedReceiver<Stopped>,
     tokio::task::JoinHandle<()>,
 )> {
-    let mut stream =
-        c.rt.get_container_events(api::GetEventsRequest {})
-            .await
-            .context("GetContainerEvents")?
-            .into_inner();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut rt = c.rt.clone();
+    // The call is made inside the task: containerd (gRPC-Go) sends the
+    // response headers only with the first event, so awaiting the call
+    // here would wait for an event.
     let reader = tokio::spawn(async move {
+        let Ok(resp) = rt.get_container_events(api::GetEventsRequest {}).await else {
+            return;
+        };
+        let mut stream = resp.into_inner();
         while let Ok(Some(ev)) = stream.message().await {
             let at = Instant::now();
             if ev.container_event_type == api::ContainerEventType::ContainerStoppedEvent as i32
@@ -516,8 +559,12 @@ async fn subscribe_stopped(
             }
         }
     });
-    // The subscription exists once the call is answered; leave a margin.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The request is on its way once the task ran; leave a margin for the
+    // runtime to register the subscriber.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if reader.is_finished() {
+        bail!("GetContainerEvents failed at once");
+    }
     Ok((rx, reader))
 }
 
@@ -590,10 +637,20 @@ async fn measure_exits(
     agent: &AgentProc,
     obs: &mut Observer,
     names: &[String],
+    reference: ExitReference,
 ) -> Result<ExitRun> {
-    let (mut events, reader) = subscribe_stopped(c).await?;
+    let (mut events, reader) = match reference {
+        ExitReference::Event => {
+            let (rx, task) = subscribe_stopped(c).await?;
+            (Some(rx), Some(task))
+        }
+        ExitReference::StatusPoll => (None, None),
+    };
     let result = async {
-        let mut run = ExitRun::default();
+        let mut run = ExitRun {
+            reference,
+            ..Default::default()
+        };
         for name in names {
             tokio::time::sleep(GAP).await;
             obs.drain()?;
@@ -609,7 +666,11 @@ async fn measure_exits(
             let (pid, _) = c.init_pid(&id).await?;
             let target = Pid::from_raw(pid as i32).context("init pid")?;
             // Events of earlier exits are not this one's.
-            while events.try_recv().is_ok() {}
+            if let Some(rx) = events.as_mut() {
+                while rx.try_recv().is_ok() {}
+            }
+            let poll = (reference == ExitReference::StatusPoll)
+                .then(|| tokio::spawn(poll_exited(c.clone(), id.clone())));
             let t0 = Instant::now();
             rustix::process::kill_process(target, Signal::KILL)
                 .with_context(|| format!("kill init {pid} of container {id}"))?;
@@ -623,20 +684,29 @@ async fn measure_exits(
             if let Some(code) = terminated_code(&pod, "c0").filter(|c| *c != KILLED) {
                 run.wrong_codes.push(code);
             }
-            let ev = loop {
-                match tokio::time::timeout(Duration::from_secs(10), events.recv()).await {
-                    Ok(Some(ev)) if ev.id == id => break ev,
-                    Ok(Some(_)) => continue,
-                    Ok(None) => bail!("the runtime's event stream ended"),
-                    Err(_) => bail!("no STOPPED event for container {id} within 10 s"),
-                }
+            let seen = match (events.as_mut(), poll) {
+                (Some(rx), _) => loop {
+                    match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+                        Ok(Some(ev)) if ev.id == id => break ev.at,
+                        Ok(Some(_)) => continue,
+                        Ok(None) => bail!("the runtime's event stream ended"),
+                        Err(_) => bail!("no STOPPED event for container {id} within 10 s"),
+                    }
+                },
+                (None, Some(task)) => task
+                    .await
+                    .context("status poll task")?
+                    .with_context(|| format!("container {id} not EXITED in ContainerStatus"))?,
+                (None, None) => bail!("no exit reference"),
             };
-            run.runtime.push(ev.at.saturating_duration_since(t0));
+            run.runtime.push(seen.saturating_duration_since(t0));
         }
         Ok(run)
     }
     .await;
-    reader.abort();
+    if let Some(r) = reader {
+        r.abort();
+    }
     result
 }
 
@@ -750,7 +820,11 @@ async fn exits_starts_idle(
             pods.len(),
             mode.arg()
         ));
-        let exits = measure_exits(c, agent, &mut obs, &pods).await?;
+        let reference = match rt {
+            Runtime::Petrel(_) => ExitReference::Event,
+            Runtime::Containerd(_) => ExitReference::StatusPoll,
+        };
+        let exits = measure_exits(c, agent, &mut obs, &pods, reference).await?;
         run.exits.push((mode, exits));
         let took = delete_pods(c, agent, &pods, Duration::from_secs(300)).await?;
         run.deletes.push((pods.len(), took));
@@ -859,7 +933,9 @@ pub async fn measure(args: &Args, work: &Work, progress: &dyn Fn(&str)) -> Agent
         pods: args.agent_pods,
     };
     let mut method = None;
-    if let Err(e) = measure_petrel(args, work, &mut res, &mut method, progress).await {
+    if args.agent_skip_petrel {
+        res.petrel.error = Some("skipped with --agent-skip-petrel".to_string());
+    } else if let Err(e) = measure_petrel(args, work, &mut res, &mut method, progress).await {
         progress(&format!("agent on petrel runtime failed: {e:#}"));
         res.petrel.error = Some(format!("{e:#}"));
     }
@@ -1052,12 +1128,10 @@ async fn measure_containerd(
     let mut cd =
         Containerd::start(&crate::containerd::bin_dir(&args.build_dir), &dir, &images).await?;
     if !cd.version.is_empty() {
-        run.name = cd
-            .version
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ");
+        // "containerd github.com/containerd/containerd 1.7.24~ds1"
+        if let Some(v) = cd.version.split_whitespace().nth(2) {
+            run.name = format!("containerd {v}");
+        }
     }
     let mut c = Clients::connect(&cd.endpoint()).await?;
     let node_name = format!("bench-{}-cd", work.id());
