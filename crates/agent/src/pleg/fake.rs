@@ -134,6 +134,9 @@ pub(crate) struct Faults {
     pub(crate) sandbox_death: f64,
     /// An init container exits non-zero.
     pub(crate) init_failure: f64,
+    /// Per tick and exited container: removed behind the agent's back
+    /// (the runtime's garbage collection, an operator's `crictl rm`).
+    pub(crate) remove_exited: f64,
 }
 
 /// One container or sandbox as the test sees it (for assertions).
@@ -474,6 +477,7 @@ impl FakeRuntime {
         let mut s = lock(&self.state);
         let mut rng = lock(&self.rng);
         let mut events = Vec::new();
+        let mut gone = Vec::new();
         let mut ids: Vec<String> = s.containers.keys().cloned().collect();
         ids.sort();
         for id in ids {
@@ -483,6 +487,11 @@ impl FakeRuntime {
             let Some(c) = s.containers.get_mut(&id) else {
                 continue;
             };
+            if c.state == api::ContainerState::ContainerExited && roll < faults.remove_exited {
+                events.push((id.clone(), Ev::ContainerDeletedEvent, ts));
+                gone.push(id.clone());
+                continue;
+            }
             if c.state != api::ContainerState::ContainerRunning {
                 continue;
             }
@@ -511,8 +520,9 @@ impl FakeRuntime {
         }
         let cut = rng.gen::<f64>() < faults.cut_all;
         drop(rng);
-        for (id, kind, ts) in events {
-            self.publish_locked(&s, &id, kind, ts);
+        self.publish_all(&s, events);
+        for id in gone {
+            s.containers.remove(&id);
         }
         drop(s);
         if cut {
