@@ -41,7 +41,7 @@ use crate::types::{DesiredPod, ANNOTATION_CONTAINER_HASH};
 
 const NODE: &str = "node-faults";
 /// How long the faults last.
-const CHAOS: Duration = Duration::from_millis(3000);
+const CHAOS: Duration = Duration::from_millis(4000);
 /// How long convergence may take once they stop.
 const CONVERGE: Duration = Duration::from_secs(10);
 const SYNC_PERIOD: Duration = Duration::from_millis(800);
@@ -61,6 +61,7 @@ fn faults() -> Faults {
         app_exit: 0.01,
         sandbox_death: 0.002,
         init_failure: 0.2,
+        remove_exited: 0.002,
     }
 }
 
@@ -525,10 +526,10 @@ async fn run_seeds(mode: PlegMode, seeds: &[u64]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_should_never_create_twice_and_should_converge_in_events_mode() {
-    run_seeds(PlegMode::Events, &[1, 2, 3]).await;
+    run_seeds(PlegMode::Events, &[1, 2, 3, 4, 5]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_should_never_create_twice_and_should_converge_in_relist_mode() {
-    run_seeds(PlegMode::Relist, &[11, 12, 13]).await;
+    run_seeds(PlegMode::Relist, &[11, 12, 13, 14, 15]).await;
 }
