@@ -449,7 +449,11 @@ impl RuntimeApi for CriRuntime {
                     () = tx.closed() => return,
                 };
                 let Some(item) = item else { return };
-                if tx.send(item.map_err(|s| CriError::new(op, s))).await.is_err() {
+                if tx
+                    .send(item.map_err(|s| CriError::new(op, s)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

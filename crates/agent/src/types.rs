@@ -85,6 +85,9 @@ pub struct ContainerMeta {
     pub hash: String,
     /// Restart count at create time.
     pub restart_count: i32,
+    /// The sandbox it runs in (from ListContainers; CRI's ContainerStatus
+    /// does not carry it).
+    pub sandbox_id: String,
 }
 
 impl PodRuntimeStatus {

@@ -99,6 +99,11 @@ pub(crate) async fn inspect_listed(
         .iter()
         .map(|c| (c.id.clone(), container_meta(&c.annotations)))
         .collect();
+    for c in &listing.containers {
+        if let Some(m) = status.container_meta.get_mut(&c.id) {
+            m.sandbox_id = c.pod_sandbox_id.clone();
+        }
+    }
     Ok(status)
 }
 
@@ -137,5 +142,6 @@ pub(crate) fn container_meta(annotations: &HashMap<String, String>) -> Container
             .get(ANNOTATION_RESTART_COUNT)
             .and_then(|r| r.parse().ok())
             .unwrap_or(0),
+        sandbox_id: String::new(),
     }
 }

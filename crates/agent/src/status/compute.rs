@@ -552,6 +552,7 @@ mod tests {
                 init: false,
                 hash: String::new(),
                 restart_count,
+                sandbox_id: String::new(),
             },
         );
         r

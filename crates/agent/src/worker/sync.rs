@@ -113,7 +113,7 @@ impl PodWorkers {
         let current: Vec<&api::ContainerStatus> = status
             .containers
             .iter()
-            .filter(|c| c.created_at >= sandbox.created_at && sandbox.id == latest_id(status))
+            .filter(|c| in_sandbox(status, c, &sandbox.id, sandbox.created_at))
             .collect();
         let latest_of = |name: &str| current.iter().copied().find(|c| name_of(c) == name);
 
@@ -487,7 +487,8 @@ impl PodWorkers {
         for s in status.sandboxes.iter().filter(|s| s.id != newest) {
             if s.state == PodSandboxState::SandboxNotready as i32 {
                 let holds = status.containers.iter().any(|c| {
-                    c.created_at >= s.created_at && state(c) == ContainerState::ContainerRunning
+                    in_sandbox(status, c, &s.id, s.created_at)
+                        && state(c) == ContainerState::ContainerRunning
                 });
                 if !holds {
                     if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await {
@@ -523,6 +524,25 @@ impl PodWorkers {
                 .pod_start_duration
                 .observe(t.elapsed().as_secs_f64());
         }
+    }
+}
+
+/// Does container `c` belong to the sandbox `id` (created at
+/// `created_at`)? By the sandbox id the listing gave; for a runtime that
+/// gives none, by creation time within the newest sandbox.
+fn in_sandbox(
+    status: &PodRuntimeStatus,
+    c: &api::ContainerStatus,
+    id: &str,
+    created_at: i64,
+) -> bool {
+    match status
+        .container_meta
+        .get(&c.id)
+        .map(|m| m.sandbox_id.as_str())
+    {
+        Some(sid) if !sid.is_empty() => sid == id,
+        _ => c.created_at >= created_at && id == latest_id(status),
     }
 }
 
