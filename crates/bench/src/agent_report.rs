@@ -287,14 +287,14 @@ pub fn summary_rows(o: &mut String, r: &AgentResults) -> std::fmt::Result {
 fn idle_table(o: &mut String, run: &TargetRun) -> std::fmt::Result {
     writeln!(
         o,
-        "| containers | mode | window s | runtime ms | shims ms (count) | agent ms | total ms | total % of one core | agent schedstat ms | runtime + shims schedstat ms | relists in window |"
+        "| containers | mode | window s | runtime ms | shims ms (count) | agent ms | total ms | total % of one core | agent schedstat ms | runtime + shims schedstat ms | relists in window | mean relist ms |"
     )?;
-    writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for p in &run.idle {
         for (mode, w) in [(Mode::Relist, &p.relist), (Mode::Events, &p.events)] {
             writeln!(
                 o,
-                "| {} | {} | {:.1} | {:.0} | {:.0} ({}) | {:.0} | {:.0} | {:.3} | {:.1} | {:.1} | {} |",
+                "| {} | {} | {:.1} | {:.0} | {:.0} ({}) | {:.0} | {:.0} | {:.3} | {:.1} | {:.1} | {} | {} |",
                 w.containers,
                 mode.arg(),
                 w.wall.as_secs_f64(),
@@ -308,7 +308,11 @@ fn idle_table(o: &mut String, run: &TargetRun) -> std::fmt::Result {
                 w.runtime_side().sched_ns as f64 / 1e6,
                 w.relists
                     .map(|(n, _)| n.to_string())
-                    .unwrap_or_else(|| "—".to_string())
+                    .unwrap_or_else(|| "—".to_string()),
+                match w.relists {
+                    Some((n, sum)) if n > 0 => format!("{:.3}", sum / n as f64 * 1e3),
+                    _ => "—".to_string(),
+                }
             )?;
         }
     }
@@ -646,11 +650,14 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "The large layout: {} of {} pods written, {} containers running after {:.1} s (manifests \
-         written → all running, per the runtime); removing every pod through CRI at the end \
-         (four at a time) took {:.1} s.{}",
+        "The large layout: {} of {} pods written; the last step, {} → {} pods, ran {} \
+         containers {:.1} s after its manifests were written (per the runtime's ListContainers, \
+         polled every 2 s); removing every pod of the agent through CRI at the end (four at a \
+         time) took {:.1} s.{}",
         l.written,
         l.target_pods,
+        l.grown_from,
+        l.written,
         l.running,
         l.grow.as_secs_f64(),
         l.teardown.as_secs_f64(),

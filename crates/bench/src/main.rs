@@ -86,6 +86,10 @@ pub struct Args {
     /// Running containers (one per pod) of the agent CPU figures (P10).
     #[arg(long, value_delimiter = ',', default_value = "10,50,100")]
     pub agent_sizes: Vec<usize>,
+    /// Running containers of the agent CPU figures on containerd 1.7 (P10;
+    /// one size by default, to keep `make bench` near 30 minutes).
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    pub agent_containerd_sizes: Vec<usize>,
     /// Pods per PLEG mode for the agent's exit and start figures (P11, P12).
     #[arg(long, default_value_t = 50)]
     pub agent_pods: usize,
