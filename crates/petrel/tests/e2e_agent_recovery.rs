@@ -281,6 +281,20 @@ fn petrel_node_should_run_manifests_in_one_process() {
         }
         None
     })();
+    // Whatever is left (a failed run) goes before the node does, so no
+    // mount outlives the test: manifests first (the agent would recreate
+    // pods), then every pod through the runtime.
+    let _ = std::fs::remove_file(manifests.join("n.yaml"));
+    if let Ok(out) = Command::new(common::petrel_bin())
+        .args(["ctl", "--endpoint", &endpoint, "pods", "-q"])
+        .output()
+    {
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new(common::petrel_bin())
+                .args(["ctl", "--endpoint", &endpoint, "rmp", "-f", id])
+                .output();
+        }
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
