@@ -94,6 +94,8 @@ pub struct Adoption {
     pub new: usize,
     /// Restart (SIGTERM) to every pod running at `/pods`.
     pub took: Duration,
+    /// Spawn → /healthz 200 and the first relist done.
+    pub startup: Duration,
 }
 
 /// P11 in one mode.
@@ -447,6 +449,7 @@ async fn restart(
         kept: before.intersection(&after).count(),
         new: after.difference(&before).count(),
         took,
+        startup: agent.last_startup,
     })
 }
 

@@ -65,6 +65,8 @@ pub struct AgentProc {
     pub addr: SocketAddr,
     /// The mode it runs in.
     pub mode: Mode,
+    /// Its last start: spawn → /healthz 200 and the PLEG's first relist.
+    pub last_startup: Duration,
     child: Option<Child>,
 }
 
@@ -96,6 +98,7 @@ impl AgentProc {
             pid_file: dir.join("agent.pid"),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             mode: Mode::Events,
+            last_startup: Duration::ZERO,
             child: None,
         })
     }
@@ -139,7 +142,7 @@ impl AgentProc {
         let mut last = String::from("no answer");
         while start.elapsed() < Duration::from_secs(30) {
             match http::get(self.addr, "/healthz", Duration::from_secs(2)).await {
-                Ok(r) if r.status == 200 => return Ok(()),
+                Ok(r) if r.status == 200 => return self.wait_first_relist(start).await,
                 Ok(r) => {
                     last = format!(
                         "status {}: {}",
@@ -159,6 +162,36 @@ impl AgentProc {
         }
         bail!(
             "agent's /healthz not 200 within 30 s (last: {last}):\n{}",
+            self.log_tail()
+        )
+    }
+
+    /// Waits until the PLEG's first relist is done (the agent adopts and
+    /// starts pods only after it; /healthz may answer before): its
+    /// relist counter at /metrics is at least 1.
+    async fn wait_first_relist(&mut self, start: Instant) -> Result<()> {
+        let name = "kubelet_pleg_relist_duration_seconds_count";
+        while start.elapsed() < Duration::from_secs(60) {
+            let text = self.metrics().await?;
+            let count = text.lines().find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            });
+            match count {
+                Some(n) if n >= 1.0 => {
+                    self.last_startup = start.elapsed();
+                    return Ok(());
+                }
+                Some(_) => {}
+                None => bail!("no {name} at the agent's /metrics"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!(
+            "the agent's PLEG did not relist within 60 s of its start:\n{}",
             self.log_tail()
         )
     }

@@ -345,11 +345,12 @@ fn adoption_lines(o: &mut String, run: &TargetRun) -> std::fmt::Result {
     for a in &run.adoptions {
         writeln!(
             o,
-            "- restart into {} mode: {} of {} running containers kept their ids, {} new; every pod running at /pods {} ms after SIGTERM to the old agent.",
+            "- restart into {} mode: {} of {} running containers kept their ids, {} new; the new agent served /healthz and had relisted {} ms after it was spawned; every pod running at /pods {} ms after SIGTERM to the old agent.",
             a.to.map(Mode::arg).unwrap_or("?"),
             a.kept,
             a.before,
             a.new,
+            ms(a.startup),
             ms(a.took)
         )?;
     }
@@ -414,6 +415,8 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
          safety-net relist every 5 min) or relist mode (`--pleg relist --relist-period \
          {RELIST_PERIOD}`). Switching modes stops the agent (SIGTERM) and starts it again on \
          the same runtime: pods are adopted, not recreated (checked by container id, below). \
+         After each start the bench waits for `/healthz` to answer 200 and for the agent's \
+         first relist (its relist counter at `/metrics`): pods are adopted only after it. \
          Pods are Kubernetes v1 Pod manifests in namespace `bench`, busybox containers running \
          `sleep`, `imagePullPolicy: IfNotPresent` (the image is imported into the runtime \
          first), `terminationGracePeriodSeconds: 0`; each manifest is written to a hidden \

@@ -335,7 +335,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "Petrel makes the promises below about its runtime (`petrel runtime` and \
-         `petrel-shim`) and its controller kit's work queue (`petrel-controller`). `make bench` measures each one next to a reference taken **in the \
+         `petrel-shim`), its controller kit's work queue (`petrel-controller`) and its node agent (`petrel agent`, against its own runtime and containerd 1.7). `make bench` measures each one next to a reference taken **in the \
          same run on the same machine**, because this machine (2 vCPUs in a VM) is noisy \
          and the ratio to the reference carries over between machines where absolute \
          figures do not. Figures are reported as measured: percentiles are nearest-rank \
@@ -480,6 +480,19 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
         "| parameters | {} pods, +{} containers per pod, {} calls per List round, {} exits, {} s idle window |",
         args.pods, args.extra_per_pod, args.list_calls, args.exits, args.idle_seconds
     )?;
+    if r.agent.is_some() {
+        writeln!(
+            o,
+            "| agent parameters | {} s idle windows at {:?} containers (containerd: {:?}), {} pods per PLEG mode for exits and starts, relist figures at 100 and {} pods × {} containers over {} s |",
+            args.agent_idle_seconds,
+            args.agent_sizes,
+            args.agent_containerd_sizes,
+            args.agent_pods,
+            args.agent_large_pods,
+            args.agent_containers_per_pod,
+            args.agent_relist_seconds
+        )?;
+    }
     writeln!(
         o,
         "| fsync floor | write + fsync of a 128-byte file on the same file system: p50 {} ms, p99 {} ms |",
@@ -908,6 +921,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "cargo run --release -p petrel-bench -- --only queue   # P6-P9 alone, no root, to stdout"
+    )?;
+    writeln!(
+        o,
+        "scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 --agent-pods 4 --agent-large-pods 20 --out /tmp/A.md   # P10-P13 alone, quick"
     )?;
     writeln!(o, "```")?;
     writeln!(o)?;
