@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use petrel_cri::api;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use rustix::process::{Pid, Signal};
 
 use crate::agent_proc::{
@@ -31,6 +33,23 @@ use crate::Args;
 pub const SETTLE: Duration = Duration::from_secs(5);
 /// Quiet time before each measured exit or start.
 pub const GAP: Duration = Duration::from_millis(100);
+/// The longest extra random quiet time in relist mode: one relist period,
+/// so that events do not fall at one phase of the relist loop (a fixed
+/// gap after the previous event, itself seen at a relist, would make
+/// every sample wait almost a whole period).
+pub const RELIST_JITTER: Duration = Duration::from_secs(1);
+
+/// Quiet time before a measured exit or start: [`GAP`], plus a uniformly
+/// random part of [`RELIST_JITTER`] in relist mode.
+fn quiet(mode: Mode, rng: &mut StdRng) -> Duration {
+    match mode {
+        Mode::Events => GAP,
+        Mode::Relist => {
+            GAP + Duration::from_micros(rng.gen_range(0..RELIST_JITTER.as_micros() as u64))
+        }
+    }
+}
+
 /// The exit code of a container killed with SIGKILL.
 pub const KILLED: i64 = 137;
 /// Rounds of the raw List reference of P13.
@@ -608,6 +627,7 @@ async fn measure_starts(
     work: &Path,
 ) -> Result<StartRun> {
     let mut run = StartRun::default();
+    let mut rng = StdRng::seed_from_u64(12);
     let m0 = pod_start_totals(agent).await;
     for (i, name) in names.iter().enumerate() {
         if i % 2 == 1 {
@@ -615,7 +635,7 @@ async fn measure_starts(
                 run.direct.push(direct_start(c, name, cg, work).await?);
             }
         }
-        tokio::time::sleep(GAP).await;
+        tokio::time::sleep(quiet(agent.mode, &mut rng)).await;
         let staged = agent.stage_manifest(name, &manifest(name, 1, "Never", host_network))?;
         obs.drain()?;
         let t0 = staged.publish()?;
@@ -662,8 +682,9 @@ async fn measure_exits(
             reference,
             ..Default::default()
         };
+        let mut rng = StdRng::seed_from_u64(11);
         for name in names {
-            tokio::time::sleep(GAP).await;
+            tokio::time::sleep(quiet(agent.mode, &mut rng)).await;
             obs.drain()?;
             let pod = match obs.latest(name) {
                 Some(p) if container_id(p, "c0").is_some() => p.clone(),

@@ -4,8 +4,8 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::agent::{
-    AgentResults, ExitReference, IdlePoint, TargetRun, GAP, KILLED, LIST_ROUNDS, SETTLE,
-    STATUS_POLL,
+    AgentResults, ExitReference, IdlePoint, TargetRun, GAP, KILLED, LIST_ROUNDS, RELIST_JITTER,
+    SETTLE, STATUS_POLL,
 };
 use crate::agent_proc::{Mode, ObserveMethod, POLL_EVERY, RELIST_PERIOD};
 use crate::procfs::{self, Cpu};
@@ -503,7 +503,9 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
     writeln!(
         o,
         "**Method.** {} pods per mode with one `sleep` container and `restartPolicy: Never` (the \
-         pods of P12). For each in turn, after {} ms of quiet: the init's pid from the runtime's \
+         pods of P12). For each in turn, after {} ms of quiet (in relist mode plus a uniformly \
+         random part of {} ms, so that exits do not fall at one phase of the relist loop): the \
+         init's pid from the runtime's \
          verbose ContainerStatus, the time, SIGKILL to that pid with kill(2); the end is the \
          arrival of the pod's status with the container terminated (exit code {KILLED} \
          expected). The reference is the runtime's own STOPPED event for the same exit at the \
@@ -514,6 +516,7 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
          {} ms from just before the kill(2).",
         r.pods,
         GAP.as_millis(),
+        RELIST_JITTER.as_millis(),
         STATUS_POLL.as_millis()
     )?;
     writeln!(o)?;
@@ -534,7 +537,7 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
     writeln!(
         o,
         "In relist mode the agent learns of an exit at its next relist ({RELIST_PERIOD} \
-         period): about half a period on average."
+         period): half a period on average, a whole one at worst."
     )?;
     writeln!(o)?;
 
@@ -549,7 +552,8 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "**Method.** {} pods per mode, one at a time after {} ms of quiet: the time just before \
+        "**Method.** {} pods per mode, one at a time after {} ms of quiet (plus up to {} ms at \
+         random in relist mode, as for P11): the time just before \
          the manifest's rename into the directory, to the arrival of the pod's status with its \
          container running. The reference, alternating pod by pod, is the same pod (one busybox \
          `sleep` container, network and IPC namespaces per pod) made by the bench directly: \
@@ -557,7 +561,8 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
          untimed. The agent's own `kubelet_pod_start_duration_seconds` (first seen → all \
          running) over the same pods is shown beside.",
         r.pods,
-        GAP.as_millis()
+        GAP.as_millis(),
+        RELIST_JITTER.as_millis()
     )?;
     writeln!(o)?;
     writeln!(
