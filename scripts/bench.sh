@@ -4,7 +4,7 @@
 #
 #   scripts/bench.sh [petrel-bench flags]     e.g. --idle-seconds 5 --out /tmp/P.md
 #   scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 \
-#       --agent-pods 4 --agent-large-pods 20 --out /tmp/A.md   # quick agent run
+#       --agent-pods 4 --agent-relist-pods 4 --agent-large-pods 20 --out /tmp/A.md   # quick agent run
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
 # image (make image; IMAGES=dir overrides build/images). Everything the bench

@@ -221,8 +221,10 @@ pub struct AgentResults {
     pub idle_seconds: u64,
     /// P13 window length.
     pub relist_seconds: u64,
-    /// P11/P12 pods per mode.
+    /// P11/P12 pods in event mode.
     pub pods: usize,
+    /// P11/P12 pods in relist mode.
+    pub relist_pods: usize,
 }
 
 /// A runtime the agent drives.
@@ -838,7 +840,11 @@ async fn exits_starts_idle(
         if res_method.is_none() {
             *res_method = Some((obs.method(), obs.watch_error.clone()));
         }
-        let pods = names(&format!("up-{}", &mode.arg()[..1]), 0..args.agent_pods);
+        let n = match mode {
+            Mode::Events => args.agent_pods,
+            Mode::Relist => args.agent_relist_pods,
+        };
+        let pods = names(&format!("up-{}", &mode.arg()[..1]), 0..n);
         progress(&format!(
             "{}: P12 {} pods through manifests, {} mode",
             run.name,
@@ -964,6 +970,7 @@ pub async fn measure(args: &Args, work: &Work, progress: &dyn Fn(&str)) -> Agent
         idle_seconds: args.agent_idle_seconds,
         relist_seconds: args.agent_relist_seconds,
         pods: args.agent_pods,
+        relist_pods: args.agent_relist_pods,
     };
     let mut method = None;
     if args.agent_skip_petrel {

@@ -502,7 +502,7 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "**Method.** {} pods per mode with one `sleep` container and `restartPolicy: Never` (the \
+        "**Method.** {} pods in event mode and {} in relist mode, each with one `sleep` container and `restartPolicy: Never` (the \
          pods of P12). For each in turn, after {} ms of quiet (in relist mode plus a uniformly \
          random part of {} ms, so that exits do not fall at one phase of the relist loop): the \
          init's pid from the runtime's \
@@ -515,6 +515,7 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
          from the agent; its reference there is ContainerStatus reporting EXITED, polled every \
          {} ms from just before the kill(2).",
         r.pods,
+        r.relist_pods,
         GAP.as_millis(),
         RELIST_JITTER.as_millis(),
         STATUS_POLL.as_millis()
@@ -552,7 +553,7 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "**Method.** {} pods per mode, one at a time after {} ms of quiet (plus up to {} ms at \
+        "**Method.** {} pods in event mode and {} in relist mode, one at a time after {} ms of quiet (plus up to {} ms at \
          random in relist mode, as for P11): the time just before \
          the manifest's rename into the directory, to the arrival of the pod's status with its \
          container running. The reference, alternating pod by pod, is the same pod (one busybox \
@@ -561,6 +562,7 @@ pub fn sections(o: &mut String, r: &AgentResults) -> std::fmt::Result {
          untimed. The agent's own `kubelet_pod_start_duration_seconds` (first seen → all \
          running) over the same pods is shown beside.",
         r.pods,
+        r.relist_pods,
         GAP.as_millis(),
         RELIST_JITTER.as_millis()
     )?;

@@ -90,9 +90,14 @@ pub struct Args {
     /// one size by default, to keep `make bench` near 30 minutes).
     #[arg(long, value_delimiter = ',', default_value = "100")]
     pub agent_containerd_sizes: Vec<usize>,
-    /// Pods per PLEG mode for the agent's exit and start figures (P11, P12).
+    /// Pods in event mode for the agent's exit and start figures (P11, P12).
     #[arg(long, default_value_t = 50)]
     pub agent_pods: usize,
+    /// Pods in relist mode for the same figures (each waits for a relist,
+    /// about a second: fewer by default, to keep `make bench` near 30
+    /// minutes).
+    #[arg(long, default_value_t = 20)]
+    pub agent_relist_pods: usize,
     /// Pods of the large relist figure (P13).
     #[arg(long, default_value_t = 1000)]
     pub agent_large_pods: usize,
@@ -233,7 +238,10 @@ fn run_queue_only(args: &Args) -> Result<()> {
 
 /// `--only agent`: the agent figures alone, with their own work directory.
 fn run_agent_only(args: &Args) -> Result<()> {
-    ensure!(args.agent_pods > 0, "--agent-pods must be at least 1");
+    ensure!(
+        args.agent_pods > 0 && args.agent_relist_pods > 0,
+        "--agent-pods and --agent-relist-pods must be at least 1"
+    );
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .context("become a child subreaper")?;
     let id = match &args.id {

@@ -483,11 +483,12 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if r.agent.is_some() {
         writeln!(
             o,
-            "| agent parameters | {} s idle windows at {:?} containers (containerd: {:?}), {} pods per PLEG mode for exits and starts, relist figures at 100 and {} pods × {} containers over {} s |",
+            "| agent parameters | {} s idle windows at {:?} containers (containerd: {:?}), {} pods in event mode and {} in relist mode for exits and starts, relist figures at 100 and {} pods × {} containers over {} s |",
             args.agent_idle_seconds,
             args.agent_sizes,
             args.agent_containerd_sizes,
             args.agent_pods,
+            args.agent_relist_pods,
             args.agent_large_pods,
             args.agent_containers_per_pod,
             args.agent_relist_seconds
@@ -924,7 +925,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     )?;
     writeln!(
         o,
-        "scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 --agent-pods 4 --agent-large-pods 20 --out /tmp/A.md   # P10-P13 alone, quick"
+        "scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 --agent-pods 4 --agent-relist-pods 4 --agent-large-pods 20 --out /tmp/A.md   # P10-P13 alone, quick"
     )?;
     writeln!(o, "```")?;
     writeln!(o)?;
