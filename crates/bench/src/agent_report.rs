@@ -53,6 +53,7 @@ fn reduction(a: Cpu, b: Cpu) -> Option<f64> {
 
 fn red_text(r: Option<f64>) -> String {
     match r {
+        Some(r) if r.abs() < 0.05 => "±0.0 %".to_string(),
         Some(r) => format!("{:+.1} %", -r),
         None => "n/a (relist mode used no measurable CPU)".to_string(),
     }
