@@ -1,6 +1,7 @@
-//! The inotify loop: events mark files dirty, a short quiet period merges
-//! bursts (an editor's rename-away-and-write-back is one change, not a
-//! removal and an add), then the dirty files are re-read.
+//! The inotify loop: events mark files dirty, which are re-read at once;
+//! after a move-away or delete a short quiet period merges bursts first
+//! (an editor's rename-away-and-write-back is one change, not a removal and
+//! an add).
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -58,6 +59,10 @@ pub(super) struct Watcher {
     full: bool,
     /// New regular files not yet closed after writing, since when.
     writing: HashMap<OsString, Instant>,
+    /// An entry was moved away or deleted since the last read: wait for
+    /// quiet, it may be an editor replacing the file. Without one, a file
+    /// written or moved in is read at once.
+    removal: bool,
     /// When the first unprocessed event arrived.
     first_pending: Option<Instant>,
     last_event: Option<Instant>,
@@ -88,6 +93,7 @@ impl Watcher {
             // Whatever changed between load and now is picked up at once.
             full: true,
             writing: HashMap::new(),
+            removal: false,
             first_pending: Some(Instant::now()),
             last_event: Some(Instant::now()),
         })
@@ -120,10 +126,19 @@ impl Watcher {
         }
     }
 
+    /// How long to wait for quiet before reading.
+    fn quiet(&self) -> Duration {
+        if self.removal || self.full {
+            QUIET
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// When pending work is due, if any.
     fn deadline(&self) -> Option<Instant> {
         let settle = match (self.first_pending, self.last_event) {
-            (Some(first), Some(last)) => Some((last + QUIET).min(first + MAX_DELAY)),
+            (Some(first), Some(last)) => Some((last + self.quiet()).min(first + MAX_DELAY)),
             _ => None,
         };
         let write = self.writing.values().min().map(|t| *t + WRITE_WAIT);
@@ -188,6 +203,9 @@ impl Watcher {
         } else {
             self.writing.remove(&name);
         }
+        if mask.intersects(EventMask::MOVED_FROM | EventMask::DELETE) {
+            self.removal = true;
+        }
         self.dirty.insert(name);
         true
     }
@@ -212,12 +230,13 @@ impl Watcher {
         });
         self.dirty.extend(overdue);
         let settled = match (self.first_pending, self.last_event) {
-            (Some(f), Some(l)) => now >= (l + QUIET).min(f + MAX_DELAY),
+            (Some(f), Some(l)) => now >= (l + self.quiet()).min(f + MAX_DELAY),
             _ => true,
         };
         if !settled {
             return Vec::new();
         }
+        self.removal = false;
         self.first_pending = None;
         self.last_event = None;
         let changes = if self.full {

@@ -94,6 +94,20 @@ struct PodState {
     terminating_since: Option<SystemTime>,
     /// The last desired pod seen (to show a terminating pod).
     last_desired: Option<DesiredPod>,
+    /// What the last sync that changed nothing and asked for nothing saw.
+    /// A sync that would see the same again has nothing to do (periodic
+    /// resyncs of a quiet node then cost a lock and a comparison).
+    settled: Option<Fingerprint>,
+}
+
+/// Everything a sync of a running pod decides on: the runtime status (by
+/// its cache timestamp), the desired pod (by identity: the source makes a
+/// new `Arc` for every change) and the probe results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    status_timestamp: i64,
+    pod: usize,
+    probes: Vec<(Option<bool>, Option<bool>, bool)>,
 }
 
 /// The pod workers' shared state; `sync` is the reconcile function.
@@ -190,9 +204,19 @@ impl PodWorkers {
     /// Reconciles the pod `uid` once.
     pub async fn sync(&self, uid: PodUid) -> Result<Action, WorkerError> {
         let desired = self.source.get(&uid);
-        let status = self.fresh_status(&uid).await?;
+        let (status, status_timestamp) = self.fresh_status(&uid).await?;
         match desired {
             Some(d) if d.invalid.is_none() => {
+                let fp = Fingerprint {
+                    status_timestamp,
+                    pod: Arc::as_ptr(&d.pod) as usize,
+                    probes: self.probe_fingerprint(&d, &status),
+                };
+                let (settled, acted_before) =
+                    self.with_state(&uid, |s| (s.settled.as_ref() == Some(&fp), s.last_action));
+                if settled {
+                    return Ok(Action::Done);
+                }
                 // An adopted pod started when its oldest sandbox was made.
                 let adopted_at = status.sandboxes.last().map(|sb| {
                     SystemTime::UNIX_EPOCH
@@ -207,7 +231,12 @@ impl PodWorkers {
                         s.hints.start_time = Some(adopted_at.unwrap_or_else(SystemTime::now));
                     }
                 });
-                self.sync_pod(&d, &status).await
+                let result = self.sync_pod(&d, &status).await;
+                let quiet = matches!(result, Ok(Action::Done));
+                self.with_state(&uid, |s| {
+                    s.settled = (quiet && s.last_action == acted_before).then_some(fp);
+                });
+                result
             }
             Some(d) => {
                 // A manifest that cannot run: whatever ran under its name
@@ -232,7 +261,7 @@ impl PodWorkers {
     /// The runtime's status of `uid`, inspected after this agent's last
     /// action on it: from the cache if that is fresh enough, else by a
     /// targeted inspection (and `get_newer_than` makes sure of it).
-    async fn fresh_status(&self, uid: &str) -> Result<Arc<PodRuntimeStatus>, WorkerError> {
+    async fn fresh_status(&self, uid: &str) -> Result<(Arc<PodRuntimeStatus>, i64), WorkerError> {
         let last = self.with_state(uid, |s| s.last_action);
         let entry = self.cache.get(uid);
         // A failed inspection is not a status: look again.
@@ -248,12 +277,30 @@ impl PodWorkers {
         if let Some(e) = entry.error {
             return Err(WorkerError::Io(format!("inspecting pod {uid}: {e}")));
         }
-        Ok(entry.status.unwrap_or_else(|| {
+        let ts = entry.timestamp;
+        let status = entry.status.unwrap_or_else(|| {
             Arc::new(PodRuntimeStatus {
                 uid: uid.to_string(),
                 ..Default::default()
             })
-        }))
+        });
+        Ok((status, ts))
+    }
+
+    /// The probe results of the pod's running containers.
+    fn probe_fingerprint(
+        &self,
+        pod: &DesiredPod,
+        runtime: &PodRuntimeStatus,
+    ) -> Vec<(Option<bool>, Option<bool>, bool)> {
+        pod_containers(pod)
+            .filter_map(|c| runtime.latest_container(&c.name).map(|i| (c, i)))
+            .filter(|(_, i)| i.state == petrel_cri::api::ContainerState::ContainerRunning as i32)
+            .map(|(c, i)| {
+                let r = self.probes.results(&pod.uid, &c.name, &i.id);
+                (r.ready, r.started, r.kill_reason.is_some())
+            })
+            .collect()
     }
 
     /// Publishes the status of `pod` computed from `runtime`.
