@@ -6,7 +6,8 @@
 //! its evented PLEG ran into):
 //! * **Never backwards.** [`PodCache::set`] ignores a status older than the
 //!   one cached, so a slow relist finishing after a fast event-triggered
-//!   inspection cannot bring back a container that already died.
+//!   inspection cannot bring back a container that already died. Deleting
+//!   a pod leaves a tombstone for the same reason ([`PodCache::delete`]).
 //! * **Never stale.** [`PodCache::get_newer_than`] blocks until the pod's
 //!   entry, or the cache's global timestamp, is newer than the time the
 //!   caller last acted; a worker that just created a container never reads
@@ -138,14 +139,34 @@ impl PodCache {
         self.lock().global
     }
 
-    /// Forgets `uid` (its pod is gone for good).
+    /// Forgets `uid`'s status: its pod is gone from the runtime (the caller
+    /// removed everything of it). The entry stays as a tombstone, no status
+    /// stamped now: an inspection that began before the removal and ends
+    /// after it would otherwise find no entry to be older than and bring
+    /// the dead pod's status back; a pod re-created under the same UID
+    /// (static pods keep theirs) would then be taken as still running.
     pub fn delete(&self, uid: &str) {
-        self.lock().pods.remove(uid);
+        let now = now_ns();
+        let mut g = self.lock();
+        let timestamp = g.pods.get(uid).map_or(now, |e| e.timestamp.max(now));
+        g.pods.insert(
+            uid.to_string(),
+            CacheEntry {
+                status: None,
+                error: None,
+                timestamp,
+            },
+        );
     }
 
-    /// The UIDs with an entry.
+    /// The UIDs with an entry (not counting deleted pods' tombstones).
     pub fn uids(&self) -> Vec<PodUid> {
-        self.lock().pods.keys().cloned().collect()
+        self.lock()
+            .pods
+            .iter()
+            .filter(|(_, e)| e.status.is_some() || e.error.is_some())
+            .map(|(uid, _)| uid.clone())
+            .collect()
     }
 }
 
@@ -184,6 +205,24 @@ mod tests {
         let e = c.get("u");
         assert_eq!(e.error.as_deref(), Some("boom"));
         assert_eq!(e.status.map(|s| s.name.clone()), Some("new".into()));
+    }
+
+    #[test]
+    fn delete_should_not_let_an_older_inspection_bring_the_pod_back() {
+        let c = PodCache::new();
+        // An inspection begins (the pod still runs), the pod is removed and
+        // deleted, then the inspection ends.
+        let began = now_ns();
+        c.set("u", Ok(status("older")), began - 1);
+        std::thread::sleep(Duration::from_millis(1));
+        c.delete("u");
+        assert!(!c.set("u", Ok(status("running")), began));
+        let e = c.get("u");
+        assert!(e.status.is_none() && e.error.is_none() && e.timestamp > began);
+        assert!(c.uids().is_empty());
+        // Inspections begun after the removal are taken.
+        assert!(c.set("u", Ok(status("new")), now_ns()));
+        assert_eq!(c.uids(), vec!["u".to_string()]);
     }
 
     #[tokio::test]

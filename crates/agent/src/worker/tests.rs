@@ -113,6 +113,8 @@ struct Pipeline {
     source: PodSource,
     queue: WorkQueue<String>,
     tasks: JoinSet<()>,
+    cache: Arc<PodCache>,
+    workers: Arc<PodWorkers>,
 }
 
 impl Drop for Pipeline {
@@ -244,6 +246,8 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
         source,
         queue,
         tasks,
+        cache,
+        workers,
     }
 }
 
@@ -532,4 +536,63 @@ async fn faults_should_never_create_twice_and_should_converge_in_events_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_should_never_create_twice_and_should_converge_in_relist_mode() {
     run_seeds(PlegMode::Relist, &[11, 12, 13, 14, 15]).await;
+}
+
+/// Waits up to 10 s for `done`; panics with `what` otherwise.
+async fn wait_for(what: &str, mut done: impl FnMut() -> Option<String>) {
+    let t = Instant::now();
+    loop {
+        let Some(why) = done() else { return };
+        assert!(t.elapsed() < CONVERGE, "{what}: {why}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The race behind a pod that never came back: an inspection that began
+/// while the pod ran ends after its manifest was deleted and the worker
+/// removed and forgot it. Its status must not stand for the pod when the
+/// manifest (same UID) comes back, or the worker sees it running and
+/// never starts it. Deterministic: the late write is made by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_inspection_should_not_hide_a_pod_that_came_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    let flap = manifest("flap", "Always", &[], &["main"]);
+    put(&dir, "flap.yaml", &flap);
+    let rt = Arc::new(FakeRuntime::live(1));
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    let uid = pipeline.source.all()[0].uid.clone();
+    wait_for("the pod starts", || divergence(&rt, &pipeline.source.all())).await;
+
+    // An inspection begins now and finds the pod running...
+    let began = crate::cache::now_ns();
+    let running = pipeline.cache.get(&uid).status.unwrap();
+    let ready = petrel_cri::api::PodSandboxState::SandboxReady as i32;
+    assert!(running.sandboxes.iter().any(|s| s.state == ready));
+    // ...the manifest goes, the worker removes and forgets the pod...
+    delete(&dir, "flap.yaml");
+    wait_for("the pod is removed and forgotten", || {
+        let left = rt.sandboxes().iter().filter(|s| s.uid == uid).count()
+            + rt.containers().iter().filter(|c| c.uid == uid).count();
+        let known = pipeline.workers.known_uids().contains(&uid);
+        (left > 0 || known || !pipeline.queue.is_empty())
+            .then(|| format!("{left} left, known {known}"))
+    })
+    .await;
+    // (late syncs of the removal have run)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...and the inspection ends.
+    pipeline.cache.set(&uid, Ok(running), began);
+
+    put(&dir, "flap.yaml", &flap);
+    wait_for("the pod comes back", || {
+        let desired = pipeline.source.all();
+        if desired.is_empty() {
+            return Some("not in the source yet".into());
+        }
+        divergence(&rt, &desired)
+    })
+    .await;
 }
