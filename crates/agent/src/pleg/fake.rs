@@ -47,6 +47,10 @@ struct Sandbox {
     metadata: api::PodSandboxMetadata,
     labels: HashMap<String, String>,
     annotations: HashMap<String, String>,
+    /// Names of the init containers created in this sandbox, and whether
+    /// one of their instances completed (exited 0): app containers may be
+    /// created only once all have, whatever is removed later.
+    inits: HashMap<String, bool>,
 }
 
 #[derive(Clone)]
@@ -270,6 +274,7 @@ impl FakeRuntime {
                     (LABEL_POD_UID.to_string(), uid.to_string()),
                 ]),
                 annotations: HashMap::new(),
+                inits: HashMap::new(),
             },
         );
         id
@@ -478,6 +483,7 @@ impl FakeRuntime {
         let mut rng = lock(&self.rng);
         let mut events = Vec::new();
         let mut gone = Vec::new();
+        let mut completed = Vec::new();
         let mut ids: Vec<String> = s.containers.keys().cloned().collect();
         ids.sort();
         for id in ids {
@@ -502,8 +508,16 @@ impl FakeRuntime {
                 None => None,
             };
             if let Some(code) = exit {
+                if c.init && code == 0 {
+                    completed.push((c.sandbox.clone(), c.name.clone()));
+                }
                 exit_container(c, code, ts);
                 events.push((id.clone(), Ev::ContainerStoppedEvent, ts));
+            }
+        }
+        for (sb, name) in completed {
+            if let Some(b) = s.sandboxes.get_mut(&sb) {
+                b.inits.insert(name, true);
             }
         }
         let mut sbs: Vec<String> = s
@@ -930,6 +944,7 @@ impl RuntimeApi for FakeRuntime {
                     metadata,
                     labels: config.labels,
                     annotations: config.annotations,
+                    inits: HashMap::new(),
                 },
             );
             let started = s.stamp();
@@ -1018,6 +1033,16 @@ impl RuntimeApi for FakeRuntime {
                 planned_exit: None,
             };
             self.check_container(&s, &id, &c, OP);
+            if let Some(b) = s.sandboxes.get_mut(sandbox_id) {
+                if init {
+                    b.inits.entry(c.name.clone()).or_insert(false);
+                } else if let Some((name, _)) = b.inits.iter().find(|(_, done)| !**done) {
+                    self.violation(format!(
+                        "{OP} {id}: app container {} of pod {} while init container {name} never completed in sandbox {sandbox_id}",
+                        c.name, c.uid
+                    ));
+                }
+            }
             s.containers.insert(id.clone(), c);
             self.publish_all(
                 &s,

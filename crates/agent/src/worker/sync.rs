@@ -130,8 +130,19 @@ impl PodWorkers {
         // container added to the manifest since, or whose instance is
         // gone, must not run beside the apps.
         let apps_created = spec.containers.iter().any(|c| latest_of(&c.name).is_some());
+        // Likewise an init container's instance proves that those before it
+        // completed: one whose completed instance was removed since (the
+        // runtime's garbage collection, `crictl rm`) must not run again
+        // beside a later one, so the walk starts at the last with one.
+        let resume = spec
+            .init_containers
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .rposition(|c| latest_of(&c.name).is_some())
+            .unwrap_or(0);
         let mut initialized = true;
-        for c in spec.init_containers.iter().flatten() {
+        for c in spec.init_containers.iter().flatten().skip(resume) {
             if apps_created {
                 break;
             }

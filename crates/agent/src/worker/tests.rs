@@ -294,11 +294,16 @@ fn divergence(rt: &FakeRuntime, desired: &[DesiredPod]) -> Option<String> {
                 .find(|c| c.sandbox == sb.id && c.name == name)
         };
         // An init container added to the manifest after the pod started
-        // runs with the next sandbox only.
+        // runs with the next sandbox only. Once app containers exist, the
+        // init containers' newest instance may be gone or an older failed
+        // one (the runtime removed the completed one): that apps were only
+        // created after every init container completed is the fake's check
+        // on each create.
         let apps_created = spec.containers.iter().any(|c| newest(&c.name).is_some());
         for c in spec.init_containers.iter().flatten() {
             match newest(&c.name) {
                 Some(i) if i.state == ContainerState::ContainerExited && i.exit_code == 0 => {}
+                Some(i) if apps_created && i.state == ContainerState::ContainerExited => {}
                 None if apps_created => {}
                 other => {
                     return Some(format!(
@@ -595,4 +600,35 @@ async fn late_inspection_should_not_hide_a_pod_that_came_back() {
         divergence(&rt, &desired)
     })
     .await;
+}
+
+/// Init containers run one at a time, in order: once a later one has an
+/// instance, an earlier one whose completed instance the runtime removed
+/// (garbage collection, `crictl rm`) must not run again beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_init_instance_should_not_run_again_beside_a_later_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    put(
+        &dir,
+        "steps.yaml",
+        &manifest("steps", "Always", &["init-a", "init-b"], &["app"]),
+    );
+    let rt = Arc::new(FakeRuntime::live(1));
+    let uid = crate::source::uid::derive(NODE, "default", "steps");
+    let sb = rt.add_sandbox(&uid, NODE);
+    // init-a completed and was removed since; init-b runs.
+    let b = rt.add_container(&sb, "init-b", ContainerState::ContainerRunning);
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Relist).await;
+    assert_eq!(pipeline.source.all()[0].uid, uid);
+    tokio::time::sleep(SYNC_PERIOD).await;
+    assert_eq!(rt.violations(), Vec::<String>::new());
+    assert_eq!(rt.calls("create_container"), 0);
+    // init-b completes: the app starts.
+    rt.set_state(&b, ContainerState::ContainerExited);
+    wait_for("the app starts", || divergence(&rt, &pipeline.source.all())).await;
+    assert_eq!(rt.violations(), Vec::<String>::new());
+    assert_eq!(rt.calls("create_container"), 1);
 }
