@@ -104,8 +104,15 @@ impl State {
     }
 }
 
+/// The nominal period of [`FakeRuntime::chaos_tick`]. Per-tick faults are
+/// scaled by the time since the previous tick in units of this, so a test
+/// starved of CPU, whose ticks come late, still gets the faults it asked
+/// for per second.
+pub(crate) const TICK: Duration = Duration::from_millis(5);
+
 /// Random trouble, all off by default. Probabilities are per call, per
-/// event delivery or per [`FakeRuntime::chaos_tick`].
+/// event delivery or per [`TICK`] of time passed between calls of
+/// [`FakeRuntime::chaos_tick`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Faults {
     /// Each call waits up to this long before it takes effect (or takes
@@ -182,6 +189,7 @@ pub(crate) struct FakeRuntime {
     faults: Mutex<Faults>,
     rng: Mutex<StdRng>,
     violations: Mutex<Vec<String>>,
+    last_tick: Mutex<Option<Instant>>,
 }
 
 impl Default for FakeRuntime {
@@ -200,6 +208,7 @@ impl Default for FakeRuntime {
             faults: Mutex::default(),
             rng: Mutex::new(StdRng::seed_from_u64(0)),
             violations: Mutex::default(),
+            last_tick: Mutex::default(),
         }
     }
 }
@@ -475,10 +484,23 @@ impl FakeRuntime {
 
     /// Lets time act on the runtime: init containers whose run is over
     /// exit; with faults, app containers exit and sandboxes die at random,
-    /// and streams break. Call it every few milliseconds.
+    /// and streams break. Call it every [`TICK`] or so.
     pub(crate) fn chaos_tick(&self) {
-        let faults = lock(&self.faults).clone();
+        let mut faults = lock(&self.faults).clone();
         let now = Instant::now();
+        // Per-tick chances for the time that passed: 1 - (1 - p)^ticks.
+        let ticks = lock(&self.last_tick)
+            .replace(now)
+            .map_or(1.0, |t| (now - t).as_secs_f64() / TICK.as_secs_f64())
+            .min(20.0);
+        for p in [
+            &mut faults.cut_all,
+            &mut faults.app_exit,
+            &mut faults.sandbox_death,
+            &mut faults.remove_exited,
+        ] {
+            *p = 1.0 - (1.0 - *p).powf(ticks);
+        }
         let mut s = lock(&self.state);
         let mut rng = lock(&self.rng);
         let mut events = Vec::new();

@@ -32,7 +32,7 @@ use crate::convert::container_hash;
 use crate::cri::RuntimeApi;
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
-use crate::pleg::fake::{FakeRuntime, Faults};
+use crate::pleg::fake::{FakeRuntime, Faults, TICK};
 use crate::pleg::{Pleg, PlegConfig, PodLifecycleEventType};
 use crate::probe::{ProbeChange, ProbeManager};
 use crate::source::PodSource;
@@ -463,7 +463,7 @@ async fn run_seed(seed: u64, mode: PlegMode) -> Result<Outcome, String> {
             );
             step += 1;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(TICK).await;
     }
 
     // Faults off: everything must converge, and stay converged.
