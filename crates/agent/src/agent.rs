@@ -232,6 +232,9 @@ pub async fn run(
                 let mut uids: HashSet<String> = s.all().into_iter().map(|d| d.uid).collect();
                 uids.extend(w.known_uids());
                 for uid in uids {
+                    if w.is_settled(&uid) {
+                        continue;
+                    }
                     q.add_resync(uid);
                 }
             }

@@ -287,6 +287,34 @@ impl PodWorkers {
         Ok((status, ts))
     }
 
+    /// Would a sync of `uid` now do nothing? True when its last sync was
+    /// quiet and nothing it decided on has changed since: the cached status
+    /// (fresh, no error), the desired pod and the probe results. The
+    /// periodic resync skips such pods, so a quiet node wakes once per
+    /// period, not once per pod.
+    pub fn is_settled(&self, uid: &str) -> bool {
+        let Some(d) = self.source.get(uid) else {
+            return false;
+        };
+        if d.invalid.is_some() {
+            return false;
+        }
+        let entry = self.cache.get(uid);
+        let Some(status) = entry.status.as_ref() else {
+            return false;
+        };
+        let (settled, last_action) = self.with_state(uid, |s| (s.settled.clone(), s.last_action));
+        if entry.error.is_some() || entry.timestamp <= last_action {
+            return false;
+        }
+        let fp = Fingerprint {
+            status_timestamp: entry.timestamp,
+            pod: Arc::as_ptr(&d.pod) as usize,
+            probes: self.probe_fingerprint(&d, status),
+        };
+        settled == Some(fp)
+    }
+
     /// The probe results of the pod's running containers.
     fn probe_fingerprint(
         &self,
