@@ -130,25 +130,8 @@ pub fn main(args: AgentArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("petrel agent: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(petrel_agent::run(
-        config,
-        crate::commands::runtime::shutdown_signal(),
-    )) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "agent failed");
-            eprintln!("petrel agent: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::run_daemon(
+        "agent",
+        petrel_agent::run(config, crate::commands::runtime::shutdown_signal()),
+    )
 }

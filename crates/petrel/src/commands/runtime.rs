@@ -78,24 +78,7 @@ pub fn main(args: RuntimeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("petrel runtime: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(petrel_runtime::serve(config, shutdown_signal())) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "runtime failed");
-            eprintln!("petrel runtime: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::run_daemon("runtime", petrel_runtime::serve(config, shutdown_signal()))
 }
 
 /// Completes on the first SIGTERM or SIGINT.
