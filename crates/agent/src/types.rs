@@ -58,7 +58,7 @@ pub struct DesiredPod {
 }
 
 /// What the runtime has for one pod: one inspection, as cached by the PLEG.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodRuntimeStatus {
     /// The pod's UID (from labels).
     pub uid: PodUid,

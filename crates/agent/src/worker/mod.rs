@@ -101,13 +101,22 @@ struct PodState {
 }
 
 /// Everything a sync of a running pod decides on: the runtime status (by
-/// its cache timestamp), the desired pod (by identity: the source makes a
-/// new `Arc` for every change) and the probe results.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// content: a relist that re-inspects an unchanged pod gives a newer entry
+/// with the same content), the desired pod (by identity: the source makes
+/// a new `Arc` for every change) and the probe results.
+#[derive(Debug, Clone)]
 struct Fingerprint {
-    status_timestamp: i64,
+    status: Arc<PodRuntimeStatus>,
     pod: usize,
     probes: Vec<(Option<bool>, Option<bool>, bool)>,
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        self.pod == other.pod
+            && self.probes == other.probes
+            && (Arc::ptr_eq(&self.status, &other.status) || *self.status == *other.status)
+    }
 }
 
 /// The pod workers' shared state; `sync` is the reconcile function.
@@ -204,11 +213,11 @@ impl PodWorkers {
     /// Reconciles the pod `uid` once.
     pub async fn sync(&self, uid: PodUid) -> Result<Action, WorkerError> {
         let desired = self.source.get(&uid);
-        let (status, status_timestamp) = self.fresh_status(&uid).await?;
+        let status = self.fresh_status(&uid).await?;
         match desired {
             Some(d) if d.invalid.is_none() => {
                 let fp = Fingerprint {
-                    status_timestamp,
+                    status: Arc::clone(&status),
                     pod: Arc::as_ptr(&d.pod) as usize,
                     probes: self.probe_fingerprint(&d, &status),
                 };
@@ -261,7 +270,7 @@ impl PodWorkers {
     /// The runtime's status of `uid`, inspected after this agent's last
     /// action on it: from the cache if that is fresh enough, else by a
     /// targeted inspection (and `get_newer_than` makes sure of it).
-    async fn fresh_status(&self, uid: &str) -> Result<(Arc<PodRuntimeStatus>, i64), WorkerError> {
+    async fn fresh_status(&self, uid: &str) -> Result<Arc<PodRuntimeStatus>, WorkerError> {
         let last = self.with_state(uid, |s| s.last_action);
         let entry = self.cache.get(uid);
         // A failed inspection is not a status: look again.
@@ -277,14 +286,12 @@ impl PodWorkers {
         if let Some(e) = entry.error {
             return Err(WorkerError::Io(format!("inspecting pod {uid}: {e}")));
         }
-        let ts = entry.timestamp;
-        let status = entry.status.unwrap_or_else(|| {
+        Ok(entry.status.unwrap_or_else(|| {
             Arc::new(PodRuntimeStatus {
                 uid: uid.to_string(),
                 ..Default::default()
             })
-        });
-        Ok((status, ts))
+        }))
     }
 
     /// Would a sync of `uid` now do nothing? True when its last sync was
@@ -308,7 +315,7 @@ impl PodWorkers {
             return false;
         }
         let fp = Fingerprint {
-            status_timestamp: entry.timestamp,
+            status: Arc::clone(status),
             pod: Arc::as_ptr(&d.pod) as usize,
             probes: self.probe_fingerprint(&d, status),
         };
