@@ -7,18 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::agent::{condition, container_state, container_status, phase, Agent};
+use common::agent::{
+    condition, container_id, container_state, container_status, phase, running, Agent,
+};
 use common::{Node, BUSYBOX};
 use petrel_cri::api;
 
 const T: Duration = Duration::from_secs(30);
-
-async fn node_with_busybox() -> Node {
-    let node = Node::start();
-    let mut c = node.clients().await;
-    node.import_busybox(&mut c).await;
-    node
-}
 
 fn pod_yaml(name: &str, extra_spec: &str, containers: &str) -> String {
     format!(
@@ -32,49 +27,9 @@ fn sh(name: &str, script: &str) -> String {
     )
 }
 
-/// Ids of the runtime's containers labelled with this agent's node, by name.
-async fn runtime_containers(node: &Node, agent: &Agent) -> Vec<api::Container> {
-    let mut c = node.clients().await;
-    c.rt.list_containers(api::ListContainersRequest {
-        filter: Some(api::ContainerFilter {
-            label_selector: [("petrel.io/node".to_string(), agent.node_name.clone())].into(),
-            ..Default::default()
-        }),
-    })
-    .await
-    .expect("list containers")
-    .into_inner()
-    .containers
-}
-
-async fn runtime_sandboxes(node: &Node, agent: &Agent) -> Vec<api::PodSandbox> {
-    let mut c = node.clients().await;
-    c.rt.list_pod_sandbox(api::ListPodSandboxRequest {
-        filter: Some(api::PodSandboxFilter {
-            label_selector: [("petrel.io/node".to_string(), agent.node_name.clone())].into(),
-            ..Default::default()
-        }),
-    })
-    .await
-    .expect("list sandboxes")
-    .into_inner()
-    .items
-}
-
-fn container_id(pod: &serde_json::Value, name: &str) -> String {
-    container_status(pod, name)
-        .and_then(|c| c["containerID"].as_str())
-        .unwrap_or("")
-        .to_string()
-}
-
-fn running(pod: &serde_json::Value, name: &str) -> bool {
-    matches!(container_state(pod, name), Some(("running", _)))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_start_change_and_delete_a_pod() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &["--pleg", "events"]);
     let out = node.dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
@@ -108,7 +63,8 @@ async fn agent_should_start_change_and_delete_a_pod() {
     });
     assert_eq!(container_id(&pod, "a"), a1, "a must not restart");
     assert_eq!(container_status(&pod, "b").unwrap()["restartCount"], 1);
-    let live: Vec<_> = runtime_containers(&node, &agent)
+    let live: Vec<_> = agent
+        .runtime_containers(&node)
         .await
         .into_iter()
         .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
@@ -124,13 +80,13 @@ async fn agent_should_start_change_and_delete_a_pod() {
             .trim(),
         "stopping"
     );
-    assert!(runtime_containers(&node, &agent).await.is_empty());
-    assert!(runtime_sandboxes(&node, &agent).await.is_empty());
+    assert!(agent.runtime_containers(&node).await.is_empty());
+    assert!(agent.runtime_sandboxes(&node).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_run_init_containers_in_order() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &[]);
     let out = node.dir.path().join("init-out");
     std::fs::create_dir_all(&out).unwrap();
@@ -160,7 +116,7 @@ async fn agent_should_run_init_containers_in_order() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_apply_restart_policies_with_backoff() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &["--backoff-initial", "2s"]);
     agent.write_manifest(
         "crash.yaml",
@@ -200,7 +156,7 @@ async fn agent_should_apply_restart_policies_with_backoff() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_act_on_exec_probes() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &[]);
     let c = format!(
         "{}    readinessProbe:\n      exec: {{command: [\"test\", \"-f\", \"/tmp/ready\"]}}\n      periodSeconds: 1\n      failureThreshold: 1\n{}    livenessProbe:\n      exec: {{command: [\"sh\", \"-c\", \"test ! -f /tmp/dead\"]}}\n      periodSeconds: 1\n      failureThreshold: 2\n",
@@ -225,7 +181,7 @@ async fn agent_should_act_on_exec_probes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_show_invalid_manifests_and_run_the_rest() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &[]);
     agent.write_manifest(
         "broken.yaml",
@@ -264,7 +220,7 @@ async fn agent_should_show_invalid_manifests_and_run_the_rest() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_probe_host_network_pods_over_http_and_tcp() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &[]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

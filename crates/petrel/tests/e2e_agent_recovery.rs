@@ -7,18 +7,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::agent::{container_state, container_status, Agent};
+use common::agent::{container_id, container_state, container_status, running, Agent};
 use common::{Node, BUSYBOX};
-use petrel_cri::api;
 
 const T: Duration = Duration::from_secs(30);
-
-async fn node_with_busybox() -> Node {
-    let node = Node::start();
-    let mut c = node.clients().await;
-    node.import_busybox(&mut c).await;
-    node
-}
 
 fn pod_yaml(name: &str, policy: &str, containers: &[(&str, &str)]) -> String {
     let mut s = format!(
@@ -32,49 +24,21 @@ fn pod_yaml(name: &str, policy: &str, containers: &[(&str, &str)]) -> String {
     s
 }
 
-fn running(pod: &serde_json::Value, name: &str) -> bool {
-    matches!(container_state(pod, name), Some(("running", _)))
-}
-
-fn cid(pod: &serde_json::Value, name: &str) -> String {
-    container_status(pod, name)
-        .and_then(|c| c["containerID"].as_str())
-        .unwrap_or("")
-        .to_string()
-}
-
-async fn live_containers(node: &Node, agent: &Agent) -> Vec<api::Container> {
-    let mut c = node.clients().await;
-    c.rt.list_containers(api::ListContainersRequest {
-        filter: Some(api::ContainerFilter {
-            label_selector: [("petrel.io/node".to_string(), agent.node_name.clone())].into(),
-            ..Default::default()
-        }),
-    })
-    .await
-    .expect("list containers")
-    .into_inner()
-    .containers
-    .into_iter()
-    .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
-    .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn restarted_agent_should_adopt_running_pods() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     let mut agent = Agent::for_node(&node, &[]);
     agent.write_manifest(
         "a.yaml",
         &pod_yaml("a", "Always", &[("c", "exec sleep 3600")]),
     );
     let pod = agent.wait_pod("default", "a", T, "running", |p| running(p, "c"));
-    let before = cid(&pod, "c");
+    let before = container_id(&pod, "c");
     agent.terminate();
     agent.restart();
     let pod = agent.wait_pod("default", "a", T, "running again", |p| running(p, "c"));
     assert_eq!(
-        cid(&pod, "c"),
+        container_id(&pod, "c"),
         before,
         "adoption must not restart the container"
     );
@@ -83,21 +47,21 @@ async fn restarted_agent_should_adopt_running_pods() {
     agent.kill9();
     agent.restart();
     let pod = agent.wait_pod("default", "a", T, "running again", |p| running(p, "c"));
-    assert_eq!(cid(&pod, "c"), before);
+    assert_eq!(container_id(&pod, "c"), before);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(live_containers(&node, &agent).await.len(), 1);
+    assert_eq!(agent.live_containers(&node).await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_survive_a_runtime_kill_and_converge() {
-    let mut node = node_with_busybox().await;
+    let mut node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &["--pleg", "events"]);
     agent.write_manifest(
         "a.yaml",
         &pod_yaml("a", "Always", &[("c", "exec sleep 3600")]),
     );
     let pod = agent.wait_pod("default", "a", T, "running", |p| running(p, "c"));
-    let before = cid(&pod, "c");
+    let before = container_id(&pod, "c");
 
     node.kill9();
     // The agent keeps running and says the runtime is down.
@@ -125,7 +89,7 @@ async fn agent_should_survive_a_runtime_kill_and_converge() {
     agent.wait_pod("default", "b", T, "running", |p| running(p, "c"));
     let pod = agent.wait_pod("default", "a", T, "running", |p| running(p, "c"));
     assert_eq!(
-        cid(&pod, "c"),
+        container_id(&pod, "c"),
         before,
         "the container survived the runtime crash"
     );
@@ -139,16 +103,12 @@ async fn agent_should_survive_a_runtime_kill_and_converge() {
         std::thread::sleep(Duration::from_millis(50));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        live_containers(&node, &agent).await.len(),
-        2,
-        "no duplicates"
-    );
+    assert_eq!(agent.live_containers(&node).await.len(), 2, "no duplicates");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exits_missed_while_the_stream_was_cut_should_be_recovered() {
-    let mut node = node_with_busybox().await;
+    let mut node = Node::start_with_busybox().await;
     let agent = Agent::for_node(&node, &["--pleg", "events"]);
     agent.write_manifest(
         "x.yaml",
@@ -170,7 +130,7 @@ async fn exits_missed_while_the_stream_was_cut_should_be_recovered() {
 /// Container exit → terminated state at /pods, in both PLEG modes.
 #[tokio::test(flavor = "multi_thread")]
 async fn exits_should_reach_the_status_in_both_pleg_modes() {
-    let node = node_with_busybox().await;
+    let node = Node::start_with_busybox().await;
     for (mode, bound) in [
         ("events", Duration::from_secs(2)),
         ("relist", Duration::from_secs(4)),

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use petrel_cri::api;
 use serde_json::Value;
 
 use super::{petrel_bin, random_suffix};
@@ -233,6 +234,49 @@ impl Agent {
     }
 }
 
+impl Agent {
+    fn selector(&self) -> std::collections::HashMap<String, String> {
+        [("petrel.io/node".to_string(), self.node_name.clone())].into()
+    }
+
+    /// The runtime's containers made by this agent (its node label).
+    pub async fn runtime_containers(&self, node: &super::Node) -> Vec<api::Container> {
+        let mut c = node.clients().await;
+        c.rt.list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: self.selector(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("list containers")
+        .into_inner()
+        .containers
+    }
+
+    /// The running ones among them.
+    pub async fn live_containers(&self, node: &super::Node) -> Vec<api::Container> {
+        let mut all = self.runtime_containers(node).await;
+        all.retain(|c| c.state == api::ContainerState::ContainerRunning as i32);
+        all
+    }
+
+    /// The runtime's sandboxes made by this agent.
+    pub async fn runtime_sandboxes(&self, node: &super::Node) -> Vec<api::PodSandbox> {
+        let mut c = node.clients().await;
+        c.rt.list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: self.selector(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("list sandboxes")
+        .into_inner()
+        .items
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         self.terminate();
@@ -274,6 +318,19 @@ pub fn container_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["name"] == name)
+}
+
+/// The `containerID` of container `name` ("" if none).
+pub fn container_id(pod: &Value, name: &str) -> String {
+    container_status(pod, name)
+        .and_then(|c| c["containerID"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Container `name` is running.
+pub fn running(pod: &Value, name: &str) -> bool {
+    matches!(container_state(pod, name), Some(("running", _)))
 }
 
 /// Phase of a pod.

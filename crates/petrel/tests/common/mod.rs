@@ -80,6 +80,14 @@ pub struct Node {
 }
 
 impl Node {
+    /// Starts a runtime with the busybox test image imported.
+    pub async fn start_with_busybox() -> Node {
+        let node = Node::start();
+        let mut c = node.clients().await;
+        node.import_busybox(&mut c).await;
+        node
+    }
+
     /// Starts a runtime with default settings.
     pub fn start() -> Node {
         Self::start_with("")
