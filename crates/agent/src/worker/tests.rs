@@ -570,12 +570,21 @@ async fn late_inspection_should_not_hide_a_pod_that_came_back() {
     let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
     let uid = pipeline.source.all()[0].uid.clone();
     wait_for("the pod starts", || divergence(&rt, &pipeline.source.all())).await;
+    // The runtime may run the pod a moment before the cache has inspected
+    // it: wait for the cache too, or the "running" status below is stale.
+    let ready = petrel_cri::api::PodSandboxState::SandboxReady as i32;
+    wait_for("the cache sees the pod running", || {
+        let status = pipeline.cache.get(&uid).status?;
+        let sandbox = status.sandboxes.iter().any(|s| s.state == ready);
+        let running = petrel_cri::api::ContainerState::ContainerRunning as i32;
+        let main = status.containers.iter().any(|c| c.state == running);
+        (!(sandbox && main)).then(|| format!("{status:?}"))
+    })
+    .await;
 
     // An inspection begins now and finds the pod running...
     let began = crate::cache::now_ns();
     let running = pipeline.cache.get(&uid).status.unwrap();
-    let ready = petrel_cri::api::PodSandboxState::SandboxReady as i32;
-    assert!(running.sandboxes.iter().any(|s| s.state == ready));
     // ...the manifest goes, the worker removes and forgets the pod...
     delete(&dir, "flap.yaml");
     wait_for("the pod is removed and forgotten", || {
