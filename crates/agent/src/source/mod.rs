@@ -222,7 +222,8 @@ impl PodSource {
             }
             (Some(_), Err(_)) => {}
         }
-        let (pods, owners) = snapshot::build(&st.files, &self.inner.node);
+        let (mut pods, owners) = snapshot::build(&st.files, &self.inner.node);
+        snapshot::keep_unchanged(&st.pods, &mut pods);
         let changes = snapshot::diff(&st.pods, &pods);
         st.pods = pods;
         st.owners = owners;

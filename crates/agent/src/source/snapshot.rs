@@ -171,6 +171,20 @@ fn readable(s: &Option<String>, max: usize) -> Option<String> {
     })
 }
 
+/// Gives every pod of `new` that equals its pod in `old` (same pod object
+/// and validity) the old pod's `Arc`: the workers recognise an unchanged
+/// pod by identity, so a re-read of unchanged files (the watcher's scans,
+/// an edit of another file) must not make every pod look new.
+pub fn keep_unchanged(old: &Snapshot, new: &mut Snapshot) {
+    for (uid, p) in new.iter_mut() {
+        if let Some(o) = old.get(uid) {
+            if !Arc::ptr_eq(&o.pod, &p.pod) && o.pod == p.pod && o.invalid == p.invalid {
+                p.pod = Arc::clone(&o.pod);
+            }
+        }
+    }
+}
+
 /// The changes that turn `old` into `new`: one per pod whose pod object or
 /// validity differs (where it came from does not count).
 pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<SourceChange> {

@@ -299,6 +299,28 @@ fn diff_should_report_only_real_changes() {
     assert!(c[0].pod.invalid.is_some());
 }
 
+/// The workers tell an unchanged pod by the identity of its `Arc`: a
+/// re-read that changes nothing (the watcher's scan, an edit of another
+/// file, a rewrite with the same content) must hand out the same one.
+#[test]
+fn refresh_should_keep_the_same_pod_object_for_an_unchanged_pod() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "a.yaml", &pod_yaml("a", "i"));
+    write(tmp.path(), "b.yaml", &pod_yaml("b", "i"));
+    let src = PodSource::load(tmp.path(), NODE).unwrap();
+    let (a0, b0) = (by_name(&src, "a"), by_name(&src, "b"));
+    assert!(src.refresh(None).is_empty());
+    write(tmp.path(), "a.yaml", &pod_yaml("a", "i"));
+    write(tmp.path(), "b.yaml", &pod_yaml("b", "j"));
+    assert_eq!(src.refresh(None).len(), 1);
+    let (a1, b1) = (by_name(&src, "a"), by_name(&src, "b"));
+    assert!(Arc::ptr_eq(&a0.pod, &a1.pod), "a is unchanged");
+    assert!(!Arc::ptr_eq(&b0.pod, &b1.pod), "b changed");
+    assert!(src.refresh(Some(&["a.yaml".into()])).is_empty());
+    assert!(Arc::ptr_eq(&a0.pod, &by_name(&src, "a").pod));
+    assert!(Arc::ptr_eq(&b1.pod, &by_name(&src, "b").pod));
+}
+
 /// Receives changes until `want` arrived (as (name, kind), any order) or
 /// the bound passes; then checks nothing else arrives shortly after.
 async fn expect(
