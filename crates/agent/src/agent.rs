@@ -18,16 +18,18 @@ use petrel_controller::{
 };
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::cache::PodCache;
 use crate::config::AgentConfig;
 use crate::cri::{CriRuntime, RuntimeApi};
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
-use crate::pleg::{Pleg, PlegConfig, PodLifecycleEventType};
+use crate::pleg::{Pleg, PlegConfig, PodLifecycleEvent, PodLifecycleEventType};
 use crate::probe::{ProbeChange, ProbeManager};
 use crate::source::{PodSource, SourceError};
 use crate::status::StatusStore;
+use crate::types::PodUid;
 use crate::worker::{PodWorkers, WorkerConfig};
 
 /// Why the agent could not start.
@@ -121,8 +123,8 @@ pub async fn run(
     ));
     tracing::info!(listen = %config.listen, manifests = %config.manifests.display(), node = %node_name, "agent serving");
 
-    let mut tasks = tokio::task::JoinSet::new();
-    let (pleg, mut pleg_events) = Pleg::new(
+    let mut tasks = JoinSet::new();
+    let (pleg, pleg_events) = Pleg::new(
         Arc::clone(&runtime),
         Arc::clone(&cache),
         Arc::clone(&health),
@@ -145,7 +147,7 @@ pub async fn run(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tracing::info!(runtime = %runtime_name, pleg = ?pleg.mode_in_use(), "runtime connected; adopting pods");
-        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
         let workers = Arc::new(PodWorkers::new(
             Arc::clone(&runtime),
@@ -166,88 +168,19 @@ pub async fn run(
             },
         ));
 
-        // Start-up: pods the runtime already runs are background work
-        // (adoption); new pods and orphans are normal.
-        let wanted: HashSet<String> = source.all().into_iter().map(|d| d.uid).collect();
-        for uid in &wanted {
-            let known = cache
-                .get(uid)
-                .status
-                .is_some_and(|s| !s.sandboxes.is_empty());
-            queue.add(
-                uid.clone(),
-                if known {
-                    Priority::Background
-                } else {
-                    Priority::Normal
-                },
-            );
-        }
-        for uid in cache.uids() {
-            if !wanted.contains(&uid) {
-                queue.add(uid, Priority::Normal);
-            }
-        }
-
-        let (src_tx, mut src_rx) = mpsc::unbounded_channel();
-        let watch = source.spawn_watch(src_tx)?;
-        let q = queue.clone();
-        tasks.spawn(async move {
-            while let Some(change) = src_rx.recv().await {
-                tracing::info!(uid = %change.uid, kind = ?change.kind, pod = %format!("{}/{}", change.pod.namespace, change.pod.name), "manifest changed");
-                q.add(change.uid, Priority::Urgent);
-            }
-            watch.abort();
-        });
-        let q = queue.clone();
-        tasks.spawn(async move {
-            while let Some(ev) = pleg_events.recv().await {
-                if ev.kind != PodLifecycleEventType::ContainerChanged {
-                    q.add(ev.uid, Priority::Urgent);
-                }
-            }
-        });
-        let q = queue.clone();
-        tasks.spawn(async move {
-            while let Some((uid, change)) = probe_rx.recv().await {
-                let p = match change {
-                    ProbeChange::Kill => Priority::Urgent,
-                    ProbeChange::Status => Priority::Normal,
-                };
-                q.add(uid, p);
-            }
-        });
-        let (q, w, s, period) = (
-            queue.clone(),
-            Arc::clone(&workers),
-            source.clone(),
-            config.sync_period,
-        );
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let mut uids: HashSet<String> = s.all().into_iter().map(|d| d.uid).collect();
-                uids.extend(w.known_uids());
-                for uid in uids {
-                    if w.is_settled(&uid) {
-                        continue;
-                    }
-                    q.add_resync(uid);
-                }
-            }
-        });
-        let w = Arc::clone(&workers);
-        tasks.spawn(run_workers(
-            queue.clone(),
-            config.workers,
-            move |uid: String| {
-                let w = Arc::clone(&w);
-                async move { w.sync(uid).await }
+        start_pipeline(
+            Pipeline {
+                queue: &queue,
+                source: &source,
+                cache: &cache,
+                workers: &workers,
+                sync_period: config.sync_period,
+                worker_count: config.workers,
             },
-        ));
+            pleg_events,
+            probe_rx,
+            &mut tasks,
+        )?;
         std::future::pending::<Result<(), AgentError>>().await
     };
 
@@ -262,6 +195,112 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let _ = server.await;
     result
+}
+
+/// The parts the queue connects: built by [`run`], and by the worker
+/// tests over a fake runtime, so that both run the same dispatch.
+pub(crate) struct Pipeline<'a> {
+    pub queue: &'a WorkQueue<String>,
+    pub source: &'a PodSource,
+    pub cache: &'a PodCache,
+    pub workers: &'a Arc<PodWorkers>,
+    /// Period of the resync of pods that are not settled.
+    pub sync_period: Duration,
+    /// Pods synced at once.
+    pub worker_count: usize,
+}
+
+/// Queues every pod for its first sync and starts, on `tasks`, what feeds
+/// the queue (manifest changes, PLEG events, probe changes, the resync
+/// timer) and the pod workers. Pods the runtime already runs are
+/// background work (adoption); new pods and orphans are normal.
+pub(crate) fn start_pipeline(
+    p: Pipeline<'_>,
+    mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
+    mut probe_rx: mpsc::UnboundedReceiver<(PodUid, ProbeChange)>,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), AgentError> {
+    let (queue, source) = (p.queue, p.source);
+    let wanted: HashSet<String> = source.all().into_iter().map(|d| d.uid).collect();
+    for uid in &wanted {
+        let known = p
+            .cache
+            .get(uid)
+            .status
+            .is_some_and(|s| !s.sandboxes.is_empty());
+        let tier = if known {
+            Priority::Background
+        } else {
+            Priority::Normal
+        };
+        queue.add(uid.clone(), tier);
+    }
+    for uid in p.cache.uids() {
+        if !wanted.contains(&uid) {
+            queue.add(uid, Priority::Normal);
+        }
+    }
+
+    let (src_tx, mut src_rx) = mpsc::unbounded_channel();
+    let watch = source.spawn_watch(src_tx)?;
+    let q = queue.clone();
+    tasks.spawn(async move {
+        while let Some(change) = src_rx.recv().await {
+            tracing::info!(uid = %change.uid, kind = ?change.kind, pod = %format!("{}/{}", change.pod.namespace, change.pod.name), "manifest changed");
+            q.add(change.uid, Priority::Urgent);
+        }
+        watch.abort();
+    });
+    let q = queue.clone();
+    tasks.spawn(async move {
+        while let Some(ev) = pleg_events.recv().await {
+            if ev.kind != PodLifecycleEventType::ContainerChanged {
+                q.add(ev.uid, Priority::Urgent);
+            }
+        }
+    });
+    let q = queue.clone();
+    tasks.spawn(async move {
+        while let Some((uid, change)) = probe_rx.recv().await {
+            let p = match change {
+                ProbeChange::Kill => Priority::Urgent,
+                ProbeChange::Status => Priority::Normal,
+            };
+            q.add(uid, p);
+        }
+    });
+    let (q, w, s, period) = (
+        queue.clone(),
+        Arc::clone(p.workers),
+        source.clone(),
+        p.sync_period,
+    );
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let mut uids: HashSet<String> = s.all().into_iter().map(|d| d.uid).collect();
+            uids.extend(w.known_uids());
+            for uid in uids {
+                if w.is_settled(&uid) {
+                    continue;
+                }
+                q.add_resync(uid);
+            }
+        }
+    });
+    let w = Arc::clone(p.workers);
+    tasks.spawn(run_workers(
+        queue.clone(),
+        p.worker_count,
+        move |uid: String| {
+            let w = Arc::clone(&w);
+            async move { w.sync(uid).await }
+        },
+    ));
+    Ok(())
 }
 
 /// Waits until the runtime answers Version; returns its name. Meanwhile

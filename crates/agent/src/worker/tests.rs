@@ -18,9 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use petrel_controller::{
-    run_workers, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
-};
+use petrel_controller::{ItemExponential, MaxOf, QueueConfig, TokenBucket, WorkQueue};
 use petrel_cri::api::ContainerState;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -33,8 +31,8 @@ use crate::cri::RuntimeApi;
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::pleg::fake::{FakeRuntime, Faults, TICK};
-use crate::pleg::{Pleg, PlegConfig, PodLifecycleEventType};
-use crate::probe::{ProbeChange, ProbeManager};
+use crate::pleg::{Pleg, PlegConfig};
+use crate::probe::ProbeManager;
 use crate::source::PodSource;
 use crate::status::StatusStore;
 use crate::types::{DesiredPod, ANNOTATION_CONTAINER_HASH};
@@ -109,7 +107,7 @@ fn delete(dir: &Path, file: &str) {
 }
 
 /// The agent's pipeline minus the HTTP server, wired as in `agent.rs`.
-struct Pipeline {
+struct Running {
     source: PodSource,
     queue: WorkQueue<String>,
     tasks: JoinSet<()>,
@@ -117,14 +115,14 @@ struct Pipeline {
     workers: Arc<PodWorkers>,
 }
 
-impl Drop for Pipeline {
+impl Drop for Running {
     fn drop(&mut self) {
         self.queue.shut_down();
         self.tasks.abort_all();
     }
 }
 
-async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMode) -> Pipeline {
+async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMode) -> Running {
     let runtime: Arc<dyn RuntimeApi> = rt;
     let metrics = AgentMetrics::new();
     let cache = Arc::new(PodCache::new());
@@ -146,7 +144,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             ])),
     );
     let mut tasks = JoinSet::new();
-    let (pleg, mut pleg_events) = Pleg::new(
+    let (pleg, pleg_events) = Pleg::new(
         Arc::clone(&runtime),
         Arc::clone(&cache),
         Arc::clone(&health),
@@ -168,7 +166,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
     while pleg.mode_in_use().is_none() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
     let workers = Arc::new(PodWorkers::new(
         Arc::clone(&runtime),
@@ -188,61 +186,21 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             backoff_max: Duration::from_millis(160),
         },
     ));
-    let wanted: HashSet<String> = source.all().into_iter().map(|d| d.uid).collect();
-    for uid in &wanted {
-        queue.add(uid.clone(), Priority::Normal);
-    }
-    for uid in cache.uids() {
-        if !wanted.contains(&uid) {
-            queue.add(uid, Priority::Normal);
-        }
-    }
-    let (src_tx, mut src_rx) = mpsc::unbounded_channel();
-    let watch = source.spawn_watch(src_tx).unwrap();
-    let q = queue.clone();
-    tasks.spawn(async move {
-        while let Some(change) = src_rx.recv().await {
-            q.add(change.uid, Priority::Urgent);
-        }
-        watch.abort();
-    });
-    let q = queue.clone();
-    tasks.spawn(async move {
-        while let Some(ev) = pleg_events.recv().await {
-            if ev.kind != PodLifecycleEventType::ContainerChanged {
-                q.add(ev.uid, Priority::Urgent);
-            }
-        }
-    });
-    let q = queue.clone();
-    tasks.spawn(async move {
-        while let Some((uid, change)) = probe_rx.recv().await {
-            let p = match change {
-                ProbeChange::Kill => Priority::Urgent,
-                ProbeChange::Status => Priority::Normal,
-            };
-            q.add(uid, p);
-        }
-    });
-    let (q, w, s) = (queue.clone(), Arc::clone(&workers), source.clone());
-    tasks.spawn(async move {
-        let mut tick = tokio::time::interval(SYNC_PERIOD);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            let mut uids: HashSet<String> = s.all().into_iter().map(|d| d.uid).collect();
-            uids.extend(w.known_uids());
-            for uid in uids {
-                q.add_resync(uid);
-            }
-        }
-    });
-    let w = Arc::clone(&workers);
-    tasks.spawn(run_workers(queue.clone(), 4, move |uid: String| {
-        let w = Arc::clone(&w);
-        async move { w.sync(uid).await }
-    }));
-    Pipeline {
+    crate::agent::start_pipeline(
+        crate::agent::Pipeline {
+            queue: &queue,
+            source: &source,
+            cache: &cache,
+            workers: &workers,
+            sync_period: SYNC_PERIOD,
+            worker_count: 4,
+        },
+        pleg_events,
+        probe_rx,
+        &mut tasks,
+    )
+    .unwrap();
+    Running {
         source,
         queue,
         tasks,
