@@ -37,6 +37,10 @@ pub const ANNOTATION_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGra
 /// kept for the same reason.
 pub const ANNOTATION_PRE_STOP: &str = "petrel.io/pre-stop-exec";
 
+/// Sandbox annotation: hash of what the sandbox was made from (a changed
+/// pod-level spec means the pod gets a new sandbox).
+pub const ANNOTATION_SANDBOX_HASH: &str = "petrel.io/sandbox-hash";
+
 /// A pod that a source (the manifest directory) wants on this node.
 #[derive(Debug, Clone)]
 pub struct DesiredPod {

@@ -71,6 +71,42 @@ async fn agent_should_start_change_and_delete_a_pod() {
         .collect();
     assert_eq!(live.len(), 2, "exactly one a and one b run: {live:?}");
 
+    // A change of a pod-level field (a label) moves the pod to a new
+    // sandbox: the old one is stopped gracefully (preStop ran), both
+    // containers run again in the new one.
+    let ready = |sbs: &[api::PodSandbox]| -> Vec<String> {
+        sbs.iter()
+            .filter(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+            .map(|s| s.id.clone())
+            .collect()
+    };
+    let old_sandbox = ready(&agent.runtime_sandboxes(&node).await);
+    assert_eq!(old_sandbox.len(), 1, "{old_sandbox:?}");
+    let b2 = container_id(&pod, "b");
+    agent.write_manifest(
+        "web.yaml",
+        &pod_yaml("web", &volumes, &format!("{a}{b2spec}")).replace(
+            "  namespace: default\n",
+            "  namespace: default\n  labels: {tier: front}\n",
+        ),
+    );
+    agent.wait_pod("default", "web", T, "running in a new sandbox", |p| {
+        running(p, "a")
+            && running(p, "b")
+            && condition(p, "Ready")
+            && container_id(p, "a") != a1
+            && container_id(p, "b") != b2
+    });
+    let new_sandbox = ready(&agent.runtime_sandboxes(&node).await);
+    assert_eq!(new_sandbox.len(), 1, "{new_sandbox:?}");
+    assert_ne!(new_sandbox, old_sandbox);
+    let prestop = out.join("prestop");
+    assert_eq!(
+        std::fs::read_to_string(&prestop).unwrap_or_default().trim(),
+        "stopping"
+    );
+    std::fs::remove_file(&prestop).unwrap();
+
     // Deleting the manifest terminates the pod gracefully (preStop ran).
     agent.remove_manifest("web.yaml");
     agent.wait_gone("default", "web", T);

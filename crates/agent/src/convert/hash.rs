@@ -1,7 +1,11 @@
-//! The spec hash that tells whether a running container still matches its
-//! spec.
+//! The spec hashes that tell whether a running container or sandbox still
+//! matches its spec.
 
-use k8s_openapi::api::core::v1::Container;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use petrel_cri::api;
+use prost::Message;
 use sha2::{Digest, Sha256};
 
 /// A stable hex hash of the container's spec: the SHA-256 of its JSON form
@@ -13,6 +17,44 @@ pub fn container_hash(container: &Container) -> String {
     let json = serde_json::to_vec(container).unwrap_or_default();
     let digest = Sha256::digest(&json);
     hex::encode(&digest[..8])
+}
+
+/// A stable hex hash of a sandbox config (16 hex digits): what the pod's
+/// sandbox is made from, so that a change of a pod-level field (labels,
+/// hostname, DNS, host ports, namespaces, security context, QoS class) is
+/// seen on the running sandbox. Not hashed: the attempt (it counts
+/// recreations) and the DNS servers read from the host's resolv.conf (a
+/// host change must not recreate every pod): the pod's own DNS fields
+/// stand for them. Maps are hashed sorted, since protobuf encodes them in
+/// any order.
+pub fn sandbox_hash(config: &api::PodSandboxConfig, spec: &PodSpec) -> String {
+    let mut c = config.clone();
+    if let Some(m) = c.metadata.as_mut() {
+        m.attempt = 0;
+    }
+    c.dns_config = None;
+    let labels: BTreeMap<_, _> = std::mem::take(&mut c.labels).into_iter().collect();
+    let annotations: BTreeMap<_, _> = std::mem::take(&mut c.annotations).into_iter().collect();
+    let sysctls: BTreeMap<_, _> = c
+        .linux
+        .as_mut()
+        .map(|l| std::mem::take(&mut l.sysctls).into_iter().collect())
+        .unwrap_or_default();
+    let mut h = Sha256::new();
+    h.update(c.encode_to_vec());
+    for map in [&labels, &annotations, &sysctls] {
+        // Lengths first: no two different maps feed the same bytes.
+        h.update((map.len() as u64).to_be_bytes());
+        for (k, v) in map {
+            h.update((k.len() as u64).to_be_bytes());
+            h.update(k.as_bytes());
+            h.update((v.len() as u64).to_be_bytes());
+            h.update(v.as_bytes());
+        }
+    }
+    let dns = serde_json::to_vec(&(&spec.dns_policy, &spec.dns_config)).unwrap_or_default();
+    h.update(dns);
+    hex::encode(&h.finalize()[..8])
 }
 
 #[cfg(test)]

@@ -6,11 +6,13 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{PodDNSConfig, PodSpec};
 use petrel_cri::api;
 
+use super::hash::sandbox_hash;
 use super::qos::{pod_cgroup_parent, qos_class};
 use super::security::{is_privileged, namespace_options, pod_seccomp, supplemental_groups};
 use super::{ConvertContext, ConvertError};
 use crate::types::{
-    DesiredPod, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+    DesiredPod, ANNOTATION_SANDBOX_HASH, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE,
+    LABEL_POD_UID,
 };
 
 /// resolv.conf limits glibc honours; more would be silently ignored.
@@ -85,7 +87,7 @@ pub fn sandbox_config(
         .flatten()
         .chain(spec.containers.iter())
         .any(is_privileged);
-    Ok(api::PodSandboxConfig {
+    let mut config = api::PodSandboxConfig {
         metadata: Some(api::PodSandboxMetadata {
             name: pod.name.clone(),
             uid: pod.uid.clone(),
@@ -117,7 +119,13 @@ pub fn sandbox_config(
             ..Default::default()
         }),
         ..Default::default()
-    })
+    };
+    // Ours last, over any pod annotation of the same name.
+    let hash = sandbox_hash(&config, spec);
+    config
+        .annotations
+        .insert(ANNOTATION_SANDBOX_HASH.to_string(), hash);
+    Ok(config)
 }
 
 /// spec.hostname, else the pod's name, cut to what the kernel accepts.
@@ -303,6 +311,74 @@ spec:
         assert_eq!(cfg.labels[LABEL_MANAGED_BY], "node-1");
         assert_eq!(cfg.annotations["note"], "hi");
         assert!(cfg.dns_config.is_some());
+    }
+
+    fn hash_of(yaml: &str, attempt: u32) -> String {
+        let cfg = sandbox_config(&desired(yaml), attempt, &ctx()).unwrap();
+        cfg.annotations[ANNOTATION_SANDBOX_HASH].clone()
+    }
+
+    #[test]
+    fn sandbox_hash_should_ignore_the_attempt_and_map_order() {
+        let h = hash_of(POD, 0);
+        assert_eq!(h.len(), 16);
+        assert_eq!(h, hash_of(POD, 3), "a recreated sandbox has the same spec");
+        // Maps come out of a HashMap in any order; many labels make a
+        // different order between two builds all but certain.
+        let many: String = (0..40).map(|i| format!("l{i}: v{i}, ")).collect();
+        let labelled = POD.replace("labels: {", &format!("labels: {{{many}"));
+        assert_eq!(hash_of(&labelled, 0), hash_of(&labelled, 0));
+        let pod = desired(POD);
+        let mut cfg = sandbox_config(&pod, 0, &ctx()).unwrap();
+        cfg.annotations.remove(ANNOTATION_SANDBOX_HASH);
+        let spec = pod.pod.spec.as_ref().unwrap();
+        let mut other = cfg.clone();
+        other.dns_config = Some(api::DnsConfig {
+            servers: vec!["192.0.2.53".into()],
+            ..Default::default()
+        });
+        assert_eq!(
+            sandbox_hash(&cfg, spec),
+            sandbox_hash(&other, spec),
+            "the host's resolv.conf does not count"
+        );
+    }
+
+    #[test]
+    fn sandbox_hash_should_change_with_pod_level_fields() {
+        let h = hash_of(POD, 0);
+        for (what, yaml) in [
+            ("label", POD.replace("app: web,", "app: web2,")),
+            ("annotation", POD.replace("note: hi", "note: ho")),
+            ("hostname", POD.replace("hostname: www", "hostname: w3")),
+            ("host port", POD.replace("hostPort: 8080", "hostPort: 8081")),
+            (
+                "security",
+                POD.replace("runAsUser: 1000", "runAsUser: 1001"),
+            ),
+            ("QoS", POD.replace("{requests: {cpu: 100m}}", "{}")),
+            (
+                "DNS policy",
+                POD.replace(
+                    "  hostname: www\n",
+                    "  hostname: www\n  dnsPolicy: Default\n",
+                ),
+            ),
+            (
+                "host network",
+                POD.replace(
+                    "  hostname: www\n",
+                    "  hostname: www\n  hostNetwork: true\n",
+                ),
+            ),
+        ] {
+            assert_ne!(yaml, POD, "{what}: the edit must apply");
+            assert_ne!(hash_of(&yaml, 0), h, "{what}");
+        }
+        // A container's command is not the sandbox's business.
+        let cmd = POD.replace("    image: nginx\n", "    image: nginx\n    command: [x]\n");
+        assert_ne!(cmd, POD);
+        assert_eq!(hash_of(&cmd, 0), h);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use petrel_cri::api::{ContainerState, PodSandboxState};
 use super::hooks::{exec_command, grace_seconds};
 use super::{PodWorkers, WorkerError};
 use crate::convert::{container_config, container_hash, prepare_volumes, sandbox_config};
-use crate::types::{DesiredPod, PodRuntimeStatus};
+use crate::types::{DesiredPod, PodRuntimeStatus, ANNOTATION_SANDBOX_HASH};
 
 /// How long to wait before retrying an image that is not present.
 const IMAGE_RETRY: Duration = Duration::from_secs(10);
@@ -68,22 +68,37 @@ impl PodWorkers {
         // 1. The sandbox: the newest, if it is ready; else a new one.
         let latest = status.latest_sandbox();
         let ready = latest.filter(|s| s.state == PodSandboxState::SandboxReady as i32);
-        let sandbox = match ready {
+        let mut changed = false;
+        let ready = match ready {
             Some(s) => {
                 let attempt = s.metadata.as_ref().map_or(0, |m| m.attempt);
                 let ips = status.ips();
                 let ctx = self.convert_context(pod, ips.clone());
-                Sandbox {
+                let config = sandbox_config(pod, attempt, &ctx)?;
+                changed = sandbox_changed(s, &config);
+                if changed {
+                    tracing::info!(uid, sandbox = %s.id, "pod-level spec changed; the pod gets a new sandbox");
+                }
+                (!changed).then(|| Sandbox {
                     id: s.id.clone(),
                     created_at: s.created_at,
-                    config: sandbox_config(pod, attempt, &ctx)?,
+                    config,
                     ips,
-                }
+                })
             }
+            None => None,
+        };
+        let sandbox = match ready {
+            Some(s) => s,
             None => {
                 // A pod that must not restart stays down once its sandbox
-                // died after its containers ran.
-                if latest.is_some() && policy == "Never" && !status.containers.is_empty() {
+                // died after its containers ran (a changed spec is not a
+                // death: the pod runs again as the new spec says).
+                if !changed
+                    && latest.is_some()
+                    && policy == "Never"
+                    && !status.containers.is_empty()
+                {
                     self.publish(pod, Some(status));
                     return Ok(Action::Done);
                 }
@@ -541,6 +556,18 @@ impl PodWorkers {
 /// Does container `c` belong to the sandbox `id` (created at
 /// `created_at`)? By the sandbox id the listing gave; for a runtime that
 /// gives none, by creation time within the newest sandbox.
+/// Was the running sandbox made from another pod-level spec? A sandbox
+/// without the hash (made by an older agent) is taken as it is.
+fn sandbox_changed(running: &api::PodSandboxStatus, wanted: &api::PodSandboxConfig) -> bool {
+    match (
+        running.annotations.get(ANNOTATION_SANDBOX_HASH),
+        wanted.annotations.get(ANNOTATION_SANDBOX_HASH),
+    ) {
+        (Some(have), Some(want)) => have != want,
+        _ => false,
+    }
+}
+
 fn in_sandbox(
     status: &PodRuntimeStatus,
     c: &api::ContainerStatus,

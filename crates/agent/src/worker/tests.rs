@@ -599,3 +599,60 @@ async fn removed_init_instance_should_not_run_again_beside_a_later_one() {
     assert_eq!(rt.violations(), Vec::<String>::new());
     assert_eq!(rt.calls("create_container"), 1);
 }
+
+/// A change of a pod-level field (here a label and the hostname) gives the
+/// pod a new sandbox, once, with its containers in it; the old sandbox is
+/// stopped. A static pod does the same under kubelet (its UID changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_level_change_should_move_the_pod_to_a_new_sandbox_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    let before = manifest("moving", "Never", &["setup"], &["main"]);
+    put(&dir, "moving.yaml", &before);
+    let rt = Arc::new(FakeRuntime::live(1));
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    // Time passes on the runtime: the init container completes.
+    let ticker = {
+        let rt = Arc::clone(&rt);
+        tokio::spawn(async move {
+            loop {
+                rt.chaos_tick();
+                tokio::time::sleep(TICK).await;
+            }
+        })
+    };
+    wait_for("the pod starts", || divergence(&rt, &pipeline.source.all())).await;
+    let old: Vec<String> = rt.sandboxes().into_iter().map(|s| s.id).collect();
+    assert_eq!(old.len(), 1);
+    let creates = rt.calls("create_container");
+
+    let after = before
+        .replace(
+            "  name: moving\n",
+            "  name: moving\n  labels: {tier: two}\n",
+        )
+        .replace("spec:\n", "spec:\n  hostname: elsewhere\n");
+    assert_ne!(after, before);
+    put(&dir, "moving.yaml", &after);
+    wait_for("the pod moves", || {
+        let ready: Vec<String> = rt
+            .sandboxes()
+            .into_iter()
+            .filter(|s| s.ready)
+            .map(|s| s.id)
+            .collect();
+        if ready.iter().any(|id| old.contains(id)) || ready.len() != 1 {
+            return Some(format!("ready sandboxes {ready:?}"));
+        }
+        divergence(&rt, &pipeline.source.all())
+    })
+    .await;
+    // Settled: no further sandbox, and init + app ran once more each.
+    tokio::time::sleep(SYNC_PERIOD * 2).await;
+    assert_eq!(rt.calls("run_podsandbox"), 2);
+    assert_eq!(rt.calls("create_container"), creates + 2);
+    assert_eq!(rt.violations(), Vec::<String>::new());
+    ticker.abort();
+}
