@@ -235,6 +235,15 @@ async fn agent_should_show_invalid_manifests_and_run_the_rest() {
             "  - name: c\n    image: docker.io/petrel/absent:1\n    imagePullPolicy: Never\n",
         ),
     );
+    // Nothing listens on port 1: the pull fails at once, again and again.
+    agent.write_manifest(
+        "unpullable.yaml",
+        &pod_yaml(
+            "unpullable",
+            "",
+            "  - name: c\n    image: 127.0.0.1:1/petrel/absent:1\n    imagePullPolicy: IfNotPresent\n",
+        ),
+    );
     agent.write_manifest(
         "good.yaml",
         &pod_yaml("good", "", &sh("c", "exec sleep 3600")),
@@ -252,6 +261,28 @@ async fn agent_should_show_invalid_manifests_and_run_the_rest() {
     agent.wait_pod("default", "missing", T, "ErrImageNeverPull", |p| {
         matches!(container_state(p, "c"), Some(("waiting", w)) if w["reason"] == "ErrImageNeverPull")
     });
+    // A failed pull shows ErrImagePull, then kubelet's ImagePullBackOff
+    // (10 s before the next attempt) with the pull's error.
+    let waiting = |p: &serde_json::Value| match container_state(p, "c") {
+        Some(("waiting", w)) => w["reason"].as_str().unwrap_or("").to_string(),
+        _ => String::new(),
+    };
+    agent.wait_pod("default", "unpullable", T, "ErrImagePull", |p| {
+        waiting(p) == "ErrImagePull" || waiting(p) == "ImagePullBackOff"
+    });
+    let p = agent.wait_pod("default", "unpullable", T, "ImagePullBackOff", |p| {
+        waiting(p) == "ImagePullBackOff"
+    });
+    let msg = container_state(&p, "c").unwrap().1["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.starts_with("Back-off pulling image \"127.0.0.1:1/petrel/absent:1\": ")
+            && msg.len() > 60,
+        "{msg}"
+    );
+    assert_eq!(phase(&p), "Pending");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -83,6 +83,11 @@ impl CrashBackoff {
             .map_or(self.initial, |e| e.delay / 2)
     }
 
+    /// Forgets `uid/name` (it succeeded).
+    pub fn forget(&self, uid: &str, name: &str) {
+        self.lock().remove(&(uid.to_string(), name.to_string()));
+    }
+
     /// Forgets everything about the pod `uid`.
     pub fn forget_pod(&self, uid: &str) {
         self.lock().retain(|(u, _), _| u != uid);
@@ -132,6 +137,9 @@ mod tests {
             b.remaining("u", "c", short, t3),
             Some(Duration::from_secs(10))
         );
+        b.forget("u", "c");
+        assert_eq!(b.remaining("u", "c", short, t3), None);
+        b.restarted("u", "c", t3);
         b.forget_pod("u");
         assert_eq!(b.remaining("u", "c", short, t3), None);
     }

@@ -129,6 +129,8 @@ pub struct PodWorkers {
     probes: Arc<ProbeManager>,
     metrics: AgentMetrics,
     backoff: CrashBackoff,
+    /// Image pull backoff, per pod and container name + image.
+    pull_backoff: CrashBackoff,
     config: WorkerConfig,
     pods: Mutex<HashMap<PodUid, PodState>>,
 }
@@ -155,6 +157,7 @@ impl PodWorkers {
             probes,
             metrics,
             backoff: CrashBackoff::new(config.backoff_initial, config.backoff_max),
+            pull_backoff: CrashBackoff::new(sync::IMAGE_BACKOFF_INITIAL, sync::IMAGE_BACKOFF_MAX),
             config,
             pods: Mutex::new(HashMap::new()),
         }
@@ -180,6 +183,17 @@ impl PodWorkers {
                 .or_default()
                 .waiting = Some((reason.to_string(), message));
         });
+    }
+
+    /// The message of the container's current waiting reason.
+    fn waiting_message(&self, uid: &str, container: &str) -> Option<String> {
+        self.with_state(uid, |s| {
+            s.hints
+                .containers
+                .get(container)
+                .and_then(|h| h.waiting.as_ref())
+                .map(|(_, m)| m.clone())
+        })
     }
 
     fn clear_waiting(&self, uid: &str, container: &str) {
@@ -403,6 +417,7 @@ impl PodWorkers {
         self.cache.delete(uid);
         self.probes.remove_pod(uid);
         self.backoff.forget_pod(uid);
+        self.pull_backoff.forget_pod(uid);
     }
 
     /// UIDs of every pod the workers know (for the periodic resync).

@@ -13,8 +13,15 @@ use super::{PodWorkers, WorkerError};
 use crate::convert::{container_config, container_hash, prepare_volumes, sandbox_config};
 use crate::types::{DesiredPod, PodRuntimeStatus, ANNOTATION_SANDBOX_HASH};
 
-/// How long to wait before retrying an image that is not present.
+/// How long to wait before looking again for an image that is not
+/// present under pull policy Never.
 const IMAGE_RETRY: Duration = Duration::from_secs(10);
+/// After a failed pull, when the waiting reason turns from ErrImagePull to
+/// ImagePullBackOff.
+const IMAGE_BACKOFF_SHOWN: Duration = Duration::from_secs(1);
+/// kubelet's image pull backoff: start and cap.
+pub(super) const IMAGE_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+pub(super) const IMAGE_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Exited instances kept per container name (the newest is the status's
 /// lastState; older ones are removed).
 const KEEP_EXITED: usize = 1;
@@ -419,13 +426,40 @@ impl PodWorkers {
                 );
                 return Ok(Step::RetryAfter(IMAGE_RETRY));
             }
-            if let Err(e) = self
+            // kubelet's image backoff: per pod and image, 10 s doubling
+            // to 5 min; ErrImagePull right after a failure, then
+            // ImagePullBackOff until the next attempt.
+            let key = format!("{}\0{image}", c.name);
+            let now = Instant::now();
+            if let Some(wait) = self.pull_backoff.remaining(uid, &key, Duration::ZERO, now) {
+                let last = self.waiting_message(uid, &c.name).unwrap_or_default();
+                let why = last
+                    .strip_prefix(&format!("Back-off pulling image \"{image}\": "))
+                    .unwrap_or(&last)
+                    .to_string();
+                self.set_waiting(
+                    uid,
+                    &c.name,
+                    "ImagePullBackOff",
+                    format!("Back-off pulling image \"{image}\": {why}"),
+                );
+                return Ok(Step::RetryAfter(wait));
+            }
+            tracing::info!(uid, container = %c.name, image, policy, "pulling image");
+            match self
                 .runtime
                 .pull_image(&image, Some(sandbox.config.clone()))
                 .await
             {
-                self.set_waiting(uid, &c.name, "ErrImagePull", e.message.clone());
-                return Ok(Step::RetryAfter(IMAGE_RETRY));
+                Ok(_) => self.pull_backoff.forget(uid, &key),
+                Err(e) => {
+                    tracing::warn!(uid, container = %c.name, image, error = %e.message, "image pull failed");
+                    self.pull_backoff.restarted(uid, &key, now);
+                    self.set_waiting(uid, &c.name, "ErrImagePull", e.message.clone());
+                    // Back soon to show the backoff, as kubelet's next
+                    // sync would.
+                    return Ok(Step::RetryAfter(IMAGE_BACKOFF_SHOWN));
+                }
             }
         }
         let ctx = self.convert_context(pod, sandbox.ips.clone());
