@@ -475,47 +475,12 @@ fn names_from_annotations(desc: &Descriptor) -> Vec<String> {
     out
 }
 
-/// Reads the first bytes of a stream without consuming them.
-pub(crate) fn peek<R: io::BufRead>(r: &mut R) -> io::Result<Vec<u8>> {
-    let buf = r.fill_buf()?;
-    Ok(buf[..buf.len().min(4)].to_vec())
-}
-
-/// Layer compression, recognised by magic bytes rather than media type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Compression {
-    None,
-    Gzip,
-    Zstd,
-}
-
-impl Compression {
-    /// Recognises gzip and zstd magic numbers; anything else is taken as tar.
-    pub fn sniff(head: &[u8]) -> Self {
-        if head.starts_with(&[0x1f, 0x8b]) {
-            Self::Gzip
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            Self::Zstd
-        } else {
-            Self::None
-        }
-    }
-}
-
-/// Opens a layer blob as its uncompressed tar stream.
+/// Opens a layer blob as its uncompressed tar stream (gzip, zstd or plain,
+/// told by magic bytes: see `unpack::decompress`).
 pub(crate) fn open_layer(path: &Path) -> Result<Box<dyn Read>, ImageError> {
     let f = File::open(path).map_err(|e| ImageError::io("open layer blob", path, e))?;
-    let mut r = io::BufReader::with_capacity(1 << 16, f);
-    let head = peek(&mut r).map_err(|e| ImageError::io("read layer blob", path, e))?;
-    Ok(match Compression::sniff(&head) {
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
-        Compression::None => Box::new(r),
-        Compression::Zstd => {
-            return Err(ImageError::Unsupported(
-                "zstd-compressed layers".to_string(),
-            ))
-        }
-    })
+    let r = io::BufReader::with_capacity(1 << 16, f);
+    crate::unpack::decompress(r, None, path)
 }
 
 #[cfg(test)]
@@ -576,16 +541,5 @@ mod tests {
         assert_eq!(clean_member_path("a/../b").as_deref(), Some("b"));
         assert_eq!(clean_member_path("../b"), None);
         assert_eq!(clean_member_path("a/../../b"), None);
-    }
-
-    #[test]
-    fn compression_should_be_sniffed_from_magic_bytes() {
-        assert_eq!(Compression::sniff(&[0x1f, 0x8b, 8, 0]), Compression::Gzip);
-        assert_eq!(
-            Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]),
-            Compression::Zstd
-        );
-        assert_eq!(Compression::sniff(b"bin/"), Compression::None);
-        assert_eq!(Compression::sniff(b""), Compression::None);
     }
 }
