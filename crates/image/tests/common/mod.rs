@@ -56,12 +56,27 @@ pub fn sha256(data: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(data)))
 }
 
-/// The diff id of a gzip layer.
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+
+/// The diff id of a gzip (or zstd) layer.
 pub fn diff_id_of_gzip(layer: &[u8]) -> String {
-    let mut d = flate2::read::GzDecoder::new(layer);
     let mut raw = Vec::new();
-    d.read_to_end(&mut raw).expect("gunzip");
+    if layer.starts_with(ZSTD_MAGIC) {
+        raw = zstd::stream::decode_all(layer).expect("unzstd");
+    } else {
+        let mut d = flate2::read::GzDecoder::new(layer);
+        d.read_to_end(&mut raw).expect("gunzip");
+    }
     sha256(&raw)
+}
+
+/// The OCI media type of a gzip or zstd layer blob.
+fn layer_media_type(layer: &[u8]) -> &'static str {
+    if layer.starts_with(ZSTD_MAGIC) {
+        "application/vnd.oci.image.layer.v1.tar+zstd"
+    } else {
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    }
 }
 
 /// Appends a regular file.
@@ -120,7 +135,7 @@ pub fn write_oci_archive(path: &Path, images: &[TestImage], nested: bool) -> Vec
             .map(|l| {
                 let d = sha256(l);
                 blobs.insert(d.clone(), l.clone());
-                json!({ "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d, "size": l.len() })
+                json!({ "mediaType": layer_media_type(l), "digest": d, "size": l.len() })
             })
             .collect();
         let manifest = serde_json::to_vec(&json!({
