@@ -44,6 +44,11 @@ impl Unpacker {
         name: &[u8],
         comps: &[Vec<u8>],
     ) -> Result<(), ImageError> {
+        // Callers pass one cleaned component; a `..` here would remove the
+        // parent's parent, so check again where it would do harm.
+        if !is_single_component(name) {
+            return Err(ImageError::io("remove", self.path_of(comps), Errno::INVAL));
+        }
         match rfs::statat(parent, os(name), AtFlags::SYMLINK_NOFOLLOW) {
             Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(ImageError::io("stat", self.path_of(comps), e)),
@@ -267,6 +272,12 @@ impl Unpacker {
             .map_err(|e| ImageError::io("set times", self.path_of(comps), e))?;
         self.count_at(parent, name, comps)
     }
+}
+
+/// Whether `name` names an entry of its directory: not empty, `.`, `..`,
+/// and without a `/`.
+fn is_single_component(name: &[u8]) -> bool {
+    !(name.is_empty() || name == b"." || name == b".." || name.contains(&b'/'))
 }
 
 /// Removes the directory `name` in `parent` and everything below it,
