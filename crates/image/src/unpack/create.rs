@@ -87,7 +87,7 @@ impl Unpacker {
         self.remove_existing(parent, name, comps)?;
         rfs::symlinkat(os(target), parent, os(name))
             .map_err(|e| ImageError::io("create symlink", self.path_of(comps), e))?;
-        self.finish_by_name(parent, name, comps, meta, false)
+        self.finish_by_name(parent, name, comps, meta, true)
     }
 
     pub(super) fn make_dir(
@@ -207,7 +207,7 @@ impl Unpacker {
 
     /// Owner, mode and xattrs through an fd of a file or directory.
     pub(super) fn apply_fd_meta(
-        &self,
+        &mut self,
         fd: &impl AsFd,
         meta: &Meta,
         comps: &[Vec<u8>],
@@ -218,13 +218,39 @@ impl Unpacker {
         rfs::fchmod(fd, Mode::from_raw_mode(meta.mode))
             .map_err(|e| ImageError::io("chmod", self.path_of(comps), e))?;
         for (k, v) in &meta.xattrs {
-            rfs::fsetxattr(fd, k.as_str(), v, XattrFlags::empty())
-                .map_err(|e| ImageError::io("set xattr", self.path_of(comps), e))?;
+            let res = rfs::fsetxattr(fd, k.as_str(), v, XattrFlags::empty());
+            self.xattr_set(res, k, comps, false)?;
         }
         Ok(())
     }
 
-    /// Owner, mode (unless a symlink), xattrs and times of a symlink or
+    /// The outcome of setting one xattr. Attributes the filesystem has no
+    /// namespace for (`com.apple.*` from tars made on macOS, `user.*` on a
+    /// filesystem without user xattrs) and `user.*` on a symlink (never
+    /// allowed by Linux) are dropped with a warning, as containerd does;
+    /// anything else fails the layer.
+    fn xattr_set(
+        &mut self,
+        res: rustix::io::Result<()>,
+        key: &str,
+        comps: &[Vec<u8>],
+        symlink: bool,
+    ) -> Result<(), ImageError> {
+        match res {
+            Ok(()) => Ok(()),
+            Err(Errno::OPNOTSUPP) => {
+                self.dropped_xattrs += 1;
+                Ok(())
+            }
+            Err(Errno::PERM) if symlink && key.starts_with("user.") => {
+                self.dropped_xattrs += 1;
+                Ok(())
+            }
+            Err(e) => Err(ImageError::io("set xattr", self.path_of(comps), e)),
+        }
+    }
+
+    /// Owner, mode (unless `symlink`), xattrs and times of a symlink or
     /// node by name, never following the final component.
     pub(super) fn finish_by_name(
         &mut self,
@@ -232,7 +258,7 @@ impl Unpacker {
         name: &[u8],
         comps: &[Vec<u8>],
         meta: &Meta,
-        chmod: bool,
+        symlink: bool,
     ) -> Result<(), ImageError> {
         rfs::chownat(
             parent,
@@ -242,7 +268,7 @@ impl Unpacker {
             AtFlags::SYMLINK_NOFOLLOW,
         )
         .map_err(|e| ImageError::io("chown", self.path_of(comps), e))?;
-        if chmod {
+        if !symlink {
             // The node was just created by us in a private tree, so the
             // name still refers to it (chmodat cannot refuse symlinks on
             // every kernel).
@@ -260,8 +286,8 @@ impl Unpacker {
             let mut p = OsString::from(format!("/proc/self/fd/{}/", parent.as_raw_fd()));
             p.push(os(name));
             for (k, v) in &meta.xattrs {
-                rfs::lsetxattr(&p, k.as_str(), v, XattrFlags::empty())
-                    .map_err(|e| ImageError::io("set xattr", self.path_of(comps), e))?;
+                let res = rfs::lsetxattr(&p, k.as_str(), v, XattrFlags::empty());
+                self.xattr_set(res, k, comps, symlink)?;
             }
         }
         let times = Timestamps {

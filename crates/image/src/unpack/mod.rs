@@ -109,6 +109,8 @@ struct Unpacker {
     /// Directory mtimes, applied at the end because creating children
     /// changes them.
     dir_times: Vec<(Comps, Timespec)>,
+    /// Overlay xattrs carried by the layer and xattrs the filesystem
+    /// cannot hold, dropped with one warning per layer.
     dropped_xattrs: u64,
     skipped_entries: u64,
 }
@@ -204,7 +206,7 @@ impl Unpacker {
                     }
                 };
                 self.make_node(&parent, last, &comps, file_type, dev)?;
-                self.finish_by_name(&parent, last, &comps, &meta, true)
+                self.finish_by_name(&parent, last, &comps, &meta, false)
             }
             _ => Ok(()),
         }
@@ -243,7 +245,7 @@ impl Unpacker {
         if self.dropped_xattrs > 0 || self.skipped_entries > 0 {
             tracing::warn!(
                 layer = %self.target.display(),
-                dropped_overlay_xattrs = self.dropped_xattrs,
+                dropped_xattrs = self.dropped_xattrs,
                 skipped_entries = self.skipped_entries,
                 "layer entries ignored while unpacking"
             );

@@ -268,3 +268,36 @@ fn unpack_should_read_gzip_and_zstd_layers_through_decompress() {
         );
     }
 }
+
+#[test]
+fn unpack_should_drop_xattrs_the_filesystem_cannot_hold_and_keep_the_others() {
+    let sb = Sandbox::new();
+    let mut tb = Tb::new();
+    // A namespace Linux does not know (tars made on macOS carry these).
+    tb.0.append_pax_extensions([
+        ("SCHILY.xattr.com.apple.quarantine", &b"0081;x"[..]),
+        ("SCHILY.xattr.user.kept", &b"1"[..]),
+    ])
+    .expect("pax");
+    tb.file("f", b"f");
+    // user.* is never allowed on a symlink.
+    tb.0.append_pax_extensions([("SCHILY.xattr.user.on-link", &b"1"[..])])
+        .expect("pax");
+    tb.sym("l", "f");
+    // trusted.* on a directory through its fd.
+    tb.0.append_pax_extensions([("SCHILY.xattr.trusted.petrel", &b"t"[..])])
+        .expect("pax");
+    tb.dir("d/");
+    sb.unpack(&tb.bytes()).expect("unpack");
+    let r = sb.root();
+    assert_eq!(xattr(&r.join("f"), "user.kept").expect("kept"), b"1");
+    assert!(xattr(&r.join("f"), "com.apple.quarantine").is_err());
+    assert!(std::fs::symlink_metadata(r.join("l"))
+        .expect("l")
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        xattr(&r.join("d"), "trusted.petrel").expect("trusted"),
+        b"t"
+    );
+}
