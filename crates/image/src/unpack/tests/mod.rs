@@ -6,6 +6,7 @@ mod corpus;
 mod features;
 mod fuzz;
 mod hostile;
+mod model;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
