@@ -5,6 +5,7 @@
 mod corpus;
 mod features;
 mod fuzz;
+mod gnu_tar;
 mod hostile;
 mod model;
 
