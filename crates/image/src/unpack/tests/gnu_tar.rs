@@ -31,7 +31,7 @@ fn build_tree(src: &Path) {
     std::os::unix::fs::symlink(format!("deep/{long}/f"), src.join("long-link")).expect("symlink");
     rfs::mknodat(
         rfs::CWD,
-        &src.join("dev/null"),
+        src.join("dev/null"),
         rfs::FileType::CharacterDevice,
         Mode::from_raw_mode(0o666),
         rfs::makedev(1, 3),
@@ -39,14 +39,14 @@ fn build_tree(src: &Path) {
     .expect("mknod");
     rfs::mknodat(
         rfs::CWD,
-        &src.join("dev/fifo"),
+        src.join("dev/fifo"),
         rfs::FileType::Fifo,
         Mode::from_raw_mode(0o600),
         0,
     )
     .expect("mkfifo");
     rfs::setxattr(
-        &src.join("etc/passwd"),
+        src.join("etc/passwd"),
         "user.petrel",
         b"v",
         rfs::XattrFlags::empty(),
@@ -54,7 +54,7 @@ fn build_tree(src: &Path) {
     .expect("setxattr");
     let owner = |p: &str, u: u32, g: u32| {
         rfs::chown(
-            &src.join(p),
+            src.join(p),
             Some(rfs::Uid::from_raw(u)),
             Some(rfs::Gid::from_raw(g)),
         )
@@ -75,7 +75,7 @@ fn build_tree(src: &Path) {
         };
         rfs::utimensat(
             rfs::CWD,
-            &src.join(rel),
+            src.join(rel),
             &Timestamps {
                 last_access: t,
                 last_modification: t,
