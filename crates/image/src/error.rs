@@ -56,6 +56,40 @@ pub enum ImageError {
     /// The archive uses a feature this store does not implement.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A registry could not be reached or answered with a server error.
+    #[error("registry {host} unavailable: {reason}")]
+    RegistryUnavailable {
+        /// The registry host (`host[:port]`).
+        host: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A registry refused the credentials (or asked for some and none were given).
+    #[error("registry {host} denied access to {reference}: {reason}")]
+    Unauthorized {
+        /// The registry host.
+        host: String,
+        /// The image reference.
+        reference: String,
+        /// The registry's answer.
+        reason: String,
+    },
+    /// A manifest or index is malformed, too large or not usable.
+    #[error("invalid manifest for {reference}: {reason}")]
+    InvalidManifest {
+        /// The image reference.
+        reference: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The registry configuration (`hosts.toml`, insecure list) is invalid.
+    #[error("registry configuration {path}: {reason}")]
+    RegistryConfig {
+        /// The file concerned.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A filesystem operation failed.
     #[error("{op} {path}: {source}")]
     Io {

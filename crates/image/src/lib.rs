@@ -1,9 +1,10 @@
 //! Petrel's image store.
 //!
-//! Images are imported from local archives (an OCI image layout or a
-//! `docker save` archive), verified blob by blob, and their layers unpacked
-//! once each into `<root>/layers/<diff id hex>/` in overlayfs lower-layer
-//! format, shared by every image that uses them. Image and layer metadata
+//! Images are pulled from registries ([`registry`]) or imported from local
+//! archives (an OCI image layout or a `docker save` archive), verified
+//! blob by blob, and their layers unpacked once each into
+//! `<root>/layers/<diff id hex>/` in overlayfs lower-layer format, shared by
+//! every image that uses them. Image and layer metadata
 //! lives in `<root>/meta.redb` (see `petrel-store`) and is committed before
 //! an import or removal returns.
 //!
@@ -13,6 +14,7 @@
 //! <root>/tmp/import-<rand>/     an import in progress (extracted archive)
 //! <root>/tmp/layer-<rand>/      a layer being unpacked, renamed into layers/
 //! <root>/tmp/gc-<rand>/         a layer being deleted
+//! <root>/tmp/blob-<rand>        a blob being pulled (removed once committed)
 //! ```
 
 mod archive;
@@ -20,6 +22,7 @@ mod digest;
 mod error;
 mod mounts;
 mod reference;
+pub mod registry;
 mod store;
 mod unpack;
 

@@ -11,15 +11,16 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use petrel_store::{encode, Op, Store, Table};
 use serde::{Deserialize, Serialize};
 
-use crate::archive::{merge_unique, open_layer, Extracted, Plan};
+use crate::archive::{merge_unique, open_layer, Extracted, Member, Plan, PlannedLayer};
 use crate::digest::HashingReader;
 use crate::reference::{self, is_hex64};
+use crate::registry::PulledImage;
 use crate::unpack::unpack_layer;
 use crate::{mounts, FsUsage, Image, ImageError};
 
 /// Prefixes of the temp directories the store creates under `<root>/tmp/`;
 /// each is followed by 16 hex characters. Only these are ever cleaned up.
-const TEMP_PREFIXES: [&str; 3] = ["import-", "layer-", "gc-"];
+const TEMP_PREFIXES: [&str; 4] = ["import-", "layer-", "gc-", "blob-"];
 /// Shortest id prefix [`ImageStore::get`] accepts.
 const MIN_ID_PREFIX: usize = 12;
 
@@ -384,7 +385,7 @@ impl ImageStore {
         let mut new_layers: Vec<LayerRecord> = Vec::new();
         let result = self
             .unpack_layers(&plans, &mut new_layers)
-            .and_then(|()| self.commit(&plans, &extra, &new_layers));
+            .and_then(|()| self.commit(&plans, &extra, &[], &new_layers));
         if result.is_err() {
             for l in &new_layers {
                 self.discard_layer_dir(&l.diff_id);
@@ -399,6 +400,83 @@ impl ImageStore {
             "imported images"
         );
         Ok(images)
+    }
+
+    /// Commits an image pulled from a registry: unpacks the layers the
+    /// store lacks from the pulled (already verified) blobs, checks each
+    /// diff id, and records the image under its tag (or, for a pull by
+    /// digest, its repo digest) in one transaction, as [`import`](Self::import)
+    /// does. On failure nothing is stored.
+    pub fn import_pulled(&self, pulled: &PulledImage) -> Result<Image, ImageError> {
+        let mut layers = Vec::new();
+        for l in &pulled.layers {
+            let blob = match &l.blob {
+                Some(b) => Member {
+                    file: b.path.clone(),
+                    size: b.size,
+                    digest: b.digest.clone(),
+                },
+                // The store had this layer when the pull checked;
+                // unpack_layers skips it. Should it have gone since, the
+                // missing file makes the commit fail rather than succeed
+                // without the layer.
+                None => Member {
+                    file: self.tmp().join("absent-layer"),
+                    size: l.size,
+                    digest: l.digest.clone(),
+                },
+            };
+            layers.push(PlannedLayer {
+                blob,
+                diff_id: l.diff_id.clone(),
+            });
+        }
+        let plan = Plan {
+            id: pulled.config_digest.clone(),
+            config: pulled.config.clone(),
+            layers,
+            tags: pulled.tag.iter().cloned().collect(),
+            manifest_digest: Some(pulled.manifest_digest.clone()),
+        };
+        let digest_names = if pulled.tag.is_none() {
+            vec![pulled.name.clone()]
+        } else {
+            Vec::new()
+        };
+        let plans = [plan];
+        let _writer = self.lock_writer();
+        let mut new_layers: Vec<LayerRecord> = Vec::new();
+        let result = self
+            .unpack_layers(&plans, &mut new_layers)
+            .and_then(|()| self.commit(&plans, &[], &digest_names, &new_layers));
+        if result.is_err() {
+            for l in &new_layers {
+                self.discard_layer_dir(&l.diff_id);
+            }
+        }
+        let image = result?
+            .into_iter()
+            .next()
+            .ok_or_else(|| ImageError::NotFound(format!("image {}", pulled.config_digest)))?;
+        tracing::info!(
+            reference = %pulled.reference,
+            image.id = %image.id,
+            new_layers = new_layers.len(),
+            "pulled image stored"
+        );
+        Ok(image)
+    }
+
+    /// Whether the layer with this diff id is unpacked in the store.
+    pub fn has_layer(&self, diff_id: &str) -> bool {
+        self.read_index().layers.contains_key(diff_id) && self.layer_dir(diff_id).is_dir()
+    }
+
+    /// The store's temp directory (`<root>/tmp`), where pulls put blobs
+    /// (named `blob-<16 hex>`, so an interrupted pull's are removed at the
+    /// next open).
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.tmp()
     }
 
     fn unpack_layers(
@@ -489,6 +567,7 @@ impl ImageStore {
         &self,
         plans: &[Plan],
         extra: &[String],
+        digest_names: &[String],
         new_layers: &[LayerRecord],
     ) -> Result<Vec<Image>, ImageError> {
         let mut changed: BTreeMap<String, Image> = BTreeMap::new();
@@ -514,7 +593,9 @@ impl ImageStore {
                     let digests = tags
                         .iter()
                         .filter_map(|t| reference::parse(t).ok())
-                        .map(|r| format!("{}@{md}", r.name));
+                        .map(|r| r.name)
+                        .chain(digest_names.iter().cloned())
+                        .map(|name| format!("{name}@{md}"));
                     merge_unique(&mut image.repo_digests, digests.collect::<Vec<_>>());
                 }
                 for tag in &tags {

@@ -1,0 +1,15 @@
+//! Pulling images from OCI / Docker v2 registries: host resolution with
+//! containerd's `hosts.toml` (`hosts`), HTTP with auth challenges
+//! (`client`, `auth`), and the pull itself (`pull`). Pulled blobs go to the
+//! store's temp directory and are committed by
+//! [`ImageStore::import_pulled`](crate::ImageStore::import_pulled) exactly
+//! like an imported archive.
+
+mod auth;
+mod client;
+mod hosts;
+mod pull;
+
+pub use auth::Credentials;
+pub use hosts::{is_loopback, Capabilities, Host, RegistryHosts};
+pub use pull::{Blob, PulledImage, PulledLayer, Puller, MAX_MANIFEST_BYTES};
