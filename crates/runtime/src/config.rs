@@ -35,6 +35,23 @@ pub struct RuntimeConfig {
     /// Size of each pod's shared `/dev/shm` tmpfs, in bytes (64 MiB, like
     /// Docker and containerd).
     pub shm_size: u64,
+    /// `[cri.registry]`: where images are pulled from.
+    pub registry: RegistryConfig,
+}
+
+/// Registry configuration (`[cri.registry]`), as containerd's CRI plugin
+/// has it: a directory of per-registry `hosts.toml` files and the
+/// registries that may be reached over plain HTTP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// `<config_path>/<registry host>/hosts.toml` (and `_default/`):
+    /// mirrors and per-host settings. None: each registry is its own
+    /// server (docker.io is `registry-1.docker.io`).
+    pub config_path: Option<PathBuf>,
+    /// `host[:port]` names that may be reached over plain HTTP. Loopback
+    /// addresses always may.
+    pub insecure: Vec<String>,
 }
 
 impl Default for RuntimeConfig {
@@ -50,6 +67,7 @@ impl Default for RuntimeConfig {
             default_cgroup_parent: "/petrel".to_string(),
             event_queue_capacity: 1000,
             shm_size: 64 * 1024 * 1024,
+            registry: RegistryConfig::default(),
         }
     }
 }

@@ -38,6 +38,15 @@ pub enum RuntimeError {
     /// The runtime is starting or stopping.
     #[error("runtime is not ready: {0}")]
     Unavailable(String),
+    /// Something the runtime depends on (a registry) cannot be reached.
+    #[error("{0}")]
+    Upstream(String),
+    /// Content is corrupt (a digest or size mismatch).
+    #[error("{0}")]
+    DataLoss(String),
+    /// Credentials were refused or missing.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The call is not supported by this runtime (yet); says why.
     #[error("{0}")]
     Unsupported(String),
@@ -69,6 +78,9 @@ impl RuntimeError {
             Self::FailedPrecondition(_) => Code::FailedPrecondition,
             Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Self::Unavailable(_) => Code::Unavailable,
+            Self::Upstream(_) => Code::Unavailable,
+            Self::DataLoss(_) => Code::DataLoss,
+            Self::PermissionDenied(_) => Code::PermissionDenied,
             Self::Unsupported(_) => Code::Unimplemented,
             Self::Internal(_) => Code::Internal,
         }
@@ -101,6 +113,29 @@ impl From<petrel_oci::spec::SpecError> for RuntimeError {
 impl From<petrel_oci::runc::RuncError> for RuntimeError {
     fn from(e: petrel_oci::runc::RuncError) -> Self {
         Self::Internal(e.to_string())
+    }
+}
+
+impl From<petrel_image::ImageError> for RuntimeError {
+    fn from(e: petrel_image::ImageError) -> Self {
+        use petrel_image::ImageError as E;
+        let msg = e.to_string();
+        match e {
+            E::NotFound(what) => Self::NotFound {
+                kind: "image",
+                id: what,
+            },
+            E::InvalidReference { .. } => Self::invalid("image.image", msg),
+            E::RegistryUnavailable { .. } => Self::Upstream(msg),
+            E::Unauthorized { .. } => Self::PermissionDenied(msg),
+            E::DigestMismatch { .. } | E::SizeMismatch { .. } => Self::DataLoss(msg),
+            E::InvalidManifest { .. }
+            | E::Unsupported(_)
+            | E::RegistryConfig { .. }
+            | E::InvalidArchive { .. }
+            | E::UnsafeEntry { .. } => Self::FailedPrecondition(msg),
+            E::Io { .. } | E::Store(_) => Self::Internal(msg),
+        }
     }
 }
 

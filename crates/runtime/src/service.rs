@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use petrel_cri::api;
+use petrel_image::registry::{Puller, RegistryHosts};
 use petrel_image::ImageStore;
 use petrel_oci::cgroups::Cgroups;
 use petrel_oci::runc::Runc;
@@ -70,6 +71,7 @@ pub struct Runtime {
     pub(crate) store: Store,
     pub(crate) state: State,
     pub(crate) images: ImageStore,
+    pub(crate) puller: Puller,
     pub(crate) runc: Runc,
     pub(crate) cgroups: Cgroups,
     pub(crate) host: HostLimits,
@@ -184,6 +186,13 @@ impl Runtime {
         let store = Store::open(&layout.db())?;
         let images = ImageStore::open(&layout.images())
             .map_err(|e| RuntimeError::internal("open image store", e))?;
+        let puller = Puller::new(
+            RegistryHosts {
+                config_dir: config.registry.config_path.clone(),
+                insecure: config.registry.insecure.clone(),
+            },
+            &images,
+        );
         crate::sandbox::pid_holder::become_subreaper();
         let runc = Runc::new(runc_binary, layout.runc_root());
         let metrics = Metrics::new();
@@ -194,6 +203,7 @@ impl Runtime {
             store,
             state: State::default(),
             images,
+            puller,
             runc,
             cgroups,
             host,

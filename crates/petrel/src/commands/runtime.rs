@@ -31,6 +31,14 @@ pub struct RuntimeArgs {
     /// Cgroup for pods that name none [default: /petrel].
     #[arg(long)]
     pub default_cgroup_parent: Option<String>,
+    /// Directory of per-registry `<host>/hosts.toml` files (mirrors,
+    /// TLS, headers), as containerd's config_path.
+    #[arg(long)]
+    pub registry_config_dir: Option<PathBuf>,
+    /// A registry (`host[:port]`) that may be reached over plain HTTP;
+    /// repeatable. Loopback registries always may.
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -64,6 +72,12 @@ impl RuntimeArgs {
         if let Some(v) = &self.default_cgroup_parent {
             c.default_cgroup_parent = v.clone();
         }
+        if let Some(v) = &self.registry_config_dir {
+            c.registry.config_path = Some(v.clone());
+        }
+        c.registry
+            .insecure
+            .extend(self.insecure_registries.iter().cloned());
         Ok(c)
     }
 }

@@ -1,10 +1,12 @@
-//! ImageService: ListImages, ImageStatus, RemoveImage, ImageFsInfo. Images
-//! arrive by `petrel ctl image import` (registry pulls come later).
+//! ImageService: PullImage, ListImages, ImageStatus, RemoveImage,
+//! ImageFsInfo. Images arrive from registries (PullImage) or by
+//! `petrel ctl image import`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use petrel_cri::api;
+use petrel_image::registry::Credentials;
 use petrel_image::Image;
 
 use crate::error::{non_empty, Result, RuntimeError};
@@ -86,20 +88,32 @@ impl Runtime {
         })
     }
 
-    /// PullImage: not available yet.
+    /// PullImage: resolves the reference on its registry (through the
+    /// configured mirrors), downloads and verifies what the store lacks,
+    /// and commits the image like an import. Returns the image id.
     pub(crate) async fn pull_image(
         self: &Arc<Self>,
         req: api::PullImageRequest,
     ) -> Result<api::PullImageResponse> {
         let r = req.image.map(|s| s.image).unwrap_or_default();
-        // An image that is present already is "pulled": kubelet's
-        // IfNotPresent policy works with imported images.
-        if let Some(img) = self.images.get(&r) {
-            return Ok(api::PullImageResponse { image_ref: img.id });
-        }
-        Err(RuntimeError::Unsupported(format!(
-            "pulling {r:?} from a registry is not available yet; import it with `petrel ctl image import`"
-        )))
+        non_empty(&r, "image.image")?;
+        let creds = req
+            .auth
+            .map(|a| Credentials {
+                username: a.username,
+                password: a.password,
+                identity_token: a.identity_token,
+                registry_token: a.registry_token,
+            })
+            .unwrap_or_default();
+        let pulled = self.puller.pull(&self.images, &r, &creds).await?;
+        let rt = self.clone();
+        let image = tokio::task::spawn_blocking(move || rt.images.import_pulled(&pulled))
+            .await
+            .map_err(|e| RuntimeError::internal("store pulled image", e))??;
+        Ok(api::PullImageResponse {
+            image_ref: image.id,
+        })
     }
 
     /// RemoveImage: removes the image and all its names; refused while a

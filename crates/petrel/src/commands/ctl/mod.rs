@@ -2,7 +2,7 @@
 //! admin API).
 //!
 //! Commands keep crictl's names, flags and table columns: `version`, `info`,
-//! `pods`, `ps`, `inspect`, `inspectp`, `inspecti`, `images`, `image import`,
+//! `pods`, `ps`, `inspect`, `inspectp`, `inspecti`, `images`, `pull`, `image import`,
 //! `rmi`, `imagefsinfo`, `events`, `logs`, `exec`, `stats`, `run`, `stop`,
 //! `rm`, `stopp`, `rmp` and `metrics`.
 //!
@@ -12,7 +12,7 @@
 //! - `run FILE` takes one small YAML file describing a pod and its
 //!   containers (see [`run`] and `run-example.yaml` beside this file);
 //! - `image import` loads a local OCI or docker archive through Petrel's
-//!   admin API (there is no registry pull);
+//!   admin API; `pull` prints the image id but no progress bars yet;
 //! - JSON and YAML use the CRI field names in snake_case, with enum values
 //!   and status timestamps rendered as names and RFC 3339 text.
 //!
@@ -27,6 +27,7 @@ mod info;
 mod logs;
 mod output;
 mod pods;
+mod pull;
 mod run;
 mod stats;
 
@@ -88,6 +89,8 @@ enum CtlCommand {
     Inspecti(images::InspectiArgs),
     /// List images.
     Images(images::ImagesArgs),
+    /// Pull an image from its registry (or a configured mirror).
+    Pull(pull::PullArgs),
     /// Manage images.
     #[command(subcommand)]
     Image(images::ImageCommand),
@@ -156,6 +159,7 @@ async fn dispatch(ctl: &Ctl, command: CtlCommand) -> Result<ExitCode, CtlError> 
         CtlCommand::Images(a) => images::list(ctl, a).await,
         CtlCommand::Inspecti(a) => images::inspect(ctl, a).await,
         CtlCommand::Image(c) => images::image(ctl, c).await,
+        CtlCommand::Pull(a) => pull::pull(ctl, a).await,
         CtlCommand::Rmi(a) => images::remove(ctl, a).await,
         CtlCommand::Imagefsinfo => images::fs_info(ctl).await,
         CtlCommand::Events => events::watch(ctl).await,
