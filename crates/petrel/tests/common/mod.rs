@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod containerd;
+pub mod registry;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
