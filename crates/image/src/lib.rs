@@ -31,7 +31,7 @@ use std::path::PathBuf;
 pub use error::ImageError;
 pub use oci_spec;
 pub use reference::normalize_reference;
-pub use store::ImageStore;
+pub use store::{DiskStats, GcReport, ImageStore, Removal, GC_MIN_AGE, PRUNE_USE_GUARD};
 
 /// An image in the store.
 #[derive(Clone, Debug)]

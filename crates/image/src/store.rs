@@ -18,6 +18,9 @@ use crate::registry::PulledImage;
 use crate::unpack::unpack_layer;
 use crate::{mounts, FsUsage, Image, ImageError};
 
+mod gc;
+pub use gc::{DiskStats, GcReport, Removal, GC_MIN_AGE, PRUNE_USE_GUARD};
+
 /// Prefixes of the temp directories the store creates under `<root>/tmp/`;
 /// each is followed by 16 hex characters. Only these are ever cleaned up.
 const TEMP_PREFIXES: [&str; 4] = ["import-", "layer-", "gc-", "blob-"];
@@ -175,6 +178,10 @@ pub struct ImageStore {
     /// Held by import and remove for their whole duration, so the index
     /// cannot change between planning a change and committing it.
     writer: Mutex<()>,
+    /// When each image was stored and last used (GC's LRU order).
+    usage: gc::Usage,
+    /// When the store was opened (ns): the store time of images loaded.
+    loaded_at: u64,
 }
 
 impl std::fmt::Debug for ImageStore {
@@ -265,6 +272,8 @@ impl ImageStore {
             root,
             index: RwLock::new(Index::default()),
             writer: Mutex::new(()),
+            usage: gc::Usage::default(),
+            loaded_at: gc::now_ns(),
         };
         store.clean_temp()?;
         store.load()?;
@@ -645,6 +654,7 @@ impl ImageStore {
         for image in changed.into_values() {
             index.insert(image);
         }
+        self.usage.stored(&result_ids);
         Ok(result_ids
             .iter()
             .filter_map(|id| index.images.get(id).cloned())

@@ -94,6 +94,8 @@ impl Runtime {
                 format!("image {image_ref:?} not found"),
             )
         })?;
+        // Before the layers are mounted: GC spares recently used images.
+        self.images.mark_used(&image.id);
         let log_path = if config.log_path.is_empty() || sbrec.config.log_directory.is_empty() {
             None
         } else {

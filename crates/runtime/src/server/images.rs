@@ -2,12 +2,12 @@
 //! ImageFsInfo. Images arrive from registries (PullImage) or by
 //! `petrel ctl image import`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use petrel_cri::api;
 use petrel_image::registry::Credentials;
-use petrel_image::Image;
+use petrel_image::{Image, Removal};
 
 use crate::error::{non_empty, Result, RuntimeError};
 use crate::server::stats::dir_usage;
@@ -116,38 +116,52 @@ impl Runtime {
         })
     }
 
-    /// RemoveImage: removes the image and all its names; refused while a
-    /// container uses it; removing an absent image succeeds.
+    /// RemoveImage with untag semantics: one of several tags removes only
+    /// that tag; an id, digest or the last tag removes the image (refused
+    /// while a container uses it). Removing an absent image succeeds.
     pub(crate) async fn remove_image(
         self: &Arc<Self>,
         req: api::RemoveImageRequest,
     ) -> Result<api::RemoveImageResponse> {
         let r = req.image.map(|s| s.image).unwrap_or_default();
         non_empty(&r, "image.image")?;
-        let Some(img) = self.images.get(&r) else {
+        let Some(removal) = self.images.plan_removal(&r) else {
             return Ok(api::RemoveImageResponse {});
         };
-        let users: Vec<String> = self
-            .state
-            .containers()
-            .iter()
-            .filter(|c| c.with(|rec| rec.image_id == img.id))
-            .map(|c| c.id.clone())
-            .collect();
-        if !users.is_empty() {
-            return Err(RuntimeError::FailedPrecondition(format!(
-                "image {} is in use by container(s) {}",
-                img.id,
-                users.join(", ")
-            )));
+        if let Removal::Delete { image_id } = &removal {
+            let users = self.containers_using(image_id);
+            if !users.is_empty() {
+                return Err(RuntimeError::FailedPrecondition(format!(
+                    "image {image_id} is in use by container(s) {}",
+                    users.join(", ")
+                )));
+            }
         }
         let rt = self.clone();
-        let id = img.id.clone();
-        tokio::task::spawn_blocking(move || rt.images.remove(&id))
+        tokio::task::spawn_blocking(move || rt.images.apply_removal(&removal))
             .await
-            .map_err(|e| RuntimeError::internal("remove image", e))?
-            .map_err(|e| RuntimeError::internal(format!("remove image {}", img.id), e))?;
+            .map_err(|e| RuntimeError::internal("remove image", e))??;
         Ok(api::RemoveImageResponse {})
+    }
+
+    /// Ids of the containers (in any state) created from image `image_id`.
+    pub(crate) fn containers_using(&self, image_id: &str) -> Vec<String> {
+        self.state
+            .containers()
+            .iter()
+            .filter(|c| c.with(|rec| rec.image_id == image_id))
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    /// Ids of the images some container (in any state) was created from:
+    /// GC never deletes those.
+    pub(crate) fn images_in_use(&self) -> HashSet<String> {
+        self.state
+            .containers()
+            .iter()
+            .map(|c| c.with(|rec| rec.image_id.clone()))
+            .collect()
     }
 
     /// ImageFsInfo: the image store's usage, and the writable layers'.

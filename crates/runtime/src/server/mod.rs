@@ -18,6 +18,7 @@ pub mod container_stop;
 pub mod container_update;
 pub mod events;
 pub mod fast_list;
+pub mod image_gc;
 pub mod images;
 pub mod runtime_info;
 pub mod sandbox_list;
@@ -422,5 +423,11 @@ impl Admin for CriServer {
         r: Request<adm::MetricsRequest>,
     ) -> Result<Response<adm::MetricsResponse>, Status> {
         rpc!(self, "Metrics", r, metrics_text)
+    }
+    async fn garbage_collect_images(
+        &self,
+        r: Request<adm::GarbageCollectImagesRequest>,
+    ) -> Result<Response<adm::GarbageCollectImagesResponse>, Status> {
+        rpc!(self, "GarbageCollectImages", r, garbage_collect_images)
     }
 }

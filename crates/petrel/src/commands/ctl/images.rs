@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use petrel_cri::admin::{ImportImageRequest, ImportImageResponse};
+use petrel_cri::admin::{
+    GarbageCollectImagesRequest, GarbageCollectImagesResponse, ImportImageRequest,
+    ImportImageResponse,
+};
 use petrel_cri::api::{
     FilesystemUsage, Image, ImageFilter, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec,
     ImageStatusRequest, ListImagesRequest, RemoveImageRequest,
@@ -153,6 +156,11 @@ pub async fn inspect(ctl: &Ctl, args: InspectiArgs) -> Result<ExitCode, CtlError
 pub enum ImageCommand {
     /// Import an OCI image-layout or docker archive from a local file.
     Import(ImportArgs),
+    /// Remove every image no container uses.
+    Prune,
+    /// Kubelet's image GC: unused images, least recently used first, while
+    /// the image filesystem is above --high percent, down to --low.
+    Gc(GcArgs),
 }
 
 /// Flags of `image import`.
@@ -169,6 +177,15 @@ pub struct ImportArgs {
 pub async fn image(ctl: &Ctl, command: ImageCommand) -> Result<ExitCode, CtlError> {
     match command {
         ImageCommand::Import(args) => import(ctl, args).await,
+        ImageCommand::Prune => prune(ctl).await,
+        ImageCommand::Gc(args) => {
+            let req = GarbageCollectImagesRequest {
+                prune: false,
+                high_threshold_percent: args.high,
+                low_threshold_percent: args.low,
+            };
+            gc(ctl, req).await
+        }
     }
 }
 
@@ -226,49 +243,152 @@ fn imported_text(resp: &ImportImageResponse) -> String {
 #[derive(Debug, Args)]
 pub struct RmiArgs {
     /// Image references or ids.
-    #[arg(required = true)]
+    #[arg(required_unless_present_any = ["all", "prune"])]
     references: Vec<String>,
+    /// Remove every image (those in use by a container fail).
+    #[arg(short = 'a', long, conflicts_with = "prune")]
+    all: bool,
+    /// Remove every image no container uses.
+    #[arg(short = 'q', long)]
+    prune: bool,
 }
 
-/// `rmi`: removes each image (with all its tags, as crictl does) and
-/// names what went.
+/// `rmi`: removes each reference with docker's untag semantics (one of
+/// several tags removes that tag; an id, digest or last tag removes the
+/// image) and names what went.
 pub async fn remove(ctl: &Ctl, args: RmiArgs) -> Result<ExitCode, CtlError> {
+    if args.prune {
+        return prune(ctl).await;
+    }
+    let references = if args.all {
+        let mut svc = ctl.images().await?;
+        let resp = ctl
+            .call(
+                "list images",
+                svc.list_images(ListImagesRequest { filter: None }),
+            )
+            .await?;
+        resp.images.into_iter().map(|i| i.id).collect()
+    } else {
+        args.references
+    };
     let mut outcome = Outcome::default();
-    for reference in &args.references {
-        if let Some(names) = outcome.note(remove_one(ctl, reference).await) {
-            emit(
-                &names
-                    .iter()
-                    .map(|n| format!("Deleted: {n}\n"))
-                    .collect::<String>(),
-            )?;
+    for reference in &references {
+        if let Some(lines) = outcome.note(remove_one(ctl, reference).await) {
+            emit(&lines)?;
         }
     }
     Ok(outcome.exit_code())
 }
 
-/// Removes the image `reference` names; returns its tags (or its id).
-async fn remove_one(ctl: &Ctl, reference: &str) -> Result<Vec<String>, CtlError> {
+/// Removes what `reference` names; returns "Untagged: ..." or "Deleted:
+/// ..." lines.
+async fn remove_one(ctl: &Ctl, reference: &str) -> Result<String, CtlError> {
     let mut svc = ctl.images().await?;
-    let req = ImageStatusRequest {
-        image: Some(spec(reference)),
-        verbose: false,
-    };
     let what = format!("get status of image {reference}");
     // RemoveImage succeeds for unknown images; say so instead.
-    let Some(image) = ctl.call(what, svc.image_status(req)).await?.image else {
+    let Some(before) = ctl
+        .call(what, svc.image_status(status_req(reference)))
+        .await?
+        .image
+    else {
         return Err(CtlError::Other(format!("no such image {reference}")));
     };
     let req = RemoveImageRequest {
-        image: Some(spec(&image.id)),
+        image: Some(spec(reference)),
     };
     ctl.call(format!("remove image {reference}"), svc.remove_image(req))
         .await?;
-    Ok(if image.repo_tags.is_empty() {
-        vec![image.id]
+    let what = format!("get status of image {}", before.id);
+    let after = ctl
+        .call(what, svc.image_status(status_req(&before.id)))
+        .await?
+        .image;
+    Ok(removal_text(&before, after.as_ref()))
+}
+
+fn status_req(reference: &str) -> ImageStatusRequest {
+    ImageStatusRequest {
+        image: Some(spec(reference)),
+        verbose: false,
+    }
+}
+
+/// What a removal did, from the image before and after it.
+fn removal_text(before: &Image, after: Option<&Image>) -> String {
+    match after {
+        Some(after) => before
+            .repo_tags
+            .iter()
+            .filter(|t| !after.repo_tags.contains(t))
+            .map(|t| format!("Untagged: {t}\n"))
+            .collect(),
+        None => deleted_text(&before.id, &before.repo_tags),
+    }
+}
+
+fn deleted_text(id: &str, tags: &[String]) -> String {
+    if tags.is_empty() {
+        format!("Deleted: {id}\n")
     } else {
-        image.repo_tags
-    })
+        tags.iter().map(|t| format!("Deleted: {t}\n")).collect()
+    }
+}
+
+/// `image prune` / `rmi --prune`: removes every image no container uses.
+async fn prune(ctl: &Ctl) -> Result<ExitCode, CtlError> {
+    gc(
+        ctl,
+        GarbageCollectImagesRequest {
+            prune: true,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn gc(ctl: &Ctl, req: GarbageCollectImagesRequest) -> Result<ExitCode, CtlError> {
+    let mut admin = ctl.admin().await?;
+    let limit = Some(
+        ctl.timeout
+            .map_or(IMPORT_TIMEOUT, |t| t.max(IMPORT_TIMEOUT)),
+    );
+    let resp = ctl
+        .call_within(
+            limit,
+            "garbage collect images",
+            admin.garbage_collect_images(req),
+        )
+        .await?;
+    match ctl.format_or(Format::Table) {
+        Format::Table => emit(&gc_text(&resp))?,
+        f => output::print_structured(f, &resp)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn gc_text(resp: &GarbageCollectImagesResponse) -> String {
+    let mut out: String = resp
+        .removed
+        .iter()
+        .map(|i| deleted_text(&i.id, &i.repo_tags))
+        .collect();
+    out.push_str(&format!(
+        "Total reclaimed space: {}\n",
+        output::human_size(resp.freed_bytes)
+    ));
+    out
+}
+
+/// Flags of `image gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Collect only when the image filesystem is more than this percent used.
+    #[arg(long, default_value_t = 85, value_parser = clap::value_parser!(u32).range(0..=100))]
+    high: u32,
+    /// Collect until usage is below this percent.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(0..=100))]
+    low: u32,
 }
 
 /// `imagefsinfo`: usage of the filesystems holding images and containers.
@@ -385,6 +505,19 @@ mod tests {
             lines[4],
             "docker.io/petrel/busybox  latest  1111111111111  2.1MB"
         );
+    }
+
+    #[test]
+    fn removal_text_should_name_untagged_tags_or_deleted_names() {
+        let before = image("sha256:aa", &["d/a:1", "d/a:2"], &[], 1);
+        let after = image("sha256:aa", &["d/a:1"], &[], 1);
+        assert_eq!(removal_text(&before, Some(&after)), "Untagged: d/a:2\n");
+        assert_eq!(
+            removal_text(&before, None),
+            "Deleted: d/a:1\nDeleted: d/a:2\n"
+        );
+        let untagged = image("sha256:bb", &[], &[], 1);
+        assert_eq!(removal_text(&untagged, None), "Deleted: sha256:bb\n");
     }
 
     #[test]
