@@ -1,6 +1,6 @@
 //! The in-memory view of pods and containers, always backed by the store.
 //!
-//! Records change only through [`Sandbox::update`] / [`Container::update`],
+//! Records change only through [`Sandbox::set`] / [`Container::set`],
 //! which the service calls after the store accepted the same change, so
 //! memory never runs ahead of what a restart would find. Each object also
 //! has an async `op` lock serialising its lifecycle operations (create, start,
@@ -20,12 +20,39 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// An object's encoded CRI listing entry (`PodSandbox` or `Container`),
+/// kept until its record changes.
+#[derive(Debug, Default)]
+struct Listing(Mutex<Option<bytes::Bytes>>);
+
+impl Listing {
+    /// The cached entry, else the one `build` makes, which is kept. The
+    /// cache's lock is held while building, so a [`Listing::clear`] that
+    /// follows a record change waits for (and drops) an entry built from
+    /// the old record.
+    fn get_or_build(&self, build: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
+        let mut cached = lock(&self.0);
+        if let Some(b) = cached.as_ref() {
+            return b.clone();
+        }
+        let b = build();
+        *cached = Some(b.clone());
+        b
+    }
+
+    /// Forgets the entry (the record changed).
+    fn clear(&self) {
+        *lock(&self.0) = None;
+    }
+}
+
 /// A pod sandbox in memory.
 #[derive(Debug)]
 pub struct Sandbox {
     /// The sandbox id.
     pub id: String,
     record: Mutex<SandboxRecord>,
+    listing: Listing,
     containers: Mutex<BTreeSet<String>>,
     cpu_sample: Mutex<Option<(i64, u64)>>,
     /// Lifecycle lock: container creation takes it shared, stopping and
@@ -39,6 +66,7 @@ impl Sandbox {
         Self {
             id: record.id.clone(),
             record: Mutex::new(record),
+            listing: Listing::default(),
             containers: Mutex::new(BTreeSet::new()),
             cpu_sample: Mutex::new(None),
             op: tokio::sync::RwLock::new(()),
@@ -57,7 +85,16 @@ impl Sandbox {
 
     /// Replaces the record (after the store accepted it).
     pub fn set(&self, record: SandboxRecord) {
+        // The cache is cleared after the record is replaced (see
+        // `Listing::get_or_build`).
         *lock(&self.record) = record;
+        self.listing.clear();
+    }
+
+    /// The sandbox's encoded listing entry, built by `build` when the
+    /// record changed since the last call.
+    pub fn listing(&self, build: impl FnOnce(&SandboxRecord) -> bytes::Bytes) -> bytes::Bytes {
+        self.listing.get_or_build(|| self.with(build))
     }
 
     /// Ids of the containers of this pod.
@@ -94,7 +131,7 @@ pub struct Container {
     /// Whether runc's record of the container is gone; held while deleting
     /// it, so that exit handling and removal never both run `runc delete`.
     pub runc_deleted: tokio::sync::Mutex<bool>,
-    listing: Mutex<Option<bytes::Bytes>>,
+    listing: Listing,
 }
 
 impl Container {
@@ -108,20 +145,14 @@ impl Container {
             exited,
             cpu_sample: Mutex::new(None),
             runc_deleted: tokio::sync::Mutex::new(false),
-            listing: Mutex::new(None),
+            listing: Listing::default(),
         }
     }
 
     /// The container's encoded listing entry, built by `build` when the
     /// record changed since the last call.
     pub fn listing(&self, build: impl FnOnce(&ContainerRecord) -> bytes::Bytes) -> bytes::Bytes {
-        let mut cached = lock(&self.listing);
-        if let Some(b) = cached.as_ref() {
-            return b.clone();
-        }
-        let b = self.with(build);
-        *cached = Some(b.clone());
-        b
+        self.listing.get_or_build(|| self.with(build))
     }
 
     /// A copy of the current record.
@@ -143,11 +174,10 @@ impl Container {
     /// waiting for the exit when it says the container exited.
     pub fn set(&self, record: ContainerRecord) {
         let exited = record.state == ContainerState::Exited;
-        // The cache is cleared after the record is replaced; a listing being
-        // built from the old record holds the cache's lock until it is
-        // stored, so it is cleared too.
+        // The cache is cleared after the record is replaced (see
+        // `Listing::get_or_build`).
         *lock(&self.record) = record;
-        *lock(&self.listing) = None;
+        self.listing.clear();
         if exited {
             self.exited.send_replace(true);
         }

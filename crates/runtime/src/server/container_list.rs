@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use petrel_cri::api;
 
 use crate::error::Result;
 use crate::records::ContainerState;
-use crate::server::sandbox_list::labels_match;
+use crate::server::sandbox_list::{encoded_list, labels_match};
 use crate::service::Runtime;
-use crate::state::Container;
+use crate::state::{Container, State};
 
 impl Runtime {
     /// ContainerStatus.
@@ -50,80 +51,77 @@ impl Runtime {
         })
     }
 
-    /// The containers a ListContainers filter selects, oldest first.
-    pub(crate) fn select_containers(&self, filter: &api::ContainerFilter) -> Vec<Arc<Container>> {
-        let by_id = if filter.id.is_empty() {
-            None
-        } else {
-            match self.state.container(&filter.id) {
-                Some(c) => Some(c.id.clone()),
-                None => return Vec::new(),
-            }
-        };
-        let by_pod = if filter.pod_sandbox_id.is_empty() {
-            None
-        } else {
-            match self.state.sandbox(&filter.pod_sandbox_id) {
-                Some(sb) => Some(sb.id.clone()),
-                None => return Vec::new(),
-            }
-        };
-        let want_state = filter.state.as_ref().map(|s| s.state);
-        let mut selected: Vec<(i64, Arc<Container>)> = self
-            .state
-            .containers()
-            .into_iter()
-            .filter_map(|c| {
-                let keep = c.with(|r| {
-                    r.state != ContainerState::Creating
-                        && by_id.as_ref().is_none_or(|id| *id == r.id)
-                        && by_pod.as_ref().is_none_or(|p| *p == r.sandbox_id)
-                        && want_state.is_none_or(|s| s == r.state.to_cri() as i32)
-                        && labels_match(&r.config.labels, &filter.label_selector)
-                });
-                keep.then(|| (c.with(|r| r.created_at), c))
-            })
-            .collect();
-        selected.sort_by_key(|(t, _)| *t);
-        selected.into_iter().map(|(_, c)| c).collect()
-    }
-
     /// ListContainers.
     pub(crate) async fn list_containers(
         self: &Arc<Self>,
         req: api::ListContainersRequest,
     ) -> Result<api::ListContainersResponse> {
         let filter = req.filter.unwrap_or_default();
-        let containers = self
-            .select_containers(&filter)
+        let containers = select_containers(&self.state, &filter)
             .iter()
             .map(|c| c.with(cri_container))
             .collect();
         Ok(api::ListContainersResponse { containers })
     }
+}
 
-    /// ListContainers, answered as the encoded response: each container's
-    /// encoding is cached until its record changes, so a relist of a
-    /// thousand containers copies bytes instead of building and encoding a
-    /// thousand messages.
-    pub(crate) fn list_containers_encoded(&self, req: &api::ListContainersRequest) -> bytes::Bytes {
-        let filter = req.filter.clone().unwrap_or_default();
-        let parts: Vec<bytes::Bytes> = self
-            .select_containers(&filter)
-            .iter()
-            .map(|c| {
-                c.listing(|r| bytes::Bytes::from(prost::Message::encode_to_vec(&cri_container(r))))
-            })
-            .collect();
-        let mut out = bytes::BytesMut::with_capacity(parts.iter().map(|p| p.len() + 6).sum());
-        for p in parts {
-            // Field 1 (`containers`), wire type 2 (length-delimited).
-            prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut out);
-            prost::encoding::encode_varint(p.len() as u64, &mut out);
-            out.extend_from_slice(&p);
+/// The containers a ListContainers filter selects, oldest first.
+pub(crate) fn select_containers(
+    state: &State,
+    filter: &api::ContainerFilter,
+) -> Vec<Arc<Container>> {
+    let by_id = if filter.id.is_empty() {
+        None
+    } else {
+        match state.container(&filter.id) {
+            Some(c) => Some(c.id.clone()),
+            None => return Vec::new(),
         }
-        out.freeze()
-    }
+    };
+    let by_pod = if filter.pod_sandbox_id.is_empty() {
+        None
+    } else {
+        match state.sandbox(&filter.pod_sandbox_id) {
+            Some(sb) => Some(sb.id.clone()),
+            None => return Vec::new(),
+        }
+    };
+    let want_state = filter.state.as_ref().map(|s| s.state);
+    let mut selected: Vec<(i64, Arc<Container>)> = state
+        .containers()
+        .into_iter()
+        .filter_map(|c| {
+            let created_at = c.with(|r| {
+                let keep = r.state != ContainerState::Creating
+                    && by_id.as_ref().is_none_or(|id| *id == r.id)
+                    && by_pod.as_ref().is_none_or(|p| *p == r.sandbox_id)
+                    && want_state.is_none_or(|s| s == r.state.to_cri() as i32)
+                    && labels_match(&r.config.labels, &filter.label_selector);
+                keep.then_some(r.created_at)
+            })?;
+            Some((created_at, c))
+        })
+        .collect();
+    selected.sort_by_key(|(t, _)| *t);
+    selected.into_iter().map(|(_, c)| c).collect()
+}
+
+/// ListContainers, answered as the encoded response: each container's
+/// encoding is cached until its record changes, so a relist of a thousand
+/// containers copies bytes instead of building and encoding a thousand
+/// messages.
+pub(crate) fn list_containers_encoded(state: &State, req: &api::ListContainersRequest) -> Bytes {
+    let filter = req.filter.clone().unwrap_or_default();
+    let parts: Vec<Bytes> = select_containers(state, &filter)
+        .iter()
+        .map(|c| c.listing(encode_container))
+        .collect();
+    encoded_list(&parts)
+}
+
+/// The encoding of a container's listing entry.
+pub(crate) fn encode_container(r: &crate::records::ContainerRecord) -> Bytes {
+    Bytes::from(prost::Message::encode_to_vec(&cri_container(r)))
 }
 
 /// The CRI listing entry of a container.
@@ -222,5 +220,118 @@ mod tests {
         assert_ne!(before, after);
         let decoded: api::Container = prost::Message::decode(after).unwrap_or_default();
         assert_eq!(decoded.state, api::ContainerState::ContainerExited as i32);
+    }
+
+    /// Containers of two pods, inserted newest first, one being created.
+    fn state() -> State {
+        let s = State::default();
+        for (pod, created_at) in [("pod1", 1), ("pod2", 2)] {
+            let mut sb = crate::server::sandbox_list::tests::record(
+                pod,
+                crate::records::SandboxState::Ready,
+                created_at,
+                "web",
+            );
+            sb.id = format!("{pod}-sandbox");
+            s.insert_sandbox(Arc::new(crate::state::Sandbox::new(sb)));
+        }
+        for (id, pod, state, created_at, app) in [
+            ("c4", "pod2", ContainerState::Creating, 40, "web"),
+            ("c3", "pod2", ContainerState::Running, 30, "db"),
+            ("c2", "pod1", ContainerState::Exited, 20, "web"),
+            ("c1", "pod1", ContainerState::Running, 10, "web"),
+        ] {
+            let mut r = record(id, created_at);
+            r.sandbox_id = format!("{pod}-sandbox");
+            r.state = state;
+            r.config.labels = HashMap::from([("app".into(), app.into())]);
+            s.insert_container(Arc::new(Container::new(r)));
+        }
+        s
+    }
+
+    /// The ids the encoded response lists, after checking that it is the
+    /// typed response's encoding.
+    fn listed(s: &State, filter: api::ContainerFilter) -> Vec<String> {
+        let typed = api::ListContainersResponse {
+            containers: select_containers(s, &filter)
+                .iter()
+                .map(|c| c.with(cri_container))
+                .collect(),
+        };
+        let req = api::ListContainersRequest {
+            filter: Some(filter),
+        };
+        let encoded = list_containers_encoded(s, &req);
+        assert_eq!(encoded.to_vec(), prost::Message::encode_to_vec(&typed));
+        typed.containers.into_iter().map(|c| c.id).collect()
+    }
+
+    fn in_state(st: api::ContainerState) -> api::ContainerFilter {
+        api::ContainerFilter {
+            state: Some(api::ContainerStateValue { state: st as i32 }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn encoded_listing_should_equal_the_typed_response_for_every_filter() {
+        let s = state();
+        assert_eq!(listed(&s, Default::default()), ["c1", "c2", "c3"]);
+        assert_eq!(listed(&s, Default::default()), ["c1", "c2", "c3"]);
+        let by_id = |id: &str| api::ContainerFilter {
+            id: id.into(),
+            ..Default::default()
+        };
+        assert_eq!(listed(&s, by_id("c2")), ["c2"]);
+        assert!(listed(&s, by_id("c4")).is_empty(), "being created");
+        assert!(listed(&s, by_id("zz")).is_empty());
+        let by_pod = |p: &str| api::ContainerFilter {
+            pod_sandbox_id: p.into(),
+            ..Default::default()
+        };
+        assert_eq!(listed(&s, by_pod("pod1-sandbox")), ["c1", "c2"]);
+        assert_eq!(listed(&s, by_pod("pod2")), ["c3"], "unique prefix");
+        assert!(listed(&s, by_pod("pod")).is_empty(), "ambiguous prefix");
+        assert!(listed(&s, by_pod("nope")).is_empty());
+        assert_eq!(
+            listed(&s, in_state(api::ContainerState::ContainerRunning)),
+            ["c1", "c3"]
+        );
+        assert_eq!(
+            listed(&s, in_state(api::ContainerState::ContainerExited)),
+            ["c2"]
+        );
+        let by_app = |app: &str| api::ContainerFilter {
+            label_selector: HashMap::from([("app".into(), app.into())]),
+            ..Default::default()
+        };
+        assert_eq!(listed(&s, by_app("web")), ["c1", "c2"]);
+        assert_eq!(listed(&s, by_app("db")), ["c3"]);
+        let all = api::ContainerFilter {
+            pod_sandbox_id: "pod1-sandbox".into(),
+            ..by_app("web")
+        };
+        assert_eq!(listed(&s, all), ["c1", "c2"]);
+    }
+
+    #[test]
+    fn encoded_listing_should_follow_state_changes_and_removal() {
+        let s = state();
+        let running = in_state(api::ContainerState::ContainerRunning);
+        assert_eq!(listed(&s, running.clone()), ["c1", "c3"]);
+        let c = s.container("c1").expect("inserted");
+        let mut r = c.record();
+        r.state = ContainerState::Exited;
+        c.set(r);
+        assert_eq!(listed(&s, running.clone()), ["c3"]);
+        let c = s.container("c4").expect("inserted");
+        let mut r = c.record();
+        r.state = ContainerState::Running;
+        c.set(r);
+        assert_eq!(listed(&s, running.clone()), ["c3", "c4"]);
+        s.remove_container("c3");
+        assert_eq!(listed(&s, running), ["c4"]);
+        assert_eq!(listed(&s, Default::default()), ["c1", "c2", "c4"]);
     }
 }
