@@ -20,6 +20,7 @@
 mod archive;
 mod digest;
 mod error;
+mod export;
 mod mounts;
 mod reference;
 pub mod registry;
@@ -29,6 +30,7 @@ mod unpack;
 use std::path::PathBuf;
 
 pub use error::ImageError;
+pub use export::Exported;
 pub use oci_spec;
 pub use reference::normalize_reference;
 pub use store::{DiskStats, GcReport, ImageStore, Removal, GC_MIN_AGE, PRUNE_USE_GUARD};

@@ -1,6 +1,7 @@
 //! Image removal and garbage collection through `petrel ctl`: untag
 //! semantics, refusal while a container uses the image, prune, and the
-//! threshold GC, with the layers' disk freed.
+//! threshold GC, with the layers' disk freed; `image export` read back
+//! by `image import` and skopeo.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,6 +10,7 @@ mod common;
 use std::process::{Command, Output};
 
 use common::*;
+use petrel_cri::api;
 
 fn ctl(node: &Node, args: &[&str]) -> Output {
     Command::new(petrel_bin())
@@ -113,5 +115,62 @@ async fn rmi_should_untag_refuse_in_use_images_and_prune_should_free_layers() {
     );
     assert!(ok(&node, &["images", "-q"]).trim().is_empty());
     assert_eq!(layer_count(&node), 0);
+    c.remove_pod(&pod).await.expect("remove pod");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_export_should_write_an_archive_import_and_skopeo_read() {
+    let node = Node::start_with_busybox().await;
+    let file = node.dir.path().join("export/busybox.tar");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let out = ok(
+        &node,
+        &[
+            "image",
+            "export",
+            "petrel/busybox",
+            file.to_str().unwrap(),
+            "-o",
+            "json",
+        ],
+    );
+    let resp: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let id = resp["id"].as_str().expect("id").to_string();
+    assert!(file.is_file());
+
+    let copy = node.dir.path().join("export/skopeo");
+    let o = Command::new("skopeo")
+        .arg("copy")
+        .arg(format!("oci-archive:{}", file.display()))
+        .arg(format!("dir:{}", copy.display()))
+        .output()
+        .expect("run skopeo (Debian package skopeo)");
+    assert!(
+        o.status.success(),
+        "skopeo: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // Replace the image by its export: same name, the export's id.
+    ok(&node, &["rmi", "petrel/busybox"]);
+    let out = ok(&node, &["image", "import", file.to_str().unwrap()]);
+    assert!(out.contains("docker.io/petrel/busybox:latest"), "{out}");
+    let ids = ok(&node, &["images", "-q"]);
+    assert_eq!(ids.trim(), id);
+
+    // And it runs.
+    let mut c = node.clients().await;
+    let pc = node.pod_config("export");
+    let pod = c.run_pod(pc.clone()).await;
+    let ctr = c.run(&pod, &pc, sh_container("main", "echo hi")).await;
+    let st = c
+        .wait_state(
+            &ctr,
+            api::ContainerState::ContainerExited,
+            std::time::Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(st.exit_code, 0);
+    c.remove(&ctr).await.expect("remove container");
     c.remove_pod(&pod).await.expect("remove pod");
 }

@@ -18,6 +18,7 @@ pub mod container_stop;
 pub mod container_update;
 pub mod events;
 pub mod fast_list;
+pub mod image_export;
 pub mod image_gc;
 pub mod images;
 pub mod runtime_info;
@@ -429,5 +430,11 @@ impl Admin for CriServer {
         r: Request<adm::GarbageCollectImagesRequest>,
     ) -> Result<Response<adm::GarbageCollectImagesResponse>, Status> {
         rpc!(self, "GarbageCollectImages", r, garbage_collect_images)
+    }
+    async fn export_image(
+        &self,
+        r: Request<adm::ExportImageRequest>,
+    ) -> Result<Response<adm::ExportImageResponse>, Status> {
+        rpc!(self, "ExportImage", r, export_image)
     }
 }

@@ -1,5 +1,5 @@
-//! Image commands: `images`, `inspecti`, `image import`, `rmi` and
-//! `imagefsinfo`.
+//! Image commands: `images`, `inspecti`, `image import|export|prune|gc`,
+//! `rmi` and `imagefsinfo`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,6 +14,8 @@ use petrel_cri::api::{
     FilesystemUsage, Image, ImageFilter, ImageFsInfoRequest, ImageFsInfoResponse, ImageSpec,
     ImageStatusRequest, ListImagesRequest, RemoveImageRequest,
 };
+
+mod export;
 
 use super::error::CtlError;
 use super::output::{self, emit, Format, StatusDoc, Table};
@@ -156,6 +158,9 @@ pub async fn inspect(ctl: &Ctl, args: InspectiArgs) -> Result<ExitCode, CtlError
 pub enum ImageCommand {
     /// Import an OCI image-layout or docker archive from a local file.
     Import(ImportArgs),
+    /// Write an image as an OCI image-layout archive (on the runtime's
+    /// host), readable by `image import` and `skopeo copy oci-archive:`.
+    Export(export::ExportArgs),
     /// Remove every image no container uses.
     Prune,
     /// Kubelet's image GC: unused images, least recently used first, while
@@ -177,6 +182,7 @@ pub struct ImportArgs {
 pub async fn image(ctl: &Ctl, command: ImageCommand) -> Result<ExitCode, CtlError> {
     match command {
         ImageCommand::Import(args) => import(ctl, args).await,
+        ImageCommand::Export(args) => export::export(ctl, args).await,
         ImageCommand::Prune => prune(ctl).await,
         ImageCommand::Gc(args) => {
             let req = GarbageCollectImagesRequest {
