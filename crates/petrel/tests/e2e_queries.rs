@@ -330,10 +330,32 @@ async fn images_should_import_list_and_refuse_removal_while_used() {
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains(&ctr), "{}", e.message());
     c.remove_pod(&pod).await.unwrap();
+    // One of two tags: only the tag goes (docker's untag semantics).
     c.img
         .remove_image(api::RemoveImageRequest {
             image: Some(api::ImageSpec {
                 image: "example.com/extra:1".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let left = c
+        .img
+        .list_images(api::ListImagesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert_eq!(left.len(), 1);
+    assert!(!left[0]
+        .repo_tags
+        .contains(&"example.com/extra:1".to_string()));
+    // The id removes the image with its remaining tags.
+    c.img
+        .remove_image(api::RemoveImageRequest {
+            image: Some(api::ImageSpec {
+                image: id.clone(),
                 ..Default::default()
             }),
         })
