@@ -235,6 +235,28 @@ async fn auth_should_use_the_requests_credentials() {
         .await
         .expect("pull with credentials");
     assert!(status(&mut c, &r).await.is_some());
+
+    // Docker's base64 `auth` field ("petrel:s3cret").
+    let node = Node::start();
+    let mut c = node.clients().await;
+    let field = api::AuthConfig {
+        auth: "cGV0cmVsOnMzY3JldA==".into(),
+        ..Default::default()
+    };
+    c.img
+        .pull_image(pull_req(&r, Some(field)))
+        .await
+        .expect("pull with the auth field");
+
+    // Credentials from the config file, for the reference's registry.
+    let node = Node::start_with(&format!(
+        "[cri.registry.auths.{:?}]\nusername = \"petrel\"\npassword = \"s3cret\"\n",
+        reg.host()
+    ));
+    let mut c = node.clients().await;
+    pull(&mut c, &r)
+        .await
+        .expect("pull with configured credentials");
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! The runtime's configuration (the `[cri]` section of Petrel's config file).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,31 @@ pub struct RegistryConfig {
     /// `host[:port]` names that may be reached over plain HTTP. Loopback
     /// addresses always may.
     pub insecure: Vec<String>,
+    /// Credentials per registry host (`[cri.registry.auths."docker.io"]`),
+    /// used when a PullImage request carries none. Keyed by the registry
+    /// of the reference (the upstream name, also when a mirror serves it).
+    pub auths: BTreeMap<String, RegistryAuth>,
+}
+
+/// Credentials for one registry in the config file.
+#[derive(Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryAuth {
+    /// User name (Basic auth, or at the token server).
+    pub username: String,
+    /// Password.
+    pub password: String,
+    /// An identity (refresh) token instead of a password.
+    pub identity_token: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    // Secrets stay out of logs and error messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for RuntimeConfig {

@@ -45,6 +45,33 @@ impl Credentials {
     }
 }
 
+/// Decodes docker's `auth` field (base64 of `user:password`).
+pub fn decode_auth_field(s: &str) -> Option<(String, String)> {
+    let mut bits = 0u32;
+    let mut nbits = 0;
+    let mut out = Vec::new();
+    for c in s.trim().trim_end_matches('=').bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(v);
+        nbits += 6;
+        if nbits >= 8 {
+            nbits -= 8;
+            out.push((bits >> nbits) as u8);
+            bits &= (1 << nbits) - 1;
+        }
+    }
+    let text = String::from_utf8(out).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_string(), p.to_string()))
+}
+
 /// A parsed `WWW-Authenticate` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Challenge {
@@ -178,6 +205,17 @@ mod tests {
         ] {
             assert_eq!(base64(i.as_bytes()), o);
         }
+    }
+
+    #[test]
+    fn auth_field_should_decode_to_user_and_password() {
+        assert_eq!(
+            decode_auth_field(&base64(b"user:pa:ss")),
+            Some(("user".to_string(), "pa:ss".to_string()))
+        );
+        assert_eq!(decode_auth_field("dTpw"), Some(("u".into(), "p".into())));
+        assert_eq!(decode_auth_field("not base64!"), None);
+        assert_eq!(decode_auth_field(&base64(b"nocolon")), None);
     }
 
     #[test]

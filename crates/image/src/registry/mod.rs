@@ -10,6 +10,6 @@ mod client;
 mod hosts;
 mod pull;
 
-pub use auth::Credentials;
+pub use auth::{decode_auth_field, Credentials};
 pub use hosts::{is_loopback, Capabilities, Host, RegistryHosts};
 pub use pull::{Blob, PulledImage, PulledLayer, Puller, MAX_MANIFEST_BYTES};

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use petrel_cri::api;
-use petrel_image::registry::Credentials;
+use petrel_image::registry::{decode_auth_field, Credentials};
 use petrel_image::{Image, Removal};
 
 use crate::error::{non_empty, Result, RuntimeError};
@@ -97,15 +97,7 @@ impl Runtime {
     ) -> Result<api::PullImageResponse> {
         let r = req.image.map(|s| s.image).unwrap_or_default();
         non_empty(&r, "image.image")?;
-        let creds = req
-            .auth
-            .map(|a| Credentials {
-                username: a.username,
-                password: a.password,
-                identity_token: a.identity_token,
-                registry_token: a.registry_token,
-            })
-            .unwrap_or_default();
+        let creds = self.pull_credentials(&r, req.auth);
         let pulled = self.puller.pull(&self.images, &r, &creds).await?;
         let rt = self.clone();
         let image = tokio::task::spawn_blocking(move || rt.images.import_pulled(&pulled))
@@ -114,6 +106,38 @@ impl Runtime {
         Ok(api::PullImageResponse {
             image_ref: image.id,
         })
+    }
+
+    /// The request's credentials (docker's base64 `auth` field counts as
+    /// user and password), else those the config file has for the
+    /// reference's registry.
+    fn pull_credentials(&self, reference: &str, auth: Option<api::AuthConfig>) -> Credentials {
+        let mut creds = auth
+            .map(|a| {
+                let (username, password) = if a.username.is_empty() && !a.auth.is_empty() {
+                    decode_auth_field(&a.auth).unwrap_or_default()
+                } else {
+                    (a.username, a.password)
+                };
+                Credentials {
+                    username,
+                    password,
+                    identity_token: a.identity_token,
+                    registry_token: a.registry_token,
+                }
+            })
+            .unwrap_or_default();
+        if creds.is_empty() {
+            let registry = petrel_image::normalize_reference(reference)
+                .ok()
+                .and_then(|n| n.split('/').next().map(str::to_string));
+            if let Some(a) = registry.and_then(|r| self.config.registry.auths.get(&r)) {
+                creds.username = a.username.clone();
+                creds.password = a.password.clone();
+                creds.identity_token = a.identity_token.clone();
+            }
+        }
+        creds
     }
 
     /// RemoveImage with untag semantics: one of several tags removes only
