@@ -90,6 +90,9 @@ pub struct PulledImage {
     pub config_digest: String,
     /// The image configuration.
     pub config: oci_spec::image::ImageConfiguration,
+    /// The config blob, held until the commit so concurrent pulls of the
+    /// same image share it instead of downloading it again.
+    pub config_blob: Option<Arc<Blob>>,
     /// Base layer first.
     pub layers: Vec<PulledLayer>,
 }
@@ -432,19 +435,36 @@ impl Puller {
         }
 
         // 3. The config: from the store when the image is there already.
-        let config = match store.get(&config_desc.digest) {
-            Some(img) if img.id == config_desc.digest => img.config,
-            _ => {
-                let blob = self
-                    .blob(&session, &config_desc.digest, config_desc.size, || false)
-                    .await?
-                    .ok_or_else(|| session.invalid("config blob missing"))?;
-                let data = tokio::fs::read(&blob.path)
-                    .await
-                    .map_err(|e| ImageError::io("read", &blob.path, e))?;
-                serde_json::from_slice(&data)
-                    .map_err(|e| session.invalid(format!("malformed image config: {e}")))?
-            }
+        // Re-checked after waiting for a concurrent pull of the same config:
+        // it may have committed the image meanwhile.
+        let stored = || {
+            store
+                .get(&config_desc.digest)
+                .filter(|img| img.id == config_desc.digest)
+        };
+        let (config, config_blob) = match stored() {
+            Some(img) => (img.config, None),
+            None => match self
+                .blob(&session, &config_desc.digest, config_desc.size, || {
+                    stored().is_some()
+                })
+                .await?
+            {
+                Some(blob) => {
+                    let data = tokio::fs::read(&blob.path)
+                        .await
+                        .map_err(|e| ImageError::io("read", &blob.path, e))?;
+                    let config = serde_json::from_slice(&data)
+                        .map_err(|e| session.invalid(format!("malformed image config: {e}")))?;
+                    (config, Some(blob))
+                }
+                None => (
+                    stored()
+                        .ok_or_else(|| session.invalid("image vanished during the pull"))?
+                        .config,
+                    None,
+                ),
+            },
         };
         let diff_ids = config.rootfs().diff_ids().clone();
         if diff_ids.len() != layers.len() {
@@ -489,6 +509,7 @@ impl Puller {
             manifest_digest: top_digest,
             config_digest: config_desc.digest.clone(),
             config,
+            config_blob,
             layers: pulled_layers,
         })
     }
