@@ -21,6 +21,8 @@ pub mod fast_list;
 pub mod image_export;
 pub mod image_gc;
 pub mod images;
+#[cfg(test)]
+mod list_perf;
 pub mod runtime_info;
 pub mod sandbox_list;
 pub mod sandbox_remove;
@@ -75,17 +77,7 @@ pub async fn serve(
     let incoming = petrel_cri::bind_unix(&socket, mode)?;
     rt.set_initialized();
     tracing::info!(socket = %socket.display(), root = %rt.layout.root.display(), state = %rt.layout.state.display(), "petrel runtime serving CRI");
-    let server = CriServer { rt: rt.clone() };
-    let mut serving = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(fast_list::RuntimeRoutes::new(
-                RuntimeServiceServer::new(server.clone()),
-                rt.clone(),
-            ))
-            .add_service(ImageServiceServer::new(server.clone()))
-            .add_service(AdminServer::new(server))
-            .serve_with_incoming(incoming),
-    );
+    let mut serving = tokio::spawn(router(&rt).serve_with_incoming(incoming));
     tokio::select! {
         r = &mut serving => {
             let _ = std::fs::remove_file(&socket);
@@ -111,6 +103,18 @@ pub async fn serve(
     serving.abort();
     let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+/// The gRPC server with every service of the runtime, ready to serve.
+pub(crate) fn router(rt: &Arc<Runtime>) -> tonic::transport::server::Router {
+    let server = CriServer { rt: rt.clone() };
+    tonic::transport::Server::builder()
+        .add_service(fast_list::RuntimeRoutes::new(
+            RuntimeServiceServer::new(server.clone()),
+            rt.clone(),
+        ))
+        .add_service(ImageServiceServer::new(server.clone()))
+        .add_service(AdminServer::new(server))
 }
 
 /// The tonic services, sharing one runtime.
