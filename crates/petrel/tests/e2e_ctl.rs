@@ -5,31 +5,10 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-
-fn ctl(node: &Node, args: &[&str]) -> Output {
-    Command::new(petrel_bin())
-        .arg("ctl")
-        .arg("--endpoint")
-        .arg(format!("unix://{}", node.socket.display()))
-        .args(args)
-        .output()
-        .expect("run petrel ctl")
-}
-
-fn ok(node: &Node, args: &[&str]) -> String {
-    let o = ctl(node, args);
-    assert!(
-        o.status.success(),
-        "petrel ctl {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 #[tokio::test]
 async fn ctl_should_drive_a_pod_through_its_life() {

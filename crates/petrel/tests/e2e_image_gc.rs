@@ -7,31 +7,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use petrel_cri::api;
-
-fn ctl(node: &Node, args: &[&str]) -> Output {
-    Command::new(petrel_bin())
-        .arg("ctl")
-        .arg("--endpoint")
-        .arg(format!("unix://{}", node.socket.display()))
-        .args(args)
-        .output()
-        .expect("run petrel ctl")
-}
-
-fn ok(node: &Node, args: &[&str]) -> String {
-    let o = ctl(node, args);
-    assert!(
-        o.status.success(),
-        "petrel ctl {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 fn layer_count(node: &Node) -> usize {
     std::fs::read_dir(node.root.join("images/layers"))
