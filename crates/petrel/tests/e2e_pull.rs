@@ -1,6 +1,8 @@
 //! PullImage against a real registry (Debian's docker-registry on
 //! 127.0.0.1, filled with skopeo): by tag and digest, multi-arch index,
-//! htpasswd auth, a hosts.toml mirror for registry.k8s.io, concurrent pulls
+//! htpasswd auth, a hosts.toml mirror for registry.k8s.io, an HTTPS registry
+//! trusted through `ca` or `skip_verify`, a full disk, hostile manifests
+//! (oversized, malformed, unsupported media types), concurrent pulls
 //! downloading each blob once, a tampered blob, unknown and unreachable.
 //! Without docker-registry/skopeo/htpasswd these tests fail saying which
 //! package to install.
@@ -300,6 +302,251 @@ async fn hosts_toml_mirror_should_serve_registry_k8s_io() {
     assert!(
         matches!(err.code(), tonic::Code::NotFound | tonic::Code::Unavailable),
         "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn https_registry_should_need_its_ca_or_skip_verify() {
+    let want_id = busybox_id().await;
+    let reg = Registry::start_tls();
+    reg.push(&busybox_archive(), "petrel/busybox:tls");
+    let certs = tempfile::tempdir().expect("tempdir");
+    let dir = certs.path().join(reg.host());
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::copy(reg.ca_pem(), dir.join("registry-ca.pem")).expect("copy CA");
+    // Loopback is plain HTTP by default: the hosts.toml says HTTPS, and
+    // how to trust it. The runtime reads the file at each pull.
+    let hosts = |extra: &str| {
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!("server = \"https://{}\"\n{extra}", reg.host()),
+        )
+        .expect("write hosts.toml")
+    };
+    let node = Node::start_with(&format!(
+        "[cri.registry]\nconfig_path = {:?}\n",
+        certs.path()
+    ));
+    let mut c = node.clients().await;
+    let r = format!("{}/petrel/busybox:tls", reg.host());
+
+    hosts("");
+    let err = pull(&mut c, &r).await.expect_err("a CA nobody trusts");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains(&reg.host()), "{err:?}");
+    assert!(
+        err.message().to_lowercase().contains("certificate"),
+        "{err:?}"
+    );
+    assert_eq!(image_count(&mut c).await, 0);
+
+    // `ca` relative to the hosts.toml's directory.
+    hosts("ca = \"registry-ca.pem\"\n");
+    assert_eq!(pull(&mut c, &r).await.expect("pull with ca"), want_id);
+    c.img
+        .remove_image(api::RemoveImageRequest {
+            image: Some(api::ImageSpec {
+                image: r.clone(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("remove");
+    assert_eq!(image_count(&mut c).await, 0);
+
+    hosts("skip_verify = true\n");
+    assert_eq!(pull(&mut c, &r).await.expect("pull skip_verify"), want_id);
+}
+
+/// Free bytes of the filesystem holding `p`.
+fn free_bytes(p: &Path) -> u64 {
+    let c = std::ffi::CString::new(p.display().to_string()).expect("cstring");
+    // SAFETY: statvfs(3) with a valid path and a zeroed out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs");
+    st.f_bavail * st.f_frsize
+}
+
+#[tokio::test]
+async fn a_full_disk_should_fail_the_pull_and_leave_nothing() {
+    const MIB: usize = 1 << 20;
+    let reg = Registry::start();
+    let layouts = tempfile::tempdir().expect("tempdir");
+    // More than the whole disk: fails while downloading.
+    let big = common::oci_layout::random_image(&layouts.path().join("big"), &[MIB, 24 * MIB]);
+    reg.push_from(&big, "petrel/big:1");
+    // The download fits, unpacking it beside the blob does not.
+    let mid = common::oci_layout::random_image(&layouts.path().join("mid"), &[10 * MIB]);
+    reg.push_from(&mid, "petrel/mid:1");
+    reg.push(&busybox_archive(), "petrel/busybox:1");
+
+    let node = Node::start_on_tmpfs("16m");
+    let mut c = node.clients().await;
+    let before = free_bytes(&node.root);
+    // Where each fills the disk: the download, then the unpacking.
+    for (name, at) in [
+        ("petrel/big:1", "images/tmp/blob-"),
+        ("petrel/mid:1", "write file"),
+    ] {
+        let err = pull(&mut c, &format!("{}/{name}", reg.host()))
+            .await
+            .expect_err("disk full");
+        assert_eq!(
+            err.code(),
+            tonic::Code::ResourceExhausted,
+            "{name}: {err:?}"
+        );
+        assert!(
+            err.message().contains("No space left on device") && err.message().contains(at),
+            "{name}: {err:?}"
+        );
+        assert_eq!(image_count(&mut c).await, 0, "{name}");
+        assert_eq!(
+            dir_entries(&node.root.join("images/layers")),
+            Vec::<String>::new(),
+            "{name}"
+        );
+        assert_eq!(
+            dir_entries(&node.root.join("images/tmp")),
+            Vec::<String>::new(),
+            "{name}"
+        );
+        let after = free_bytes(&node.root);
+        assert!(
+            after + (MIB as u64) / 4 >= before,
+            "{name}: {} bytes not given back",
+            before - after
+        );
+    }
+    // The runtime is fine and the space is back: a small image pulls and runs.
+    let r = format!("{}/petrel/busybox:1", reg.host());
+    pull(&mut c, &r).await.expect("pull after a full disk");
+    run_echo(&node, &mut c, &r).await;
+}
+
+/// A hostile registry on 127.0.0.1: answers `GET <path>` with the body and
+/// content type it was given, 404 otherwise; plain HTTP/1.1, one request
+/// per connection. Stops with the value.
+struct HostileRegistry {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HostileRegistry {
+    fn start(routes: Vec<(String, &'static str, Vec<u8>)>) -> HostileRegistry {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                let Ok((mut conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = conn.set_nonblocking(false);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&req);
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                let (status, ctype, body): (&str, &str, &[u8]) = if path == "/v2/" {
+                    ("200 OK", "application/json", b"{}")
+                } else {
+                    match routes.iter().find(|(p, _, _)| *p == path) {
+                        Some((_, t, b)) => ("200 OK", t, b),
+                        None => ("404 Not Found", "application/json", b"{}"),
+                    }
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes());
+                let _ = conn.write_all(body);
+            }
+        });
+        HostileRegistry {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for HostileRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[tokio::test]
+async fn hostile_manifests_should_be_refused_and_nothing_stored() {
+    let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let oci = "application/vnd.oci.image.manifest.v1+json";
+    let odd_layer = format!(
+        r#"{{"schemaVersion":2,"mediaType":"{oci}","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{}","size":2}},"layers":[{{"mediaType":"application/x-petrel-thing","digest":"{}","size":2}}]}}"#,
+        digest('a'),
+        digest('b')
+    );
+    let routes = vec![
+        // Over the 4 MiB limit.
+        (
+            "/v2/h/big/manifests/1".to_string(),
+            oci,
+            vec![b' '; 5 * 1024 * 1024],
+        ),
+        (
+            "/v2/h/bad/manifests/1".to_string(),
+            oci,
+            b"{not json".to_vec(),
+        ),
+        (
+            "/v2/h/v1/manifests/1".to_string(),
+            "application/vnd.docker.distribution.manifest.v1+prettyjws",
+            br#"{"schemaVersion":1,"name":"h/v1","tag":"1","fsLayers":[]}"#.to_vec(),
+        ),
+        (
+            "/v2/h/odd/manifests/1".to_string(),
+            oci,
+            odd_layer.into_bytes(),
+        ),
+    ];
+    let hostile = HostileRegistry::start(routes);
+    let node = Node::start();
+    let mut c = node.clients().await;
+    for (name, says) in [
+        ("big", "larger than"),
+        ("bad", "not a manifest"),
+        ("v1", "manifest media type"),
+        ("odd", "layer media type"),
+    ] {
+        let r = format!("127.0.0.1:{}/h/{name}:1", hostile.port);
+        let err = pull(&mut c, &r).await.expect_err(name);
+        assert_eq!(
+            err.code(),
+            tonic::Code::FailedPrecondition,
+            "{name}: {err:?}"
+        );
+        assert!(err.message().contains(says), "{name}: {err:?}");
+        assert!(err.message().contains(&r), "{name}: {err:?}");
+    }
+    assert_eq!(image_count(&mut c).await, 0);
+    assert_eq!(
+        dir_entries(&node.root.join("images/tmp")),
+        Vec::<String>::new()
     );
 }
 

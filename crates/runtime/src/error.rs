@@ -50,6 +50,9 @@ pub enum RuntimeError {
     /// The call is not supported by this runtime (yet); says why.
     #[error("{0}")]
     Unsupported(String),
+    /// The disk (or a quota) is full.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// Something failed inside the runtime or below it (runc, the kernel).
     #[error("{0}")]
     Internal(String),
@@ -82,6 +85,7 @@ impl RuntimeError {
             Self::DataLoss(_) => Code::DataLoss,
             Self::PermissionDenied(_) => Code::PermissionDenied,
             Self::Unsupported(_) => Code::Unimplemented,
+            Self::ResourceExhausted(_) => Code::ResourceExhausted,
             Self::Internal(_) => Code::Internal,
         }
     }
@@ -134,9 +138,17 @@ impl From<petrel_image::ImageError> for RuntimeError {
             | E::RegistryConfig { .. }
             | E::InvalidArchive { .. }
             | E::UnsafeEntry { .. } => Self::FailedPrecondition(msg),
+            E::Io { ref source, .. } if is_disk_full(source) => Self::ResourceExhausted(msg),
             E::Io { .. } | E::Store(_) => Self::Internal(msg),
         }
     }
+}
+
+/// ENOSPC or EDQUOT: the caller can free space and retry, so the error says
+/// RESOURCE_EXHAUSTED rather than INTERNAL.
+fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == std::io::ErrorKind::StorageFull
 }
 
 /// A required request field, or INVALID_ARGUMENT naming it.

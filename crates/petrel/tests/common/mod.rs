@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod containerd;
+pub mod oci_layout;
 pub mod registry;
 
 use std::collections::HashMap;
@@ -96,6 +97,36 @@ impl Node {
 
     /// Starts a runtime with extra `[cri]` settings (TOML lines).
     pub fn start_with(extra_cri: &str) -> Node {
+        let mut node = Self::prepare(extra_cri);
+        node.spawn();
+        node
+    }
+
+    /// Starts a runtime whose root is a tmpfs of `size` (e.g. `16m`): a
+    /// small disk to fill. The mount is swept with the test's others.
+    pub fn start_on_tmpfs(size: &str) -> Node {
+        let mut node = Self::prepare("");
+        std::fs::create_dir_all(&node.root).expect("mkdir root");
+        let src = std::ffi::CString::new("tmpfs").expect("cstring");
+        let target = std::ffi::CString::new(node.root.display().to_string()).expect("cstring");
+        let data = std::ffi::CString::new(format!("size={size},mode=0700")).expect("cstring");
+        // SAFETY: mount(2) with valid C strings.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                src.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+        node.spawn();
+        node
+    }
+
+    /// A runtime's directories and config, not started yet.
+    fn prepare(extra_cri: &str) -> Node {
         let dir = tempfile::Builder::new()
             .prefix("petrel-e2e.")
             .tempdir()
@@ -113,7 +144,7 @@ impl Node {
             ),
         )
         .expect("write config");
-        let mut node = Node {
+        Node {
             dir,
             root,
             state,
@@ -121,9 +152,7 @@ impl Node {
             config_file,
             cgroup_parent,
             child: None,
-        };
-        node.spawn();
-        node
+        }
     }
 
     fn spawn(&mut self) {

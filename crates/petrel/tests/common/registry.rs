@@ -47,6 +47,54 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A CA (`ca.pem`) and a server certificate for IP 127.0.0.1 signed by it
+/// (`server.pem`, `server.key`) in `dir`, made with the openssl command.
+fn make_certs(dir: &Path) {
+    require("/usr/bin/openssl", "openssl");
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(Command::new("openssl")
+        .current_dir(dir)
+        .args(["req", "-x509", "-days", "2", "-subj", "/CN=petrel-test-ca"])
+        .args(ec)
+        .args(["-keyout", "ca.key", "-out", "ca.pem"])
+        .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+        .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]));
+    run(Command::new("openssl")
+        .current_dir(dir)
+        .args(["req", "-subj", "/CN=127.0.0.1"])
+        .args(ec)
+        .args(["-keyout", "server.key", "-out", "server.csr"]));
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write server.ext");
+    run(Command::new("openssl").current_dir(dir).args([
+        "x509",
+        "-req",
+        "-days",
+        "2",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.pem",
+    ]));
+}
+
 impl Registry {
     /// Starts a registry without auth.
     pub fn start() -> Registry {
@@ -56,6 +104,21 @@ impl Registry {
     /// Starts a registry; with `Some((user, password))` it requires Basic
     /// auth from an htpasswd file (bcrypt, made by `htpasswd -B`).
     pub fn start_with(auth: Option<(&str, &str)>) -> Registry {
+        Self::start_inner(auth, false)
+    }
+
+    /// Starts a registry serving HTTPS with a certificate for 127.0.0.1
+    /// signed by a CA of its own ([`Registry::ca_pem`]).
+    pub fn start_tls() -> Registry {
+        Self::start_inner(None, true)
+    }
+
+    /// The CA certificate of a registry started by [`Registry::start_tls`].
+    pub fn ca_pem(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    fn start_inner(auth: Option<(&str, &str)>, tls: bool) -> Registry {
         require(REGISTRY_BIN, "docker-registry");
         require("/usr/bin/skopeo", "skopeo");
         let mut dir = tempfile::Builder::new()
@@ -73,6 +136,15 @@ impl Registry {
                 file.display()
             );
         }
+        let mut tls_yaml = String::new();
+        if tls {
+            make_certs(dir.path());
+            tls_yaml = format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                dir.path().join("server.pem").display(),
+                dir.path().join("server.key").display()
+            );
+        }
         // A port picked by the kernel can be taken again before the
         // registry binds it; try a few.
         for _ in 0..5 {
@@ -83,7 +155,7 @@ impl Registry {
                 format!(
                     "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
                      storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-                     http:\n  addr: 127.0.0.1:{port}\n{auth_yaml}",
+                     http:\n  addr: 127.0.0.1:{port}\n{tls_yaml}{auth_yaml}",
                     dir.path().join("data").display()
                 ),
             )
@@ -145,12 +217,18 @@ impl Registry {
 
     /// Pushes an OCI archive as `<host>/<name_tag>`.
     pub fn push(&self, archive: &Path, name_tag: &str) {
+        self.push_from(&format!("oci-archive:{}", archive.display()), name_tag);
+    }
+
+    /// Pushes the image skopeo finds at `source` (e.g. `oci:DIR:TAG`) as
+    /// `<host>/<name_tag>`.
+    pub fn push_from(&self, source: &str, name_tag: &str) {
         let mut cmd = Command::new("skopeo");
         cmd.args(["copy", "--quiet", "--dest-tls-verify=false"]);
         if let Some(c) = &self.creds {
             cmd.args(["--dest-creds", c]);
         }
-        cmd.arg(format!("oci-archive:{}", archive.display()))
+        cmd.arg(source)
             .arg(format!("docker://{}/{name_tag}", self.host()));
         run(&mut cmd);
     }
