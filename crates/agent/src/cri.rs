@@ -12,9 +12,15 @@ use futures_util::Stream;
 use petrel_cri::api;
 use petrel_cri::api::image_service_client::ImageServiceClient;
 use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
+pub use petrel_cri::ContainerSummary;
 use tonic::transport::Channel;
 
 use crate::metrics::{AgentMetrics, OperationLabels};
+use crate::types::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
+
+/// The container labels [`RuntimeApi::list_containers`] keeps: the pod a
+/// container belongs to.
+pub const LISTED_LABELS: &[&str] = &[LABEL_POD_UID, LABEL_POD_NAME, LABEL_POD_NAMESPACE];
 
 /// A CRI call that failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -82,11 +88,14 @@ pub trait RuntimeApi: Send + Sync + 'static {
         &self,
         labels: HashMap<String, String>,
     ) -> CriResult<Vec<api::PodSandbox>>;
-    /// ListContainers with the given label selector (empty: all).
+    /// ListContainers with the given label selector (empty: all), each
+    /// container summarised: ids, state, creation time and the labels in
+    /// [`LISTED_LABELS`] (all a relist needs; decoding less is most of a
+    /// large relist's saving).
     async fn list_containers(
         &self,
         labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::Container>>;
+    ) -> CriResult<Vec<ContainerSummary>>;
     /// PodSandboxStatus (not verbose).
     async fn pod_sandbox_status(&self, id: &str) -> CriResult<api::PodSandboxStatus>;
     /// ContainerStatus (not verbose).
@@ -228,7 +237,7 @@ impl RuntimeApi for CriRuntime {
     async fn list_containers(
         &self,
         labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::Container>> {
+    ) -> CriResult<Vec<ContainerSummary>> {
         let mut c = self.list.clone();
         let req = self.request(api::ListContainersRequest {
             filter: Some(api::ContainerFilter {
@@ -236,10 +245,11 @@ impl RuntimeApi for CriRuntime {
                 ..Default::default()
             }),
         });
-        Ok(self
-            .observe("list_containers", c.list_containers(req))
-            .await?
-            .containers)
+        self.observe(
+            "list_containers",
+            c.list_container_summaries(req, LISTED_LABELS),
+        )
+        .await
     }
 
     async fn pod_sandbox_status(&self, id: &str) -> CriResult<api::PodSandboxStatus> {

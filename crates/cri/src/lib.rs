@@ -7,11 +7,14 @@
 //! - [`client::connect`] dials `unix:///path` endpoints; [`server::bind_unix`]
 //!   creates a listening socket with the right permissions.
 //! - [`list::ListClient`]: ListPodSandbox and ListContainers decoded at
-//!   prost's fastest, for relists of thousands of containers.
+//!   prost's fastest, for relists of thousands of containers; its
+//!   `list_container_summaries` decodes only what a relist needs
+//!   ([`summary`]).
 
 pub mod client;
 pub mod list;
 pub mod server;
+pub mod summary;
 
 /// CRI v1 (`runtime.v1`) messages, `RuntimeService` and `ImageService`.
 pub use k8s_cri::v1 as api;
@@ -25,3 +28,4 @@ pub mod admin {
 pub use client::{connect, connect_lazy, ClientError, Endpoint};
 pub use list::ListClient;
 pub use server::{bind_unix, ServerError};
+pub use summary::ContainerSummary;

@@ -16,6 +16,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::api;
+use crate::summary::{decode_container_summaries, ContainerSummary};
 
 /// The two List calls of a `RuntimeService`, decoded from one slice; a
 /// stand-in for the generated client's methods of the same names.
@@ -54,6 +55,24 @@ impl ListClient {
     ) -> Result<Response<api::ListContainersResponse>, Status> {
         let path = "/runtime.v1.RuntimeService/ListContainers";
         self.unary(req.into_request(), path).await
+    }
+
+    /// ListContainers decoded lean: each container's id, sandbox id, state,
+    /// creation time and the labels named in `keep` (see
+    /// [`crate::summary`]), for callers that need no more.
+    pub async fn list_container_summaries(
+        &mut self,
+        req: impl tonic::IntoRequest<api::ListContainersRequest>,
+        keep: &'static [&'static str],
+    ) -> Result<Response<Vec<ContainerSummary>>, Status> {
+        self.grpc
+            .ready()
+            .await
+            .map_err(|e| Status::unknown(format!("service was not ready: {e}")))?;
+        let path = PathAndQuery::from_static("/runtime.v1.RuntimeService/ListContainers");
+        self.grpc
+            .unary(req.into_request(), path, SummaryCodec { keep })
+            .await
     }
 
     async fn unary<Req, Resp>(
@@ -128,6 +147,53 @@ where
             // Not one slice (never seen): as the prost codec does.
             Resp::decode(&mut *src)
         };
+        decoded
+            .map(Some)
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+}
+
+/// Decodes a ListContainersResponse into container summaries.
+#[derive(Debug, Clone, Copy)]
+struct SummaryCodec {
+    keep: &'static [&'static str],
+}
+
+impl Codec for SummaryCodec {
+    type Encode = api::ListContainersRequest;
+    type Decode = Vec<ContainerSummary>;
+    type Encoder = <ProstCodec<api::ListContainersRequest, ()> as Codec>::Encoder;
+    type Decoder = SummaryCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<api::ListContainersRequest, ()>::default().encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        *self
+    }
+}
+
+impl Decoder for SummaryCodec {
+    type Item = Vec<ContainerSummary>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
+        use prost::bytes::Buf;
+        let len = src.remaining();
+        let decoded = if src.chunk().len() == len {
+            decode_container_summaries(src.chunk(), self.keep)
+        } else {
+            // Not one slice (never seen): gathered first.
+            let mut all = Vec::with_capacity(len);
+            while src.has_remaining() {
+                let n = src.chunk().len();
+                all.extend_from_slice(src.chunk());
+                src.advance(n);
+            }
+            decode_container_summaries(&all, self.keep)
+        };
+        src.advance(src.remaining());
         decoded
             .map(Some)
             .map_err(|e| Status::internal(e.to_string()))
@@ -270,6 +336,24 @@ mod tests {
         let b = ours.list_containers(req).await.unwrap();
         assert_eq!(a.into_inner(), served.containers);
         assert_eq!(b.into_inner(), served.containers);
+
+        // The lean decode: the same containers, only the labels asked for.
+        let keep: &[&str] = &["io.kubernetes.pod.uid"];
+        let lean = ours
+            .list_container_summaries(api::ListContainersRequest::default(), keep)
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(lean.len(), served.containers.containers.len());
+        for (s, c) in lean.iter().zip(&served.containers.containers) {
+            assert_eq!(
+                (&s.id, &s.pod_sandbox_id, s.state),
+                (&c.id, &c.pod_sandbox_id, c.state)
+            );
+            assert_eq!(s.created_at, c.created_at);
+            assert_eq!(s.labels.len(), 1);
+            assert_eq!(s.label(keep[0]), c.labels.get(keep[0]).map(String::as_str));
+        }
 
         // The size limit still holds.
         let mut small = ours.clone().max_decoding_message_size(1024);

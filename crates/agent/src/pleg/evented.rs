@@ -155,9 +155,9 @@ impl Pleg {
         let mut sandbox_of = None;
         for c in &containers {
             if c.id == id {
-                if let Some(uid) = c.labels.get(LABEL_POD_UID).filter(|u| !u.is_empty()) {
+                if let Some(uid) = c.label(LABEL_POD_UID).filter(|u| !u.is_empty()) {
                     self.inner.ids.insert(uid, [id]);
-                    return Some(uid.clone());
+                    return Some(uid.to_string());
                 }
                 sandbox_of = Some(c.pod_sandbox_id.clone());
             }

@@ -27,7 +27,9 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 
 use crate::cache::now_ns;
-use crate::cri::{CriError, CriResult, EventStream, ExecOutput, RuntimeApi};
+use crate::cri::{
+    ContainerSummary, CriError, CriResult, EventStream, ExecOutput, RuntimeApi, LISTED_LABELS,
+};
 use crate::types::{ANNOTATION_CONTAINER_KIND, LABEL_MANAGED_BY, LABEL_POD_UID};
 
 /// The sender side of a scripted stream: send events or an error; drop it
@@ -897,25 +899,24 @@ impl RuntimeApi for FakeRuntime {
     async fn list_containers(
         &self,
         labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::Container>> {
+    ) -> CriResult<Vec<ContainerSummary>> {
         self.enter("list_containers").await?;
         let items = {
             let s = lock(&self.state);
             s.containers
                 .iter()
                 .filter(|(_, c)| matches(&c.labels, &labels))
-                .map(|(id, c)| api::Container {
+                .map(|(id, c)| ContainerSummary {
                     id: id.clone(),
                     pod_sandbox_id: c.sandbox.clone(),
-                    metadata: Some(api::ContainerMetadata {
-                        name: c.name.clone(),
-                        attempt: c.attempt,
-                    }),
                     state: c.state as i32,
                     created_at: c.created_at,
-                    labels: c.labels.clone(),
-                    annotations: c.annotations.clone(),
-                    ..Default::default()
+                    labels: c
+                        .labels
+                        .iter()
+                        .filter(|(k, _)| LISTED_LABELS.contains(&k.as_str()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
                 })
                 .collect()
         };

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use petrel_cri::api;
 
-use crate::cri::{CriResult, RuntimeApi};
+use crate::cri::{ContainerSummary, CriResult, RuntimeApi};
 use crate::types::{
     ContainerMeta, PodRuntimeStatus, ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND,
     ANNOTATION_RESTART_COUNT, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
@@ -36,7 +36,7 @@ pub(crate) fn sandbox_uid(sb: &api::PodSandbox) -> Option<String> {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PodListing {
     pub(crate) sandboxes: Vec<api::PodSandbox>,
-    pub(crate) containers: Vec<api::Container>,
+    pub(crate) containers: Vec<ContainerSummary>,
 }
 
 impl PodListing {
@@ -114,15 +114,25 @@ fn fill_identity(status: &mut PodRuntimeStatus, listing: &PodListing) {
         status.namespace = m.namespace.clone();
         return;
     }
-    let labels = listing
+    let named = listing
         .sandboxes
         .iter()
-        .map(|s| &s.labels)
-        .chain(listing.containers.iter().map(|c| &c.labels));
-    for l in labels {
-        if let (Some(n), Some(ns)) = (l.get(LABEL_POD_NAME), l.get(LABEL_POD_NAMESPACE)) {
-            status.name = n.clone();
-            status.namespace = ns.clone();
+        .map(|s| {
+            (
+                s.labels.get(LABEL_POD_NAME).map(String::as_str),
+                s.labels.get(LABEL_POD_NAMESPACE).map(String::as_str),
+            )
+        })
+        .chain(
+            listing
+                .containers
+                .iter()
+                .map(|c| (c.label(LABEL_POD_NAME), c.label(LABEL_POD_NAMESPACE))),
+        );
+    for (n, ns) in named {
+        if let (Some(n), Some(ns)) = (n, ns) {
+            status.name = n.to_string();
+            status.namespace = ns.to_string();
             return;
         }
     }

@@ -155,10 +155,9 @@ impl Pleg {
         for c in containers {
             // The pod label, else the pod of its sandbox.
             let uid = c
-                .labels
-                .get(LABEL_POD_UID)
+                .label(LABEL_POD_UID)
                 .filter(|u| !u.is_empty())
-                .cloned()
+                .map(str::to_string)
                 .or_else(|| ids.get(&c.pod_sandbox_id).cloned());
             let Some(uid) = uid else {
                 continue;
