@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::archive::{merge_unique, open_layer, Extracted, Member, Plan, PlannedLayer};
 use crate::digest::HashingReader;
 use crate::reference::{self, is_hex64};
-use crate::registry::PulledImage;
+use crate::registry::{LayerState, ProgressReporter, PulledImage};
 use crate::unpack::unpack_layer;
 use crate::{mounts, FsUsage, Image, ImageError};
 
@@ -393,7 +393,7 @@ impl ImageStore {
         }
         let mut new_layers: Vec<LayerRecord> = Vec::new();
         let result = self
-            .unpack_layers(&plans, &mut new_layers)
+            .unpack_layers(&plans, &mut new_layers, &|_, _| {})
             .and_then(|()| self.commit(&plans, &extra, &[], &new_layers));
         if result.is_err() {
             for l in &new_layers {
@@ -415,8 +415,14 @@ impl ImageStore {
     /// store lacks from the pulled (already verified) blobs, checks each
     /// diff id, and records the image under its tag (or, for a pull by
     /// digest, its repo digest) in one transaction, as [`import`](Self::import)
-    /// does. On failure nothing is stored.
-    pub fn import_pulled(&self, pulled: &PulledImage) -> Result<Image, ImageError> {
+    /// does. On failure nothing is stored. Each layer unpacked here is
+    /// reported `Unpacking` to `progress`, and every layer not already in
+    /// the store `Done` once the image is committed.
+    pub fn import_pulled(
+        &self,
+        pulled: &PulledImage,
+        progress: &ProgressReporter,
+    ) -> Result<Image, ImageError> {
         let mut layers = Vec::new();
         for l in &pulled.layers {
             let blob = match &l.blob {
@@ -455,8 +461,10 @@ impl ImageStore {
         let plans = [plan];
         let _writer = self.lock_writer();
         let mut new_layers: Vec<LayerRecord> = Vec::new();
+        // With one plan, a layer's position among the plans' layers is its
+        // index in the image, as the progress entries are numbered.
         let result = self
-            .unpack_layers(&plans, &mut new_layers)
+            .unpack_layers(&plans, &mut new_layers, &|i, state| progress.set(i, state))
             .and_then(|()| self.commit(&plans, &[], &digest_names, &new_layers));
         if result.is_err() {
             for l in &new_layers {
@@ -467,6 +475,7 @@ impl ImageStore {
             .into_iter()
             .next()
             .ok_or_else(|| ImageError::NotFound(format!("image {}", pulled.config_digest)))?;
+        progress.finish();
         tracing::info!(
             reference = %pulled.reference,
             image.id = %image.id,
@@ -488,13 +497,18 @@ impl ImageStore {
         self.tmp()
     }
 
+    /// Unpacks the plans' layers the store lacks (each diff id once).
+    /// `report(i, state)` hears of the `i`th layer of the plans (counted
+    /// across plans, base first) being unpacked (`Unpacking`), then
+    /// unpacked and verified (`Done`).
     fn unpack_layers(
         &self,
         plans: &[Plan],
         new_layers: &mut Vec<LayerRecord>,
+        report: &dyn Fn(usize, LayerState),
     ) -> Result<(), ImageError> {
         let mut seen = HashSet::new();
-        for layer in plans.iter().flat_map(|p| &p.layers) {
+        for (i, layer) in plans.iter().flat_map(|p| &p.layers).enumerate() {
             if !seen.insert(layer.diff_id.clone()) {
                 continue;
             }
@@ -502,8 +516,10 @@ impl ImageStore {
             if present && self.layer_dir(&layer.diff_id).is_dir() {
                 continue;
             }
+            report(i, LayerState::Unpacking);
             let rec = self.unpack_one(&layer.blob.file, &layer.diff_id)?;
             new_layers.push(rec);
+            report(i, LayerState::Done);
         }
         if !new_layers.is_empty() {
             fsync_dir(&self.root.join("layers"))?;

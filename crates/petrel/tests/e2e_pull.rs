@@ -3,7 +3,9 @@
 //! htpasswd auth, a hosts.toml mirror for registry.k8s.io, an HTTPS registry
 //! trusted through `ca` or `skip_verify`, a full disk, hostile manifests
 //! (oversized, malformed, unsupported media types), concurrent pulls
-//! downloading each blob once, a tampered blob, unknown and unreachable.
+//! downloading each blob once, a tampered blob, unknown and unreachable;
+//! `petrel ctl pull`'s per-layer progress and the admin API's streaming
+//! PullImage behind it.
 //! Without docker-registry/skopeo/htpasswd these tests fail saying which
 //! package to install.
 
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use common::registry::Registry;
 use common::*;
-use petrel_cri::api;
+use petrel_cri::{admin, api};
 
 /// The busybox test image's config digest (= image id) as an import sees it.
 async fn busybox_id() -> String {
@@ -660,4 +662,298 @@ async fn unknown_and_unreachable_should_be_not_found_and_unavailable() {
     let err = pull(&mut c, "Not A Reference").await.expect_err("invalid");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert_eq!(image_count(&mut c).await, 0);
+}
+
+/// Pushes an image of three random 256 KiB layers as `<host>/<name_tag>`.
+fn push_three_layers(reg: &Registry, name_tag: &str) {
+    let dir = reg
+        .dir
+        .path()
+        .join(format!("layout-{}", name_tag.replace(['/', ':'], "_")));
+    let source = common::oci_layout::random_image(&dir, &[256 << 10; 3]);
+    reg.push_from(&source, name_tag);
+}
+
+/// The layer digests and config digest (the image id) of a pushed image.
+fn layers_and_id(reg: &Registry, name_tag: &str) -> (Vec<String>, String) {
+    let (raw, _) = reg.manifest(name_tag);
+    let m: serde_json::Value = serde_json::from_slice(&raw).expect("manifest json");
+    let layers = m["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| l["digest"].as_str().expect("digest").to_string())
+        .collect();
+    let id = m["config"]["digest"].as_str().expect("config").to_string();
+    (layers, id)
+}
+
+/// `sha256:` and 12 hex digits, as `petrel ctl pull` names a layer.
+fn short(digest: &str) -> &str {
+    &digest[..7 + 12]
+}
+
+#[tokio::test]
+async fn ctl_pull_should_show_each_layer_then_the_image_id() {
+    let reg = Registry::start();
+    push_three_layers(&reg, "petrel/layered:1");
+    let (layers, id) = layers_and_id(&reg, "petrel/layered:1");
+    assert_eq!(layers.len(), 3, "{layers:?}");
+    let r = format!("{}/petrel/layered:1", reg.host());
+
+    // Not a terminal: a line per layer and state change, then the id.
+    let node = Node::start();
+    let out = ok(&node, &["pull", &r]);
+    let lines: Vec<&str> = out.lines().collect();
+    for d in &layers {
+        let done = format!("{}  done ", short(d));
+        assert!(
+            lines.iter().any(|l| l.starts_with(&done)),
+            "no {done:?} line in:\n{out}"
+        );
+    }
+    assert_eq!(
+        lines.last().copied(),
+        Some(format!("Image is up to date for {id}").as_str()),
+        "{out}"
+    );
+    let mut c = node.clients().await;
+    assert_eq!(status(&mut c, &r).await.map(|i| i.id), Some(id.clone()));
+    assert_eq!(
+        dir_entries(&node.root.join("images/layers")).len(),
+        3,
+        "a directory per layer"
+    );
+
+    // Again: every layer is in the store already.
+    let out = ok(&node, &["pull", &r]);
+    for d in &layers {
+        let line = format!("{}  already exists", short(d));
+        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+    assert!(!out.contains("downloading"), "{out}");
+
+    // -q: the id alone.
+    let node2 = Node::start();
+    assert_eq!(ok(&node2, &["pull", "-q", &r]), format!("{id}\n"));
+
+    // A failure is reported with its code, and nothing is stored.
+    let o = ctl(
+        &node2,
+        &["pull", &format!("{}/petrel/layered:nope", reg.host())],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("NotFound"), "{err}");
+    assert_eq!(image_count(&mut node2.clients().await).await, 1);
+}
+
+/// Reads a streamed pull to its end: every message, or the error status.
+async fn stream_pull(
+    c: &mut Clients,
+    reference: &str,
+) -> (Vec<admin::PullImageProgress>, Result<String, tonic::Status>) {
+    let req = admin::AdminPullImageRequest {
+        image: reference.to_string(),
+        auth: None,
+    };
+    let mut msgs = Vec::new();
+    let mut stream = match c.admin.pull_image(req).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => return (msgs, Err(e)),
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(m)) => {
+                let id = m.image_ref.clone();
+                msgs.push(m);
+                if !id.is_empty() {
+                    return (msgs, Ok(id));
+                }
+            }
+            Ok(None) => return (msgs, Err(tonic::Status::unknown("stream ended early"))),
+            Err(e) => return (msgs, Err(e)),
+        }
+    }
+}
+
+#[tokio::test]
+async fn streaming_pull_should_report_every_layer_or_the_cri_error() {
+    let reg = Registry::start();
+    push_three_layers(&reg, "petrel/layered:2");
+    let (layers, id) = layers_and_id(&reg, "petrel/layered:2");
+    let r = format!("{}/petrel/layered:2", reg.host());
+    let node = Node::start();
+    let mut c = node.clients().await;
+
+    let (msgs, result) = stream_pull(&mut c, &r).await;
+    assert_eq!(result.expect("streamed pull"), id);
+    let last = msgs.last().expect("messages");
+    let digests: Vec<&str> = last.layers.iter().map(|l| l.digest.as_str()).collect();
+    assert_eq!(digests, layers);
+    for l in &last.layers {
+        assert_eq!(l.state(), admin::LayerState::Done, "{l:?}");
+        assert_eq!(l.done, l.size, "{l:?}");
+    }
+    // Snapshots only move forward, and each layer was seen downloaded.
+    for (i, _) in layers.iter().enumerate() {
+        let states: Vec<i32> = msgs
+            .iter()
+            .filter_map(|m| m.layers.get(i).map(|l| l.state))
+            .collect();
+        assert!(states.windows(2).all(|w| w[0] <= w[1]), "{states:?}");
+        let dones: Vec<u64> = msgs
+            .iter()
+            .filter_map(|m| m.layers.get(i).map(|l| l.done))
+            .collect();
+        assert!(dones.windows(2).all(|w| w[0] <= w[1]), "{dones:?}");
+    }
+
+    // Unknown tag: NOT_FOUND naming the reference, as CRI PullImage says,
+    // and nothing stored.
+    let node2 = Node::start();
+    let mut c2 = node2.clients().await;
+    let unknown = format!("{}/petrel/layered:nope", reg.host());
+    let (_, result) = stream_pull(&mut c2, &unknown).await;
+    let err = result.expect_err("unknown tag");
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    assert!(err.message().contains(&unknown), "{err:?}");
+    let cri = pull(&mut c2, &unknown).await.expect_err("unknown tag");
+    assert_eq!(cri.code(), err.code());
+    let (_, result) = stream_pull(&mut c2, "").await;
+    assert_eq!(
+        result.expect_err("empty").code(),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(image_count(&mut c2).await, 0);
+    assert_eq!(
+        dir_entries(&node2.root.join("images/tmp")),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn a_client_leaving_a_streamed_pull_should_leave_no_debris() {
+    let reg = Registry::start();
+    push_three_layers(&reg, "petrel/layered:3");
+    let (_, id) = layers_and_id(&reg, "petrel/layered:3");
+    let node = Node::start();
+    let mut c = node.clients().await;
+    let req = admin::AdminPullImageRequest {
+        image: format!("{}/petrel/layered:3", reg.host()),
+        auth: None,
+    };
+    let mut stream = c.admin.pull_image(req).await.expect("pull").into_inner();
+    let first = stream.message().await.expect("first message");
+    assert!(first.is_some());
+    drop(stream);
+    // The pull goes on without its client and commits the whole image.
+    let root = node.root.clone();
+    let mut c2 = node.clients().await;
+    let mut stored = false;
+    for _ in 0..200 {
+        if status(&mut c2, &id).await.is_some() {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        stored,
+        "image stored after the client left:\n{}",
+        node.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || dir_entries(
+            &root.join("images/tmp")
+        )
+        .is_empty())
+        .await,
+        "temp files left: {:?}",
+        dir_entries(&root.join("images/tmp"))
+    );
+    assert_eq!(dir_entries(&root.join("images/layers")).len(), 3);
+}
+
+#[tokio::test]
+async fn ctl_pull_should_fall_back_to_cri_pull_on_containerd() {
+    let Some(cd) = common::containerd::Containerd::start(common::containerd::Version::V17) else {
+        return;
+    };
+    let reg = Registry::start();
+    push_three_layers(&reg, "petrel/layered:cd");
+    let (_, id) = layers_and_id(&reg, "petrel/layered:cd");
+    let r = format!("{}/petrel/layered:cd", reg.host());
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(petrel_bin())
+            .arg("ctl")
+            .arg("--endpoint")
+            .arg(cd.endpoint())
+            .args(args)
+            .output()
+            .expect("run petrel ctl");
+        assert!(
+            o.status.success(),
+            "petrel ctl {args:?}: {}\ncontainerd log:\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            cd.log()
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // containerd has no Petrel admin API: CRI PullImage, the result only.
+    assert_eq!(
+        run(&["pull", &r]),
+        format!("Image is up to date for {id}\n")
+    );
+    assert_eq!(run(&["pull", "-q", &r]), format!("{id}\n"));
+}
+
+#[tokio::test]
+async fn concurrent_streamed_pulls_should_download_once_and_both_finish() {
+    let reg = Registry::start();
+    push_three_layers(&reg, "petrel/layered:4");
+    let (layers, id) = layers_and_id(&reg, "petrel/layered:4");
+    let r = format!("{}/petrel/layered:4", reg.host());
+    let node = Node::start();
+    let c = node.clients().await;
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let mut c = c.clone();
+        let r = r.clone();
+        tasks.push(tokio::spawn(async move { stream_pull(&mut c, &r).await }));
+    }
+    let mut runs = Vec::new();
+    for t in tasks {
+        let (msgs, result) = t.await.expect("join");
+        assert_eq!(result.expect("streamed pull"), id);
+        runs.push(msgs);
+    }
+    for (i, d) in layers.iter().enumerate() {
+        assert_eq!(
+            reg.gets(&format!("/v2/petrel/layered/blobs/{d}")),
+            1,
+            "{d} fetched once"
+        );
+        // The pull that waited for the other's download never downloads:
+        // at most one of them shows the layer downloading.
+        let downloading = runs
+            .iter()
+            .filter(|msgs| {
+                msgs.iter().any(|m| {
+                    m.layers.get(i).map(|l| l.state()) == Some(admin::LayerState::Downloading)
+                })
+            })
+            .count();
+        assert!(downloading <= 1, "layer {d} downloaded by both");
+        for msgs in &runs {
+            let last = msgs.last().and_then(|m| m.layers.get(i)).map(|l| l.state());
+            assert!(
+                matches!(
+                    last,
+                    Some(admin::LayerState::Done) | Some(admin::LayerState::Exists)
+                ),
+                "{last:?}"
+            );
+        }
+    }
 }

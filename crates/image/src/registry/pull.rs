@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 use super::auth::Credentials;
 use super::client::{Clients, FetchError, RepoClient};
 use super::hosts::{Host, RegistryHosts};
+use super::progress::{LayerState, ProgressReporter};
 use crate::reference::{self, is_hex64, Reference};
 use crate::{ImageError, ImageStore};
 
@@ -306,12 +307,15 @@ impl Puller {
     }
 
     /// Pulls `reference` (normalised like containerd) with `creds`; returns
-    /// what the store needs to commit it. Nothing is stored here.
+    /// what the store needs to commit it. Nothing is stored here. Each
+    /// layer's course (waiting, downloading with its byte count, already
+    /// in the store, downloaded and verified) goes to `progress`.
     pub async fn pull(
         &self,
         store: &ImageStore,
         reference: &str,
         creds: &Credentials,
+        progress: &ProgressReporter,
     ) -> Result<PulledImage, ImageError> {
         let parsed: Reference = reference::parse(reference)?;
         let normalized = parsed.to_string();
@@ -433,6 +437,9 @@ impl Puller {
         if config_desc.size > MAX_CONFIG_BYTES {
             return Err(session.invalid(format!("config larger than {MAX_CONFIG_BYTES} bytes")));
         }
+        // The layers are known: a progress reader can show them while the
+        // config is fetched.
+        progress.layers(layers.iter().map(|l| (l.digest.clone(), l.size)));
 
         // 3. The config: from the store when the image is there already.
         // Re-checked after waiting for a concurrent pull of the same config:
@@ -445,9 +452,13 @@ impl Puller {
         let (config, config_blob) = match stored() {
             Some(img) => (img.config, None),
             None => match self
-                .blob(&session, &config_desc.digest, config_desc.size, || {
-                    stored().is_some()
-                })
+                .blob(
+                    &session,
+                    &config_desc.digest,
+                    config_desc.size,
+                    None,
+                    || stored().is_some(),
+                )
                 .await?
             {
                 Some(blob) => {
@@ -480,18 +491,21 @@ impl Puller {
 
         // 4. The layers the store lacks, a few at a time.
         let mut tasks = Vec::new();
-        for (l, diff_id) in layers.iter().zip(&diff_ids) {
+        for (index, (l, diff_id)) in layers.iter().zip(&diff_ids).enumerate() {
             let permit = self.downloads.clone();
             let session = &session;
             tasks.push(async move {
                 let blob = if store.has_layer(diff_id) {
+                    progress.set(index, LayerState::Exists);
                     None
                 } else {
                     let _p = permit.acquire().await.map_err(|_| {
                         ImageError::Unsupported("puller is shutting down".to_string())
                     })?;
-                    self.blob(session, &l.digest, l.size, || store.has_layer(diff_id))
-                        .await?
+                    self.blob(session, &l.digest, l.size, Some((progress, index)), || {
+                        store.has_layer(diff_id)
+                    })
+                    .await?
                 };
                 Ok::<_, ImageError>(PulledLayer {
                     digest: l.digest.clone(),
@@ -516,29 +530,41 @@ impl Puller {
 
     /// The blob `digest`: shared with a pull downloading it now, else
     /// downloaded. `None` when `present()` says (after waiting for another
-    /// pull) that it is not needed any more.
+    /// pull) that it is not needed any more. `layer` is the progress entry
+    /// of a layer blob (none for the config): it stays `Waiting` while
+    /// another pull downloads the blob, then becomes `Downloaded` (shared),
+    /// `Exists` (committed meanwhile) or goes through `Downloading`.
     async fn blob(
         &self,
         session: &Session,
         digest: &str,
         size: u64,
+        layer: Option<(&ProgressReporter, usize)>,
         present: impl Fn() -> bool,
     ) -> Result<Option<Arc<Blob>>, ImageError> {
         let slot = {
             let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
             m.entry(digest.to_string()).or_default().clone()
         };
+        let report = |state| {
+            if let Some((p, i)) = layer {
+                p.set(i, state);
+            }
+        };
         let result = {
             let mut held = slot.lock().await;
             if let Some(b) = held.upgrade() {
+                report(LayerState::Downloaded);
                 Ok(Some(b))
             } else if present() {
+                report(LayerState::Exists);
                 Ok(None)
             } else {
-                match self.download(session, digest, size).await {
+                match self.download(session, digest, size, layer).await {
                     Ok(b) => {
                         let b = Arc::new(b);
                         *held = Arc::downgrade(&b);
+                        report(LayerState::Downloaded);
                         Ok(Some(b))
                     }
                     Err(e) => Err(e),
@@ -555,12 +581,14 @@ impl Puller {
     }
 
     /// Downloads a blob into the temp directory, verifying size and digest
-    /// as it streams; on any failure the partial file is removed.
+    /// as it streams; on any failure the partial file is removed. Each
+    /// chunk's bytes go to `layer`'s progress entry, if any.
     async fn download(
         &self,
         session: &Session,
         digest: &str,
         size: u64,
+        layer: Option<(&ProgressReporter, usize)>,
     ) -> Result<Blob, ImageError> {
         let (mut resp, host) = session
             .get("blobs", digest, "application/octet-stream, */*", false)
@@ -612,6 +640,9 @@ impl Puller {
             file.write_all(&chunk)
                 .await
                 .map_err(|e| ImageError::io("write", &blob.path, e))?;
+            if let Some((p, i)) = layer {
+                p.add_bytes(i, chunk.len() as u64);
+            }
         }
         file.flush()
             .await

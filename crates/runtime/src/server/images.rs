@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use petrel_cri::api;
-use petrel_image::registry::{decode_auth_field, Credentials};
+use petrel_image::registry::{decode_auth_field, Credentials, ProgressReporter};
 use petrel_image::{Image, Removal};
 
 use crate::error::{non_empty, Result, RuntimeError};
@@ -97,15 +97,36 @@ impl Runtime {
     ) -> Result<api::PullImageResponse> {
         let r = req.image.map(|s| s.image).unwrap_or_default();
         non_empty(&r, "image.image")?;
-        let creds = self.pull_credentials(&r, req.auth);
-        let pulled = self.puller.pull(&self.images, &r, &creds).await?;
-        let rt = self.clone();
-        let image = tokio::task::spawn_blocking(move || rt.images.import_pulled(&pulled))
-            .await
-            .map_err(|e| RuntimeError::internal("store pulled image", e))??;
+        let image = self
+            .pull_and_store(&r, req.auth, &ProgressReporter::disabled())
+            .await?;
         Ok(api::PullImageResponse {
             image_ref: image.id,
         })
+    }
+
+    /// The pull of CRI PullImage and of the admin API's streaming
+    /// PullImage: credentials from the request or the config file, the
+    /// download, then the commit on a blocking thread. Each layer's course
+    /// goes to `progress`.
+    pub(crate) async fn pull_and_store(
+        self: &Arc<Self>,
+        reference: &str,
+        auth: Option<api::AuthConfig>,
+        progress: &ProgressReporter,
+    ) -> Result<Image> {
+        let creds = self.pull_credentials(reference, auth);
+        let pulled = self
+            .puller
+            .pull(&self.images, reference, &creds, progress)
+            .await?;
+        let rt = self.clone();
+        let progress = progress.clone();
+        let image =
+            tokio::task::spawn_blocking(move || rt.images.import_pulled(&pulled, &progress))
+                .await
+                .map_err(|e| RuntimeError::internal("store pulled image", e))??;
+        Ok(image)
     }
 
     /// The request's credentials (docker's base64 `auth` field counts as

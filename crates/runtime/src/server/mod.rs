@@ -20,6 +20,7 @@ pub mod events;
 pub mod fast_list;
 pub mod image_export;
 pub mod image_gc;
+pub mod image_pull;
 pub mod images;
 #[cfg(test)]
 mod list_perf;
@@ -440,5 +441,60 @@ impl Admin for CriServer {
         r: Request<adm::ExportImageRequest>,
     ) -> Result<Response<adm::ExportImageResponse>, Status> {
         rpc!(self, "ExportImage", r, export_image)
+    }
+
+    type PullImageStream = image_pull::PullStream;
+
+    /// Like [`CriServer::call`], but the answer is a stream: the pull and
+    /// its progress run in a task of their own, which ends the stream with
+    /// the last message or the error's status.
+    async fn pull_image(
+        &self,
+        r: Request<adm::AdminPullImageRequest>,
+    ) -> Result<Response<Self::PullImageStream>, Status> {
+        if self.rt.enter_call().is_none() {
+            return Err(RuntimeError::Unavailable(
+                "the runtime is starting or shutting down".into(),
+            )
+            .into());
+        }
+        let req = r.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(image_pull::PROGRESS_QUEUE);
+        let rt = self.rt.clone();
+        tokio::spawn(async move {
+            let res = {
+                let Some(_call) = rt.enter_call() else {
+                    let _ = tx
+                        .send(Err(RuntimeError::Unavailable(
+                            "the runtime is shutting down".into(),
+                        )
+                        .into()))
+                        .await;
+                    return;
+                };
+                let start = Instant::now();
+                let res = rt.pull_image_progress(req, &tx).await;
+                let took = start.elapsed();
+                rt.metrics.observe("PullImage", took, res.is_err());
+                match &res {
+                    Err(e) => {
+                        tracing::warn!(op = "PullImage", stream = true, error = %e, took_ms = took.as_millis() as u64, "call failed")
+                    }
+                    Ok(_) => tracing::info!(
+                        op = "PullImage",
+                        stream = true,
+                        took_ms = took.as_millis() as u64,
+                        "call done"
+                    ),
+                }
+                res
+            };
+            // The call is over for shutdown's sake; the last message waits
+            // for the client as long as its connection lives.
+            let _ = tx.send(res.map_err(Status::from)).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 }

@@ -12,7 +12,9 @@
 //! - `run FILE` takes one small YAML file describing a pod and its
 //!   containers (see [`run`] and `run-example.yaml` beside this file);
 //! - `image import` loads a local OCI or docker archive through Petrel's
-//!   admin API; `pull` prints the image id but no progress bars yet;
+//!   admin API; `pull` shows per-layer progress through Petrel's admin
+//!   API (bars on a terminal, lines otherwise) and falls back to CRI
+//!   PullImage, without progress, on other runtimes;
 //! - JSON and YAML use the CRI field names in snake_case, with enum values
 //!   and status timestamps rendered as names and RFC 3339 text.
 //!
