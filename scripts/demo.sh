@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # `make demo`: a Petrel node (`petrel node`: runtime + agent in one process)
 # in a temporary root, running the sample pods of examples/manifests:
-# pods starting, a container crashing and restarting with backoff, and a
-# manifest deleted (its pod terminated gracefully). Then everything is
-# stopped and cleaned up.
+# the sample image pulled from a local registry (Debian's docker-registry on
+# 127.0.0.1, reached through a hosts.toml mirror for docker.io) with
+# per-layer progress, pods starting, a container crashing and restarting
+# with backoff, and a manifest deleted (its pod terminated gracefully).
+# Then everything is stopped and cleaned up, the registry and its storage
+# included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +20,9 @@ SERVER=http://127.0.0.1:$PORT
 export PETREL_ENDPOINT=unix://$SOCK
 NODE_PID=""
 WATCH_PID=""
+REGISTRY_PID=""
+# The examples' image; the registry serves it as petrel/busybox:latest.
+DEMO_IMAGE=docker.io/petrel/busybox:latest
 
 say() { printf '\n\033[1;34m== %s\033[0m\n' "$*"; }
 
@@ -33,6 +39,9 @@ cleanup() {
     for p in $($PETREL ctl pods -q 2>/dev/null); do $PETREL ctl rmp -f "$p" >/dev/null 2>&1; done
     kill -TERM "$NODE_PID" 2>/dev/null; wait "$NODE_PID" 2>/dev/null
   fi
+  if [ -n "$REGISTRY_PID" ]; then
+    kill -TERM "$REGISTRY_PID" 2>/dev/null; wait "$REGISTRY_PID" 2>/dev/null
+  fi
   for c in /sys/fs/cgroup/*/petrel-demo /sys/fs/cgroup/petrel-demo; do
     [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null
   done
@@ -40,17 +49,70 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A local registry: Debian's docker-registry on 127.0.0.1, storage in $WORK.
+# A port that looks free can still be taken before the registry binds it,
+# so a registry that exits at start is retried on another port.
+start_registry() {
+  local reg=$WORK/registry port
+  mkdir -p "$reg"
+  for _ in 1 2 3 4 5; do
+    port=$(( 20000 + RANDOM % 30000 ))
+    ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && continue
+    cat > "$reg/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $reg/data
+http:
+  addr: 127.0.0.1:$port
+EOF
+    docker-registry serve "$reg/config.yml" > "$reg/registry.log" 2>&1 &
+    REGISTRY_PID=$!
+    for _ in $(seq 1 50); do
+      kill -0 "$REGISTRY_PID" 2>/dev/null || break
+      if curl -fs "http://127.0.0.1:$port/v2/" >/dev/null 2>&1; then
+        REGISTRY=127.0.0.1:$port
+        return 0
+      fi
+      sleep 0.1
+    done
+    kill "$REGISTRY_PID" 2>/dev/null; wait "$REGISTRY_PID" 2>/dev/null || true
+    REGISTRY_PID=""
+  done
+  echo "docker-registry did not start:"; cat "$reg/registry.log"; return 1
+}
+
 mkdir -p "$WORK/manifests"
+say "starting a local registry (docker-registry on 127.0.0.1, storage in $WORK/registry)"
+start_registry
+echo "registry at $REGISTRY"
+skopeo copy --quiet --dest-tls-verify=false "oci-archive:$IMAGE" \
+  "docker://$REGISTRY/petrel/busybox:latest"
+echo "pushed $IMAGE as $REGISTRY/petrel/busybox:latest (skopeo)"
+# docker.io is mirrored by the local registry, so the manifests' image
+# name stays as it is; the repository path is kept on the mirror.
+mkdir -p "$WORK/certs.d/docker.io"
+cat > "$WORK/certs.d/docker.io/hosts.toml" <<EOF
+server = "https://registry-1.docker.io"
+
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
+EOF
+
 say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
 $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
-  --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info 2> "$WORK/node.log" &
+  --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info \
+  --registry-config-dir "$WORK/certs.d" 2> "$WORK/node.log" &
 NODE_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }
 $PETREL ctl version
 
-say "importing the busybox test image (no registry needed)"
-$PETREL ctl image import "$(realpath "$IMAGE")"
+say "petrel ctl pull $DEMO_IMAGE (through the docker.io mirror $REGISTRY)"
+$PETREL ctl pull "$DEMO_IMAGE"
+$PETREL ctl images
 
 say "watching pods (petrel get pods -w) while manifests arrive"
 $PETREL get pods -A -w --server "$SERVER" &
