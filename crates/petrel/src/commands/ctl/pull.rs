@@ -282,10 +282,11 @@ struct Bars {
 
 impl Bars {
     fn new() -> Self {
-        let style =
-            ProgressStyle::with_template("{prefix} [{bar:30}] {bytes:>9}/{total_bytes:<9} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> ");
+        let style = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {decimal_bytes:>9}/{decimal_total_bytes:<9} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
         Self {
             multi: MultiProgress::with_draw_target(ProgressDrawTarget::stdout()),
             bars: Vec::new(),
@@ -326,6 +327,11 @@ impl Bars {
                     bar.abandon();
                 }
             }
+        }
+        // indicatif leaves the cursor at the end of its last frame: what
+        // follows starts on a line of its own.
+        if !self.bars.is_empty() {
+            let _ = emit("\n");
         }
     }
 }
