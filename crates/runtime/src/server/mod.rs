@@ -445,7 +445,7 @@ impl Admin for CriServer {
 
     type PullImageStream = image_pull::PullStream;
 
-    /// Like [`CriServer::call`], but the answer is a stream: the pull and
+    /// Like `CriServer::call`, but the answer is a stream: the pull and
     /// its progress run in a task of their own, which ends the stream with
     /// the last message or the error's status.
     async fn pull_image(
