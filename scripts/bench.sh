@@ -5,9 +5,11 @@
 #   scripts/bench.sh [petrel-bench flags]     e.g. --idle-seconds 5 --out /tmp/P.md
 #   scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 \
 #       --agent-pods 4 --agent-relist-pods 4 --agent-large-pods 20 --out /tmp/A.md   # quick agent run
+#   scripts/bench.sh --only pull --out /tmp/P.md                # image pull and create (P14-P15)
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
-# image (make image; IMAGES=dir overrides build/images). Everything the bench
+# image (make image; IMAGES=dir overrides build/images); the pull figures also
+# docker-registry, skopeo and umoci (make deps). Everything the bench
 # creates lives in one temporary directory and the cgroup /petrel-bench-<id>;
 # the bench removes them itself, and the trap below sweeps them if the bench
 # died too hard to do so.
@@ -60,12 +62,13 @@ sweep() {
     set +e
     if [[ -d $work ]]; then
         echo "bench: sweeping what the bench left in $work" >&2
-        # The runtimes, agent and containerd the bench started: pid files
-        # in the work directory, each process checked to name the work
-        # directory on its command line (agents first, then runtimes).
+        # The runtimes, agent, containerd and registry the bench started:
+        # pid files in the work directory, each process checked to name the
+        # work directory on its command line (agents first, then runtimes).
         local f pid
         for f in "$work/agent/agent.pid" "$work/containerd/agent/agent.pid" \
-            "$work/runtime.pid" "$work/agent/runtime.pid" "$work/containerd/containerd.pid"; do
+            "$work/runtime.pid" "$work/agent/runtime.pid" "$work/pull/node/runtime.pid" \
+            "$work/containerd/containerd.pid" "$work/pull/registry/registry.pid"; do
             [[ -f $f ]] || continue
             pid=$(<"$f")
             if [[ -r /proc/$pid/cmdline ]] &&
@@ -84,7 +87,7 @@ sweep() {
         done
         local root c
         for root in "$work/state/runc" "$work/raw/runc-root" "$work/agent/state/runc" \
-            "$work/containerd/runc"; do
+            "$work/pull/node/state/runc" "$work/containerd/runc"; do
             [[ -d $root ]] || continue
             for c in $(runc --root "$root" list -q 2>/dev/null); do
                 runc --root "$root" delete --force "$c" >/dev/null 2>&1

@@ -11,13 +11,17 @@ mod agent_proc;
 mod agent_report;
 mod containerd;
 mod http;
+mod large_image;
 mod machine;
 mod metrics;
 mod node;
 mod procfs;
+mod pull;
+mod pull_report;
 mod queue;
 mod queue_report;
 mod raw;
+mod registry;
 mod report;
 mod stats;
 mod sweep;
@@ -110,6 +114,20 @@ pub struct Args {
     /// Longest wait for the large layout to run (P13), in seconds.
     #[arg(long, default_value_t = 900)]
     pub agent_grow_timeout: u64,
+    /// Pulls of the large image timed by Petrel and by the reference (P14).
+    #[arg(long, default_value_t = 5)]
+    pub pull_repetitions: usize,
+    /// Compressed size of the large image of P14 and P15, in MB (10^6
+    /// bytes), the busybox layer included.
+    #[arg(long, default_value_t = 50)]
+    pub pull_image_mb: u64,
+    /// Layers of files of this machine in the large image, on top of the
+    /// busybox layer.
+    #[arg(long, default_value_t = 5)]
+    pub pull_layers: usize,
+    /// Containers created on each image for P15.
+    #[arg(long, default_value_t = 30)]
+    pub create_containers: usize,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -124,8 +142,8 @@ pub struct Args {
     pub build_dir: PathBuf,
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
-    /// is given) or `agent` (P10-P13; partial report to standard output
-    /// unless --out is given).
+    /// is given), `agent` (P10-P13) or `pull` (P14-P15; these two print
+    /// their partial report to standard output unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -148,6 +166,8 @@ pub enum Part {
     Queue,
     /// The agent (P10-P13).
     Agent,
+    /// Image pull and create on a warm image (P14-P15).
+    Pull,
 }
 
 /// The default report.
@@ -170,6 +190,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Agent {
         return run_agent_only(args);
+    }
+    if args.only == Part::Pull {
+        return run_pull_only(args);
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -281,6 +304,48 @@ fn run_agent_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only pull`: the pull figures alone, with their own work directory.
+fn run_pull_only(args: &Args) -> Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .context("become a child subreaper")?;
+    let id = match &args.id {
+        Some(id) => id.clone(),
+        None => random_id()?,
+    };
+    let dir = args
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("petrel-bench.{id}")));
+    let work = Work::create(dir, format!("/petrel-bench-{id}"))?;
+    let machine = machine::Machine::collect(args, &work.dir)?;
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start tokio")?;
+    let results = tokio.block_on(async {
+        tokio::select! {
+            r = pull::measure(args, &work, &progress) => Ok(r),
+            s = interrupted() => bail!("interrupted by {s}"),
+        }
+    });
+    drop(tokio);
+    let results = results?;
+    let text = report::render_pull_only(&machine, &results);
+    match &args.out {
+        Some(out) => {
+            write_atomically(out, &text)?;
+            eprintln!("petrel-bench: wrote {}", out.display());
+        }
+        None => print!("{text}"),
+    }
+    drop(work);
+    ensure!(
+        results.error.is_none(),
+        "the pull figures are incomplete (see the report)"
+    );
+    Ok(())
+}
+
 async fn interrupted() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
@@ -329,7 +394,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     // machine not yet busy with containers.
     let queue = match args.only {
         Part::All => Some(queue::measure(args.queue_seconds, progress).await?),
-        Part::Runtime | Part::Queue | Part::Agent => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -458,9 +523,13 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     node.shutdown();
     raw.sweep();
 
+    let pull = match args.only {
+        Part::All => Some(pull::measure(args, work, &progress).await),
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull => None,
+    };
     let agent = match args.only {
         Part::All => Some(agent::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull => None,
     };
     Ok(Results {
         fsync,
@@ -475,6 +544,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         runtime_after,
         load_after: machine::load_average(),
         queue,
+        pull,
         agent,
     })
 }

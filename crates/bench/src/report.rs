@@ -8,6 +8,8 @@ use crate::agent_report;
 use crate::machine::Machine;
 use crate::metrics::OpTotals;
 use crate::procfs::{Cpu, Mem};
+use crate::pull::PullResults;
+use crate::pull_report;
 use crate::queue::QueueResults;
 use crate::queue_report;
 use crate::stats::{ms, ratio, Samples};
@@ -195,6 +197,9 @@ pub struct Results {
     pub load_after: String,
     /// P6-P9, the controller kit's queue (absent with `--only runtime`).
     pub queue: Option<QueueResults>,
+    /// P14-P15, image pull and create on a warm image (absent with
+    /// `--only runtime`).
+    pub pull: Option<PullResults>,
     /// P10-P13, the agent (absent with `--only runtime`).
     pub agent: Option<AgentResults>,
 }
@@ -306,6 +311,34 @@ fn render_agent_only_into(o: &mut String, m: &Machine, a: &AgentResults) -> std:
     agent_report::sections(o, a)
 }
 
+/// Renders the pull figures alone (`--only pull`): a partial report for
+/// quick iteration, not a replacement for docs/PERFORMANCE.md.
+pub fn render_pull_only(m: &Machine, p: &PullResults) -> String {
+    let mut o = String::new();
+    // `write!` into a String cannot fail.
+    let _ = render_pull_only_into(&mut o, m, p);
+    o
+}
+
+fn render_pull_only_into(o: &mut String, m: &Machine, p: &PullResults) -> std::fmt::Result {
+    writeln!(o, "# Petrel performance: image pull and create only")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "<!-- `{}` on {}, commit {}, {} × {}. `make bench` writes the whole report. -->",
+        m.command, m.date, m.commit, m.cpus, m.cpu_model
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "| # | Promise | Goal | Measured | Reference (same run) | Ratio | Verdict |"
+    )?;
+    writeln!(o, "|---|---|---|---|---|---|---|")?;
+    pull_report::summary_rows(o, p)?;
+    writeln!(o)?;
+    pull_report::sections(o, p)
+}
+
 fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fmt::Result {
     let hz = r.idle.ticks_per_second;
     let up_pass = within(r.up.petrel.p50(), r.up.raw.p50(), LIFECYCLE_RATIO_GOAL)
@@ -335,7 +368,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "Petrel makes the promises below about its runtime (`petrel runtime` and \
-         `petrel-shim`), its controller kit's work queue (`petrel-controller`) and its node agent (`petrel agent`, against its own runtime and containerd 1.7). `make bench` measures each one next to a reference taken **in the \
+         `petrel-shim`, image pulls included), its controller kit's work queue (`petrel-controller`) and its node agent (`petrel agent`, against its own runtime and containerd 1.7). `make bench` measures each one next to a reference taken **in the \
          same run on the same machine**, because this machine (2 vCPUs in a VM) is noisy \
          and the ratio to the reference carries over between machines where absolute \
          figures do not. Figures are reported as measured: percentiles are nearest-rank \
@@ -453,6 +486,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if let Some(a) = &r.agent {
         agent_report::summary_rows(o, a)?;
     }
+    if let Some(p) = &r.pull {
+        pull_report::summary_rows(o, p)?;
+    }
     writeln!(o)?;
 
     // ---- machine ------------------------------------------------------------
@@ -492,6 +528,13 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
             args.agent_large_pods,
             args.agent_containers_per_pod,
             args.agent_relist_seconds
+        )?;
+    }
+    if r.pull.is_some() {
+        writeln!(
+            o,
+            "| pull parameters | a {} MB image of the busybox layer + {} layers of this machine's files, {} pulls each by Petrel and by the reference, {} containers created on each image |",
+            args.pull_image_mb, args.pull_layers, args.pull_repetitions, args.create_containers
         )?;
     }
     writeln!(
@@ -894,6 +937,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if let Some(a) = &r.agent {
         agent_report::sections(o, a)?;
     }
+    if let Some(p) = &r.pull {
+        pull_report::sections(o, p)?;
+    }
 
     // ---- hygiene, reproduce, noise ---------------------------------------------
     writeln!(o, "## Clean-up check")?;
@@ -904,7 +950,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          runtime (SIGTERM), deletes its raw runc containers (`runc delete --force`, own \
          `--root`), unmounts what is left under its work directory, removes \
          `/sys/fs/cgroup/*/petrel-bench-<id>` depth-first and the work directory, on every \
-         path (Drop guards; scripts/bench.sh has a trap for a bench that dies hard).",
+         path (Drop guards; scripts/bench.sh has a trap for a bench that dies hard). The \
+         registry of P14-P15 is stopped by its handle and its storage deleted when the \
+         section ends, also when it fails.",
         r.shims_left
     )?;
     writeln!(o)?;
@@ -927,6 +975,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
         o,
         "scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 --agent-pods 4 --agent-relist-pods 4 --agent-large-pods 20 --out /tmp/A.md   # P10-P13 alone, quick"
     )?;
+    writeln!(
+        o,
+        "scripts/bench.sh --only pull --pull-repetitions 3 --create-containers 10 --out /tmp/P.md   # P14-P15 alone, quick"
+    )?;
     writeln!(o, "```")?;
     writeln!(o)?;
     writeln!(
@@ -938,7 +990,8 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          runtime --root DIR/root --state DIR/state --default-cgroup-parent \
          /petrel-bench-<id>` in a temporary directory, drives it over its socket with the CRI \
          clients of `petrel_cri`, and rewrites this file. It needs root, runc and the \
-         busybox test image (`make image`). It touches nothing it did not create."
+         busybox test image (`make image`); P14-P15 also Debian's docker-registry, skopeo \
+         and umoci (`make deps`). It touches nothing it did not create."
     )?;
     writeln!(o)?;
     writeln!(o, "## Noise")?;

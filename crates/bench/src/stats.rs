@@ -57,6 +57,11 @@ impl Samples {
         self.values.iter().sum::<Duration>() / self.values.len() as u32
     }
 
+    /// The smallest sample.
+    pub fn min(&self) -> Duration {
+        self.values.iter().copied().min().unwrap_or_default()
+    }
+
     /// The largest sample.
     pub fn max(&self) -> Duration {
         self.values.iter().copied().max().unwrap_or_default()
@@ -94,6 +99,7 @@ mod tests {
         assert_eq!(s.p50(), Duration::from_millis(50));
         assert_eq!(s.p99(), Duration::from_millis(99));
         assert_eq!(s.max(), Duration::from_millis(100));
+        assert_eq!(s.min(), Duration::from_millis(1));
     }
 
     #[test]
