@@ -160,7 +160,7 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-/// "<path>, <size> bytes, static|dynamic".
+/// "`<path>`, `<size>` bytes, static|dynamic".
 fn describe_binary(path: &Path) -> String {
     let Ok(bytes) = std::fs::read(path) else {
         return format!("{} (unreadable)", path.display());

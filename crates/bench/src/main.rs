@@ -63,7 +63,7 @@ pub struct Args {
     /// Work directory (created, then removed) [default: a new one in /tmp].
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
-    /// Random suffix of the cgroup parent /petrel-bench-<id> [default: random].
+    /// Random suffix of the cgroup parent `/petrel-bench-<id>` [default: random].
     #[arg(long)]
     pub id: Option<String>,
     /// Pods (one `sleep` container each) for the lifecycle and memory figures.

@@ -6,6 +6,10 @@
 //! - `petrel node`: runtime and agent in one process;
 //! - `petrel get pods`: the agent's pods, like kubectl.
 
+// Doc comments on clap arguments are the `--help` text, written for a
+// terminal: `[cri]` and `<state>` there are not rustdoc links or HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 mod commands;
 mod config;
 mod observability;

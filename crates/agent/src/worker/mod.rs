@@ -3,7 +3,7 @@
 //!
 //! One sync looks at what the manifest wants ([`PodSource`]) and what the
 //! runtime has (the [`PodCache`], never older than this worker's own last
-//! action: see [`PodWorkers::fresh_status`]) and moves the runtime one step
+//! action: see `PodWorkers::fresh_status`) and moves the runtime one step
 //! closer: sandbox, then init containers in order, then app containers with
 //! the restart policy and crash-loop backoff; or, for a pod whose manifest
 //! is gone, graceful termination. Then it publishes the pod's status.
@@ -71,7 +71,7 @@ pub struct WorkerConfig {
     pub runtime_name: String,
     /// `<cgroup_root>/kubepods/...`.
     pub cgroup_root: String,
-    /// The agent's root: pods/<uid> and logs/ under it.
+    /// The agent's root: `pods/<uid>` and `logs/` under it.
     pub root: PathBuf,
     /// Crash-loop backoff start and cap.
     pub backoff_initial: Duration,

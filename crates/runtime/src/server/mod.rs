@@ -1,7 +1,7 @@
 //! The gRPC face of the runtime: CRI `RuntimeService` and `ImageService`,
 //! and Petrel's admin API, served on one unix socket.
 //!
-//! Every call goes through [`CriServer::call`], which refuses calls until
+//! Every call goes through `CriServer::call`, which refuses calls until
 //! start-up recovery is done, runs the handler in its own task (a client
 //! that hangs up cannot cancel a create halfway, and a panic becomes an
 //! `INTERNAL` error instead of taking the daemon down), records metrics, logs
