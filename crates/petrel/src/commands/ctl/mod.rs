@@ -2,9 +2,11 @@
 //! admin API).
 //!
 //! Commands keep crictl's names, flags and table columns: `version`, `info`,
-//! `pods`, `ps`, `inspect`, `inspectp`, `inspecti`, `images`, `pull`, `image import`,
-//! `rmi`, `imagefsinfo`, `events`, `logs`, `exec`, `stats`, `run`, `stop`,
-//! `rm`, `stopp`, `rmp` and `metrics`.
+//! `pods`, `ps`, `inspect`, `inspectp`, `inspecti`, `images`, `pull`, `rmi`
+//! (with `-a` and `--prune`), `imagefsinfo`, `events`, `logs`, `exec`,
+//! `stats`, `run`, `stop`, `rm`, `stopp`, `rmp` and `metrics`; Petrel's own
+//! `image import`, `image export`, `image prune` and `image gc --high --low`
+//! go through its admin API.
 //!
 //! Differences from crictl worth knowing:
 //! - `--name` and `--namespace` filters match substrings, not regular
