@@ -265,39 +265,11 @@ fn run_agent_only(args: &Args) -> Result<()> {
         args.agent_pods > 0 && args.agent_relist_pods > 0,
         "--agent-pods and --agent-relist-pods must be at least 1"
     );
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
-        .context("become a child subreaper")?;
-    let id = match &args.id {
-        Some(id) => id.clone(),
-        None => random_id()?,
-    };
-    let dir = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("petrel-bench.{id}")));
-    let work = Work::create(dir, format!("/petrel-bench-{id}"))?;
-    let machine = machine::Machine::collect(args, &work.dir)?;
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("start tokio")?;
-    let results = tokio.block_on(async {
-        tokio::select! {
-            r = agent::measure(args, &work, &progress) => Ok(r),
-            s = interrupted() => bail!("interrupted by {s}"),
-        }
-    });
-    drop(tokio);
-    let results = results?;
-    let text = report::render_agent_only(&machine, &results);
-    match &args.out {
-        Some(out) => {
-            write_atomically(out, &text)?;
-            eprintln!("petrel-bench: wrote {}", out.display());
-        }
-        None => print!("{text}"),
-    }
-    drop(work);
+    let results = run_one_section(
+        args,
+        async |work: &Work| agent::measure(args, work, &progress).await,
+        report::render_agent_only,
+    )?;
     let failed = (results.petrel.error.is_some() && !args.agent_skip_petrel)
         || results.containerd.as_ref().is_ok_and(|c| c.error.is_some());
     ensure!(!failed, "the agent figures are incomplete (see the report)");
@@ -306,6 +278,25 @@ fn run_agent_only(args: &Args) -> Result<()> {
 
 /// `--only pull`: the pull figures alone, with their own work directory.
 fn run_pull_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| pull::measure(args, work, &progress).await,
+        report::render_pull_only,
+    )?;
+    ensure!(
+        results.error.is_none(),
+        "the pull figures are incomplete (see the report)"
+    );
+    Ok(())
+}
+
+/// One section run alone: its own work directory and cgroup, measured
+/// until done or interrupted, its report written to `--out` (or stdout).
+fn run_one_section<R>(
+    args: &Args,
+    measure: impl AsyncFnOnce(&Work) -> R,
+    render: impl FnOnce(&machine::Machine, &R) -> String,
+) -> Result<R> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .context("become a child subreaper")?;
     let id = match &args.id {
@@ -324,13 +315,13 @@ fn run_pull_only(args: &Args) -> Result<()> {
         .context("start tokio")?;
     let results = tokio.block_on(async {
         tokio::select! {
-            r = pull::measure(args, &work, &progress) => Ok(r),
+            r = measure(&work) => Ok(r),
             s = interrupted() => bail!("interrupted by {s}"),
         }
     });
     drop(tokio);
     let results = results?;
-    let text = report::render_pull_only(&machine, &results);
+    let text = render(&machine, &results);
     match &args.out {
         Some(out) => {
             write_atomically(out, &text)?;
@@ -339,11 +330,7 @@ fn run_pull_only(args: &Args) -> Result<()> {
         None => print!("{text}"),
     }
     drop(work);
-    ensure!(
-        results.error.is_none(),
-        "the pull figures are incomplete (see the report)"
-    );
-    Ok(())
+    Ok(results)
 }
 
 async fn interrupted() -> &'static str {
