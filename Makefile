@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
-	docker-registry skopeo apache2-utils openssl umoci
+	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables
 
 .PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd
 

@@ -3,8 +3,11 @@
 # in a temporary root, running the sample pods of examples/manifests:
 # the sample image pulled from a local registry (Debian's docker-registry on
 # 127.0.0.1, reached through a hosts.toml mirror for docker.io) with
-# per-layer progress, pods starting, a container crashing and restarting
-# with backoff, and a manifest deleted (its pod terminated gracefully).
+# per-layer progress, pods starting on a CNI bridge network (examples/cni:
+# bridge + host-local + loopback + portmap on 10.199.0.0/24) with their IPs,
+# HTTP to a pod through its IP and its host port, a container crashing and
+# restarting with backoff, and a manifest deleted (its pod terminated
+# gracefully).
 # Then everything is stopped and cleaned up, the registry and its storage
 # included.
 set -euo pipefail
@@ -39,6 +42,10 @@ cleanup() {
     for p in $($PETREL ctl pods -q 2>/dev/null); do $PETREL ctl rmp -f "$p" >/dev/null 2>&1; done
     kill -TERM "$NODE_PID" 2>/dev/null; wait "$NODE_PID" 2>/dev/null
   fi
+  # The demo network's bridge and lease directory (the bridge plugin
+  # leaves its bridge; every pod's veth, lease and rules went with it).
+  ip link delete petrel-demo0 2>/dev/null
+  rm -rf /run/petrel-demo
   if [ -n "$REGISTRY_PID" ]; then
     kill -TERM "$REGISTRY_PID" 2>/dev/null; wait "$REGISTRY_PID" 2>/dev/null
   fi
@@ -104,11 +111,13 @@ EOF
 say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
 $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
   --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info \
-  --registry-config-dir "$WORK/certs.d" 2> "$WORK/node.log" &
+  --registry-config-dir "$WORK/certs.d" --cni-conf-dir examples/cni 2> "$WORK/node.log" &
 NODE_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }
 $PETREL ctl version
+say "pod network: $(sed -n 's/.*"name": "\(petrel-demo\)".*/\1/p' examples/cni/10-petrel-demo.conflist) (examples/cni/10-petrel-demo.conflist)"
+$PETREL ctl info | grep -A3 NetworkReady || true
 
 say "petrel ctl pull $DEMO_IMAGE (through the docker.io mirror $REGISTRY)"
 $PETREL ctl pull "$DEMO_IMAGE"
@@ -124,8 +133,12 @@ sleep 15
 kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null || true
 WATCH_PID=""
 
-say "petrel get pods -A -o wide"
+say "petrel get pods -A -o wide (pod IPs from the CNI network)"
 $PETREL get pods -A -o wide --server "$SERVER"
+WEB_IP=$($PETREL get pods web -n demo -o json --server "$SERVER" | sed -n 's/.*"podIP": *"\([^"]*\)".*/\1/p' | head -n 1)
+say "HTTP to the web pod at its IP $WEB_IP:8080, and through host port 18080 (portmap)"
+curl -s --max-time 5 "http://$WEB_IP:8080/index.html" || echo "(no answer from $WEB_IP)"
+curl -s --max-time 5 "http://127.0.0.1:18080/index.html" || echo "(no answer on 127.0.0.1:18080)"
 say "the crasher's status: restarts with backoff (CrashLoopBackOff between them)"
 $PETREL get pods crasher -n demo -o json --server "$SERVER" \
   | grep -E '"(restartCount|reason|exitCode|message)"' || true

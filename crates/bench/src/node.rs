@@ -51,7 +51,9 @@ impl Node {
             .arg("--state")
             .arg(&state)
             .arg("--default-cgroup-parent")
-            .arg(cgroup_parent);
+            .arg(cgroup_parent)
+            // The bench's pods measure the runtime, not a CNI network.
+            .args(["--pod-network", "loopback"]);
         if let Some(shim) = shim {
             cmd.arg("--shim-binary").arg(shim);
         }

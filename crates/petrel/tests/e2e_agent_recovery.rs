@@ -180,6 +180,7 @@ fn petrel_node_should_run_manifests_in_one_process() {
         .arg("--state")
         .arg(&state)
         .args(["--default-cgroup-parent", &cgroup])
+        .args(["--pod-network", "loopback"])
         .arg("--manifests")
         .arg(&manifests)
         .args(["--listen", &format!("127.0.0.1:{port}")])

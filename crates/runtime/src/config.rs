@@ -38,6 +38,47 @@ pub struct RuntimeConfig {
     pub shm_size: u64,
     /// `[cri.registry]`: where images are pulled from.
     pub registry: RegistryConfig,
+    /// How pods get their network: `cni` (the default) or `loopback`.
+    pub pod_network: PodNetworkMode,
+    /// `[cri.cni]`: where CNI plugins and the network configuration are.
+    pub cni: CniConfig,
+}
+
+/// How pods that do not use the host's network get one.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PodNetworkMode {
+    /// Through the CNI network configured in `[cri.cni]`, as containerd
+    /// and CRI-O do. Without a configuration the network is not ready and
+    /// such pods are refused.
+    #[default]
+    Cni,
+    /// A private network namespace with loopback only (no CNI): pods reach
+    /// nothing outside themselves. For isolated workloads and tests.
+    Loopback,
+}
+
+/// CNI settings (`[cri.cni]`), with containerd's defaults.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CniConfig {
+    /// Directories searched for plugin binaries, in order.
+    pub bin_dirs: Vec<PathBuf>,
+    /// The directory whose first `.conf`/`.conflist`/`.json` file (by
+    /// name) is the pod network.
+    pub conf_dir: PathBuf,
+    /// How long one plugin may run before it is killed, in seconds.
+    pub plugin_timeout_secs: u64,
+}
+
+impl Default for CniConfig {
+    fn default() -> Self {
+        Self {
+            bin_dirs: vec![PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")],
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            plugin_timeout_secs: 60,
+        }
+    }
 }
 
 /// Registry configuration (`[cri.registry]`), as containerd's CRI plugin
@@ -94,6 +135,8 @@ impl Default for RuntimeConfig {
             event_queue_capacity: 1000,
             shm_size: 64 * 1024 * 1024,
             registry: RegistryConfig::default(),
+            pod_network: PodNetworkMode::default(),
+            cni: CniConfig::default(),
         }
     }
 }

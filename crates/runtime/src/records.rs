@@ -74,6 +74,26 @@ pub struct SandboxRecord {
     /// Cgroup directories the runtime created for this pod (removed with it).
     #[serde(default)]
     pub created_cgroups: Vec<String>,
+    /// The pod's CNI network, from just before ADD until DEL succeeded.
+    #[serde(default)]
+    pub network: Option<NetworkRecord>,
+}
+
+/// A pod's attachment to a CNI network, kept so that it is torn down with
+/// the configuration it was set up with, whatever the configuration
+/// directory holds by then, and after a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetworkRecord {
+    /// The network configuration list (`.conflist` JSON).
+    pub conflist: String,
+    /// The interface inside the pod.
+    pub ifname: String,
+    /// The result of ADD; `None` while ADD runs or when it failed.
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
+    /// The pod's addresses (IPv4 first), from the result.
+    #[serde(default)]
+    pub ips: Vec<String>,
 }
 
 /// A container's state.

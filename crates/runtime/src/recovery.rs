@@ -54,14 +54,26 @@ impl Runtime {
             };
             if rec.state == SandboxState::Creating {
                 tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");
-                let _ = self.teardown_sandbox(&rec);
+                let _ = self.teardown_sandbox(&rec).await;
                 self.store.delete(Table::Sandboxes, &rec.id)?;
                 continue;
             }
             if rec.state == SandboxState::Ready && !sandbox_intact(&rec) {
                 tracing::warn!(sandbox.id = %rec.id, "pod namespaces are gone (reboot?); sandbox is NotReady");
                 rec.state = SandboxState::NotReady;
+                // Address leases outlive a reboot (host-local keeps them on
+                // disk): the network is released now, without a namespace.
+                if let Some(net) = rec.network.clone() {
+                    match self.networks.del(&rec, &net).await {
+                        Ok(()) => rec.network = None,
+                        Err(e) => {
+                            tracing::warn!(sandbox.id = %rec.id, error = %e, "CNI DEL of a vanished pod failed; StopPodSandbox retries it")
+                        }
+                    }
+                }
                 self.store.put(Table::Sandboxes, &rec.id, &rec)?;
+            } else if rec.state == SandboxState::Ready && rec.network.is_some() {
+                self.check_network_later(&rec);
             }
             let _ = self.state.reserve_name(&rec.name, &rec.id);
             self.state.insert_sandbox(Arc::new(Sandbox::new(rec)));
@@ -102,6 +114,24 @@ impl Runtime {
         self.remove_orphans().await;
         tracing::info!(sandboxes, containers, "state recovered");
         Ok(())
+    }
+
+    /// CNI CHECK of a pod that survived a restart, off the start-up path:
+    /// what the plugins say is logged (the pod stays as it is; its
+    /// containers tell whether they can still work).
+    fn check_network_later(self: &Arc<Self>, rec: &SandboxRecord) {
+        let rt = self.clone();
+        let rec = rec.clone();
+        tokio::spawn(async move {
+            let Some(net) = rec.network.as_ref() else {
+                return;
+            };
+            match rt.networks.check(&rec, net).await {
+                Ok(Some(())) => tracing::debug!(sandbox.id = %rec.id, "CNI CHECK passed"),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(sandbox.id = %rec.id, error = %e, "CNI CHECK failed"),
+            }
+        });
     }
 
     /// Watches a live container's shim again, or records the exit that

@@ -78,6 +78,7 @@ pub struct Runtime {
     pub(crate) events: Mailbox<api::ContainerEventResponse>,
     pub(crate) metrics: Metrics,
     pub(crate) shim_binary: PathBuf,
+    pub(crate) networks: crate::sandbox::network::PodNetworks,
     initialized: AtomicBool,
     stopping: AtomicBool,
     calls: AtomicUsize,
@@ -197,6 +198,7 @@ impl Runtime {
         let runc = Runc::new(runc_binary, layout.runc_root());
         let metrics = Metrics::new();
         let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
+        let networks = crate::sandbox::network::PodNetworks::new(&config);
         Ok(Arc::new(Self {
             config,
             layout,
@@ -210,6 +212,7 @@ impl Runtime {
             events,
             metrics,
             shim_binary,
+            networks,
             initialized: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
@@ -318,7 +321,13 @@ impl Runtime {
                     _ => api::PodSandboxState::SandboxNotready,
                 } as i32,
                 created_at: r.created_at,
-                network: (!host_network).then(api::PodSandboxNetworkStatus::default),
+                network: (!host_network).then(|| {
+                    let mut ips = r.network.iter().flat_map(|n| n.ips.iter());
+                    api::PodSandboxNetworkStatus {
+                        ip: ips.next().cloned().unwrap_or_default(),
+                        additional_ips: ips.map(|ip| api::PodIp { ip: ip.clone() }).collect(),
+                    }
+                }),
                 linux: Some(api::LinuxPodSandboxStatus {
                     namespaces: Some(api::Namespace {
                         options: r

@@ -39,12 +39,33 @@ pub struct RuntimeArgs {
     /// repeatable. Loopback registries always may.
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
+    /// How pods get a network: `cni` (the CNI config in --cni-conf-dir) or
+    /// `loopback` (a private namespace with loopback only) [default: cni].
+    #[arg(long, value_enum)]
+    pub pod_network: Option<PodNetworkArg>,
+    /// CNI plugin directories, colon-separated
+    /// [default: /usr/lib/cni:/opt/cni/bin].
+    #[arg(long)]
+    pub cni_bin_dir: Option<String>,
+    /// CNI configuration directory; its first .conf/.conflist/.json file
+    /// is the pod network [default: /etc/cni/net.d].
+    #[arg(long)]
+    pub cni_conf_dir: Option<PathBuf>,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+}
+
+/// `--pod-network` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PodNetworkArg {
+    /// CNI plugins.
+    Cni,
+    /// Loopback only.
+    Loopback,
 }
 
 impl RuntimeArgs {
@@ -78,6 +99,24 @@ impl RuntimeArgs {
         c.registry
             .insecure
             .extend(self.insecure_registries.iter().cloned());
+        if let Some(v) = self.pod_network {
+            c.pod_network = match v {
+                PodNetworkArg::Cni => petrel_runtime::config::PodNetworkMode::Cni,
+                PodNetworkArg::Loopback => petrel_runtime::config::PodNetworkMode::Loopback,
+            };
+        }
+        if let Some(v) = &self.cni_bin_dir {
+            let dirs: Vec<PathBuf> = std::env::split_paths(v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect();
+            if dirs.is_empty() {
+                anyhow::bail!("--cni-bin-dir {v:?} names no directory");
+            }
+            c.cni.bin_dirs = dirs;
+        }
+        if let Some(v) = &self.cni_conf_dir {
+            c.cni.conf_dir = v.clone();
+        }
         Ok(c)
     }
 }

@@ -6,6 +6,7 @@
 #![allow(dead_code, unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod agent;
+pub mod cni;
 pub mod containerd;
 pub mod oci_layout;
 pub mod registry;
@@ -136,10 +137,16 @@ impl Node {
         let socket = state.join("petrel.sock");
         let cgroup_parent = format!("/petrel-test-{}", random_suffix());
         let config_file = dir.path().join("config.toml");
+        // Pods get loopback only unless a test sets up a CNI network.
+        let network = if extra_cri.contains("pod_network") {
+            ""
+        } else {
+            "pod_network = \"loopback\"\n"
+        };
         std::fs::write(
             &config_file,
             format!(
-                "[cri]\nroot = {:?}\nstate = {:?}\ndefault_cgroup_parent = {:?}\n{extra_cri}\n",
+                "[cri]\nroot = {:?}\nstate = {:?}\ndefault_cgroup_parent = {:?}\n{network}{extra_cri}\n",
                 root, state, cgroup_parent
             ),
         )

@@ -50,12 +50,7 @@ pub fn write_etc_files(
     if host_network {
         copy_or_empty(Path::new("/etc/hosts"), &files.hosts)?;
     } else {
-        write(
-            &files.hosts,
-            &format!(
-                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n127.0.1.1\t{hostname}\n"
-            ),
-        )?;
+        write_hosts(&files.hosts, hostname, None)?;
     }
     match &config.dns_config {
         Some(dns)
@@ -66,6 +61,18 @@ pub fn write_etc_files(
         _ => copy_or_empty(Path::new("/etc/resolv.conf"), &files.resolv_conf)?,
     }
     Ok(())
+}
+
+/// Writes a pod's /etc/hosts: loopback names, and the hostname on the pod's
+/// address once the network gave it one (before that, on 127.0.1.1).
+pub fn write_hosts(path: &Path, hostname: &str, pod_ip: Option<std::net::IpAddr>) -> Result<()> {
+    let own = pod_ip.map_or_else(|| "127.0.1.1".to_string(), |ip| ip.to_string());
+    write(
+        path,
+        &format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n{own}\t{hostname}\n"
+        ),
+    )
 }
 
 fn copy_or_empty(from: &Path, to: &Path) -> Result<()> {

@@ -2,4 +2,5 @@
 //! namespace holder.
 pub mod files;
 pub mod namespaces;
+pub mod network;
 pub mod pid_holder;

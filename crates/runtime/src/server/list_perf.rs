@@ -78,6 +78,7 @@ pub(crate) fn sandbox_record(pod: usize) -> SandboxRecord {
         shm_mounted: true,
         cgroup_parent: "/petrel-bench/agent/pod".into(),
         created_cgroups: Vec::new(),
+        network: None,
     }
 }
 

@@ -26,13 +26,14 @@ impl Runtime {
         })
     }
 
-    /// Status: the runtime is ready once it serves; pod networking is the
-    /// loopback-only network namespace each pod gets (CNI comes later), which
-    /// is always available.
+    /// Status: the runtime is ready once it serves; the network is ready
+    /// when the CNI configuration and its plugins are there (or pods get
+    /// loopback only, by configuration).
     pub(crate) async fn status(
         self: &Arc<Self>,
         req: api::StatusRequest,
     ) -> Result<api::StatusResponse> {
+        let net = self.networks.readiness();
         let conditions = vec![
             api::RuntimeCondition {
                 r#type: "RuntimeReady".to_string(),
@@ -42,9 +43,9 @@ impl Runtime {
             },
             api::RuntimeCondition {
                 r#type: "NetworkReady".to_string(),
-                status: true,
-                reason: String::new(),
-                message: "pods get a private network namespace with loopback only".to_string(),
+                status: net.ready,
+                reason: net.reason,
+                message: net.message,
             },
         ];
         let mut info = std::collections::HashMap::new();
@@ -87,8 +88,9 @@ impl Runtime {
         })
     }
 
-    /// UpdateRuntimeConfig: the pod CIDR matters only to CNI, which this
-    /// runtime does not run yet; accepted and logged.
+    /// UpdateRuntimeConfig: the pod CIDR is logged. The CNI configuration
+    /// in the configuration directory decides pod addresses (no template
+    /// is filled from the CIDR, unlike containerd's `conf_template`).
     pub(crate) async fn update_runtime_config(
         self: &Arc<Self>,
         req: api::UpdateRuntimeConfigRequest,

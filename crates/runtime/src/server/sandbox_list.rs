@@ -30,6 +30,17 @@ impl Runtime {
         let mut info = HashMap::new();
         if req.verbose {
             info.insert("info".to_string(), self.sandbox_info(&sb));
+            // Verbose status also asks the CNI plugins whether the pod's
+            // network is still as they made it (CHECK).
+            let rec = sb.record();
+            if let Some(net) = &rec.network {
+                let check = match self.networks.check(&rec, net).await {
+                    Ok(Some(())) => "ok".to_string(),
+                    Ok(None) => "not supported by the network's CNI version or config".to_string(),
+                    Err(e) => format!("failed: {e}"),
+                };
+                info.insert("networkCheck".to_string(), check);
+            }
         }
         Ok(api::PodSandboxStatusResponse {
             status: Some(self.sandbox_status(&sb)),
@@ -50,6 +61,12 @@ impl Runtime {
                 "netns": r.netns,
                 "ipcns": r.ipcns,
                 "utsns": r.utsns,
+                "network": r.network.as_ref().map(|n| serde_json::json!({
+                    "ifname": n.ifname,
+                    "ips": n.ips,
+                    "result": n.result,
+                    "config": serde_json::from_str::<serde_json::Value>(&n.conflist).ok(),
+                })),
                 "pidHolder": r.pid_holder.map(|h| h.pid),
                 "sandboxDir": r.dir,
                 "config": r.config,
@@ -196,6 +213,7 @@ pub(crate) mod tests {
             shm_mounted: false,
             cgroup_parent: "/p".into(),
             created_cgroups: Vec::new(),
+            network: None,
         }
     }
 

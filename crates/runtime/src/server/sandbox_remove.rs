@@ -30,7 +30,7 @@ impl Runtime {
             }
         }
         let rec = sb.record();
-        self.teardown_sandbox(&rec)?;
+        self.teardown_sandbox(&rec).await?;
         self.store.delete(Table::Sandboxes, &rec.id)?;
         // The DELETED event carries the pod's last status.
         self.publish(&rec.id, api::ContainerEventType::ContainerDeletedEvent, &sb);

@@ -1,5 +1,5 @@
 //! RunPodSandbox: namespaces pinned without a pause process, shared files,
-//! the pod cgroup. All or nothing.
+//! the pod cgroup, the CNI network. All or nothing.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,9 +8,12 @@ use petrel_cri::api;
 use petrel_store::Table;
 
 use crate::error::{non_empty, required, Result, RuntimeError};
-use crate::records::{SandboxRecord, SandboxState};
+use petrel_cni::NetworkList;
+
+use crate::records::{NetworkRecord, SandboxRecord, SandboxState};
 use crate::sandbox::files::{self, SandboxFiles};
 use crate::sandbox::namespaces::{self, NamespaceRequest};
+use crate::sandbox::network;
 use crate::sandbox::pid_holder;
 use crate::service::{Ns, Runtime};
 use crate::state::Sandbox;
@@ -95,6 +98,14 @@ impl Runtime {
         if let Some(dns) = &config.dns_config {
             files::validate_dns(dns)?;
         }
+        // The network is resolved before anything is made: a pod that cannot
+        // be networked is refused without debris.
+        let network = if host_network {
+            None
+        } else {
+            network::port_mappings(&config)?;
+            self.networks.current()?
+        };
         if !config.log_directory.is_empty() && !Path::new(&config.log_directory).is_absolute() {
             return Err(RuntimeError::invalid(
                 "config.log_directory",
@@ -130,6 +141,7 @@ impl Runtime {
             shm_mounted: false,
             cgroup_parent,
             created_cgroups: Vec::new(),
+            network: None,
         };
         // Recorded before anything is made, so that a crash midway is undone
         // at the next start. Without an fsync: if the crash also loses this
@@ -143,10 +155,13 @@ impl Runtime {
         let sb = Arc::new(Sandbox::new(rec.clone()));
         self.state.insert_sandbox(sb.clone());
 
-        match self.make_sandbox(&mut rec, &hostname, host_network).await {
+        match self
+            .make_sandbox(&mut rec, &hostname, host_network, network)
+            .await
+        {
             Ok(()) => {}
             Err(e) => {
-                if let Err(undo) = self.teardown_sandbox(&rec) {
+                if let Err(undo) = self.teardown_sandbox(&rec).await {
                     tracing::error!(sandbox.id = %id, error = %undo, "rollback of a failed RunPodSandbox incomplete");
                 }
                 let _ = self.store.delete(Table::Sandboxes, &id);
@@ -165,6 +180,7 @@ impl Runtime {
         rec: &mut SandboxRecord,
         hostname: &str,
         host_network: bool,
+        network: Option<NetworkList>,
     ) -> Result<()> {
         let dir = rec.dir.clone();
         std::fs::create_dir_all(&dir)
@@ -196,6 +212,9 @@ impl Runtime {
         }
         rest?;
         pinned?;
+        if let Some(list) = network {
+            self.attach_network(rec, &list, &f, hostname).await?;
+        }
 
         if namespace_mode(&rec.config, Ns::Pid) == api::NamespaceMode::Pod {
             let holder = pid_holder::spawn(&self.shim_binary).await?;
@@ -209,6 +228,28 @@ impl Runtime {
             RuntimeError::Internal(format!("sandbox {} vanished while created", rec.id))
         })?;
         self.save_sandbox(&sb, rec.clone())
+    }
+
+    /// CNI ADD. The intent (which network) is committed first, so that a
+    /// crash during ADD is undone by a DEL at the next start.
+    async fn attach_network(
+        &self,
+        rec: &mut SandboxRecord,
+        list: &NetworkList,
+        f: &SandboxFiles,
+        hostname: &str,
+    ) -> Result<()> {
+        rec.network = Some(NetworkRecord {
+            conflist: list.to_json(),
+            ifname: network::POD_IFNAME.to_string(),
+            result: None,
+            ips: Vec::new(),
+        });
+        self.store.put(Table::Sandboxes, &rec.id, &*rec)?;
+        let attached = self.networks.add(list, rec).await?;
+        let pod_ip = attached.ips.first().and_then(|ip| ip.parse().ok());
+        rec.network = Some(attached);
+        files::write_hosts(&f.hosts, hostname, pod_ip)
     }
 
     fn make_sandbox_shm_and_cgroup(
@@ -230,16 +271,22 @@ impl Runtime {
     /// Undoes everything a sandbox may have made, in reverse order, from
     /// what its record says and what its directory holds. Best effort: every
     /// step runs; the first error is returned.
-    pub(crate) fn teardown_sandbox(&self, rec: &SandboxRecord) -> Result<()> {
+    pub(crate) async fn teardown_sandbox(&self, rec: &SandboxRecord) -> Result<()> {
         let mut first: Option<RuntimeError> = None;
+        if let Some(h) = &rec.pid_holder {
+            pid_holder::kill(h);
+        }
+        // CNI DEL while the namespace still exists (plugins may look in it).
+        if let Some(net) = &rec.network {
+            if let Err(e) = self.networks.del(rec, net).await {
+                first.get_or_insert(e);
+            }
+        }
         let mut note = |r: Result<()>| {
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
         };
-        if let Some(h) = &rec.pid_holder {
-            pid_holder::kill(h);
-        }
         let dir = &rec.dir;
         for kind in ["net", "ipc", "uts"] {
             let p = dir.join(kind);

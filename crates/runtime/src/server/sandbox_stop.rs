@@ -1,5 +1,5 @@
-//! StopPodSandbox: kill every container, the pid holder, release the
-//! network namespace. Idempotent.
+//! StopPodSandbox: kill every container, the pid holder, release the CNI
+//! network and the network namespace. Idempotent.
 
 use std::sync::Arc;
 
@@ -31,11 +31,21 @@ impl Runtime {
             }
         }
         let mut rec = sb.record();
-        if rec.state == SandboxState::NotReady {
-            return Ok(());
-        }
         if let Some(h) = rec.pid_holder.take() {
             pid_holder::kill(&h);
+        }
+        // CNI DEL before the namespace goes (also for a pod already
+        // NotReady whose network a restart could not release). A failure
+        // fails the stop and the pod keeps its record of the network, so
+        // that the client's retry releases it (CRI: stop until it succeeds).
+        if let Some(net) = &rec.network {
+            self.networks.del(&rec, net).await?;
+            rec.network = None;
+            // Committed at once: the network is gone whatever fails next.
+            self.save_sandbox(sb, rec.clone())?;
+        }
+        if rec.state == SandboxState::NotReady {
+            return Ok(());
         }
         if let Some(netns) = rec.netns.take() {
             namespaces::unpin(&netns)
