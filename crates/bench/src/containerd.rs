@@ -5,8 +5,9 @@
 //! imported with `ctr`. Stopped on drop: pods removed through CRI,
 //! containerd stopped by its pid, then its shims (found by their
 //! `-address <our socket>` argument) killed by pid and runc's containers
-//! in our runc root deleted. Pods run in the host network (no CNI), so no
-//! bridge or network namespace is left behind.
+//! in our runc root deleted. Without a CNI network (`start`), pods run in
+//! the host network; `start_with_cni` gives it the bench's network, whose
+//! bridge the caller removes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -60,8 +61,22 @@ pub fn unavailable(bin_dir: &Path, images: &Path) -> Option<String> {
 
 impl Containerd {
     /// Starts containerd in `dir` (created) and imports the images from
-    /// `images` (busybox-oci.tar, pause-oci.tar).
+    /// `images` (busybox-oci.tar, pause-oci.tar). Its CNI configuration
+    /// directory is empty: only host-network pods can run.
     pub async fn start(bin_dir: &Path, dir: &Path, images: &Path) -> Result<Containerd> {
+        let cni = (dir.join("cni"), PathBuf::from("/opt/cni/bin"));
+        Self::start_with_cni(bin_dir, dir, images, &cni.0, &cni.1).await
+    }
+
+    /// Like `start`, with the CNI configuration in `cni_conf_dir` and the
+    /// plugins in `cni_bin_dir`.
+    pub async fn start_with_cni(
+        bin_dir: &Path,
+        dir: &Path,
+        images: &Path,
+        cni_conf_dir: &Path,
+        cni_bin_dir: &Path,
+    ) -> Result<Containerd> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let socket = dir.join("c.sock");
         let runc_root = dir.join("runc");
@@ -77,12 +92,13 @@ impl Containerd {
              [{cri}.containerd]\n  snapshotter = \"overlayfs\"\n  default_runtime_name = \"runc\"\n\
              [{cri}.containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
              [{cri}.containerd.runtimes.runc.options]\n  SystemdCgroup = false\n  Root = {runc_root:?}\n\
-             [{cri}.cni]\n  conf_dir = {cni:?}\n  max_conf_num = 1\n",
+             [{cri}.cni]\n  conf_dir = {cni:?}\n  bin_dir = {cni_bin:?}\n  max_conf_num = 1\n",
             root = dir.join("root"),
             state = dir.join("state"),
             opt = dir.join("opt"),
             nri = dir.join("nri.sock"),
-            cni = dir.join("cni"),
+            cni = cni_conf_dir,
+            cni_bin = cni_bin_dir,
         );
         std::fs::write(&config, text).with_context(|| format!("write {}", config.display()))?;
         let log = dir.join("containerd.log");

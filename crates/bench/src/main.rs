@@ -14,6 +14,8 @@ mod http;
 mod large_image;
 mod machine;
 mod metrics;
+mod net;
+mod net_report;
 mod node;
 mod procfs;
 mod pull;
@@ -128,6 +130,12 @@ pub struct Args {
     /// Containers created on each image for P15.
     #[arg(long, default_value_t = 30)]
     pub create_containers: usize,
+    /// Pods brought up and down on each runtime for P16.
+    #[arg(long, default_value_t = 50)]
+    pub net_pods: usize,
+    /// ExecSync calls on each runtime for P17.
+    #[arg(long, default_value_t = 100)]
+    pub net_execs: usize,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -142,8 +150,9 @@ pub struct Args {
     pub build_dir: PathBuf,
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
-    /// is given), `agent` (P10-P13) or `pull` (P14-P15; these two print
-    /// their partial report to standard output unless --out is given).
+    /// is given), `agent` (P10-P13), `pull` (P14-P15) or `net` (P16-P17;
+    /// these three print their partial report to standard output unless
+    /// --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -168,6 +177,8 @@ pub enum Part {
     Agent,
     /// Image pull and create on a warm image (P14-P15).
     Pull,
+    /// Pod network and exec against containerd 1.7 (P16-P17).
+    Net,
 }
 
 /// The default report.
@@ -193,6 +204,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Pull {
         return run_pull_only(args);
+    }
+    if args.only == Part::Net {
+        return run_net_only(args);
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -290,6 +304,20 @@ fn run_pull_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only net`: the network and exec figures alone.
+fn run_net_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| net::measure(args, work, &progress).await,
+        report::render_net_only,
+    )?;
+    ensure!(
+        results.error.is_none(),
+        "the net figures are incomplete (see the report)"
+    );
+    Ok(())
+}
+
 /// One section run alone: its own work directory and cgroup, measured
 /// until done or interrupted, its report written to `--out` (or stdout).
 fn run_one_section<R>(
@@ -381,7 +409,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     // machine not yet busy with containers.
     let queue = match args.only {
         Part::All => Some(queue::measure(args.queue_seconds, progress).await?),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -512,11 +540,15 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
 
     let pull = match args.only {
         Part::All => Some(pull::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
+    };
+    let net = match args.only {
+        Part::All => Some(net::measure(args, work, &progress).await),
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
     };
     let agent = match args.only {
         Part::All => Some(agent::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
     };
     Ok(Results {
         fsync,
@@ -533,6 +565,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         queue,
         pull,
         agent,
+        net,
     })
 }
 

@@ -29,12 +29,32 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts `petrel runtime` and waits until its socket accepts.
+    /// Starts `petrel runtime` (pods get loopback only) and waits until
+    /// its socket accepts.
     pub fn start(
         petrel: &Path,
         shim: Option<&Path>,
         work: &Path,
         cgroup_parent: &str,
+    ) -> Result<Node> {
+        // The bench's pods measure the runtime, not a CNI network.
+        Self::start_with(
+            petrel,
+            shim,
+            work,
+            cgroup_parent,
+            &["--pod-network", "loopback"],
+        )
+    }
+
+    /// Starts `petrel runtime` with `extra` flags (e.g. a CNI network) and
+    /// waits until its socket accepts.
+    pub fn start_with(
+        petrel: &Path,
+        shim: Option<&Path>,
+        work: &Path,
+        cgroup_parent: &str,
+        extra: &[&str],
     ) -> Result<Node> {
         let root = work.join("root");
         let state = work.join("state");
@@ -52,8 +72,7 @@ impl Node {
             .arg(&state)
             .arg("--default-cgroup-parent")
             .arg(cgroup_parent)
-            // The bench's pods measure the runtime, not a CNI network.
-            .args(["--pod-network", "loopback"]);
+            .args(extra);
         if let Some(shim) = shim {
             cmd.arg("--shim-binary").arg(shim);
         }

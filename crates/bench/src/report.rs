@@ -7,6 +7,8 @@ use crate::agent::AgentResults;
 use crate::agent_report;
 use crate::machine::Machine;
 use crate::metrics::OpTotals;
+use crate::net::NetResults;
+use crate::net_report;
 use crate::procfs::{Cpu, Mem};
 use crate::pull::PullResults;
 use crate::pull_report;
@@ -202,6 +204,9 @@ pub struct Results {
     pub pull: Option<PullResults>,
     /// P10-P13, the agent (absent with `--only runtime`).
     pub agent: Option<AgentResults>,
+    /// P16-P17, pod network and exec against containerd (absent with
+    /// `--only runtime`).
+    pub net: Option<NetResults>,
 }
 
 fn verdict(pass: bool) -> &'static str {
@@ -286,57 +291,57 @@ fn render_queue_only_into(o: &mut String, m: &Machine, q: &QueueResults) -> std:
 /// Renders the agent figures alone (`--only agent`): a partial report for
 /// quick iteration, not a replacement for docs/PERFORMANCE.md.
 pub fn render_agent_only(m: &Machine, a: &AgentResults) -> String {
-    let mut o = String::new();
-    // `write!` into a String cannot fail.
-    let _ = render_agent_only_into(&mut o, m, a);
-    o
+    render_section_only(m, "the agent only", |o| {
+        agent_report::summary_rows(o, a)?;
+        writeln!(o)?;
+        agent_report::sections(o, a)
+    })
 }
 
-fn render_agent_only_into(o: &mut String, m: &Machine, a: &AgentResults) -> std::fmt::Result {
-    writeln!(o, "# Petrel performance: the agent only")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "<!-- `{}` on {}, commit {}, {} × {}. `make bench` writes the whole report. -->",
-        m.command, m.date, m.commit, m.cpus, m.cpu_model
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| # | Promise | Goal | Measured | Reference (same run) | Ratio | Verdict |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|---|---|")?;
-    agent_report::summary_rows(o, a)?;
-    writeln!(o)?;
-    agent_report::sections(o, a)
-}
-
-/// Renders the pull figures alone (`--only pull`): a partial report for
-/// quick iteration, not a replacement for docs/PERFORMANCE.md.
+/// Renders the pull figures alone (`--only pull`).
 pub fn render_pull_only(m: &Machine, p: &PullResults) -> String {
-    let mut o = String::new();
-    // `write!` into a String cannot fail.
-    let _ = render_pull_only_into(&mut o, m, p);
-    o
+    render_section_only(m, "image pull and create only", |o| {
+        pull_report::summary_rows(o, p)?;
+        writeln!(o)?;
+        pull_report::sections(o, p)
+    })
 }
 
-fn render_pull_only_into(o: &mut String, m: &Machine, p: &PullResults) -> std::fmt::Result {
-    writeln!(o, "# Petrel performance: image pull and create only")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "<!-- `{}` on {}, commit {}, {} × {}. `make bench` writes the whole report. -->",
-        m.command, m.date, m.commit, m.cpus, m.cpu_model
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| # | Promise | Goal | Measured | Reference (same run) | Ratio | Verdict |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|---|---|")?;
-    pull_report::summary_rows(o, p)?;
-    writeln!(o)?;
-    pull_report::sections(o, p)
+/// Renders the network and exec figures alone (`--only net`).
+pub fn render_net_only(m: &Machine, n: &NetResults) -> String {
+    render_section_only(m, "pod network and exec only", |o| {
+        net_report::summary_rows(o, n)?;
+        writeln!(o)?;
+        net_report::sections(o, n)
+    })
+}
+
+/// One section's partial report: a title, the run in a comment, the
+/// summary table's head, then what `body` writes (its rows and sections).
+fn render_section_only(
+    m: &Machine,
+    title: &str,
+    body: impl FnOnce(&mut String) -> std::fmt::Result,
+) -> String {
+    let mut o = String::new();
+    // `write!` into a String cannot fail.
+    let _ = (|| -> std::fmt::Result {
+        writeln!(o, "# Petrel performance: {title}")?;
+        writeln!(o)?;
+        writeln!(
+            o,
+            "<!-- `{}` on {}, commit {}, {} × {}. `make bench` writes the whole report. -->",
+            m.command, m.date, m.commit, m.cpus, m.cpu_model
+        )?;
+        writeln!(o)?;
+        writeln!(
+            o,
+            "| # | Promise | Goal | Measured | Reference (same run) | Ratio | Verdict |"
+        )?;
+        writeln!(o, "|---|---|---|---|---|---|---|")?;
+        body(&mut o)
+    })();
+    o
 }
 
 fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fmt::Result {
@@ -489,6 +494,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if let Some(p) = &r.pull {
         pull_report::summary_rows(o, p)?;
     }
+    if let Some(n) = &r.net {
+        net_report::summary_rows(o, n)?;
+    }
     writeln!(o)?;
 
     // ---- machine ------------------------------------------------------------
@@ -528,6 +536,13 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
             args.agent_large_pods,
             args.agent_containers_per_pod,
             args.agent_relist_seconds
+        )?;
+    }
+    if r.net.is_some() {
+        writeln!(
+            o,
+            "| net parameters | {} pods up and down and {} ExecSync calls on each runtime |",
+            args.net_pods, args.net_execs
         )?;
     }
     if r.pull.is_some() {
@@ -940,6 +955,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if let Some(p) = &r.pull {
         pull_report::sections(o, p)?;
     }
+    if let Some(n) = &r.net {
+        net_report::sections(o, n)?;
+    }
 
     // ---- hygiene, reproduce, noise ---------------------------------------------
     writeln!(o, "## Clean-up check")?;
@@ -978,6 +996,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "scripts/bench.sh --only pull --pull-repetitions 3 --create-containers 10 --out /tmp/P.md   # P14-P15 alone, quick"
+    )?;
+    writeln!(
+        o,
+        "scripts/bench.sh --only net --net-pods 10 --net-execs 20 --out /tmp/N.md   # P16-P17 alone, quick"
     )?;
     writeln!(o, "```")?;
     writeln!(o)?;

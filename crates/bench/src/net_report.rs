@@ -1,0 +1,178 @@
+//! P16 and P17 in docs/PERFORMANCE.md: the summary rows and the sections.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::net::{NetResults, CNI_BIN};
+use crate::stats::{ms, ratio, Samples};
+
+/// Goal of P16 and P17: Petrel over containerd 1.7, at p50.
+const RATIO_GOAL: f64 = 1.0;
+
+fn verdict(pass: bool) -> &'static str {
+    if pass {
+        "**PASS**"
+    } else {
+        "**MISS**"
+    }
+}
+
+fn within(a: Duration, b: Duration, factor: f64) -> bool {
+    !b.is_zero() && a.as_secs_f64() <= b.as_secs_f64() * factor
+}
+
+fn why(r: &NetResults) -> String {
+    let text = r
+        .containerd_missing
+        .as_deref()
+        .or(r.error.as_deref())
+        .unwrap_or("the run stopped before this figure");
+    let first = text.lines().next().unwrap_or("").replace('|', "\\|");
+    first.chars().take(240).collect()
+}
+
+/// One summary row comparing `petrel` with `containerd` at p50 and p99.
+fn row(
+    o: &mut String,
+    id: &str,
+    promise: &str,
+    r: &NetResults,
+    petrel: &Samples,
+    containerd: &Samples,
+    what: &str,
+) -> std::fmt::Result {
+    if petrel.len() == 0 || containerd.len() == 0 {
+        return writeln!(
+            o,
+            "| {id} | {promise} | ≤ {RATIO_GOAL:.1}× containerd 1.7 at p50 | {} | — | — | not measured: {} |",
+            if petrel.len() == 0 {
+                "not measured".to_string()
+            } else {
+                format!("p50 {} ms, p99 {} ms", ms(petrel.p50()), ms(petrel.p99()))
+            },
+            why(r)
+        );
+    }
+    writeln!(
+        o,
+        "| {id} | {promise} | ≤ {RATIO_GOAL:.1}× containerd 1.7 at p50 | p50 {} ms, p99 {} ms ({} {what}) | {}: p50 {} ms, p99 {} ms | p50 {}×, p99 {}× | {} |",
+        ms(petrel.p50()),
+        ms(petrel.p99()),
+        petrel.len(),
+        r.containerd_version,
+        ms(containerd.p50()),
+        ms(containerd.p99()),
+        ratio(petrel.p50(), containerd.p50()),
+        ratio(petrel.p99(), containerd.p99()),
+        verdict(within(petrel.p50(), containerd.p50(), RATIO_GOAL))
+    )
+}
+
+/// The rows of P16 and P17 in the summary table.
+pub fn summary_rows(o: &mut String, r: &NetResults) -> std::fmt::Result {
+    row(
+        o,
+        "P16",
+        "RunPodSandbox with a CNI network (bridge + host-local + loopback + portmap)",
+        r,
+        &r.run_petrel,
+        &r.run_containerd,
+        "pods",
+    )?;
+    row(
+        o,
+        "P16",
+        "StopPodSandbox + RemovePodSandbox of those pods (CNI DEL)",
+        r,
+        &r.down_petrel,
+        &r.down_containerd,
+        "pods",
+    )?;
+    row(
+        o,
+        "P17",
+        "ExecSync round trip (`true` in a running busybox container)",
+        r,
+        &r.exec_petrel,
+        &r.exec_containerd,
+        "calls",
+    )
+}
+
+fn samples_row(o: &mut String, name: &str, s: &Samples) -> std::fmt::Result {
+    writeln!(
+        o,
+        "| {name} | {} | {} | {} | {} | {} | {} |",
+        s.len(),
+        ms(s.p50()),
+        ms(s.p99()),
+        ms(s.min()),
+        ms(s.max()),
+        ms(s.mean())
+    )
+}
+
+/// The P16 and P17 sections.
+pub fn sections(o: &mut String, r: &NetResults) -> std::fmt::Result {
+    writeln!(o, "## P16 Pod networking: no slower than containerd")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "**Promise.** A pod with its own network namespace on a CNI network is up \
+         (RunPodSandbox returns) no later than with containerd 1.7 at the median, on the same \
+         network configuration and the same plugins; the teardown (StopPodSandbox + \
+         RemovePodSandbox, which runs CNI DEL) is shown beside it."
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "**Method.** One `petrel runtime` and one containerd 1.7 (binaries from `make \
+         containerd`, its own root, state, socket and runc root in the work directory, sandbox \
+         image `pause-oci.tar` from `make image`) run side by side, each with a copy of the \
+         configuration below whose only difference is host-local's lease directory; the \
+         plugins are Debian's in `{CNI_BIN}`. Pod by pod, alternating which runtime goes \
+         first, the bench times RunPodSandbox (Petrel: network, IPC and UTS namespaces \
+         pinned, /dev/shm, the pod cgroup, CNI ADD; containerd: the same plus its pause \
+         container), then StopPodSandbox + RemovePodSandbox. One unmeasured pod on each \
+         first. The bridge is the bench's own (`pbn<id>`, 10.198.0.0/24) and is deleted \
+         afterwards."
+    )?;
+    writeln!(o)?;
+    writeln!(o, "```json")?;
+    writeln!(o, "{}", r.conflist)?;
+    writeln!(o, "```")?;
+    writeln!(o)?;
+    writeln!(o, "| samples (ms) | n | p50 | p99 | min | max | mean |")?;
+    writeln!(o, "|---|---|---|---|---|---|---|")?;
+    samples_row(o, "Petrel RunPodSandbox", &r.run_petrel)?;
+    samples_row(o, "containerd RunPodSandbox", &r.run_containerd)?;
+    samples_row(o, "Petrel stop + remove", &r.down_petrel)?;
+    samples_row(o, "containerd stop + remove", &r.down_containerd)?;
+    writeln!(o)?;
+    writeln!(o, "## P17 Exec: no slower than containerd")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "**Promise.** ExecSync of a trivial command returns no later than with containerd \
+         1.7 at the median."
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "**Method.** One pod with a busybox container running `sleep 3600` on each runtime \
+         (same network as P16); the bench alternates ExecSync `[\"true\"]` (timeout 10 s) \
+         between them, one unmeasured call each first, and checks each exit code. Both run \
+         `runc exec`; the figure is the CRI call as the client sees it."
+    )?;
+    writeln!(o)?;
+    writeln!(o, "| samples (ms) | n | p50 | p99 | min | max | mean |")?;
+    writeln!(o, "|---|---|---|---|---|---|---|")?;
+    samples_row(o, "Petrel ExecSync", &r.exec_petrel)?;
+    samples_row(o, "containerd ExecSync", &r.exec_containerd)?;
+    writeln!(o)?;
+    if let Some(e) = &r.error {
+        writeln!(o, "**The section stopped early:** {}", e.replace('\n', " "))?;
+        writeln!(o)?;
+    }
+    Ok(())
+}
