@@ -117,7 +117,7 @@ for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }
 $PETREL ctl version
 say "pod network: $(sed -n 's/.*"name": "\(petrel-demo\)".*/\1/p' examples/cni/10-petrel-demo.conflist) (examples/cni/10-petrel-demo.conflist)"
-$PETREL ctl info | grep -A3 NetworkReady || true
+$PETREL ctl info -o table | grep -E "^(TYPE|NetworkReady)" || true
 
 say "petrel ctl pull $DEMO_IMAGE (through the docker.io mirror $REGISTRY)"
 $PETREL ctl pull "$DEMO_IMAGE"
