@@ -6,7 +6,16 @@
 //! implements [`StreamBackend`] (the runtime does, with runc and its shims).
 
 mod backend;
+mod config;
+mod error;
+mod pipe;
+mod protocol;
+mod tokens;
 
 pub use backend::{
     AttachSpec, BackendError, ExecSpec, Reader, StreamBackend, StreamIo, TermSize, Writer,
 };
+pub use config::StreamConfig;
+pub use error::StreamError;
+pub use protocol::status::Outcome;
+pub use tokens::TokenError;
