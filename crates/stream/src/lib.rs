@@ -10,6 +10,7 @@ mod config;
 mod error;
 mod pipe;
 mod protocol;
+mod spdy;
 mod tokens;
 
 pub use backend::{
