@@ -103,7 +103,13 @@ impl<T> TokenCache<T> {
         purge(&mut inner, now, self.ttl, self.limit);
         if let Some(p) = inner.pending.remove(token) {
             let until = p.expires + self.ttl.max(MIN_GRACE);
-            remember(&mut inner, token.to_owned(), until, TokenError::Used, self.limit);
+            remember(
+                &mut inner,
+                token.to_owned(),
+                until,
+                TokenError::Used,
+                self.limit,
+            );
             return Ok(p.value);
         }
         match inner.spent.get(token) {
@@ -130,7 +136,13 @@ fn purge<T>(inner: &mut Inner<T>, now: Instant, ttl: Duration, limit: usize) {
         .collect();
     for (k, expires) in expired {
         inner.pending.remove(&k);
-        remember(inner, k, expires + ttl.max(MIN_GRACE), TokenError::Expired, limit);
+        remember(
+            inner,
+            k,
+            expires + ttl.max(MIN_GRACE),
+            TokenError::Expired,
+            limit,
+        );
     }
     inner.spent.retain(|_, (until, _)| *until > now);
 }

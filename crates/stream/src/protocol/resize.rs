@@ -78,7 +78,8 @@ mod tests {
         let sz = |width, height| TermSize { width, height };
         assert!(d.push(br#"{"Width":80,"#).is_ok_and(|v| v.is_empty()));
         assert_eq!(
-            d.push(b"\"Height\":24}\n{\"Width\":100,\"Height\":40}\n{").ok(),
+            d.push(b"\"Height\":24}\n{\"Width\":100,\"Height\":40}\n{")
+                .ok(),
             Some(vec![sz(80, 24), sz(100, 40)])
         );
         assert_eq!(

@@ -147,7 +147,9 @@ impl Outcome {
         }
         let status: Status = match serde_json::from_slice(payload) {
             Ok(s) => s,
-            Err(e) => return Outcome::Failed(format!("error stream protocol error: {e} in {text:?}")),
+            Err(e) => {
+                return Outcome::Failed(format!("error stream protocol error: {e} in {text:?}"))
+            }
         };
         if status.status == "Success" {
             return Outcome::Success;

@@ -108,7 +108,10 @@ pub(crate) enum FrameError {
 /// Takes one complete frame off the front of `buf`, or `None` if `buf`
 /// does not hold one yet. A DATA frame's payload is split off `buf`
 /// without copying.
-pub(crate) fn decode(buf: &mut BytesMut, inflater: &mut Inflater) -> Result<Option<Frame>, FrameError> {
+pub(crate) fn decode(
+    buf: &mut BytesMut,
+    inflater: &mut Inflater,
+) -> Result<Option<Frame>, FrameError> {
     if buf.len() < HEADER_LEN {
         return Ok(None);
     }
@@ -226,7 +229,11 @@ pub(crate) fn data_header(stream_id: u32, fin: bool, len: usize) -> [u8; HEADER_
 
 /// Appends a control frame to `out` (`Data` frames are written with
 /// [`data_header`] instead, to keep their payload uncopied).
-pub(crate) fn encode_control(frame: &Frame, deflater: &mut Deflater, out: &mut BytesMut) -> Result<(), FrameError> {
+pub(crate) fn encode_control(
+    frame: &Frame,
+    deflater: &mut Deflater,
+    out: &mut BytesMut,
+) -> Result<(), FrameError> {
     let mut body = Vec::new();
     let (kind, flags) = match frame {
         Frame::SynStream {

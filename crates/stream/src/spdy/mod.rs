@@ -3,5 +3,6 @@
 //! connection, and the server side of exec, attach and port-forward.
 
 pub(crate) mod frame;
+pub(crate) mod server;
 pub(crate) mod session;
 pub(crate) mod zlib;

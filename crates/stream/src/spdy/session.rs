@@ -193,7 +193,11 @@ impl Session {
     }
 
     /// Opens a stream with `headers` and waits for the peer to accept it.
-    pub(crate) async fn open(&self, headers: Headers, timeout: Duration) -> Result<Opened, SessionError> {
+    pub(crate) async fn open(
+        &self,
+        headers: Headers,
+        timeout: Duration,
+    ) -> Result<Opened, SessionError> {
         let guard = self.shared.open_lock.lock().await;
         let id = self.shared.next_id.fetch_add(2, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -228,7 +232,12 @@ impl Session {
     }
 
     /// Sends one DATA frame (the payload is not copied).
-    pub(crate) async fn data(&self, id: u32, payload: Bytes, fin: bool) -> Result<(), SessionError> {
+    pub(crate) async fn data(
+        &self,
+        id: u32,
+        payload: Bytes,
+        fin: bool,
+    ) -> Result<(), SessionError> {
         self.send(Out::Data {
             stream_id: id,
             fin,

@@ -9,16 +9,71 @@ use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, 
 /// Header names and values the dictionary lists, each preceded on the wire
 /// by its length as a 32-bit big-endian integer.
 const WORDS: &[&str] = &[
-    "options", "head", "post", "put", "delete", "trace", "accept", "accept-charset",
-    "accept-encoding", "accept-language", "accept-ranges", "age", "allow", "authorization",
-    "cache-control", "connection", "content-base", "content-encoding", "content-language",
-    "content-length", "content-location", "content-md5", "content-range", "content-type", "date",
-    "etag", "expect", "expires", "from", "host", "if-match", "if-modified-since",
-    "if-none-match", "if-range", "if-unmodified-since", "last-modified", "location",
-    "max-forwards", "pragma", "proxy-authenticate", "proxy-authorization", "range", "referer",
-    "retry-after", "server", "te", "trailer", "transfer-encoding", "upgrade", "user-agent",
-    "vary", "via", "warning", "www-authenticate", "method", "get", "status", "200 OK",
-    "version", "HTTP/1.1", "url", "public", "set-cookie", "keep-alive", "origin",
+    "options",
+    "head",
+    "post",
+    "put",
+    "delete",
+    "trace",
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "connection",
+    "content-base",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-md5",
+    "content-range",
+    "content-type",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "location",
+    "max-forwards",
+    "pragma",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "retry-after",
+    "server",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+    "vary",
+    "via",
+    "warning",
+    "www-authenticate",
+    "method",
+    "get",
+    "status",
+    "200 OK",
+    "version",
+    "HTTP/1.1",
+    "url",
+    "public",
+    "set-cookie",
+    "keep-alive",
+    "origin",
 ];
 
 /// The dictionary's tail: common values, concatenated without lengths.
@@ -172,9 +227,13 @@ mod tests {
         let mut d = Deflater::new().unwrap_or_else(|e| panic!("{e}"));
         let mut i = Inflater::new();
         for n in 0..20 {
-            let block = format!("block {n}: streamtype stdout port 8080 {}", "x".repeat(n * 100));
+            let block = format!(
+                "block {n}: streamtype stdout port 8080 {}",
+                "x".repeat(n * 100)
+            );
             let mut wire = Vec::new();
-            d.compress(block.as_bytes(), &mut wire).unwrap_or_else(|e| panic!("{e}"));
+            d.compress(block.as_bytes(), &mut wire)
+                .unwrap_or_else(|e| panic!("{e}"));
             let back = i.decompress(&wire).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(back, block.as_bytes());
         }
