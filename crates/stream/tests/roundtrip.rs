@@ -825,7 +825,6 @@ async fn port_forward_throughput() {
             });
         }
     });
-    let (server, _) = server();
     let report = |what: &str, t: Duration| {
         eprintln!(
             "{what}: {} MiB in {t:?} = {:.0} MiB/s",
@@ -833,6 +832,34 @@ async fn port_forward_throughput() {
             (TOTAL >> 20) as f64 / t.as_secs_f64()
         )
     };
+    let block = vec![9u8; 1024 * 1024];
+    // The ceiling on this machine: the same two TCP hops through a plain
+    // proxy that copies bytes and nothing else.
+    let proxy = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let proxy_port = proxy.local_addr().map(|a| a.port()).unwrap_or_default();
+    tokio::spawn(async move {
+        if let Ok((mut a, _)) = proxy.accept().await {
+            if let Ok(mut b) = TcpStream::connect(("127.0.0.1", sink_port)).await {
+                let _ =
+                    tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 256 << 10, 256 << 10)
+                        .await;
+            }
+        }
+    });
+    let mut c = TcpStream::connect(("127.0.0.1", proxy_port))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let start = Instant::now();
+    for _ in 0..TOTAL / block.len() {
+        c.write_all(&block).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    c.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(count_rx.recv().await, Some(TOTAL));
+    report("plain TCP proxy, client -> pod (baseline)", start.elapsed());
+
+    let (server, _) = server();
     let url = server
         .port_forward_url("pod1".into(), vec![sink_port])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -840,7 +867,6 @@ async fn port_forward_throughput() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut s = pf.open(sink_port).await.unwrap_or_else(|e| panic!("{e}"));
-    let block = vec![9u8; 1024 * 1024];
     let start = Instant::now();
     for _ in 0..TOTAL / block.len() {
         s.writer

@@ -119,7 +119,6 @@ pub(crate) fn decode(
     let flags = buf[4];
     let len = (usize::from(buf[5]) << 16) | (usize::from(buf[6]) << 8) | usize::from(buf[7]);
     if buf.len() < HEADER_LEN + len {
-        buf.reserve(HEADER_LEN + len - buf.len());
         return Ok(None);
     }
     buf.advance(HEADER_LEN);
@@ -216,6 +215,15 @@ pub(crate) fn decode(
         other => Frame::Unknown(other),
     };
     Ok(Some(frame))
+}
+
+/// The whole length (header included) of the frame starting `buf`, once
+/// its header is there.
+pub(crate) fn frame_len(buf: &[u8]) -> Option<usize> {
+    (buf.len() >= HEADER_LEN).then(|| {
+        HEADER_LEN
+            + ((usize::from(buf[5]) << 16) | (usize::from(buf[6]) << 8) | usize::from(buf[7]))
+    })
 }
 
 /// The 8-byte header of a DATA frame; the payload follows it unchanged.

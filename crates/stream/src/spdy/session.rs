@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -24,8 +24,12 @@ use super::frame::{self, data_header, rst, Frame, Headers, FLAG_FIN};
 use super::zlib::{Deflater, Inflater};
 use crate::pipe::{FrameWriter, QUEUE};
 
-/// Bytes read from the socket per read call (at most).
-const READ_BUF: usize = 512 * 1024;
+/// Read buffer growth: at least this much room per read...
+const MIN_READ: usize = 64 * 1024;
+/// ...and at most this much: room for eight of the largest DATA frames
+/// seen, so that a frame cut by a read is rarely copied when the buffer
+/// is renewed, while a session with small frames keeps a small buffer.
+const MAX_READ: usize = 2 * 1024 * 1024;
 /// Window credit returned to the peer once this much of a stream was taken.
 const WINDOW_REFILL: u32 = 32 * 1024;
 /// Items queued for the writer task.
@@ -327,8 +331,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                                 let n = rest.len().min(frame::MAX_PAYLOAD);
                                 let chunk = rest.split_to(n);
                                 let last = rest.is_empty();
-                                w.write_all(&data_header(stream_id, fin && last, n)).await?;
-                                w.write_all(&chunk).await?;
+                                let header = data_header(stream_id, fin && last, n);
+                                // Header and payload in one (vectored) write;
+                                // big payloads bypass the buffer uncopied.
+                                let mut frame = Buf::chain(&header[..], chunk);
+                                w.write_all_buf(&mut frame).await?;
                                 if last {
                                     break;
                                 }
@@ -367,13 +374,19 @@ async fn read_loop<R: AsyncRead + Unpin>(
 ) {
     let mut inflater = Inflater::new();
     let mut going_away = false;
+    let mut read_size = MIN_READ;
     let result: Result<(), String> = async {
         loop {
             let frame = match frame::decode(&mut buf, &mut inflater) {
                 Ok(Some(f)) => f,
                 Ok(None) => {
-                    if buf.capacity() - buf.len() < READ_BUF / 4 {
-                        buf.reserve(READ_BUF);
+                    // Room for the rest of a cut frame and a big read; a
+                    // new buffer (the old one is still shared with frames
+                    // handed out) copies only the cut frame's start.
+                    let need = frame::frame_len(&buf).unwrap_or(frame::HEADER_LEN);
+                    let spare = buf.capacity() - buf.len();
+                    if buf.len() + spare < need || spare < read_size / 4 {
+                        buf.reserve(need.max(buf.len() + read_size) - buf.len());
                     }
                     let n = read.read_buf(&mut buf).await.map_err(|e| e.to_string())?;
                     if n == 0 {
@@ -461,6 +474,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     payload,
                 } => {
                     let len = payload.len() as u32;
+                    read_size = read_size.max(payload.len() * 8).min(MAX_READ);
                     let tx = match session.shared.lock().get_mut(&stream_id) {
                         Some(s) => {
                             let tx = s.data_tx.clone();
