@@ -9,9 +9,10 @@ pub struct StreamConfig {
     /// Where to listen. The default, 127.0.0.1:0, is loopback on a free
     /// port: reachable by crictl and a kubelet on this machine only.
     pub address: SocketAddr,
-    /// The scheme and authority URLs start with (e.g. `http://10.0.0.5:10010`),
-    /// for a server reached through another address than it listens on.
-    /// Default: `http://` and the bound address.
+    /// The scheme, authority and optional path prefix URLs start with
+    /// (e.g. `http://10.0.0.5:10010` or `http://node/cri`), for a server
+    /// reached through another address than it listens on. Default:
+    /// `http://` and the bound address.
     pub base_url: Option<String>,
     /// How long a URL stays valid before its client connects (kubelet: 1 min).
     pub token_ttl: Duration,

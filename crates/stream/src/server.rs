@@ -285,8 +285,11 @@ fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
         );
     }
     let path = req.uri().path().to_owned();
-    let mut parts = path.trim_start_matches('/').splitn(2, '/');
-    let (kind, token) = match (parts.next(), parts.next()) {
+    // The last two segments: a `base_url` may put a prefix before them
+    // (a proxy in front of the server strips or keeps it).
+    let mut parts = path.trim_end_matches('/').rsplitn(3, '/');
+    let (token, kind) = (parts.next(), parts.next());
+    let (kind, token) = match (kind, token) {
         (Some(k @ ("exec" | "attach" | "portforward")), Some(t))
             if !t.is_empty() && !t.contains('/') =>
         {

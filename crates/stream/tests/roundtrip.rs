@@ -918,3 +918,29 @@ async fn port_forward_throughput() {
     report("WebSocket pod -> client", start.elapsed());
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn base_url_with_a_path_prefix() {
+    let port = closed_port().await;
+    let (server, _) = server_with(StreamConfig {
+        address: ([127, 0, 0, 1], port).into(),
+        base_url: Some(format!("http://127.0.0.1:{port}/cri/")),
+        ..StreamConfig::default()
+    });
+    let url = server
+        .exec_url(exec_spec("echo prefixed", false, false))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        url.starts_with(&format!("http://127.0.0.1:{port}/cri/exec/")),
+        "{url}"
+    );
+    let mut rc = client::remote_command(&url, opts(Transport::Spdy, false, false))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = tokio::spawn(read_all(rc.stdout.take()));
+    let err = tokio::spawn(read_all(rc.stderr.take()));
+    assert_eq!(rc.wait().await.ok(), Some(Outcome::Success));
+    assert_eq!(out.await.unwrap_or_default(), "prefixed\n");
+    let _ = err.await;
+    server.shutdown().await;
+}
