@@ -23,6 +23,9 @@ pub struct StreamConfig {
     /// How long to wait for a client's goodbye after the server's, before
     /// dropping the connection.
     pub linger: Duration,
+    /// A connection on which nothing was read or written for this long is
+    /// closed (kubelet: 4 h). `None`: never.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for StreamConfig {
@@ -34,6 +37,7 @@ impl Default for StreamConfig {
             max_in_flight: 1000,
             stream_creation_timeout: Duration::from_secs(30),
             linger: Duration::from_secs(5),
+            idle_timeout: Some(Duration::from_secs(4 * 3600)),
         }
     }
 }

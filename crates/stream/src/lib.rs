@@ -15,6 +15,7 @@ mod command;
 mod config;
 mod error;
 mod forward;
+mod idle;
 mod pipe;
 mod protocol;
 mod server;

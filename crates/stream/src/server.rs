@@ -458,14 +458,21 @@ fn spdy(ctx: Arc<Ctx>, mut req: Request<Incoming>, pending: Pending) -> Response
                 return;
             }
         };
+        let idle = task_ctx.config.idle_timeout;
         let started = match upgraded.downcast::<TokioIo<TcpStream>>() {
             Ok(parts) => {
                 let (r, w) = parts.io.into_inner().into_split();
-                Session::start(r, w, BytesMut::from(&parts.read_buf[..]), SpdyRole::Server)
+                Session::start(
+                    r,
+                    w,
+                    BytesMut::from(&parts.read_buf[..]),
+                    SpdyRole::Server,
+                    idle,
+                )
             }
             Err(upgraded) => {
                 let (r, w) = tokio::io::split(TokioIo::new(upgraded));
-                Session::start(r, w, BytesMut::new(), SpdyRole::Server)
+                Session::start(r, w, BytesMut::new(), SpdyRole::Server, idle)
             }
         };
         let (session, incoming) = match started {

@@ -944,3 +944,55 @@ async fn base_url_with_a_path_prefix() {
     let _ = err.await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn idle_connections_are_closed_busy_ones_are_not() {
+    for transport in [Transport::WebSocket, Transport::Spdy] {
+        let (server, _) = server_with(StreamConfig {
+            idle_timeout: Some(Duration::from_millis(400)),
+            ..StreamConfig::default()
+        });
+        // Output every 100 ms for a second: never idle for 400 ms.
+        let url = server
+            .exec_url(exec_spec(
+                "for i in 1 2 3 4 5 6 7 8 9 10; do echo $i; sleep 0.1; done",
+                false,
+                false,
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut rc = client::remote_command(&url, opts(transport, false, false))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let out = tokio::spawn(read_all(rc.stdout.take()));
+        let err = tokio::spawn(read_all(rc.stderr.take()));
+        assert_eq!(
+            rc.wait().await.ok(),
+            Some(Outcome::Success),
+            "{transport:?}"
+        );
+        assert_eq!(out.await.unwrap_or_default().lines().count(), 10);
+        let _ = err.await;
+        // Silent for longer than the timeout: cut, no status.
+        let url = server
+            .exec_url(exec_spec("sleep 5", false, false))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut rc = client::remote_command(&url, opts(transport, false, false))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let out = tokio::spawn(read_all(rc.stdout.take()));
+        let err = tokio::spawn(read_all(rc.stderr.take()));
+        let start = Instant::now();
+        let r = rc.wait().await;
+        assert!(
+            matches!(r, Err(ClientError::NoStatus)),
+            "{transport:?}: {r:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+        let _ = (out.await, err.await);
+        server.shutdown().await;
+    }
+}

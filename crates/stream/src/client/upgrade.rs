@@ -104,11 +104,17 @@ pub(crate) async fn spdy_upgrade(
     let started = match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
             let (r, w) = parts.io.into_inner().into_split();
-            Session::start(r, w, BytesMut::from(&parts.read_buf[..]), Role::Client)
+            Session::start(
+                r,
+                w,
+                BytesMut::from(&parts.read_buf[..]),
+                Role::Client,
+                None,
+            )
         }
         Err(upgraded) => {
             let (r, w) = tokio::io::split(TokioIo::new(upgraded));
-            Session::start(r, w, BytesMut::new(), Role::Client)
+            Session::start(r, w, BytesMut::new(), Role::Client, None)
         }
     };
     let (session, incoming) = started.map_err(proto)?;

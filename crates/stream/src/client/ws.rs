@@ -86,7 +86,7 @@ pub(super) async fn remote_command(
     let stdout = opts.stdout.then(|| add(channel::STDOUT));
     let stderr = (opts.stderr && !opts.tty).then(|| add(channel::STDERR));
     let error = add(channel::ERROR);
-    let conn = WsConn::start(ws, version.base64, inputs, false);
+    let conn = WsConn::start(ws, version.base64, inputs, false, None);
     let stdin = opts.stdin.then(|| {
         let close = (version.number >= 5).then(|| close_signal(channel::STDIN));
         Box::pin(conn.writer(channel::STDIN, close)) as crate::Writer
@@ -171,7 +171,7 @@ pub(super) async fn port_forward(
         inputs.insert(data_ch + 1, etx);
         pairs.push((data_ch, ChunkReader::new(drx), ChunkReader::new(erx)));
     }
-    let conn = WsConn::start(ws, false, inputs, false);
+    let conn = WsConn::start(ws, false, inputs, false, None);
     let mut out = Vec::new();
     for (data_ch, data, error) in pairs {
         let (tx, rx) = oneshot::channel();

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::frame::{self, data_header, rst, Frame, Headers, FLAG_FIN};
 use super::zlib::{Deflater, Inflater};
+use crate::idle::Activity;
 use crate::pipe::{FrameWriter, QUEUE};
 
 /// Read buffer growth: at least this much room per read...
@@ -128,6 +129,7 @@ impl Session {
         write: W,
         buffered: BytesMut,
         role: Role,
+        idle_timeout: Option<Duration>,
     ) -> Result<(Session, mpsc::Receiver<Incoming>), super::zlib::ZlibError>
     where
         R: AsyncRead + Send + Unpin + 'static,
@@ -147,8 +149,22 @@ impl Session {
             shared,
             closed,
         };
-        tokio::spawn(write_loop(write, out_rx, deflater, session.closed.clone()));
-        tokio::spawn(read_loop(read, buffered, role, session.clone(), in_tx));
+        let (activity, idle) = crate::idle::watch(idle_timeout, session.closed.clone());
+        tokio::spawn(write_loop(
+            write,
+            out_rx,
+            deflater,
+            session.closed.clone(),
+            activity.clone(),
+        ));
+        tokio::spawn(read_loop(
+            read,
+            buffered,
+            role,
+            session.clone(),
+            in_tx,
+            (activity, idle),
+        ));
         Ok((session, in_rx))
     }
 
@@ -301,6 +317,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut rx: mpsc::Receiver<Out>,
     mut deflater: Deflater,
     closed: CancellationToken,
+    activity: Arc<Activity>,
 ) {
     let mut w = BufWriter::with_capacity(64 * 1024, write);
     let mut finished: HashSet<u32> = HashSet::new();
@@ -355,6 +372,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 item = rx.try_recv().ok();
             }
             w.flush().await?;
+            activity.touch();
         }
         w.flush().await
     }
@@ -371,6 +389,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     role: Role,
     session: Session,
     incoming: mpsc::Sender<Incoming>,
+    (activity, idle): (Arc<Activity>, CancellationToken),
 ) {
     let mut inflater = Inflater::new();
     let mut going_away = false;
@@ -388,10 +407,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     if buf.len() + spare < need || spare < read_size / 4 {
                         buf.reserve(need.max(buf.len() + read_size) - buf.len());
                     }
-                    let n = read.read_buf(&mut buf).await.map_err(|e| e.to_string())?;
+                    let n = tokio::select! {
+                        n = read.read_buf(&mut buf) => n.map_err(|e| e.to_string())?,
+                        _ = idle.cancelled() => return Err("idle timeout".into()),
+                    };
                     if n == 0 {
                         return Ok(());
                     }
+                    activity.touch();
                     continue;
                 }
                 Err(e) => return Err(e.to_string()),

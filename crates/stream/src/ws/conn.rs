@@ -74,6 +74,7 @@ impl WsConn {
         base64: bool,
         mut inputs: HashMap<u8, mpsc::Sender<Bytes>>,
         close_signal: bool,
+        idle_timeout: Option<Duration>,
     ) -> WsConn
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -81,6 +82,8 @@ impl WsConn {
         let (mut sink, mut stream) = ws.split();
         let (out_tx, mut out_rx) = mpsc::channel::<Message>(OUT_QUEUE);
         let closed = CancellationToken::new();
+        let (activity, idle) = crate::idle::watch(idle_timeout, closed.clone());
+        let write_activity = activity.clone();
         let write_closed = closed.clone();
         tokio::spawn(async move {
             let result: Result<(), tokio_tungstenite::tungstenite::Error> = async {
@@ -96,6 +99,7 @@ impl WsConn {
                         item = out_rx.try_recv().ok();
                     }
                     sink.flush().await?;
+                    write_activity.touch();
                 }
                 sink.close().await
             }
@@ -107,7 +111,13 @@ impl WsConn {
         });
         let read_closed = closed.clone();
         tokio::spawn(async move {
-            while let Some(msg) = stream.next().await {
+            loop {
+                let msg = tokio::select! {
+                    m = stream.next() => m,
+                    _ = idle.cancelled() => break,
+                };
+                let Some(msg) = msg else { break };
+                activity.touch();
                 let msg = match msg {
                     Ok(m) => m,
                     Err(e) => {

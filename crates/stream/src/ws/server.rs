@@ -35,7 +35,13 @@ pub(crate) async fn remote_command<S>(
         inputs.insert(channel::RESIZE, tx);
         ChunkReader::new(rx)
     });
-    let conn = WsConn::start(ws, version.base64, inputs, version.number >= 5);
+    let conn = WsConn::start(
+        ws,
+        version.base64,
+        inputs,
+        version.number >= 5,
+        ctx.config.idle_timeout,
+    );
 
     // An empty message on the lowest channel this end writes tells the
     // client the streams are ready (kubelet does the same).
@@ -104,7 +110,7 @@ pub(crate) async fn port_forward<S>(
         inputs.insert((2 * i) as u8, tx);
         readers.push(ChunkReader::new(rx));
     }
-    let conn = WsConn::start(ws, base64, inputs, false);
+    let conn = WsConn::start(ws, base64, inputs, false, ctx.config.idle_timeout);
     let stop = ctx.stop.child_token();
     let mut tasks = Vec::new();
     for (i, (port, from_client)) in ports.into_iter().zip(readers).enumerate() {
