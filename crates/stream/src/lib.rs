@@ -4,9 +4,30 @@
 //!
 //! The crate knows nothing about containers: whoever serves the streams
 //! implements [`StreamBackend`] (the runtime does, with runc and its shims).
+//!
+//! - [`StreamServer`]: listens, issues single-use URLs, upgrades each
+//!   request and drives the backend.
+//! - [`client`]: the other end, for `petrel ctl` and tests.
 
 mod backend;
+pub mod client;
+mod command;
+mod config;
+mod error;
+mod forward;
+mod idle;
+mod pipe;
+mod protocol;
+mod server;
+mod spdy;
+mod tokens;
+mod ws;
 
 pub use backend::{
     AttachSpec, BackendError, ExecSpec, Reader, StreamBackend, StreamIo, TermSize, Writer,
 };
+pub use config::StreamConfig;
+pub use error::StreamError;
+pub use protocol::status::Outcome;
+pub use server::StreamServer;
+pub use tokens::TokenError;
