@@ -609,3 +609,64 @@ fn port_forward_should_reach_a_server_in_the_pods_network() {
         ));
     });
 }
+
+#[test]
+fn a_stalled_attach_should_not_slow_the_container_or_other_attaches() {
+    let d = Daemon::start();
+    let crt = client_runtime();
+    crt.block_on(async {
+        // Output starts once both clients are attached: a 3 MB burst, then
+        // (after the reading client has caught up) a marker.
+        let script = "read go; head -c 3000000 /dev/zero | tr '\\0' x; echo; sleep 1; \
+                      echo done-writing; sleep 1000";
+        let config = api::ContainerConfig {
+            stdin: true,
+            ..sh_container("main", script)
+        };
+        let (_c, _pod, id) = pod_with(&d, "at-slow", config).await;
+        let backend = d.streams();
+
+        // A client that never reads its output.
+        let (io, stalled) = streams(false, true, true, false);
+        let b = backend.clone();
+        let stalled_id = id.clone();
+        let stalled_attach =
+            tokio::spawn(async move { b.attach(attach_spec(&stalled_id, false, false), io).await });
+        // A client that reads, and starts the output.
+        let (io, mut reader) = streams(true, true, true, false);
+        let mut stdout = reader.stdout.take().unwrap();
+        let mut stdin = reader.stdin.take().unwrap();
+        let attach =
+            tokio::spawn(async move { backend.attach(attach_spec(&id, true, false), io).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stdin.write_all(b"go\n").await.unwrap();
+
+        // The reading client gets the marker, and the log has every byte,
+        // while the other client has not read one.
+        read_until(&mut stdout, "done-writing", Duration::from_secs(20)).await;
+        let log = d.dir.path().join("logs/at-slow/main.log");
+        let start = Instant::now();
+        let text = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("done-writing") {
+                break text;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the log never got the marker"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Records are `<time> stdout <P|F> <content>`.
+        let xs: usize = text
+            .lines()
+            .filter_map(|l| l.splitn(4, ' ').nth(3))
+            .map(|content| content.bytes().filter(|&b| b == b'x').count())
+            .sum();
+        assert_eq!(xs, 3_000_000);
+        assert!(!stalled_attach.is_finished());
+        drop(stalled);
+        stalled_attach.abort();
+        attach.abort();
+    });
+}

@@ -1,12 +1,15 @@
 //! Attach clients on [`ATTACH_SOCKET`] (protocol: `petrel_shim::attach`).
 //!
 //! Everything here is non-blocking and driven by the shim's one `poll(2)`
-//! loop: output goes to a client only as far as its socket buffer takes it
-//! at once (the end of a frame the socket took only part of waits for
-//! `POLLOUT`; while it waits, newer frames for that client are dropped), so
-//! a slow or stuck client never delays the container, the log or another
-//! client. Without clients the server is one listening socket.
+//! loop: output goes to a client as far as its socket buffer takes it at
+//! once; what does not fit waits in a backlog of at most [`MAX_BACKLOG`]
+//! bytes for `POLLOUT` (so a burst does not cost a client that keeps up any
+//! output), and frames that would overflow the backlog are dropped for that
+//! client. A slow or stuck client never delays the container, the log or
+//! another client. Without clients the server is one listening socket; a
+//! client that is not behind holds no buffer.
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -18,6 +21,8 @@ use crate::time;
 
 /// Most clients attached at once; more are turned away.
 pub const MAX_CLIENTS: usize = 8;
+/// Most output bytes waiting for one client that is behind.
+pub const MAX_BACKLOG: usize = 256 * 1024;
 /// Bytes read from a client at a time (also bounds the shim's input buffer).
 const READ_CHUNK: usize = 4096;
 /// How long unsent output may still be flushed to clients when the shim
@@ -48,8 +53,9 @@ pub struct AttachServer {
 #[derive(Debug)]
 struct Client {
     stream: UnixStream,
-    /// The end of a frame the socket took only part of.
-    unsent: Vec<u8>,
+    /// Output the socket did not take yet, whole frames (or the end of one
+    /// first); at most [`MAX_BACKLOG`] bytes.
+    backlog: VecDeque<u8>,
     decoder: Decoder,
     /// Sent `STDIN_OPEN` and not yet `STDIN_CLOSE`.
     carries_input: bool,
@@ -79,14 +85,14 @@ impl AttachServer {
     }
 
     /// Fills one pollfd per client slot (`fd -1` for an empty one): input is
-    /// polled only while `want_input`, output while a frame is unsent.
+    /// polled only while `want_input`, output while a backlog waits.
     pub fn fill_pollfds(&self, fds: &mut [libc::pollfd], want_input: bool) {
         for (slot, pfd) in self.clients.iter().zip(fds.iter_mut()) {
             *pfd = match slot {
                 Some(c) => libc::pollfd {
                     fd: c.stream.as_raw_fd(),
                     events: (if want_input { libc::POLLIN } else { 0 })
-                        | (if c.unsent.is_empty() {
+                        | (if c.backlog.is_empty() {
                             0
                         } else {
                             libc::POLLOUT
@@ -122,7 +128,7 @@ impl AttachServer {
                 Some(slot) => {
                     *slot = Some(Client {
                         stream,
-                        unsent: Vec::new(),
+                        backlog: VecDeque::new(),
                         decoder: Decoder::default(),
                         carries_input: false,
                         dropped_frames: 0,
@@ -189,7 +195,7 @@ impl AttachServer {
             }; MAX_CLIENTS];
             let mut waiting = false;
             for (slot, pfd) in self.clients.iter().zip(fds.iter_mut()) {
-                if let Some(c) = slot.as_ref().filter(|c| !c.unsent.is_empty()) {
+                if let Some(c) = slot.as_ref().filter(|c| !c.backlog.is_empty()) {
                     *pfd = libc::pollfd {
                         fd: c.stream.as_raw_fd(),
                         events: libc::POLLOUT,
@@ -210,7 +216,7 @@ impl AttachServer {
                 if pfd.revents != 0 {
                     if let Some(c) = slot.as_mut() {
                         if !c.flush() {
-                            c.unsent.clear();
+                            c.backlog.clear();
                         }
                     }
                 }
@@ -240,57 +246,63 @@ impl AttachServer {
 }
 
 impl Client {
-    /// Writes a frame if the client is not behind; `false` when the client
-    /// is gone.
+    /// Sends a frame, or queues it behind what the client has not taken
+    /// yet, or drops it when that would exceed [`MAX_BACKLOG`]; `false`
+    /// when the client is gone.
     fn send(&mut self, header: &[u8; HEADER_LEN], payload: &[u8]) -> bool {
-        if !self.unsent.is_empty() {
+        let total = header.len() + payload.len();
+        let written = if self.backlog.is_empty() {
+            let bufs = [IoSlice::new(header), IoSlice::new(payload)];
+            match (&self.stream).write_vectored(&bufs) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    0
+                }
+                Err(_) => return false,
+            }
+        } else {
+            0
+        };
+        if written >= total {
+            return true;
+        }
+        // The start of a partly written frame is on the wire: its end must
+        // follow whatever the cost. A whole frame may be dropped instead.
+        if written == 0 && self.backlog.len() + total > MAX_BACKLOG {
             self.dropped_frames += 1;
             return true;
         }
-        let total = header.len() + payload.len();
-        let bufs = [IoSlice::new(header), IoSlice::new(payload)];
-        match (&self.stream).write_vectored(&bufs) {
-            Ok(n) if n >= total => true,
-            Ok(n) => {
-                // The rest of this frame must follow before any other.
-                let mut frame = Vec::with_capacity(total - n);
-                if n < header.len() {
-                    frame.extend_from_slice(&header[n..]);
-                    frame.extend_from_slice(payload);
-                } else {
-                    frame.extend_from_slice(&payload[n - header.len()..]);
-                }
-                self.unsent = frame;
-                true
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                self.dropped_frames += 1;
-                true
-            }
-            Err(_) => false,
+        if written < header.len() {
+            self.backlog.extend(&header[written..]);
+            self.backlog.extend(payload);
+        } else {
+            self.backlog.extend(&payload[written - header.len()..]);
         }
+        true
     }
 
-    /// Writes what is left of a partly sent frame; `false` when gone.
+    /// Writes what the client has not taken yet; `false` when gone.
     fn flush(&mut self) -> bool {
-        while !self.unsent.is_empty() {
-            match (&self.stream).write(&self.unsent) {
+        while !self.backlog.is_empty() {
+            let (a, b) = self.backlog.as_slices();
+            let bufs = [IoSlice::new(a), IoSlice::new(b)];
+            match (&self.stream).write_vectored(&bufs) {
                 Ok(0) => return false,
                 Ok(n) => {
-                    self.unsent.drain(..n);
+                    self.backlog.drain(..n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(_) => return false,
             }
         }
-        // Release the buffer: an idle client costs no memory.
-        self.unsent = Vec::new();
+        // Release the buffer: a client that caught up costs no memory.
+        self.backlog = VecDeque::new();
         true
     }
 
@@ -470,37 +482,56 @@ mod tests {
     }
 
     #[test]
-    fn send_should_drop_frames_for_a_client_that_is_behind() -> io::Result<()> {
+    fn send_should_queue_then_drop_whole_frames_for_a_client_that_is_behind() -> io::Result<()> {
         let (a, b) = UnixStream::pair()?;
         a.set_nonblocking(true)?;
         let mut client = Client {
             stream: a,
-            unsent: Vec::new(),
+            backlog: VecDeque::new(),
             decoder: Decoder::default(),
             carries_input: false,
             dropped_frames: 0,
         };
-        // Fill the socket until a frame is only partly taken or dropped.
+        // Fill the socket and the backlog until a frame is dropped.
         let payload = [b'x'; 16 * 1024];
         let header = attach::header(attach::STDOUT, payload.len());
         let mut sent = 0;
-        while client.unsent.is_empty() && client.dropped_frames == 0 {
+        while client.dropped_frames == 0 {
             assert!(client.send(&header, &payload));
+            assert!(client.backlog.len() <= MAX_BACKLOG);
             sent += 1;
             assert!(sent < 10_000, "the socket never filled");
         }
-        // Behind: further frames are dropped, never queued.
-        let before = client.unsent.len();
+        assert!(!client.backlog.is_empty());
+        // Behind: further frames are dropped, the backlog does not grow.
+        let before = client.backlog.len();
         assert!(client.send(&header, &payload));
-        assert_eq!(client.unsent.len(), before);
-        assert!(client.dropped_frames >= 1);
+        assert_eq!(client.backlog.len(), before);
+        assert_eq!(client.dropped_frames, 2);
+        // The reader catches up: the backlog goes out, whole frames only.
+        let mut reader = b;
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        while !client.backlog.is_empty() {
+            let n = reader.read(&mut buf)?;
+            got.extend_from_slice(&buf[..n]);
+            assert!(client.flush());
+        }
+        reader.set_nonblocking(true)?;
+        loop {
+            match reader.read(&mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        let frame_len = HEADER_LEN + payload.len();
+        assert_eq!(got.len(), (sent - 1) * frame_len);
+        for frame in got.chunks(frame_len) {
+            assert_eq!(frame[..HEADER_LEN], header);
+        }
         // A peer that closed is reported as gone.
-        drop(b);
-        let gone = if client.unsent.is_empty() {
-            !client.send(&header, &payload)
-        } else {
-            !client.flush()
-        };
+        drop(reader);
+        let gone = !client.send(&header, &payload) || !client.flush();
         assert!(gone);
         Ok(())
     }
