@@ -16,11 +16,13 @@ pub mod sandbox;
 pub mod server;
 pub mod service;
 pub mod state;
+pub mod streaming;
 pub mod util;
 
 mod recovery;
 
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;
-pub use server::serve;
+pub use server::{serve, serve_runtime};
 pub use service::Runtime;
+pub use streaming::RuntimeStreams;

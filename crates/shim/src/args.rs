@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Usage line printed with argument errors.
 pub const USAGE: &str = "usage: petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR \
-                         --log-path PATH [--tty] [--stdin]";
+                         --log-path PATH [--tty] [--stdin [--stdin-once]]";
 
 /// What the runtime asked the shim to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,9 @@ pub struct Args {
     pub tty: bool,
     /// Keep the container's stdin open for a later attach.
     pub stdin: bool,
+    /// Close the container's stdin when the first attach carrying input
+    /// ends (CRI `stdin_once`).
+    pub stdin_once: bool,
 }
 
 /// A command line the shim cannot run with.
@@ -65,7 +68,7 @@ where
     I: IntoIterator<Item = OsString>,
 {
     let mut values: [Option<OsString>; VALUE_OPTIONS.len()] = Default::default();
-    let (mut tty, mut stdin) = (false, false);
+    let (mut tty, mut stdin, mut stdin_once) = (false, false, false);
     let mut args = args.into_iter();
 
     while let Some(arg) = args.next() {
@@ -80,6 +83,7 @@ where
         let flag = match name {
             b"tty" => Some(&mut tty),
             b"stdin" => Some(&mut stdin),
+            b"stdin-once" => Some(&mut stdin_once),
             _ => None,
         };
         if let Some(flag) = flag {
@@ -123,6 +127,7 @@ where
         log_path,
         tty,
         stdin,
+        stdin_once,
     })
 }
 
@@ -150,7 +155,7 @@ mod tests {
     #[test]
     fn parse_should_read_all_options() {
         let mut argv = FULL.to_vec();
-        argv.extend(["--tty", "--stdin"]);
+        argv.extend(["--tty", "--stdin", "--stdin-once"]);
         let args = parse_strs(&argv).expect("valid command line");
         assert_eq!(
             args,
@@ -162,6 +167,7 @@ mod tests {
                 log_path: Some("/l/0.log".into()),
                 tty: true,
                 stdin: true,
+                stdin_once: true,
             }
         );
     }
@@ -169,7 +175,7 @@ mod tests {
     #[test]
     fn parse_should_default_flags_to_off() {
         let args = parse_strs(&FULL).expect("valid command line");
-        assert!(!args.tty && !args.stdin);
+        assert!(!args.tty && !args.stdin && !args.stdin_once);
     }
 
     #[test]

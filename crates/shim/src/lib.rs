@@ -3,7 +3,7 @@
 //! The shim is one small process per container. The runtime starts it as
 //!
 //! ```text
-//! petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR --log-path PATH [--tty] [--stdin]
+//! petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR --log-path PATH [--tty] [--stdin [--stdin-once]]
 //! ```
 //!
 //! with standard output a pipe (the handshake, see [`Handshake`]) and standard
@@ -18,6 +18,9 @@
 //! 3. it copies the container's output into the CRI log file
 //!    (`<RFC3339Nano> <stdout|stderr> <P|F> <content>`), serves commands on the
 //!    [`CTL_FIFO`] (see [`Command`]), and reaps the container's init process;
+//!    It also serves attach clients on [`ATTACH_SOCKET`] (see [`attach`]):
+//!    the container's output goes to every client too, a client's input to
+//!    the container's stdin or terminal;
 //! 4. when init exits it writes the [`ExitRecord`] to [`EXIT_FILE`] atomically
 //!    (write, rename) and exits itself. The runtime learns of the exit
 //!    from a pidfd on the shim: no polling anywhere.
@@ -33,6 +36,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+pub mod attach;
+pub mod fdpass;
+
 /// File in the bundle where the shim records the container's exit.
 pub const EXIT_FILE: &str = "exit";
 /// FIFO in the bundle on which the shim reads [`Command`]s, one per line.
@@ -44,10 +50,9 @@ pub const ACK_FIFO: &str = "ack";
 /// complete and synced.
 pub const EXIT_TMP_FILE: &str = "exit.tmp";
 /// Descriptor at which a shim started with `--stdin` (and without `--tty`)
-/// holds the write end of the container's stdin pipe. To attach, the runtime
-/// opens `/proc/<shim pid>/fd/3` for writing, which opens the same pipe;
-/// [`Command::CloseStdin`] closes the shim's end (the container then sees EOF
-/// once every attached writer has closed too).
+/// holds the write end of the container's stdin pipe (attach clients' input
+/// is written there). [`Command::CloseStdin`] closes the shim's end (the
+/// container then sees EOF once every other writer has closed too).
 pub const STDIN_FD: i32 = 3;
 /// The only argument of `petrel-shim --pid-holder`, which holds a pod's
 /// shared PID namespace: it unshares a PID namespace, forks the namespace's
@@ -64,6 +69,11 @@ pub const SHIM_LOG: &str = "shim.log";
 /// Socket (relative to the bundle, which is runc's working directory) on which
 /// runc hands over the pseudo-terminal master of a `--tty` container.
 pub const CONSOLE_SOCKET: &str = "console.sock";
+/// Socket (relative to the bundle) on which the shim serves attach clients;
+/// see [`attach`] for the protocol. Relative for the same reason as
+/// [`CONSOLE_SOCKET`]: a client connects through the bundle directory's
+/// descriptor, clear of the 108-byte limit on socket paths.
+pub const ATTACH_SOCKET: &str = "attach.sock";
 /// Longest log line content written as one record; longer lines are split
 /// into partial (`P`) records, like containerd's default of 16 KiB.
 pub const MAX_LOG_LINE: usize = 16 * 1024;

@@ -73,6 +73,11 @@ impl LineSplitter {
         }
     }
 
+    /// The stream this splitter cuts.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
     /// Takes the next chunk of output.
     pub fn feed(&mut self, mut data: &[u8], sink: &mut impl RecordSink) {
         while let Some(newline) = data.iter().position(|&b| b == b'\n') {

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use petrel_shim::{
-    Command, ExitRecord, Handshake, ACK_FIFO, CTL_FIFO, EXIT_FILE, EXIT_TMP_FILE, INIT_PID_FILE,
-    PID_HOLDER_FLAG, SHIM_LOG, STDIN_FD,
+    attach, Command, ExitRecord, Handshake, ACK_FIFO, ATTACH_SOCKET, CTL_FIFO, EXIT_FILE,
+    EXIT_TMP_FILE, INIT_PID_FILE, PID_HOLDER_FLAG, SHIM_LOG, STDIN_FD,
 };
 
 /// Writes a diagnostic line to standard error (the bundle's `shim.log`).
@@ -28,6 +28,7 @@ macro_rules! diag {
 }
 
 mod args;
+mod clients;
 mod console;
 mod log;
 mod pid_holder;
@@ -36,6 +37,7 @@ mod sys;
 mod time;
 
 use args::Args;
+use clients::{AttachServer, Request, MAX_CLIENTS};
 use console::ConsoleSocket;
 use log::{LineSplitter, LogFile, Stream};
 use runc::{CreateStdio, Runc};
@@ -47,6 +49,9 @@ const READ_BUF: usize = 16 * 1024;
 const DRAIN_AFTER_EXIT_NS: i64 = 1_000_000_000;
 /// Longest command line accepted on the control FIFO.
 const MAX_COMMAND: usize = 64;
+/// Poll slots before the attach clients': signalfd, control FIFO, two
+/// outputs, the attach listener, the container's input.
+const FIXED_FDS: usize = 6;
 
 fn diag_write(args: fmt::Arguments<'_>) {
     let mut ts = [0u8; time::TIMESTAMP_LEN];
@@ -118,6 +123,99 @@ impl Output {
     }
 }
 
+/// The container's input: the write end of its stdin pipe (`--stdin`), or
+/// its terminal. Written without blocking; input that the container does not
+/// take yet waits here, and while it waits no client's input is read.
+struct Input {
+    /// Where input goes; `None` without stdin, or once closed.
+    target: Option<File>,
+    /// The terminal (a duplicate of the master), for resizes.
+    terminal: Option<File>,
+    /// Close the input when a client carrying it ends it (`--stdin-once`).
+    stdin_once: bool,
+    pending: Vec<u8>,
+    close_when_flushed: bool,
+}
+
+impl Input {
+    /// Whether more input can be taken now.
+    fn wants_more(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        // Without a target (no stdin, or closed) input is discarded.
+        if self.target.is_some() && !self.close_when_flushed {
+            self.pending.extend_from_slice(data);
+            self.flush();
+        }
+    }
+
+    /// Writes what is pending as far as the container takes it.
+    fn flush(&mut self) {
+        if let Some(target) = &self.target {
+            while !self.pending.is_empty() {
+                match (&*target).write(&self.pending) {
+                    Ok(n) => {
+                        self.pending.drain(..n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) => {
+                        // EPIPE: nothing reads the container's stdin any more.
+                        if e.raw_os_error() != Some(libc::EPIPE) {
+                            diag!("write container input: {e}");
+                        }
+                        self.pending.clear();
+                    }
+                }
+            }
+        }
+        self.pending = Vec::new();
+        if self.close_when_flushed {
+            self.target = None;
+        }
+    }
+
+    /// A client carrying input ended it.
+    fn ended(&mut self) {
+        if self.stdin_once {
+            self.close_when_flushed = true;
+            self.flush();
+        }
+    }
+
+    /// Closes the input at once ([`Command::CloseStdin`]).
+    fn close(&mut self) {
+        self.pending = Vec::new();
+        self.target = None;
+    }
+
+    fn resize(&self, width: u16, height: u16) {
+        let Some(terminal) = &self.terminal else {
+            return;
+        };
+        let size = libc::winsize {
+            ws_row: height,
+            ws_col: width,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads the winsize we pass, on a terminal we hold.
+        if unsafe { libc::ioctl(terminal.as_raw_fd(), libc::TIOCSWINSZ, &size) } != 0 {
+            diag!("resize terminal: {}", io::Error::last_os_error());
+        }
+    }
+
+    fn request(&mut self, request: Request<'_>) {
+        match request {
+            Request::Input(data) => self.push(data),
+            Request::InputEnded => self.ended(),
+            Request::Resize(width, height) => self.resize(width, height),
+        }
+    }
+}
+
 /// The shim once the container is created.
 struct Shim {
     init_pid: libc::pid_t,
@@ -126,8 +224,11 @@ struct Shim {
     ctl: File,
     /// stdout and stderr, or the terminal master alone; `None` after EOF.
     outputs: [Option<Output>; 2],
-    /// Our end of the container's stdin pipe (`--stdin`).
-    stdin: Option<OwnedFd>,
+    /// Where attach clients' input goes.
+    input: Input,
+    /// Attach clients; `None` when the socket could not be bound (the
+    /// container runs, it cannot be attached to).
+    attach: Option<AttachServer>,
     command: [u8; MAX_COMMAND],
     command_len: usize,
     command_overlong: bool,
@@ -312,13 +413,50 @@ fn start(args: Args) -> Result<Shim, String> {
         }
     };
 
+    // 6. Attach clients and their input.
+    let terminal = match outputs[0].as_ref().filter(|_| args.tty) {
+        Some(master) => match master.file.try_clone() {
+            Ok(dup) => Some(dup),
+            Err(e) => {
+                diag!("duplicate terminal: {e}");
+                None
+            }
+        },
+        None => None,
+    };
+    let target = match stdin {
+        Some(fd) => match sys::set_nonblocking(&fd) {
+            Ok(()) => Some(File::from(fd)),
+            Err(e) => {
+                diag!("stdin pipe: {e}");
+                None
+            }
+        },
+        None if args.stdin => terminal.as_ref().and_then(|t| t.try_clone().ok()),
+        None => None,
+    };
+    let attach = match AttachServer::bind() {
+        Ok(server) => Some(server),
+        Err(e) => {
+            diag!("bind {ATTACH_SOCKET}: {e}; attach is not available");
+            None
+        }
+    };
+
     Ok(Shim {
         init_pid,
         log,
         sigfd,
         ctl,
         outputs,
-        stdin,
+        input: Input {
+            target,
+            terminal,
+            stdin_once: args.stdin_once,
+            pending: Vec::new(),
+            close_when_flushed: false,
+        },
+        attach,
         command: [0; MAX_COMMAND],
         command_len: 0,
         command_overlong: false,
@@ -375,17 +513,28 @@ impl Shim {
                     ((left + 999_999) / 1_000_000) as libc::c_int
                 }
             };
-            let fd = |file: Option<&File>| libc::pollfd {
-                fd: file.map_or(-1, AsRawFd::as_raw_fd),
-                events: libc::POLLIN,
+            let fd = |raw: Option<i32>, events: libc::c_short| libc::pollfd {
+                fd: raw.unwrap_or(-1),
+                events,
                 revents: 0,
             };
-            let mut fds = [
-                fd(Some(&self.sigfd)),
-                fd(Some(&self.ctl)),
-                fd(self.outputs[0].as_ref().map(|o| &o.file)),
-                fd(self.outputs[1].as_ref().map(|o| &o.file)),
-            ];
+            let raw = |file: Option<&File>| file.map(AsRawFd::as_raw_fd);
+            let want_input = self.input.wants_more();
+            let mut fds = [fd(None, 0); FIXED_FDS + MAX_CLIENTS];
+            fds[0] = fd(raw(Some(&self.sigfd)), libc::POLLIN);
+            fds[1] = fd(raw(Some(&self.ctl)), libc::POLLIN);
+            fds[2] = fd(raw(self.outputs[0].as_ref().map(|o| &o.file)), libc::POLLIN);
+            fds[3] = fd(raw(self.outputs[1].as_ref().map(|o| &o.file)), libc::POLLIN);
+            fds[4] = fd(
+                self.attach.as_ref().map(AttachServer::listener_fd),
+                libc::POLLIN,
+            );
+            if !want_input {
+                fds[5] = fd(raw(self.input.target.as_ref()), libc::POLLOUT);
+            }
+            if let Some(attach) = &self.attach {
+                attach.fill_pollfds(&mut fds[FIXED_FDS..], want_input);
+            }
             if let Err(e) = sys::poll(&mut fds, timeout) {
                 // Only possible with no memory left; do not spin.
                 diag!("poll: {e}");
@@ -395,14 +544,32 @@ impl Shim {
             if fds[0].revents != 0 {
                 self.signals(&mut exited);
             }
-            for (i, pfd) in fds[2..].iter().enumerate() {
+            for (i, pfd) in fds[2..4].iter().enumerate() {
                 if pfd.revents != 0 {
                     self.read_output(i, &mut buf);
+                }
+            }
+            if fds[5].revents != 0 {
+                self.input.flush();
+            }
+            if let Some(attach) = &mut self.attach {
+                let input = &mut self.input;
+                for (i, pfd) in fds[FIXED_FDS..].iter().enumerate() {
+                    if pfd.revents != 0 {
+                        let want = input.wants_more();
+                        attach.serve_client(i, pfd.revents, want, &mut |r| input.request(r));
+                    }
+                }
+                if fds[4].revents != 0 {
+                    attach.accept();
                 }
             }
             if fds[1].revents != 0 {
                 self.commands();
             }
+        }
+        if let Some(attach) = &mut self.attach {
+            attach.finish();
         }
 
         // Unterminated lines end as partial records.
@@ -468,6 +635,14 @@ impl Shim {
                     log.stamp();
                     out.splitter.feed(&buf[..n], log);
                     log.flush();
+                }
+                if let Some(attach) = &mut self.attach {
+                    let kind = match out.splitter.stream() {
+                        Stream::Stdout => attach::STDOUT,
+                        Stream::Stderr => attach::STDERR,
+                    };
+                    let input = &mut self.input;
+                    attach.broadcast(kind, &buf[..n], &mut |r| input.request(r));
                 }
                 false
             }
@@ -541,7 +716,7 @@ impl Shim {
             },
             Some(Command::CloseStdin) => {
                 // Closing twice, or without a stdin pipe, is not an error.
-                self.stdin = None;
+                self.input.close();
                 Ok(())
             }
             None if overlong => Err("command too long".to_owned()),

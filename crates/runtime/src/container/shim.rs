@@ -43,6 +43,8 @@ pub struct ShimOptions {
     pub tty: bool,
     /// Keep stdin open.
     pub stdin: bool,
+    /// Close stdin when the first attach carrying input ends.
+    pub stdin_once: bool,
 }
 
 /// A started shim: its identity, the container's init pid and a pidfd.
@@ -82,6 +84,9 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
     }
     if opts.stdin {
         cmd.arg("--stdin");
+        if opts.stdin_once {
+            cmd.arg("--stdin-once");
+        }
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())

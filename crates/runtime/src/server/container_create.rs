@@ -279,6 +279,7 @@ impl Runtime {
             log_path: rec.log_path.clone(),
             tty: rec.config.tty,
             stdin: rec.config.stdin,
+            stdin_once: rec.config.stdin_once,
         })
         .await?;
         tracing::debug!(

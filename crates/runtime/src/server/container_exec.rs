@@ -30,7 +30,7 @@ impl Runtime {
             )));
         }
         let bundle = c.with(|r| r.bundle.clone());
-        let process = exec_process(&bundle.join("config.json"), req.cmd)?;
+        let process = exec_process(&bundle.join("config.json"), req.cmd, None)?;
         let timeout =
             (req.timeout > 0).then(|| Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0)));
         match self.runc.exec(&c.id, &process, &bundle, timeout).await {
@@ -88,9 +88,14 @@ impl Runtime {
 }
 
 /// The process of an exec: the container's own process settings (user,
-/// environment, working directory, capabilities) with `cmd` as arguments and
-/// no terminal.
-fn exec_process(spec_path: &std::path::Path, cmd: Vec<String>) -> Result<Process> {
+/// environment, working directory, capabilities) with `cmd` as arguments,
+/// on a terminal of `terminal` size (`Some((0, 0))`: size unknown yet) or
+/// none.
+pub(crate) fn exec_process(
+    spec_path: &std::path::Path,
+    cmd: Vec<String>,
+    terminal: Option<(u16, u16)>,
+) -> Result<Process> {
     let spec = Spec::load(spec_path)
         .map_err(|e| RuntimeError::internal(format!("read {}", spec_path.display()), e))?;
     let mut p = spec
@@ -98,7 +103,17 @@ fn exec_process(spec_path: &std::path::Path, cmd: Vec<String>) -> Result<Process
         .clone()
         .ok_or_else(|| RuntimeError::Internal(format!("{} has no process", spec_path.display())))?;
     p.set_args(Some(cmd));
-    p.set_terminal(Some(false));
-    p.set_console_size(None);
+    p.set_terminal(Some(terminal.is_some()));
+    let size = match terminal.filter(|&(w, h)| w > 0 && h > 0) {
+        Some((width, height)) => Some(
+            oci_spec::runtime::BoxBuilder::default()
+                .width(u64::from(width))
+                .height(u64::from(height))
+                .build()
+                .map_err(|e| RuntimeError::internal("terminal size", e))?,
+        ),
+        None => None,
+    };
+    p.set_console_size(size);
     Ok(p)
 }

@@ -71,9 +71,19 @@ pub async fn serve(
     config: RuntimeConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let socket = config.socket_path();
-    let mode = config.socket_mode;
     let rt = Runtime::open(config)?;
+    serve_runtime(rt, shutdown).await
+}
+
+/// Runs a runtime made by [`Runtime::open`] until `shutdown` completes:
+/// recover, serve. For embedders that also need the runtime itself (such as
+/// a streaming server's backend, [`crate::RuntimeStreams`]).
+pub async fn serve_runtime(
+    rt: Arc<Runtime>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let socket = rt.config.socket_path();
+    let mode = rt.config.socket_mode;
     rt.recover().await?;
     let incoming = petrel_cri::bind_unix(&socket, mode)?;
     rt.set_initialized();
