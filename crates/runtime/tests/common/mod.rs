@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use petrel_cri::admin::admin_client::AdminClient;
 use petrel_cri::api;
 use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
+use petrel_runtime::config::PodNetworkMode;
 use petrel_runtime::{Runtime, RuntimeConfig, RuntimeStreams};
 use tonic::transport::Channel;
 
@@ -115,6 +116,8 @@ impl Daemon {
             state: dir.path().join("state"),
             shim_binary: Some(shim_binary()),
             default_cgroup_parent: cgroup_parent.clone(),
+            // Loopback only: the pod's own network namespace, no CNI.
+            pod_network: PodNetworkMode::Loopback,
             ..Default::default()
         };
         let mut d = Daemon {
