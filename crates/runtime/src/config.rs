@@ -42,6 +42,12 @@ pub struct RuntimeConfig {
     pub pod_network: PodNetworkMode,
     /// `[cri.cni]`: where CNI plugins and the network configuration are.
     pub cni: CniConfig,
+    /// Where the streaming server (the URLs of Exec, Attach and
+    /// PortForward) listens. Default `127.0.0.1:0`: loopback, a free port.
+    pub stream_address: std::net::SocketAddr,
+    /// How long an Exec/Attach/PortForward URL stays valid before its
+    /// client connects, in seconds (kubelet: 60).
+    pub stream_token_ttl_secs: u64,
 }
 
 /// How pods that do not use the host's network get one.
@@ -137,6 +143,8 @@ impl Default for RuntimeConfig {
             registry: RegistryConfig::default(),
             pod_network: PodNetworkMode::default(),
             cni: CniConfig::default(),
+            stream_address: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            stream_token_ttl_secs: 60,
         }
     }
 }

@@ -79,6 +79,8 @@ pub struct Runtime {
     pub(crate) metrics: Metrics,
     pub(crate) shim_binary: PathBuf,
     pub(crate) networks: crate::sandbox::network::PodNetworks,
+    /// The streaming server, once serving (set by `serve_runtime`).
+    pub(crate) streams: std::sync::OnceLock<petrel_stream::StreamServer>,
     initialized: AtomicBool,
     stopping: AtomicBool,
     calls: AtomicUsize,
@@ -213,6 +215,7 @@ impl Runtime {
             metrics,
             shim_binary,
             networks,
+            streams: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             calls: AtomicUsize::new(0),

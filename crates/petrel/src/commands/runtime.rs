@@ -51,6 +51,10 @@ pub struct RuntimeArgs {
     /// is the pod network [default: /etc/cni/net.d].
     #[arg(long)]
     pub cni_conf_dir: Option<PathBuf>,
+    /// Where the streaming server (exec, attach, port-forward URLs)
+    /// listens [default: 127.0.0.1:0, loopback on a free port].
+    #[arg(long)]
+    pub stream_address: Option<std::net::SocketAddr>,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -116,6 +120,9 @@ impl RuntimeArgs {
         }
         if let Some(v) = &self.cni_conf_dir {
             c.cni.conf_dir = v.clone();
+        }
+        if let Some(v) = self.stream_address {
+            c.stream_address = v;
         }
         Ok(c)
     }

@@ -1,4 +1,5 @@
-//! ExecSync (the streaming calls arrive with the streaming server).
+//! ExecSync, and the streaming calls (Exec, Attach, PortForward), which
+//! answer with URLs of the streaming server (`petrel_stream`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,34 +47,48 @@ impl Runtime {
         }
     }
 
-    /// Exec: the streaming server is not part of this runtime yet.
-    pub(crate) async fn exec(
-        self: &Arc<Self>,
-        _req: api::ExecRequest,
-    ) -> Result<api::ExecResponse> {
-        Err(RuntimeError::Unsupported(
-            "streaming exec is not available yet; use ExecSync".into(),
-        ))
+    /// Exec: a URL of the streaming server for this command.
+    pub(crate) async fn exec(self: &Arc<Self>, req: api::ExecRequest) -> Result<api::ExecResponse> {
+        let spec = self.validate_exec(&req)?;
+        let url = self.stream_server()?.exec_url(spec).map_err(stream_error)?;
+        Ok(api::ExecResponse { url })
     }
 
-    /// Attach: the streaming server is not part of this runtime yet.
+    /// Attach: a URL of the streaming server for the container's stdio.
     pub(crate) async fn attach(
         self: &Arc<Self>,
-        _req: api::AttachRequest,
+        req: api::AttachRequest,
     ) -> Result<api::AttachResponse> {
-        Err(RuntimeError::Unsupported(
-            "attach is not available yet".into(),
-        ))
+        let spec = self.validate_attach(&req)?;
+        let url = self
+            .stream_server()?
+            .attach_url(spec)
+            .map_err(stream_error)?;
+        Ok(api::AttachResponse { url })
     }
 
-    /// PortForward: the streaming server is not part of this runtime yet.
+    /// PortForward: a URL of the streaming server for the pod's ports.
     pub(crate) async fn port_forward(
         self: &Arc<Self>,
-        _req: api::PortForwardRequest,
+        req: api::PortForwardRequest,
     ) -> Result<api::PortForwardResponse> {
-        Err(RuntimeError::Unsupported(
-            "port forwarding is not available yet".into(),
-        ))
+        let pod = self.validate_port_forward(&req)?;
+        let ports = req
+            .port
+            .iter()
+            .filter_map(|p| u16::try_from(*p).ok())
+            .collect();
+        let url = self
+            .stream_server()?
+            .port_forward_url(pod, ports)
+            .map_err(stream_error)?;
+        Ok(api::PortForwardResponse { url })
+    }
+
+    fn stream_server(&self) -> Result<&petrel_stream::StreamServer> {
+        self.streams
+            .get()
+            .ok_or_else(|| RuntimeError::Unavailable("the streaming server is not running".into()))
     }
 
     /// CheckpointContainer is not supported (no CRIU).
@@ -116,4 +131,13 @@ pub(crate) fn exec_process(
     };
     p.set_console_size(size);
     Ok(p)
+}
+
+/// A streaming server refusal as a CRI error.
+fn stream_error(e: petrel_stream::StreamError) -> RuntimeError {
+    match e {
+        petrel_stream::StreamError::InvalidArgument(m) => RuntimeError::invalid("request", m),
+        petrel_stream::StreamError::Token(t) => RuntimeError::ResourceExhausted(t.to_string()),
+        other => RuntimeError::Unavailable(other.to_string()),
+    }
 }

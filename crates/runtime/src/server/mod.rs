@@ -85,6 +85,16 @@ pub async fn serve_runtime(
     let socket = rt.config.socket_path();
     let mode = rt.config.socket_mode;
     rt.recover().await?;
+    let streams = petrel_stream::StreamServer::bind(
+        petrel_stream::StreamConfig {
+            address: rt.config.stream_address,
+            token_ttl: Duration::from_secs(rt.config.stream_token_ttl_secs.max(1)),
+            ..Default::default()
+        },
+        Arc::new(crate::RuntimeStreams::new(&rt)),
+    )
+    .map_err(|e| RuntimeError::internal("start the streaming server", e))?;
+    let _ = rt.streams.set(streams);
     let incoming = petrel_cri::bind_unix(&socket, mode)?;
     rt.set_initialized();
     tracing::info!(socket = %socket.display(), root = %rt.layout.root.display(), state = %rt.layout.state.display(), "petrel runtime serving CRI");
@@ -105,6 +115,9 @@ pub async fn serve_runtime(
     tracing::info!("shutting down; containers keep running");
     rt.begin_shutdown();
     rt.events.close();
+    if let Some(streams) = rt.streams.get() {
+        streams.shutdown().await;
+    }
     if tokio::time::timeout(Duration::from_secs(10), rt.calls_drained())
         .await
         .is_err()

@@ -310,12 +310,15 @@ pub struct ExecArgs {
     /// Seconds the command may run (0: no limit).
     #[arg(long, default_value_t = 0)]
     timeout: u64,
-    /// Keep stdin open (not supported yet).
+    /// Send this terminal's input to the command (streaming exec).
     #[arg(short = 'i', long)]
     interactive: bool,
-    /// Allocate a terminal (not supported yet).
+    /// Run the command on a terminal (streaming exec).
     #[arg(short = 't', long)]
     tty: bool,
+    /// The streaming protocol of -i/-t.
+    #[arg(long, value_enum, default_value_t = super::stream::TransportArg::Websocket)]
+    transport: super::stream::TransportArg,
     /// Container id or unique id prefix.
     id: String,
     /// The command and its arguments (put `--` before them if they start
@@ -325,14 +328,19 @@ pub struct ExecArgs {
 }
 
 /// `exec`: runs a command with ExecSync, prints its output and exits with
-/// its exit code.
+/// its exit code; with `-i` or `-t`, through the streaming server instead
+/// (input, a terminal, output as it comes).
 pub async fn exec(ctl: &Ctl, args: ExecArgs) -> Result<ExitCode, CtlError> {
     if args.interactive || args.tty {
-        return Err(CtlError::Usage(
-            "interactive exec (-i/-t) is not supported yet; \
-             run a non-interactive command with `petrel ctl exec ID -- CMD...`"
-                .into(),
-        ));
+        return super::stream::exec(
+            ctl,
+            &args.id,
+            args.cmd,
+            args.interactive,
+            args.tty,
+            args.transport,
+        )
+        .await;
     }
     let mut rt = ctl.runtime().await?;
     let req = ExecSyncRequest {

@@ -3,8 +3,10 @@
 //!
 //! Commands keep crictl's names, flags and table columns: `version`, `info`,
 //! `pods`, `ps`, `inspect`, `inspectp`, `inspecti`, `images`, `pull`, `rmi`
-//! (with `-a` and `--prune`), `imagefsinfo`, `events`, `logs`, `exec`,
-//! `stats`, `run`, `stop`, `rm`, `stopp`, `rmp` and `metrics`; Petrel's own
+//! (with `-a` and `--prune`), `imagefsinfo`, `events`, `logs`, `exec`
+//! (`-i`/`-t` stream through the runtime's streaming server), `attach`,
+//! `port-forward`, `stats`, `run`, `stop`, `rm`, `stopp`, `rmp` and
+//! `metrics`; Petrel's own
 //! `image import`, `image export`, `image prune` and `image gc --high --low`
 //! go through its admin API.
 //!
@@ -34,6 +36,7 @@ mod pods;
 mod pull;
 mod run;
 mod stats;
+mod stream;
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -106,8 +109,12 @@ enum CtlCommand {
     Events,
     /// Print a container's logs.
     Logs(logs::LogsArgs),
-    /// Run a command in a running container.
+    /// Run a command in a running container (-i/-t: interactive, streaming).
     Exec(containers::ExecArgs),
+    /// Attach to a running container's main process.
+    Attach(stream::AttachArgs),
+    /// Forward local ports to ports in a pod.
+    PortForward(stream::PortForwardArgs),
     /// Show containers' resource usage.
     Stats(stats::StatsArgs),
     /// Run a pod and its containers from a YAML file.
@@ -158,6 +165,8 @@ async fn dispatch(ctl: &Ctl, command: CtlCommand) -> Result<ExitCode, CtlError> 
         CtlCommand::Ps(a) => containers::list(ctl, a).await,
         CtlCommand::Inspect(a) => containers::inspect(ctl, a).await,
         CtlCommand::Exec(a) => containers::exec(ctl, a).await,
+        CtlCommand::Attach(a) => stream::attach(ctl, a).await,
+        CtlCommand::PortForward(a) => stream::port_forward(ctl, a).await,
         CtlCommand::Stop(a) => containers::stop(ctl, a).await,
         CtlCommand::Rm(a) => containers::remove(ctl, a).await,
         CtlCommand::Images(a) => images::list(ctl, a).await,
