@@ -52,12 +52,20 @@ fn ctl_run_should_reject_unknown_keys_before_connecting() {
 }
 
 #[test]
-fn ctl_exec_should_refuse_interactive_use_with_exit_2() {
+fn ctl_streaming_commands_should_name_bad_ports_and_an_unreachable_runtime() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let out = ctl(&dir.path().join("none.sock"), &["exec", "-it", "abc", "sh"]);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("not supported yet"), "{err}");
+    let sock = dir.path().join("none.sock");
+    // A bad port pair is a usage error, before any connection.
+    let out = ctl(&sock, &["port-forward", "abc", "80:0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("\"80:0\""), "{}", stderr(&out));
+    // exec -it and attach go to the runtime first: it is not there.
+    for args in [&["exec", "-it", "abc", "sh"][..], &["attach", "-i", "abc"][..]] {
+        let out = ctl(&sock, args);
+        let err = stderr(&out);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.contains("cannot reach the runtime"), "{args:?}: {err}");
+    }
 }
 
 #[test]
