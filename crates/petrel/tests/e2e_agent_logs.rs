@@ -127,6 +127,28 @@ async fn container_logs_should_serve_plain_tail_timestamps_follow_and_previous()
     let cur = wait_body(&agent, base, "the second run", |b| b.contains("three"));
     assert_eq!(cur, "one\ntwo\nthree\n");
 
+    // exec, attach, port-forward resolve the pod on the real runtime: unknown
+    // names are 404 before the runtime is asked; for the running
+    // container the runtime's answer decides (a 101 from its streaming
+    // server, or its error as kubelet's status: 500 for UNIMPLEMENTED).
+    for (path, want) in [
+        ("/exec/default/nope/app?command=true&output=1", Some(404)),
+        ("/exec/default/logs/nope?command=true&output=1", Some(404)),
+        ("/exec/default/logs/app?output=1", Some(400)),
+        ("/exec/default/logs/app?command=true&output=1", None),
+        ("/attach/default/logs/app?output=1", None),
+        ("/portForward/default/logs?port=80", None),
+    ] {
+        let (code, head) = upgrade(agent.port, path);
+        match want {
+            Some(w) => assert_eq!(code, w, "{path}: {head}"),
+            None => assert!(
+                code == 101 || (code == 500 && head.contains("Unimplemented")),
+                "{path}: {head}"
+            ),
+        }
+    }
+
     for path in [
         "/containerLogs/default/nope/app",
         "/containerLogs/default/logs/nope",
@@ -138,6 +160,48 @@ async fn container_logs_should_serve_plain_tail_timestamps_follow_and_previous()
     let (code, body) = agent.get(&format!("{base}?tailLines=many")).unwrap();
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("tailLines"), "{body}");
+}
+
+/// Sends an upgrade request (SPDY, as kubectl does); returns the status
+/// and what was read of the answer.
+fn upgrade(port: u16, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+    )
+    .unwrap();
+    // The head, then (unless the connection switched protocols) the body
+    // as long as its Content-Length says.
+    let mut raw = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = s.read(&mut buf).unwrap_or(0);
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            if n == 0 {
+                break;
+            }
+            continue;
+        };
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if n == 0 || head.starts_with("http/1.1 101") || body.len() >= len {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
 }
 
 /// A `petrel agent` started by hand (the harness's waits on plain HTTP).
