@@ -49,6 +49,10 @@ pub enum AgentError {
         /// The error.
         source: std::io::Error,
     },
+    /// The server may not or cannot serve as configured (a non-loopback
+    /// address without client certificates, unreadable TLS files).
+    #[error(transparent)]
+    Exposure(#[from] crate::server::tls::ExposureError),
     /// The agent's root directory could not be created.
     #[error("create {path}: {source}")]
     Root {
@@ -66,6 +70,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AgentError> {
     let node_name = config.effective_node_name();
+    // Before anything else: a server that may not run is a start-up error.
+    let tls = crate::server::tls::server_tls(config.listen, &config.tls_files())?;
     std::fs::create_dir_all(&config.root).map_err(|source| AgentError::Root {
         path: config.root.clone(),
         source,
@@ -112,12 +118,15 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let server = tokio::spawn(crate::server::serve(
+    let server = tokio::spawn(crate::server::serve_with(
         listener,
+        tls,
         crate::server::ServerState {
             store: Arc::clone(&store),
             health: Arc::clone(&health),
             registry: Arc::new(registry),
+            runtime: Arc::clone(&runtime),
+            cache: Arc::clone(&cache),
         },
         server_stop,
     ));

@@ -43,8 +43,16 @@ pub struct AgentConfig {
     pub runtime_endpoint: String,
     /// The directory of pod manifests.
     pub manifests: PathBuf,
-    /// Address of the HTTP server (/healthz, /metrics, /pods).
+    /// Address of the HTTP server (/healthz, /metrics, /pods, container
+    /// logs, exec, attach, port-forward). A non-loopback address needs the
+    /// three TLS files below (client-certificate authentication).
     pub listen: SocketAddr,
+    /// The server's certificate (PEM): serve HTTPS.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The server certificate's private key (PEM).
+    pub tls_private_key_file: Option<PathBuf>,
+    /// The CA whose signed client certificates are accepted (PEM).
+    pub client_ca_file: Option<PathBuf>,
     /// The agent's own state (pod volumes, ...). Default /var/lib/petrel/agent.
     pub root: PathBuf,
     /// The node's name (labels, UIDs, status). Default: the host name.
@@ -87,6 +95,9 @@ impl Default for AgentConfig {
             runtime_endpoint: "unix:///run/petrel/petrel.sock".to_string(),
             manifests: PathBuf::from("/etc/petrel/manifests"),
             listen: SocketAddr::from(([127, 0, 0, 1], 10255)),
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            client_ca_file: None,
             root: PathBuf::from("/var/lib/petrel/agent"),
             node_name: String::new(),
             pleg: PlegMode::Auto,
@@ -105,6 +116,15 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// The server's TLS files.
+    pub fn tls_files(&self) -> crate::server::tls::TlsFiles {
+        crate::server::tls::TlsFiles {
+            cert: self.tls_cert_file.clone(),
+            key: self.tls_private_key_file.clone(),
+            client_ca: self.client_ca_file.clone(),
+        }
+    }
+
     /// The node name, or the host name when unset.
     pub fn effective_node_name(&self) -> String {
         if !self.node_name.is_empty() {

@@ -136,6 +136,13 @@ pub trait RuntimeApi: Send + Sync + 'static {
     ) -> CriResult<String>;
     /// GetContainerEvents: the runtime's event stream.
     async fn container_events(&self) -> CriResult<EventStream>;
+    /// Exec: prepares a streaming exec; returns the URL of the runtime's
+    /// streaming server to which the client's upgrade is proxied.
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String>;
+    /// Attach: prepares a streaming attach; returns its URL.
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String>;
+    /// PortForward: prepares port forwarding into a sandbox; returns its URL.
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String>;
 }
 
 /// [`RuntimeApi`] over a CRI gRPC channel.
@@ -424,6 +431,24 @@ impl RuntimeApi for CriRuntime {
             .observe("pull_image", c.pull_image(req))
             .await?
             .image_ref)
+    }
+
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(req);
+        Ok(self.observe("exec", c.exec(req)).await?.url)
+    }
+
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(req);
+        Ok(self.observe("attach", c.attach(req)).await?.url)
+    }
+
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(req);
+        Ok(self.observe("port_forward", c.port_forward(req)).await?.url)
     }
 
     async fn container_events(&self) -> CriResult<EventStream> {

@@ -8,13 +8,15 @@
 //!   runtime's event stream as hints), and keeps [`cache`] fresh;
 //! - [`worker`]: reconciles each pod through the controller kit's work queue;
 //! - [`status`]: computes and publishes Kubernetes pod statuses;
-//! - [`server`]: `/healthz`, `/metrics`, `/pods`.
+//! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
+//!   `/containerLogs`, `/exec`, `/attach`, `/portForward`.
 
 mod agent;
 pub mod cache;
 pub mod config;
 pub mod convert;
 pub mod cri;
+pub mod crilog;
 pub mod health;
 pub mod metrics;
 pub mod pleg;

@@ -1,5 +1,18 @@
 //! The agent's HTTP server: `/healthz`, `/metrics`, `/pods` (list, watch,
-//! get), in the Kubernetes JSON shapes so kubectl-minded tools read them.
+//! get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
+//! and kubelet's container endpoints: `/containerLogs/...` ([`logs`]),
+//! `/exec/...`, `/attach/...`, `/portForward/...` ([`stream_routes`],
+//! proxied to the runtime's streaming server by [`proxy`]).
+//!
+//! Exposure ([`tls`]): plain HTTP on loopback; on any other address only
+//! TLS with client certificates.
+
+mod logs;
+mod params;
+mod proxy;
+mod resolve;
+mod stream_routes;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,13 +21,15 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, on, MethodFilter};
 use axum::Router;
 use futures_util::StreamExt;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 
+use crate::cache::PodCache;
+use crate::cri::RuntimeApi;
 use crate::health::Health;
 use crate::status::{StatusStore, WatchEvent, WatchEventType};
 
@@ -31,6 +46,10 @@ pub struct ServerState {
     pub health: Arc<Health>,
     /// The metrics to expose.
     pub registry: Arc<Registry>,
+    /// The runtime (status of followed containers, streaming URLs).
+    pub runtime: Arc<dyn RuntimeApi>,
+    /// The PLEG's view of each pod's containers and sandboxes.
+    pub cache: Arc<PodCache>,
 }
 
 #[derive(Clone)]
@@ -41,9 +60,21 @@ struct AppState {
     stopping: watch::Receiver<bool>,
 }
 
-/// Serves on `listener` until `shutdown` completes; open watches end then.
+/// Serves plain HTTP on `listener` until `shutdown` completes; open
+/// watches and log streams end then.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    state: ServerState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(listener, None, state, shutdown).await
+}
+
+/// Serves on `listener`, over TLS when `tls` is given (see [`tls`]),
+/// until `shutdown` completes.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     state: ServerState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -58,16 +89,84 @@ pub async fn serve(
     });
     let app = router(AppState {
         shared: state,
-        stopping,
+        stopping: stopping.clone(),
     });
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "agent server listening");
+        tracing::info!(%addr, tls = tls.is_some(), "agent server listening");
     }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })
-        .await
+    match tls {
+        Some(cfg) => serve_tls(listener, cfg, app, stopping).await,
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }
+    }
+}
+
+/// The TLS accept loop: each connection's handshake (which verifies the
+/// client's certificate) and HTTP/1.1 with upgrades in a task of its own.
+/// At shutdown, accepting stops and open connections close gracefully.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    cfg: Arc<rustls::ServerConfig>,
+    app: Router,
+    mut stopping: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopping.wait_for(|s| *s) => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors and the like: pause rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (acceptor, app, mut stop) = (acceptor.clone(), app.clone(), stopping.clone());
+        conns.spawn(async move {
+            let handshake =
+                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
+            let tls = match handshake.await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake refused");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let svc = hyper_util::service::TowerToHyperService::new(app);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "connection ended");
+                    }
+                    return;
+                }
+                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+        });
+        // Reap finished connections as we go.
+        while conns.try_join_next().is_some() {}
+    }
+    while conns.join_next().await.is_some() {}
+    Ok(())
 }
 
 fn router(state: AppState) -> Router {
@@ -76,6 +175,31 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/pods", get(pods))
         .route("/pods/:namespace/:name", get(pod))
+        .route(
+            "/containerLogs/:namespace/:pod/:container",
+            get(logs::container_logs),
+        )
+        .route(
+            "/exec/:namespace/:pod/:container",
+            on(
+                MethodFilter::GET.or(MethodFilter::POST),
+                stream_routes::exec,
+            ),
+        )
+        .route(
+            "/attach/:namespace/:pod/:container",
+            on(
+                MethodFilter::GET.or(MethodFilter::POST),
+                stream_routes::attach,
+            ),
+        )
+        .route(
+            "/portForward/:namespace/:pod",
+            on(
+                MethodFilter::GET.or(MethodFilter::POST),
+                stream_routes::port_forward,
+            ),
+        )
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -222,3 +346,7 @@ fn json<T: serde::Serialize + ?Sized>(status: StatusCode, value: &T) -> Response
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) mod test_support;

@@ -192,6 +192,9 @@ pub(crate) struct FakeRuntime {
     rng: Mutex<StdRng>,
     violations: Mutex<Vec<String>>,
     last_tick: Mutex<Option<Instant>>,
+    /// What Exec/Attach/PortForward URLs start with (a test's own
+    /// streaming server).
+    stream_base: Mutex<String>,
 }
 
 impl Default for FakeRuntime {
@@ -211,6 +214,7 @@ impl Default for FakeRuntime {
             rng: Mutex::new(StdRng::seed_from_u64(0)),
             violations: Mutex::default(),
             last_tick: Mutex::default(),
+            stream_base: Mutex::new("http://127.0.0.1:1".into()),
         }
     }
 }
@@ -365,6 +369,31 @@ impl FakeRuntime {
     /// Delays every call of `op` (a CRI operation name).
     pub(crate) fn delay(&self, op: &'static str, d: Duration) {
         lock(&self.delays).insert(op, d);
+    }
+
+    /// Makes Exec/Attach/PortForward answer URLs under `base`
+    /// (`http://host:port`): `{base}/{exec|attach|portforward}/{id}`.
+    pub(crate) fn set_stream_base(&self, base: &str) {
+        *lock(&self.stream_base) = base.to_string();
+    }
+
+    /// The URL of a streaming call on a running container `id`.
+    async fn stream_url(&self, op: &'static str, id: &str) -> CriResult<String> {
+        self.enter(op).await?;
+        let running = lock(&self.state)
+            .containers
+            .get(id)
+            .map(|c| c.state == api::ContainerState::ContainerRunning);
+        self.leave(op).await?;
+        match running {
+            Some(true) => Ok(format!("{}/{op}/{id}", lock(&self.stream_base))),
+            Some(false) => Err(err(
+                op,
+                tonic::Code::FailedPrecondition,
+                &format!("container {id} is not running"),
+            )),
+            None => Err(err(op, tonic::Code::NotFound, id)),
+        }
     }
 
     /// Makes every call of `op` fail with `code` (None: succeed again).
@@ -1203,6 +1232,31 @@ impl RuntimeApi for FakeRuntime {
         self.enter("pull_image").await?;
         self.leave("pull_image").await?;
         Ok(format!("sha256:{image}"))
+    }
+
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
+        self.stream_url("exec", &req.container_id).await
+    }
+
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
+        self.stream_url("attach", &req.container_id).await
+    }
+
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
+        const OP: &str = "portforward";
+        self.enter(OP).await?;
+        let known = lock(&self.state)
+            .sandboxes
+            .contains_key(&req.pod_sandbox_id);
+        self.leave(OP).await?;
+        if !known {
+            return Err(err(OP, tonic::Code::NotFound, &req.pod_sandbox_id));
+        }
+        Ok(format!(
+            "{}/{OP}/{}",
+            lock(&self.stream_base),
+            req.pod_sandbox_id
+        ))
     }
 
     async fn container_events(&self) -> CriResult<EventStream> {

@@ -31,6 +31,8 @@ async fn start() -> Running {
         store: store.clone(),
         health: health.clone(),
         registry: Arc::new(registry),
+        runtime: Arc::new(crate::pleg::fake::FakeRuntime::default()),
+        cache: Arc::new(crate::cache::PodCache::new()),
     };
     let task = tokio::spawn(serve(listener, state, async move {
         let _ = stopped.await;

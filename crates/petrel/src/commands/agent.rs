@@ -17,9 +17,21 @@ pub struct AgentFlags {
     /// Directory of pod manifests (YAML or JSON) [default: /etc/petrel/manifests].
     #[arg(long)]
     pub manifests: Option<PathBuf>,
-    /// Address of /healthz, /metrics and /pods [default: 127.0.0.1:10255].
+    /// Address of the agent's HTTP server (/healthz, /metrics, /pods,
+    /// container logs, exec, attach, port-forward) [default: 127.0.0.1:10255].
+    /// A non-loopback address requires the three TLS flags.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Server certificate (PEM): serve HTTPS.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of the server certificate (PEM).
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA (PEM) whose client certificates are accepted; every client must
+    /// present one.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
     /// How the agent learns about container changes [default: auto].
     #[arg(long, value_parser = parse_pleg)]
     pub pleg: Option<PlegMode>,
@@ -52,6 +64,15 @@ impl AgentFlags {
         }
         if let Some(v) = self.listen {
             c.listen = v;
+        }
+        if let Some(v) = &self.tls_cert_file {
+            c.tls_cert_file = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_private_key_file {
+            c.tls_private_key_file = Some(v.clone());
+        }
+        if let Some(v) = &self.client_ca_file {
+            c.client_ca_file = Some(v.clone());
         }
         if let Some(v) = self.pleg {
             c.pleg = v;

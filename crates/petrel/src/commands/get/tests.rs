@@ -50,6 +50,16 @@ async fn agent() -> (Server, Arc<StatusStore>) {
         store: store.clone(),
         health: Arc::new(Health::new(Duration::from_secs(60))),
         registry: Arc::new(Default::default()),
+        // A lazily connecting client: these tests never reach a runtime.
+        runtime: Arc::new(
+            petrel_agent::cri::CriRuntime::new(
+                "unix:///nonexistent/petrel.sock",
+                petrel_agent::metrics::AgentMetrics::new(),
+                Duration::from_secs(1),
+            )
+            .unwrap(),
+        ),
+        cache: Arc::new(petrel_agent::cache::PodCache::new()),
     };
     tokio::spawn(serve(listener, state, std::future::pending()));
     (Server::parse(&url).unwrap(), store)
