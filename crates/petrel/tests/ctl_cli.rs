@@ -60,7 +60,10 @@ fn ctl_streaming_commands_should_name_bad_ports_and_an_unreachable_runtime() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("\"80:0\""), "{}", stderr(&out));
     // exec -it and attach go to the runtime first: it is not there.
-    for args in [&["exec", "-it", "abc", "sh"][..], &["attach", "-i", "abc"][..]] {
+    for args in [
+        &["exec", "-it", "abc", "sh"][..],
+        &["attach", "-i", "abc"][..],
+    ] {
         let out = ctl(&sock, args);
         let err = stderr(&out);
         assert_ne!(out.status.code(), Some(0), "{args:?}: {err}");
