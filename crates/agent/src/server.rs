@@ -1,8 +1,8 @@
 //! The agent's HTTP server: `/healthz`, `/metrics`, `/pods` (list, watch,
 //! get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
-//! and kubelet's container endpoints: `/containerLogs/...` ([`logs`]),
-//! `/exec/...`, `/attach/...`, `/portForward/...` ([`stream_routes`],
-//! proxied to the runtime's streaming server by [`proxy`]).
+//! and kubelet's container endpoints: `/containerLogs/...` (`logs`),
+//! `/exec/...`, `/attach/...`, `/portForward/...` (`stream_routes`,
+//! proxied to the runtime's streaming server by `proxy`).
 //!
 //! Exposure ([`tls`]): plain HTTP on loopback; on any other address only
 //! TLS with client certificates.
