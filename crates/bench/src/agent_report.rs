@@ -9,7 +9,7 @@ use crate::agent::{
 };
 use crate::agent_proc::{Mode, ObserveMethod, POLL_EVERY, RELIST_PERIOD};
 use crate::procfs::{self, Cpu};
-use crate::stats::{ms, ratio, Samples};
+use crate::stats::{ms, ratio, verdict, Samples};
 
 /// Goal of P10: how much less CPU event mode uses than relist mode.
 const IDLE_REDUCTION_GOAL: f64 = 0.90;
@@ -26,14 +26,6 @@ const RELIST_GOAL_PODS: usize = 1000;
 /// Seed 000 (iSulad with evented PLEG, busybox containers): CPU reduction
 /// of iSulad and kubelet against the generic PLEG, in percent.
 const ISULAD: [(usize, f64, f64); 3] = [(10, 30.5, 11.0), (50, 27.5, 10.4), (100, 28.5, 10.1)];
-
-fn verdict(pass: bool) -> &'static str {
-    if pass {
-        "**PASS**"
-    } else {
-        "**MISS**"
-    }
-}
 
 fn cpu_ms(c: Cpu) -> f64 {
     c.ticks as f64 * 1000.0 / procfs::ticks_per_second().max(1) as f64

@@ -1,25 +1,12 @@
 //! P16 and P17 in docs/PERFORMANCE.md: the summary rows and the sections.
 
 use std::fmt::Write;
-use std::time::Duration;
 
 use crate::net::{NetResults, CNI_BIN};
-use crate::stats::{ms, ratio, Samples};
+use crate::stats::{ms, ratio, verdict, within, Samples};
 
 /// Goal of P16 and P17: Petrel over containerd 1.7, at p50.
 const RATIO_GOAL: f64 = 1.0;
-
-fn verdict(pass: bool) -> &'static str {
-    if pass {
-        "**PASS**"
-    } else {
-        "**MISS**"
-    }
-}
-
-fn within(a: Duration, b: Duration, factor: f64) -> bool {
-    !b.is_zero() && a.as_secs_f64() <= b.as_secs_f64() * factor
-}
 
 fn why(r: &NetResults) -> String {
     let text = r

@@ -4,25 +4,13 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::pull::PullResults;
-use crate::stats::{ms, ratio, Samples};
+use crate::stats::{ms, ratio, verdict, within, Samples};
 
 /// Goal of P14: Petrel's pull over skopeo copy + umoci unpack, at p50.
 const PULL_RATIO_GOAL: f64 = 1.0;
 /// Goal of P15: CreateContainer on the large image over the small one, at
 /// p50 ("independent of the image's size", with room for noise).
 const CREATE_RATIO_GOAL: f64 = 1.1;
-
-fn verdict(pass: bool) -> &'static str {
-    if pass {
-        "**PASS**"
-    } else {
-        "**MISS**"
-    }
-}
-
-fn within(a: Duration, b: Duration, factor: f64) -> bool {
-    !b.is_zero() && a.as_secs_f64() <= b.as_secs_f64() * factor
-}
 
 /// Seconds with three decimals.
 fn secs(d: Duration) -> String {

@@ -8,7 +8,7 @@ use crate::queue::{
     Depth, QueueResults, Run, Throughput, KEYS, MAX_WAIT, RECONCILE, RESYNC_AT, RESYNC_PHASE_END,
     RESYNC_WINDOW, THROUGHPUT_BATCH, THROUGHPUT_KEYS, USER_RATE, WORKERS,
 };
-use crate::stats::{ms, ratio};
+use crate::stats::{ms, ratio, verdict};
 
 /// Goal of P6: user-event p99.9 in the storm over its no-storm value.
 const USER_P999_RATIO_GOAL: f64 = 1.2;
@@ -19,14 +19,6 @@ const THROUGHPUT_GOAL: f64 = 1_000_000.0;
 
 fn p999(r: &Run) -> Duration {
     r.user.percentile(99.9)
-}
-
-fn verdict(pass: bool) -> &'static str {
-    if pass {
-        "**PASS**"
-    } else {
-        "**MISS**"
-    }
 }
 
 fn user_pass(r: &QueueResults) -> bool {

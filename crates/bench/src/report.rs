@@ -14,7 +14,7 @@ use crate::pull::PullResults;
 use crate::pull_report;
 use crate::queue::QueueResults;
 use crate::queue_report;
-use crate::stats::{ms, ratio, Samples};
+use crate::stats::{ms, ratio, verdict, within, Samples};
 use crate::Args;
 
 /// Goal of P1: Petrel's latency over raw runc's.
@@ -209,14 +209,6 @@ pub struct Results {
     pub net: Option<NetResults>,
 }
 
-fn verdict(pass: bool) -> &'static str {
-    if pass {
-        "**PASS**"
-    } else {
-        "**MISS**"
-    }
-}
-
 fn kib(k: u64) -> String {
     format!("{k} KiB ({:.2} MB)", k as f64 * 1024.0 / 1e6)
 }
@@ -234,10 +226,6 @@ fn mean_of(mems: &[Mem], f: impl Fn(&Mem) -> u64) -> f64 {
 
 fn max_of(mems: &[Mem], f: impl Fn(&Mem) -> u64) -> u64 {
     mems.iter().map(f).max().unwrap_or(0)
-}
-
-fn within(a: Duration, b: Duration, factor: f64) -> bool {
-    !b.is_zero() && a.as_secs_f64() <= b.as_secs_f64() * factor
 }
 
 fn cpu_ms(c: Cpu, hz: u64) -> f64 {

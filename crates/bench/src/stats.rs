@@ -68,6 +68,20 @@ impl Samples {
     }
 }
 
+/// A promise's verdict in the report.
+pub fn verdict(pass: bool) -> &'static str {
+    if pass {
+        "**PASS**"
+    } else {
+        "**MISS**"
+    }
+}
+
+/// Whether `a` is at most `factor` times `b` (never with a zero `b`).
+pub fn within(a: Duration, b: Duration, factor: f64) -> bool {
+    !b.is_zero() && a.as_secs_f64() <= b.as_secs_f64() * factor
+}
+
 /// Milliseconds with three decimals (microsecond resolution).
 pub fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
