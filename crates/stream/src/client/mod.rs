@@ -129,6 +129,18 @@ impl RemoteCommand {
     }
 }
 
+/// Reads a stream to its end and hands over the bytes (the error stream's
+/// status, read beside the outputs on both transports).
+fn collect(mut r: crate::pipe::ChunkReader) -> oneshot::Receiver<Vec<u8>> {
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let mut all = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut r, &mut all).await;
+        let _ = tx.send(all);
+    });
+    rx
+}
+
 /// Connects to an exec or attach URL.
 pub async fn remote_command(url: &str, opts: CommandOptions) -> Result<RemoteCommand, ClientError> {
     match opts.transport {

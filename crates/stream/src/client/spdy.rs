@@ -3,12 +3,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    upgrade, ClientError, Closer, CommandOptions, ForwardError, ForwardedStream, PortForwarder,
-    RemoteCommand,
+    collect, upgrade, ClientError, Closer, CommandOptions, ForwardError, ForwardedStream,
+    PortForwarder, RemoteCommand,
 };
 use crate::pipe::ChunkReader;
 use crate::protocol::status::Outcome;
@@ -29,17 +28,6 @@ fn headers(pairs: &[(&str, String)]) -> Vec<(String, String)> {
 
 fn proto(e: impl std::fmt::Display) -> ClientError {
     ClientError::Protocol(e.to_string())
-}
-
-/// Reads a stream to its end and hands over the text.
-fn collect(mut r: ChunkReader) -> oneshot::Receiver<Vec<u8>> {
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let mut all = Vec::new();
-        let _ = r.read_to_end(&mut all).await;
-        let _ = tx.send(all);
-    });
-    rx
 }
 
 pub(super) async fn remote_command(

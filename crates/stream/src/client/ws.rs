@@ -4,13 +4,13 @@ use std::collections::HashMap;
 
 use ::http::HeaderValue;
 use bytes::Bytes;
-use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Error as WsError;
 
 use super::{
-    upgrade, ClientError, Closer, CommandOptions, ForwardError, ForwardedStream, RemoteCommand,
+    collect, upgrade, ClientError, Closer, CommandOptions, ForwardError, ForwardedStream,
+    RemoteCommand,
 };
 use crate::pipe::{ChunkReader, QUEUE};
 use crate::protocol::status::Outcome;
@@ -58,16 +58,6 @@ async fn connect(url: &str, protocols: &[&str]) -> Result<(Ws, String), ClientEr
 }
 
 use ::http::header as http_header;
-
-fn collect(mut r: ChunkReader) -> oneshot::Receiver<Vec<u8>> {
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let mut all = Vec::new();
-        let _ = r.read_to_end(&mut all).await;
-        let _ = tx.send(all);
-    });
-    rx
-}
 
 pub(super) async fn remote_command(
     url: &str,
