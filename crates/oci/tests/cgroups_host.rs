@@ -156,3 +156,61 @@ fn cgroups_should_create_account_and_remove_a_cgroup_on_this_host() {
         assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
+
+#[test]
+fn release_memory_should_uncharge_the_page_cache_left_by_exited_processes() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let cgroups = Cgroups::detect().expect("detect cgroups");
+    let parent = unique_parent();
+    let leaf = format!("{parent}/gone");
+    let created = cgroups.ensure(&leaf).expect("ensure");
+    let mut guard = Guard {
+        cgroups: cgroups.clone(),
+        created,
+        child: None,
+    };
+
+    // A process in the cgroup writes 8 MiB into a file that outlives it, then exits:
+    // the file's page cache stays charged to the empty cgroup.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("data");
+    let controller = match cgroups.version() {
+        CgroupVersion::V1 => "memory",
+        CgroupVersion::V2 => "",
+    };
+    let procs = cgroups
+        .dir(controller, &leaf)
+        .expect("dir")
+        .join("cgroup.procs");
+    let status = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("echo $$ > \"$1\" && dd if=/dev/zero of=\"$2\" bs=1M count=8 2>/dev/null")
+        .arg("sh")
+        .arg(&procs)
+        .arg(&file)
+        .status()
+        .expect("run child");
+    assert!(status.success());
+    assert!(cgroups.procs(&leaf).expect("procs").is_empty());
+    let before = cgroups.stats(&leaf).expect("stats").memory_usage_bytes;
+    assert!(before >= 4 << 20, "page cache not charged: {before} bytes");
+
+    cgroups.release_memory(&leaf).expect("release_memory");
+    let after = cgroups.stats(&leaf).expect("stats").memory_usage_bytes;
+    assert!(
+        after < 1 << 20,
+        "still charged after release: {after} bytes (was {before})"
+    );
+
+    // A cgroup that is gone already is not an error.
+    let gone = std::mem::take(&mut guard.created);
+    for path in gone.iter().rev() {
+        cgroups.remove(path).expect("remove");
+    }
+    cgroups
+        .release_memory(&leaf)
+        .expect("release_memory of a removed cgroup");
+}

@@ -614,3 +614,66 @@ async fn default_pod_cgroups_should_leave_nothing_when_the_pods_go() {
         cgroup_leftovers(&node.cgroup_parent)
     );
 }
+
+/// Bytes of `file` in the page cache, by fincore(1).
+fn resident_bytes(file: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(file)
+        .output()
+        .expect("fincore");
+    assert!(out.status.success(), "fincore: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("fincore output")
+}
+
+#[tokio::test]
+async fn exited_containers_should_leave_no_page_cache_charged_to_their_cgroups() {
+    // On cgroup v1 a removed memory cgroup lives on ("dying") while page cache is
+    // charged to it; the runtime uncharges an exited container before runc removes
+    // its cgroup. Seen here on a file that outlives the container: its cache goes.
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let data = tempfile::tempdir().unwrap();
+    let pc = node.pod_config("memcg");
+    let pod = c.run_pod(pc.clone()).await;
+    for (name, remove_at_once) in [("deferred", false), ("removed", true)] {
+        let cfg = api::ContainerConfig {
+            mounts: vec![api::Mount {
+                host_path: data.path().display().to_string(),
+                container_path: "/data".into(),
+                ..Default::default()
+            }],
+            ..sh_container(
+                name,
+                &format!("dd if=/dev/zero of=/data/{name} bs=1M count=8 2>/dev/null"),
+            )
+        };
+        let id = c.run(&pod, &pc, cfg).await;
+        c.wait_state(
+            &id,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(10),
+        )
+        .await;
+        let file = data.path().join(name);
+        if remove_at_once {
+            c.remove(&id).await.unwrap();
+            let left = resident_bytes(&file);
+            assert!(
+                left < 1 << 20,
+                "{name}: {left} bytes still cached after RemoveContainer"
+            );
+        } else {
+            // Nobody removes it: the runtime's clean-up after the exit does it.
+            let gone = eventually(Duration::from_secs(5), || resident_bytes(&file) < 1 << 20).await;
+            assert!(gone, "{name}: {} bytes still cached", resident_bytes(&file));
+            c.remove(&id).await.unwrap();
+        }
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), 8 << 20);
+    }
+    c.remove_pod(&pod).await.unwrap();
+}

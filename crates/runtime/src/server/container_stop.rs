@@ -225,6 +225,7 @@ impl Runtime {
             if *deleted {
                 return;
             }
+            rt.release_memory(&rec);
             match rt.runc.delete(&c.id, true).await {
                 Ok(()) => *deleted = true,
                 Err(e) => {
