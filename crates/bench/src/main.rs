@@ -26,6 +26,7 @@ mod raw;
 mod registry;
 mod report;
 mod stats;
+mod stream;
 mod sweep;
 
 use std::io::Write;
@@ -136,6 +137,12 @@ pub struct Args {
     /// ExecSync calls on each runtime for P17.
     #[arg(long, default_value_t = 100)]
     pub net_execs: usize,
+    /// MiB pushed through each port-forward (and direct) run for P18.
+    #[arg(long, default_value_t = 256)]
+    pub net_forward_mib: u64,
+    /// Port-forward runs of each kind for P18.
+    #[arg(long, default_value_t = 5)]
+    pub net_forward_runs: usize,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -150,7 +157,7 @@ pub struct Args {
     pub build_dir: PathBuf,
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
-    /// is given), `agent` (P10-P13), `pull` (P14-P15) or `net` (P16-P17;
+    /// is given), `agent` (P10-P13), `pull` (P14-P15) or `net` (P16-P18;
     /// these three print their partial report to standard output unless
     /// --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
@@ -177,7 +184,7 @@ pub enum Part {
     Agent,
     /// Image pull and create on a warm image (P14-P15).
     Pull,
-    /// Pod network and exec against containerd 1.7 (P16-P17).
+    /// Pod network and exec against containerd 1.7 (P16-P18).
     Net,
 }
 

@@ -1,4 +1,4 @@
-//! P16-P17: pod networking and exec against containerd 1.7 in the same
+//! P16-P18: pod networking and exec against containerd 1.7 in the same
 //! run. Both runtimes use one CNI configuration (bridge + host-local +
 //! loopback + portmap, Debian's plugins in /usr/lib/cni) on the bench's
 //! own bridge and subnet, with their own lease directory each so that
@@ -18,6 +18,7 @@ use petrel_cri::api;
 use crate::containerd::{self, Containerd};
 use crate::node::{pod_config, sleep_container, Clients, Node};
 use crate::stats::Samples;
+use crate::stream;
 use crate::sweep::Work;
 use crate::Args;
 
@@ -47,9 +48,21 @@ pub struct NetResults {
     pub exec_petrel: Samples,
     /// P17: ExecSync, containerd.
     pub exec_containerd: Samples,
+    /// P17: Exec through the streaming server (SPDY), Petrel.
+    pub stream_petrel: Samples,
+    /// P17: Exec through the streaming server (SPDY), containerd.
+    pub stream_containerd: Samples,
+    /// P18: bytes per port-forward (and direct) run.
+    pub forward_bytes: u64,
+    /// P18: port-forward runs through Petrel.
+    pub forward_petrel: Samples,
+    /// P18: port-forward runs through containerd.
+    pub forward_containerd: Samples,
+    /// P18: the same pushes straight to the Petrel pod's IP.
+    pub forward_direct: Samples,
 }
 
-/// Measures P16-P17; failures end up in `error`.
+/// Measures P16-P18; failures end up in `error`.
 pub async fn measure(args: &Args, work: &Work, progress: &dyn Fn(&str)) -> NetResults {
     let mut res = NetResults::default();
     if let Err(e) = measure_into(args, work, &mut res, progress).await {
@@ -258,6 +271,64 @@ async fn measure_into(
             }
         }
     }
+    progress(&format!(
+        "net: P17 {} exec round trips through each runtime's streaming server",
+        args.net_execs
+    ));
+    for i in 0..=args.net_execs {
+        let petrel_first = i % 2 == 0;
+        for turn in 0..2 {
+            let petrel = (turn == 0) == petrel_first;
+            let (c, samples, target) = if petrel {
+                (&mut pc, &mut res.stream_petrel, &targets[0])
+            } else {
+                match (cc.as_mut(), targets.get(1)) {
+                    (Some(c), Some(t)) => (c, &mut res.stream_containerd, t),
+                    _ => continue,
+                }
+            };
+            let d = stream::exec_round_trip(c, &target.1).await?;
+            if i > 0 {
+                samples.push(d);
+            }
+        }
+    }
+
+    progress(&format!(
+        "net: P18 {} port-forward runs of {} MiB through each runtime and direct",
+        args.net_forward_runs, args.net_forward_mib
+    ));
+    res.forward_bytes = args.net_forward_mib << 20;
+    let pid = stream::container_pid(&mut pc, &targets[0].1).await?;
+    stream::start_sink(pid)?;
+    let ip = stream::pod_ip(&mut pc, &targets[0].0).await?;
+    if let (Some(c), Some(t)) = (cc.as_mut(), targets.get(1)) {
+        let pid = stream::container_pid(c, &t.1).await?;
+        stream::start_sink(pid)?;
+    }
+    for i in 0..=args.net_forward_runs {
+        let direct = stream::direct_push(&ip, res.forward_bytes)
+            .await
+            .context("direct to the pod IP")?;
+        let d = stream::port_forward_push(&mut pc, &targets[0].0, res.forward_bytes)
+            .await
+            .context("Petrel port-forward")?;
+        let other = match (cc.as_mut(), targets.get(1)) {
+            (Some(c), Some(t)) => {
+                let d = stream::port_forward_push(c, &t.0, res.forward_bytes).await;
+                Some(d.context("containerd port-forward")?)
+            }
+            _ => None,
+        };
+        if i > 0 {
+            res.forward_petrel.push(d);
+            res.forward_direct.push(direct);
+            if let Some(o) = other {
+                res.forward_containerd.push(o);
+            }
+        }
+    }
+
     for (k, (pod, _)) in targets.iter().enumerate() {
         let c = if k == 0 { Some(&mut pc) } else { cc.as_mut() };
         if let Some(c) = c {

@@ -1,4 +1,4 @@
-//! P16 and P17 in docs/PERFORMANCE.md: the summary rows and the sections.
+//! P16 to P18 in docs/PERFORMANCE.md: the summary rows and the sections.
 
 use std::fmt::Write;
 
@@ -7,6 +7,8 @@ use crate::stats::{ms, ratio, verdict, within, Samples};
 
 /// Goal of P16 and P17: Petrel over containerd 1.7, at p50.
 const RATIO_GOAL: f64 = 1.0;
+/// Goal of P18 in GB/s (10^9 bytes per second).
+const FORWARD_GOAL_GBPS: f64 = 1.0;
 
 fn why(r: &NetResults) -> String {
     let text = r
@@ -55,7 +57,7 @@ fn row(
     )
 }
 
-/// The rows of P16 and P17 in the summary table.
+/// The rows of P16 to P18 in the summary table.
 pub fn summary_rows(o: &mut String, r: &NetResults) -> std::fmt::Result {
     row(
         o,
@@ -83,6 +85,58 @@ pub fn summary_rows(o: &mut String, r: &NetResults) -> std::fmt::Result {
         &r.exec_petrel,
         &r.exec_containerd,
         "calls",
+    )?;
+    row(
+        o,
+        "P17",
+        "Exec round trip through the streaming server (Exec + SPDY session, `true`)",
+        r,
+        &r.stream_petrel,
+        &r.stream_containerd,
+        "sessions",
+    )?;
+    forward_row(o, r)
+}
+
+/// Decimal GB/s of `bytes` moved in `d`.
+fn gbps(bytes: u64, d: std::time::Duration) -> f64 {
+    if d.is_zero() {
+        return 0.0;
+    }
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+/// P18: port-forward throughput against the goal, next to the direct path
+/// and containerd's port-forward in the same run.
+fn forward_row(o: &mut String, r: &NetResults) -> std::fmt::Result {
+    let promise = "Port-forward throughput, one connection into a pod (loopback client)";
+    let goal = format!("≥ {FORWARD_GOAL_GBPS:.1} GB/s at p50");
+    if r.forward_petrel.len() == 0 {
+        return writeln!(
+            o,
+            "| P18 | {promise} | {goal} | not measured | — | — | not measured: {} |",
+            why(r)
+        );
+    }
+    let b = r.forward_bytes;
+    let petrel = gbps(b, r.forward_petrel.p50());
+    let direct = gbps(b, r.forward_direct.p50());
+    let containerd = if r.forward_containerd.len() == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {} port-forward: {:.3} GB/s",
+            r.containerd_version,
+            gbps(b, r.forward_containerd.p50())
+        )
+    };
+    writeln!(
+        o,
+        "| P18 | {promise} | {goal} | {petrel:.3} GB/s ({} runs of {} MiB) | TCP straight to the pod IP, same server: {direct:.3} GB/s{containerd} | {:.2}× direct | {} |",
+        r.forward_petrel.len(),
+        b >> 20,
+        if direct > 0.0 { petrel / direct } else { 0.0 },
+        verdict(petrel >= FORWARD_GOAL_GBPS)
     )
 }
 
@@ -99,7 +153,7 @@ fn samples_row(o: &mut String, name: &str, s: &Samples) -> std::fmt::Result {
     )
 }
 
-/// The P16 and P17 sections.
+/// The P16 to P18 sections.
 pub fn sections(o: &mut String, r: &NetResults) -> std::fmt::Result {
     writeln!(o, "## P16 Pod networking: no slower than containerd")?;
     writeln!(o)?;
@@ -156,6 +210,41 @@ pub fn sections(o: &mut String, r: &NetResults) -> std::fmt::Result {
     writeln!(o, "|---|---|---|---|---|---|---|")?;
     samples_row(o, "Petrel ExecSync", &r.exec_petrel)?;
     samples_row(o, "containerd ExecSync", &r.exec_containerd)?;
+    samples_row(o, "Petrel Exec + SPDY session", &r.stream_petrel)?;
+    samples_row(o, "containerd Exec + SPDY session", &r.stream_containerd)?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "The streaming figure is what `kubectl exec` without `-i` costs: the Exec call, the \
+         SPDY/3.1 upgrade at the URL it returns (protocol v5 or v4, as negotiated), stdout \
+         read to its end and the exit status; the same client (`petrel-stream`) for both."
+    )?;
+    writeln!(o)?;
+    writeln!(o, "## P18 Port-forward: 1 GB/s into a pod")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "**Promise.** One forwarded connection carries at least 1 GB/s (10^9 bytes/s) on \
+         loopback."
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "**Method.** The bench binds its own server on port 7000 inside each P17 pod's network \
+         namespace (it reads a length and that many bytes and answers with the count, so the figure \
+         is the forwarding path's, not a tool's). Each run pushes {} MiB through one \
+         connection in 1 MiB writes and waits for the count: through Petrel's \
+         PortForward URL (SPDY, as kubectl), straight to the Petrel pod's IP over the \
+         bridge (the reference: the same kernel path without the forwarder), and through \
+         containerd's PortForward URL with the same client. One unmeasured run each first.",
+        r.forward_bytes >> 20
+    )?;
+    writeln!(o)?;
+    writeln!(o, "| run time (ms) | n | p50 | p99 | min | max | mean |")?;
+    writeln!(o, "|---|---|---|---|---|---|---|")?;
+    samples_row(o, "Petrel port-forward", &r.forward_petrel)?;
+    samples_row(o, "direct to the pod IP", &r.forward_direct)?;
+    samples_row(o, "containerd port-forward", &r.forward_containerd)?;
     writeln!(o)?;
     if let Some(e) = &r.error {
         writeln!(o, "**The section stopped early:** {}", e.replace('\n', " "))?;

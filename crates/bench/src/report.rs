@@ -204,7 +204,7 @@ pub struct Results {
     pub pull: Option<PullResults>,
     /// P10-P13, the agent (absent with `--only runtime`).
     pub agent: Option<AgentResults>,
-    /// P16-P17, pod network and exec against containerd (absent with
+    /// P16-P18, pod network and exec against containerd (absent with
     /// `--only runtime`).
     pub net: Option<NetResults>,
 }
@@ -987,7 +987,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     )?;
     writeln!(
         o,
-        "scripts/bench.sh --only net --net-pods 10 --net-execs 20 --out /tmp/N.md   # P16-P17 alone, quick"
+        "scripts/bench.sh --only net --net-pods 10 --net-execs 20 --out /tmp/N.md   # P16-P18 alone, quick"
     )?;
     writeln!(o, "```")?;
     writeln!(o)?;
