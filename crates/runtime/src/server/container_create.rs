@@ -307,9 +307,6 @@ impl Runtime {
     ) -> Result<()> {
         let mut first: Option<RuntimeError> = None;
         if !runc_deleted {
-            if rec.state == ContainerState::Exited {
-                self.release_memory(rec);
-            }
             if let Err(e) = self.runc.delete(&rec.id, true).await {
                 first.get_or_insert(e.into());
             }
@@ -326,16 +323,6 @@ impl Runtime {
         // reached runc may still have left an empty one.
         let _ = self.cgroups.remove(&rec.cgroup_path);
         first.map_or(Ok(()), Err)
-    }
-
-    /// Uncharges what an exited container left in its memory cgroup before runc
-    /// removes it, so that no dying cgroup outlives the container
-    /// ([`petrel_oci::cgroups::Cgroups::release_memory`]). Best effort: a cgroup that
-    /// cannot be emptied is still removed, it only lingers in the kernel.
-    pub(crate) fn release_memory(&self, rec: &ContainerRecord) {
-        if let Err(e) = self.cgroups.release_memory(&rec.cgroup_path) {
-            tracing::debug!(container.id = %rec.id, error = %e, "container memory not released");
-        }
     }
 
     /// The sandbox a container belongs to (it always exists while the

@@ -294,10 +294,6 @@ impl Runtime {
         }
         note(files::unmount(&dir.join("shm")));
         for cg in rec.created_cgroups.iter().rev() {
-            // What the pod's containers left behind is charged up the hierarchy too.
-            if let Err(e) = self.cgroups.release_memory(cg) {
-                tracing::debug!(sandbox.id = %rec.id, cgroup = %cg, error = %e, "pod memory not released");
-            }
             if let Err(e) = self.cgroups.remove(cg) {
                 tracing::debug!(sandbox.id = %rec.id, cgroup = %cg, error = %e, "pod cgroup not removed");
             }
