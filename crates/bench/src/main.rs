@@ -115,7 +115,7 @@ pub struct Args {
     #[arg(long, default_value_t = 20)]
     pub agent_relist_seconds: u64,
     /// Longest wait for the large layout to run (P13), in seconds.
-    #[arg(long, default_value_t = 900)]
+    #[arg(long, default_value_t = 1800)]
     pub agent_grow_timeout: u64,
     /// Pulls of the large image timed by Petrel and by the reference (P14).
     #[arg(long, default_value_t = 5)]
