@@ -151,6 +151,7 @@ pub fn parse_plugin_name(base: &str) -> Result<(String, String), IdentityError> 
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -16,3 +16,5 @@ mod rpc;
 pub mod ttrpc;
 
 pub use rpc::RpcError;
+pub mod adaptation;
+pub mod stub;

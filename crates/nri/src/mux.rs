@@ -357,8 +357,7 @@ async fn read_trunk(mux: Mux, mut trunk: OwnedReadHalf) {
             Ok(0) if buf.is_empty() => break MuxError::Eof,
             Ok(0) => {
                 let want = if buf.len() >= FRAME_HEADER_LEN {
-                    FRAME_HEADER_LEN
-                        + u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize
+                    FRAME_HEADER_LEN + u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize
                 } else {
                     FRAME_HEADER_LEN
                 };
@@ -407,6 +406,7 @@ async fn deliver(mux: &Mux, frame: Frame) -> Result<(), MuxError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -436,7 +436,10 @@ mod tests {
 
         // Exactly the limit is one frame.
         let exact = vec![7u8; MAX_PAYLOAD];
-        assert_eq!(encode_frames(1, &exact).len(), MAX_PAYLOAD + FRAME_HEADER_LEN);
+        assert_eq!(
+            encode_frames(1, &exact).len(),
+            MAX_PAYLOAD + FRAME_HEADER_LEN
+        );
     }
 
     #[test]
@@ -520,7 +523,9 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         let (a, mut raw) = UnixStream::pair().unwrap();
         let (m, mut readers) = Mux::start(a, &[1, 2], MuxOptions::default()).unwrap();
-        raw.write_all(&[0, 0, 0, 1, 0, 0, 0, 10, 1, 2, 3]).await.unwrap();
+        raw.write_all(&[0, 0, 0, 1, 0, 0, 0, 10, 1, 2, 3])
+            .await
+            .unwrap();
         drop(raw);
         assert_eq!(m.closed().await, MuxError::Truncated { got: 11, want: 18 });
         assert!(readers[0].recv().await.is_none());

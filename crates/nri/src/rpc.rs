@@ -163,12 +163,14 @@ impl RpcClient {
             }
         };
         let resp = match timeout {
-            Some(t) => tokio::time::timeout(t, exchange)
-                .await
-                .map_err(|_| RpcError::Timeout {
-                    method: method.to_string(),
-                    timeout: t,
-                })??,
+            Some(t) => {
+                tokio::time::timeout(t, exchange)
+                    .await
+                    .map_err(|_| RpcError::Timeout {
+                        method: method.to_string(),
+                        timeout: t,
+                    })??
+            }
             None => exchange.await?,
         };
         if let Some(status) = resp.status.filter(|s| s.code != Code::Ok as i32) {
@@ -204,7 +206,7 @@ async fn read_responses(mut reader: ConnReader, pending: Pending) {
     let mut decoder = MessageDecoder::default();
     while let Some(chunk) = reader.recv().await {
         decoder.push(&chunk);
-        while let Some(decoded) = decoder.next() {
+        while let Some(decoded) = decoder.next_message() {
             match decoded {
                 Decoded::Message(h, payload) if h.kind == TYPE_RESPONSE => {
                     let resp = match Response::decode(payload) {
@@ -263,12 +265,17 @@ pub(crate) type Handler = Arc<dyn Fn(String, Bytes) -> HandlerFuture + Send + Sy
 
 /// Serves `service` on `reader`'s connection until the trunk closes. Each request runs
 /// in its own task; a request's `timeout_nano` bounds its handler.
-pub(crate) async fn serve(mux: Mux, mut reader: ConnReader, service: &'static str, handler: Handler) {
+pub(crate) async fn serve(
+    mux: Mux,
+    mut reader: ConnReader,
+    service: &'static str,
+    handler: Handler,
+) {
     let conn = reader.conn();
     let mut decoder = MessageDecoder::default();
     while let Some(chunk) = reader.recv().await {
         decoder.push(&chunk);
-        while let Some(decoded) = decoder.next() {
+        while let Some(decoded) = decoder.next_message() {
             match decoded {
                 Decoded::Message(h, payload) if h.kind == TYPE_REQUEST => {
                     let mux = mux.clone();
@@ -321,9 +328,12 @@ async fn answer(service: &str, handler: &Handler, payload: Bytes) -> Result<Vec<
     let call = handler(req.method, Bytes::from(req.payload));
     if req.timeout_nano > 0 {
         let timeout = Duration::from_nanos(req.timeout_nano as u64);
-        tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| Status::new(Code::DeadlineExceeded, "handler exceeded the caller's deadline"))?
+        tokio::time::timeout(timeout, call).await.map_err(|_| {
+            Status::new(
+                Code::DeadlineExceeded,
+                "handler exceeded the caller's deadline",
+            )
+        })?
     } else {
         call.await
     }
@@ -359,8 +369,12 @@ async fn send_response(mux: &Mux, conn: ConnId, stream_id: u32, result: Result<V
 
 /// Decodes a request argument for a handler.
 pub(crate) fn decode_arg<T: Message + Default>(method: &str, payload: Bytes) -> Result<T, Status> {
-    T::decode(payload)
-        .map_err(|e| Status::new(Code::InvalidArgument, format!("{method}: undecodable argument: {e}")))
+    T::decode(payload).map_err(|e| {
+        Status::new(
+            Code::InvalidArgument,
+            format!("{method}: undecodable argument: {e}"),
+        )
+    })
 }
 
 /// Unknown-method answer, worded as ttRPC servers word it.

@@ -111,7 +111,7 @@ impl MessageDecoder {
     }
 
     /// Next message, if a complete one (or an oversized header) is buffered.
-    pub fn next(&mut self) -> Option<Decoded> {
+    pub fn next_message(&mut self) -> Option<Decoded> {
         if self.skip > 0 {
             return None;
         }
@@ -225,6 +225,7 @@ pub enum Code {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use prost::Message;
@@ -262,11 +263,14 @@ mod tests {
         let mut d = MessageDecoder::default();
         let msg = encode_message(5, TYPE_RESPONSE, b"xyz");
         d.push(&msg[..4]);
-        assert_eq!(d.next(), None);
+        assert_eq!(d.next_message(), None);
         d.push(&msg[4..]);
-        match d.next() {
+        match d.next_message() {
             Some(Decoded::Message(h, p)) => {
-                assert_eq!((h.stream_id, h.kind, &p[..]), (5, TYPE_RESPONSE, &b"xyz"[..]))
+                assert_eq!(
+                    (h.stream_id, h.kind, &p[..]),
+                    (5, TYPE_RESPONSE, &b"xyz"[..])
+                )
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -279,12 +283,14 @@ mod tests {
             flags: 0,
         };
         d.push(&big.to_bytes());
-        assert!(matches!(d.next(), Some(Decoded::Oversized(h)) if h.stream_id == 7));
+        assert!(matches!(d.next_message(), Some(Decoded::Oversized(h)) if h.stream_id == 7));
         d.push(&vec![0u8; MAX_MESSAGE_LEN]);
         let mut tail = vec![0u8; 1];
         tail.extend_from_slice(&encode_message(9, TYPE_REQUEST, b"ok"));
         d.push(&tail);
-        assert!(matches!(d.next(), Some(Decoded::Message(h, p)) if h.stream_id == 9 && &p[..] == b"ok"));
+        assert!(
+            matches!(d.next_message(), Some(Decoded::Message(h, p)) if h.stream_id == 9 && &p[..] == b"ok")
+        );
         assert_eq!(d.pending(), 0);
     }
 }
