@@ -205,7 +205,10 @@ impl PluginConn {
         let outcome = tokio::select! {
             r = tokio::time::timeout(options.registration_timeout, reg_rx) => match r {
                 Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err(ConnError::ClosedBeforeRegistration(MuxError::Closed)),
+                // The service was dropped: the trunk ended; report why.
+                Ok(Err(_)) => Err(ConnError::ClosedBeforeRegistration(
+                    mux.error().unwrap_or(MuxError::Closed),
+                )),
                 Err(_) => Err(ConnError::RegistrationTimeout(options.registration_timeout)),
             },
             cause = mux.closed() => Err(ConnError::ClosedBeforeRegistration(cause)),
