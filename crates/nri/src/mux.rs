@@ -51,6 +51,26 @@ pub const RESERVED_CONN: ConnId = 0;
 pub const FRAME_HEADER_LEN: usize = 8;
 /// Largest payload of one frame: a maximal ttRPC message including its header.
 pub const MAX_PAYLOAD: usize = ttrpc::MESSAGE_HEADER_LEN + ttrpc::MAX_MESSAGE_LEN;
+/// Largest first frame of a ttRPC message a Go peer can read.
+///
+/// containerd's multiplexer hands a reader one whole frame per `Read` and fails with
+/// ENOMEM if the reader's buffer is smaller than the frame; Go's ttRPC reads a message
+/// header through a 4096-byte `bufio.Reader`. So a frame that starts a message must not
+/// exceed 4096 bytes. Go's own writer (a 4096-byte `bufio.Writer`) emits the header
+/// plus the first 4086 payload bytes as one frame and the rest as another; Petrel frames
+/// its ttRPC messages the same way ([`ttrpc_message_parts`]). A reader's buffer is
+/// empty at message boundaries then, and the second frame is read straight into the
+/// message buffer, which it fits exactly.
+pub const GO_READ_BUFFER: usize = 4096;
+
+/// Splits one encoded ttRPC message (header and payload) into the parts Go's ttRPC
+/// writer would have produced as frames: at most [`GO_READ_BUFFER`] bytes, then the
+/// rest.
+pub fn ttrpc_message_parts(message: &[u8]) -> [&[u8]; 2] {
+    let first = message.len().min(GO_READ_BUFFER);
+    [&message[..first], &message[first..]]
+}
+
 /// Default per-connection budget of queued, not yet consumed, incoming bytes.
 pub const DEFAULT_QUEUE_BYTES: usize = 16 << 20;
 
@@ -259,10 +279,20 @@ impl Mux {
     /// Writes `data` on logical connection `conn` as one or more frames. Writes from
     /// concurrent callers never interleave within a frame sequence.
     pub async fn write(&self, conn: ConnId, data: &[u8]) -> Result<(), MuxError> {
+        self.write_parts(conn, &[data]).await
+    }
+
+    /// Writes each non-empty part as its own frame(s), all in one go (no frame of
+    /// another writer in between). ttRPC messages use this to frame like Go's ttRPC
+    /// does, see [`GO_READ_BUFFER`].
+    pub async fn write_parts(&self, conn: ConnId, parts: &[&[u8]]) -> Result<(), MuxError> {
         if !self.is_open(conn) {
             return Err(self.error().unwrap_or(MuxError::NotOpen(conn)));
         }
-        let frames = encode_frames(conn, data);
+        let mut frames = Vec::new();
+        for part in parts.iter().filter(|p| !p.is_empty()) {
+            frames.extend_from_slice(&encode_frames(conn, part));
+        }
         let mut guard = self.inner.writer.lock().await;
         let Some(writer) = guard.as_mut() else {
             return Err(self.error().unwrap_or(MuxError::Closed));
@@ -439,6 +469,29 @@ mod tests {
         assert_eq!(
             encode_frames(1, &exact).len(),
             MAX_PAYLOAD + FRAME_HEADER_LEN
+        );
+    }
+
+    #[test]
+    fn ttrpc_messages_are_framed_as_go_frames_them() {
+        let small = vec![1u8; 100];
+        let [a, b] = ttrpc_message_parts(&small);
+        assert_eq!((a.len(), b.len()), (100, 0));
+        let big = vec![2u8; 10 + 5000];
+        let [a, b] = ttrpc_message_parts(&big);
+        assert_eq!((a.len(), b.len()), (4096, 914));
+    }
+
+    #[tokio::test]
+    async fn write_parts_emits_one_frame_per_part() {
+        let (a, mut raw) = UnixStream::pair().unwrap();
+        let (m, _r) = Mux::start(a, &[1], MuxOptions::default()).unwrap();
+        m.write_parts(1, &[b"ab", b"", b"c"]).await.unwrap();
+        let mut got = [0u8; 19];
+        raw.read_exact(&mut got).await.unwrap();
+        assert_eq!(
+            got,
+            [0, 0, 0, 1, 0, 0, 0, 2, b'a', b'b', 0, 0, 0, 1, 0, 0, 0, 1, b'c']
         );
     }
 

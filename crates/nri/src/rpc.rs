@@ -154,7 +154,7 @@ impl RpcClient {
         let message = ttrpc::encode_message(stream_id, TYPE_REQUEST, &payload);
         let exchange = async {
             self.mux
-                .write(self.conn, &message)
+                .write_parts(self.conn, &crate::mux::ttrpc_message_parts(&message))
                 .await
                 .map_err(disconnected)?;
             match rx.await {
@@ -273,11 +273,28 @@ pub(crate) async fn serve(
 ) {
     let conn = reader.conn();
     let mut decoder = MessageDecoder::default();
+    let mut last_stream = 0u32;
     while let Some(chunk) = reader.recv().await {
         decoder.push(&chunk);
         while let Some(decoded) = decoder.next_message() {
             match decoded {
+                // Clients number streams odd and increasing, as ttRPC servers enforce.
+                Decoded::Message(h, _)
+                    if h.kind == TYPE_REQUEST
+                        && (h.stream_id % 2 != 1 || h.stream_id <= last_stream) =>
+                {
+                    tracing::warn!(
+                        stream = h.stream_id,
+                        "nri: ttrpc request with an invalid stream id refused"
+                    );
+                    let resp = Err(Status::new(
+                        Code::InvalidArgument,
+                        "stream id must be odd and increasing",
+                    ));
+                    send_response(&mux, conn, h.stream_id, resp).await;
+                }
                 Decoded::Message(h, payload) if h.kind == TYPE_REQUEST => {
+                    last_stream = h.stream_id;
                     let mux = mux.clone();
                     let handler = handler.clone();
                     tokio::spawn(async move {
@@ -362,7 +379,8 @@ async fn send_response(mux: &Mux, conn: ConnId, stream_id: u32, result: Result<V
         encoded = resp.encode_to_vec();
     }
     let message = ttrpc::encode_message(stream_id, TYPE_RESPONSE, &encoded);
-    if let Err(e) = mux.write(conn, &message).await {
+    let parts = crate::mux::ttrpc_message_parts(&message);
+    if let Err(e) = mux.write_parts(conn, &parts).await {
         tracing::debug!(error = %e, "nri: answer not sent, connection gone");
     }
 }

@@ -157,42 +157,54 @@ fn test_plugin(seen: Seen) -> petrel_nri::stub::StubBuilder<Seen> {
             ));
             Ok(None)
         })
-        .on_synchronize(|s: Arc<Seen>, pods: Vec<api::PodSandbox>, ctrs: Vec<api::Container>| async move {
-            let in_order = ctrs
-                .iter()
-                .enumerate()
-                .all(|(i, c)| c.id == format!("c{i}"));
-            s.note(format!("sync {} {} {in_order}", pods.len(), ctrs.len()));
-            Ok(vec![api::ContainerUpdate {
-                container_id: "c7".into(),
-                ..Default::default()
-            }])
-        })
-        .on_create_container(|s: Arc<Seen>, req: api::CreateContainerRequest| async move {
-            let id = req.container.map(|c| c.id).unwrap_or_default();
-            s.note(format!("create {id}"));
-            if id == "slow" {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            }
-            if id == "refuse" {
-                return Err(PluginError::new("not this one"));
-            }
-            Ok(adjustment_for(&id))
-        })
+        .on_synchronize(
+            |s: Arc<Seen>, pods: Vec<api::PodSandbox>, ctrs: Vec<api::Container>| async move {
+                let in_order = ctrs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, c)| c.id == format!("c{i}"));
+                s.note(format!("sync {} {} {in_order}", pods.len(), ctrs.len()));
+                Ok(vec![api::ContainerUpdate {
+                    container_id: "c7".into(),
+                    ..Default::default()
+                }])
+            },
+        )
+        .on_create_container(
+            |s: Arc<Seen>, req: api::CreateContainerRequest| async move {
+                let id = req.container.map(|c| c.id).unwrap_or_default();
+                s.note(format!("create {id}"));
+                if id == "slow" {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                if id == "refuse" {
+                    return Err(PluginError::new("not this one"));
+                }
+                Ok(adjustment_for(&id))
+            },
+        )
         .on_start_container(|s: Arc<Seen>, req: api::StartContainerRequest| async move {
-            s.note(format!("start {}", req.container.map(|c| c.id).unwrap_or_default()));
-            Ok(())
-        })
-        .on_remove_container(|s: Arc<Seen>, req: api::RemoveContainerRequest| async move {
             s.note(format!(
-                "remove {} of {}",
-                req.container.map(|c| c.id).unwrap_or_default(),
-                req.pod.map(|p| p.id).unwrap_or_default()
+                "start {}",
+                req.container.map(|c| c.id).unwrap_or_default()
             ));
             Ok(())
         })
+        .on_remove_container(
+            |s: Arc<Seen>, req: api::RemoveContainerRequest| async move {
+                s.note(format!(
+                    "remove {} of {}",
+                    req.container.map(|c| c.id).unwrap_or_default(),
+                    req.pod.map(|p| p.id).unwrap_or_default()
+                ));
+                Ok(())
+            },
+        )
         .on_stop_container(|s: Arc<Seen>, req: api::StopContainerRequest| async move {
-            s.note(format!("stop {}", req.container.map(|c| c.id).unwrap_or_default()));
+            s.note(format!(
+                "stop {}",
+                req.container.map(|c| c.id).unwrap_or_default()
+            ));
             Ok(api::StopContainerResponse::default())
         })
         .on_shutdown(|s: Arc<Seen>| async move {
@@ -243,7 +255,10 @@ async fn socketpair_registration_configure_and_adjustment() {
         assert_eq!(conn.registration().nri_version, api::NRI_VERSION);
         assert_eq!(conn.peer_pid(), Some(std::process::id() as i32));
 
-        let mask = conn.configure("some: config", "petrel", "0.1.0").await.unwrap();
+        let mask = conn
+            .configure("some: config", "petrel", "0.1.0")
+            .await
+            .unwrap();
         assert_eq!(mask, expected_mask());
         assert_eq!(mask.0, 0x8 | 0x20 | 0x400 | 0x200);
         assert!(conn.subscribed(Event::CreateContainer));
@@ -259,8 +274,9 @@ async fn socketpair_registration_configure_and_adjustment() {
 
         // 200 containers in 4 KiB messages: many chunks, one handler call.
         let pods = vec![pod("p1")];
-        let ctrs: Vec<api::Container> =
-            (0..200).map(|i| container(&format!("c{i}"), "p1")).collect();
+        let ctrs: Vec<api::Container> = (0..200)
+            .map(|i| container(&format!("c{i}"), "p1"))
+            .collect();
         let updates = conn.synchronize(&pods, &ctrs).await.unwrap();
         assert_eq!(updates.len(), 1);
         assert_eq!(events.recv().await.unwrap(), "sync 1 200 true");
@@ -311,9 +327,13 @@ async fn listening_socket_sync_of_1000_containers_is_chunked_and_reassembled() {
         let plugin = tokio::spawn(stub.run());
 
         let (stream, _) = listener.accept().await.unwrap();
-        let conn = PluginConn::accept(stream, Arc::new(Recorder::default()), ConnOptions::default())
-            .await
-            .unwrap();
+        let conn = PluginConn::accept(
+            stream,
+            Arc::new(Recorder::default()),
+            ConnOptions::default(),
+        )
+        .await
+        .unwrap();
         conn.configure("", "petrel", "0.1.0").await.unwrap();
         assert!(events.recv().await.unwrap().starts_with("configure"));
 
@@ -481,7 +501,10 @@ async fn hung_plugin_costs_at_most_the_timeout() {
             .unwrap_err();
         let took = started.elapsed();
         assert!(err.is_timeout(), "{err:?}");
-        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
 
         // Still connected; the next call is answered.
         conn.stop_container(&api::StopContainerRequest {
@@ -505,7 +528,9 @@ async fn garbage_or_silence_from_a_plugin_is_refused() {
     within(async {
         // Frame for a connection id that does not exist.
         let (a, mut raw) = UnixStream::pair().unwrap();
-        raw.write_all(&[0, 0, 0, 9, 0, 0, 0, 1, 0xFF]).await.unwrap();
+        raw.write_all(&[0, 0, 0, 9, 0, 0, 0, 1, 0xFF])
+            .await
+            .unwrap();
         let err = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
             .await
             .unwrap_err();
@@ -516,12 +541,17 @@ async fn garbage_or_silence_from_a_plugin_is_refused() {
 
         // Oversized length.
         let (a, mut raw) = UnixStream::pair().unwrap();
-        raw.write_all(&[0, 0, 0, 2, 0x7F, 0xFF, 0xFF, 0xFF]).await.unwrap();
+        raw.write_all(&[0, 0, 0, 2, 0x7F, 0xFF, 0xFF, 0xFF])
+            .await
+            .unwrap();
         let err = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
             .await
             .unwrap_err();
         assert!(
-            matches!(err, ConnError::ClosedBeforeRegistration(MuxError::Oversized { conn: 2, .. })),
+            matches!(
+                err,
+                ConnError::ClosedBeforeRegistration(MuxError::Oversized { conn: 2, .. })
+            ),
             "{err:?}"
         );
 
@@ -532,13 +562,19 @@ async fn garbage_or_silence_from_a_plugin_is_refused() {
             registration_timeout: Duration::from_millis(200),
             ..fast_options()
         };
-        let msg = petrel_nri::ttrpc::encode_message(1, petrel_nri::ttrpc::TYPE_REQUEST, &[0xFF, 0xFF]);
-        raw.write_all(&petrel_nri::mux::encode_frames(2, &msg)).await.unwrap();
+        let msg =
+            petrel_nri::ttrpc::encode_message(1, petrel_nri::ttrpc::TYPE_REQUEST, &[0xFF, 0xFF]);
+        raw.write_all(&petrel_nri::mux::encode_frames(2, &msg))
+            .await
+            .unwrap();
         let started = Instant::now();
         let err = PluginConn::accept(a, Arc::new(Recorder::default()), options)
             .await
             .unwrap_err();
-        assert_eq!(err, ConnError::RegistrationTimeout(Duration::from_millis(200)));
+        assert_eq!(
+            err,
+            ConnError::RegistrationTimeout(Duration::from_millis(200))
+        );
         assert!(started.elapsed() < Duration::from_secs(2));
     })
     .await;
@@ -609,7 +645,11 @@ async fn dialling_plugin_reconnects_after_runtime_restart() {
         let listener = UnixListener::bind(&path).unwrap();
         let started = Instant::now();
         let (stream, _) = listener.accept().await.unwrap();
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
         let conn = PluginConn::accept(stream, recorder.clone(), fast_options())
             .await
             .unwrap();
@@ -626,10 +666,13 @@ async fn dialling_plugin_reconnects_after_runtime_restart() {
         let info = handle.connected().await;
         assert_eq!(info.runtime_version, "2");
         let failed = handle
-            .update_containers(vec![], vec![api::ContainerEviction {
-                container_id: "x".into(),
-                reason: "after restart".into(),
-            }])
+            .update_containers(
+                vec![],
+                vec![api::ContainerEviction {
+                    container_id: "x".into(),
+                    reason: "after restart".into(),
+                }],
+            )
             .await
             .unwrap();
         assert!(failed.is_empty());
@@ -672,7 +715,10 @@ async fn inherited_socket_and_identity_from_the_environment() {
         // The runtime goes away without Shutdown: the plugin ends with the cause.
         conn.close().await;
         let result = plugin.await.unwrap();
-        assert!(matches!(result, Err(StubError::Disconnected(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(StubError::Disconnected(_))),
+            "{result:?}"
+        );
 
         // The fd can be taken only once per process.
         let again = Stub::builder(())
@@ -693,4 +739,84 @@ fn a_plugin_without_handlers_is_refused() {
         .on_synchronize(|_s, _p, _c| async { Ok(vec![]) })
         .build();
     assert!(matches!(built, Err(StubError::NoHandlers)));
+}
+
+/// containerd's Go side reads a message header through a 4096-byte buffer and its
+/// multiplexer refuses (ENOMEM) a frame larger than the reader's buffer: a large
+/// message must start with a frame of at most 4096 bytes, the rest following in its
+/// own frame. Checked on the wire with a raw peer playing a plugin.
+#[tokio::test]
+async fn large_messages_are_framed_for_go_readers() {
+    use prost::Message;
+    use tokio::io::AsyncReadExt;
+    within(async {
+        let (a, mut raw) = UnixStream::pair().unwrap();
+        // Register by hand: a RegisterPlugin request on connection 2, stream 1.
+        let envelope = petrel_nri::ttrpc::Request {
+            service: api::RUNTIME_SERVICE.into(),
+            method: "RegisterPlugin".into(),
+            payload: api::RegisterPluginRequest {
+                plugin_name: "raw".into(),
+                plugin_idx: "01".into(),
+                nri_version: String::new(),
+            }
+            .encode_to_vec(),
+            timeout_nano: 0,
+            metadata: vec![],
+        };
+        let msg = petrel_nri::ttrpc::encode_message(
+            1,
+            petrel_nri::ttrpc::TYPE_REQUEST,
+            &envelope.encode_to_vec(),
+        );
+        raw.write_all(&petrel_nri::mux::encode_frames(2, &msg))
+            .await
+            .unwrap();
+        let conn = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
+            .await
+            .unwrap();
+
+        let mut big = container("big", "p");
+        big.env = (0..500)
+            .map(|i| format!("VARIABLE_{i}=some value"))
+            .collect();
+        let req = api::CreateContainerRequest {
+            pod: Some(pod("p")),
+            container: Some(big),
+        };
+        let call = {
+            let conn = conn.clone();
+            tokio::spawn(async move { conn.create_container(&req).await })
+        };
+
+        // Read frames until the request on connection 1 is complete.
+        let mut frames: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut plugin_bytes = Vec::new();
+        loop {
+            let mut hdr = [0u8; 8];
+            raw.read_exact(&mut hdr).await.unwrap();
+            let id = u32::from_be_bytes(hdr[0..4].try_into().unwrap());
+            let len = u32::from_be_bytes(hdr[4..8].try_into().unwrap()) as usize;
+            let mut payload = vec![0u8; len];
+            raw.read_exact(&mut payload).await.unwrap();
+            if id == 1 {
+                plugin_bytes.extend_from_slice(&payload);
+                frames.push((id, payload));
+                let h = petrel_nri::ttrpc::MessageHeader::parse(&plugin_bytes).unwrap();
+                if plugin_bytes.len() == 10 + h.length as usize {
+                    break;
+                }
+            }
+        }
+        assert!(
+            plugin_bytes.len() > 8192,
+            "message of {} bytes",
+            plugin_bytes.len()
+        );
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].1.len(), 4096);
+        assert_eq!(frames[1].1.len(), plugin_bytes.len() - 4096);
+        call.abort();
+    })
+    .await;
 }

@@ -723,6 +723,97 @@ mod tests {
         }
     }
 
+    struct NoUpdates;
+    impl RuntimeHandler for NoUpdates {
+        async fn update_containers(
+            &self,
+            _plugin: &Registration,
+            _req: api::UpdateContainersRequest,
+        ) -> Result<api::UpdateContainersResponse, Status> {
+            Ok(api::UpdateContainersResponse::default())
+        }
+    }
+
+    /// A plugin built against NRI before v0.12 knows StartContainer only as a
+    /// StateChange: the connection falls back once and remembers it.
+    #[tokio::test]
+    async fn old_plugin_gets_events_through_state_change() {
+        use tokio::sync::mpsc;
+        let (a, b) = UnixStream::pair().unwrap();
+        // The old plugin: a ttRPC server on connection 1 that knows only StateChange,
+        // and a client on connection 2 that registers.
+        let (mux, mut readers) = Mux::start(
+            b,
+            &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN],
+            MuxOptions::default(),
+        )
+        .unwrap();
+        let runtime_reader = readers.pop().unwrap();
+        let plugin_reader = readers.pop().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let old: Handler = Arc::new(move |method: String, payload| -> HandlerFuture {
+            let tx = tx.clone();
+            Box::pin(async move {
+                match method.as_str() {
+                    method::STATE_CHANGE => {
+                        let evt: api::StateChangeEvent = rpc::decode_arg(&method, payload)?;
+                        let _ = tx.send((evt.event, evt.container.map(|c| c.id)));
+                        Ok(api::Empty {}.encode_to_vec())
+                    }
+                    other => Err(rpc::unimplemented(api::PLUGIN_SERVICE, other)),
+                }
+            })
+        });
+        tokio::spawn(rpc::serve(
+            mux.clone(),
+            plugin_reader,
+            api::PLUGIN_SERVICE,
+            old,
+        ));
+        let client = RpcClient::start(mux.clone(), runtime_reader, api::RUNTIME_SERVICE);
+        let register = tokio::spawn(async move {
+            let req = api::RegisterPluginRequest {
+                plugin_name: "old".into(),
+                plugin_idx: "03".into(),
+                nri_version: String::new(),
+            };
+            client
+                .call::<_, api::Empty>(method::REGISTER_PLUGIN, &req, None)
+                .await
+        });
+
+        let conn = PluginConn::accept(a, Arc::new(NoUpdates), ConnOptions::default())
+            .await
+            .unwrap();
+        register.await.unwrap().unwrap();
+        assert_eq!(conn.registration().nri_version, "");
+        for id in ["c1", "c2"] {
+            let req = api::StartContainerRequest {
+                pod: None,
+                container: Some(api::Container {
+                    id: id.into(),
+                    ..Default::default()
+                }),
+            };
+            conn.start_container(&req).await.unwrap();
+            let got = rx.recv().await.unwrap();
+            assert_eq!(got, (Event::StartContainer as i32, Some(id.to_string())));
+        }
+        assert_eq!(
+            conn.state_change_events(),
+            EventMask::of(Event::StartContainer)
+        );
+        // Events with no StateChange form fail as Unimplemented.
+        let err = conn
+            .create_container(&api::CreateContainerRequest::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConnError::Rpc(e) if e.is_unimplemented()),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn chunks_cover_everything_in_order_within_budget() {
         let pods: Vec<api::PodSandbox> = (0..10)
