@@ -81,7 +81,7 @@ pub fn encode_message(stream_id: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// What [`MessageDecoder::next`] found.
+/// What [`MessageDecoder::next_message`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded {
     /// A complete message.
