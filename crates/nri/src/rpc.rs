@@ -263,8 +263,14 @@ pub(crate) type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, Stat
 /// A service implementation: method name and encoded argument in, encoded result out.
 pub(crate) type Handler = Arc<dyn Fn(String, Bytes) -> HandlerFuture + Send + Sync>;
 
+/// Requests one connection may have in progress at once. Past that the server stops
+/// reading the connection until one finishes, so a flooding peer fills its own queue
+/// instead of the process's memory with tasks.
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
+
 /// Serves `service` on `reader`'s connection until the trunk closes. Each request runs
-/// in its own task; a request's `timeout_nano` bounds its handler.
+/// in its own task (at most [`MAX_IN_FLIGHT`] at once); a request's `timeout_nano`
+/// bounds its handler.
 pub(crate) async fn serve(
     mux: Mux,
     mut reader: ConnReader,
@@ -272,6 +278,7 @@ pub(crate) async fn serve(
     handler: Handler,
 ) {
     let conn = reader.conn();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let mut decoder = MessageDecoder::default();
     let mut last_stream = 0u32;
     while let Some(chunk) = reader.recv().await {
@@ -295,11 +302,15 @@ pub(crate) async fn serve(
                 }
                 Decoded::Message(h, payload) if h.kind == TYPE_REQUEST => {
                     last_stream = h.stream_id;
+                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                        return;
+                    };
                     let mux = mux.clone();
                     let handler = handler.clone();
                     tokio::spawn(async move {
                         let resp = answer(service, &handler, payload).await;
                         send_response(&mux, conn, h.stream_id, resp).await;
+                        drop(permit);
                     });
                 }
                 Decoded::Message(h, _) => tracing::warn!(

@@ -820,3 +820,116 @@ async fn large_messages_are_framed_for_go_readers() {
     })
     .await;
 }
+
+/// A configure handler may narrow the subscription, never widen it; a failing
+/// configure ends the session with the reason.
+#[tokio::test]
+async fn configure_handler_narrows_or_fails() {
+    within(async {
+        // Narrow to StopContainer only.
+        let (a, b) = UnixStream::pair().unwrap();
+        let (seen, _events) = Seen::new();
+        let stub = test_plugin(seen)
+            .on_configure(|_s, _req| async { Ok(Some(EventMask::of(Event::StopContainer))) })
+            .connection(b)
+            .build()
+            .unwrap();
+        let plugin = tokio::spawn(stub.run());
+        let conn = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
+            .await
+            .unwrap();
+        let mask = conn.configure("", "petrel", "0").await.unwrap();
+        assert_eq!(mask, EventMask::of(Event::StopContainer));
+        conn.close().await;
+        let _ = plugin.await.unwrap();
+
+        // Asking for an event without a handler fails configuration on both sides.
+        let (a, b) = UnixStream::pair().unwrap();
+        let (seen, _events) = Seen::new();
+        let stub = test_plugin(seen)
+            .on_configure(|_s, _req| async { Ok(Some(EventMask::of(Event::RunPodSandbox))) })
+            .connection(b)
+            .build()
+            .unwrap();
+        let plugin = tokio::spawn(stub.run());
+        let conn = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
+            .await
+            .unwrap();
+        let err = conn.configure("", "petrel", "0").await.unwrap_err();
+        assert!(
+            matches!(err, ConnError::Rpc(RpcError::Status { .. })),
+            "{err:?}"
+        );
+        let result = plugin.await.unwrap();
+        assert!(
+            matches!(&result, Err(StubError::Configure(r)) if r.contains("RUN_POD_SANDBOX")),
+            "{result:?}"
+        );
+    })
+    .await;
+}
+
+/// Without reconnection, a plugin that cannot reach the runtime says so.
+#[tokio::test]
+async fn dialling_a_missing_socket_without_reconnect_fails() {
+    within(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.sock");
+        let (seen, _events) = Seen::new();
+        let stub = test_plugin(seen)
+            .socket_path(&path)
+            .no_reconnect()
+            .build()
+            .unwrap();
+        let result = stub.run().await;
+        assert!(
+            matches!(&result, Err(StubError::Connect { path: p, .. }) if *p == path),
+            "{result:?}"
+        );
+    })
+    .await;
+}
+
+/// A plugin registering with an invalid index is refused, and told why.
+#[tokio::test]
+async fn invalid_plugin_identity_is_refused() {
+    use prost::Message;
+    use tokio::io::AsyncReadExt;
+    within(async {
+        let (a, mut raw) = UnixStream::pair().unwrap();
+        let envelope = petrel_nri::ttrpc::Request {
+            service: api::RUNTIME_SERVICE.into(),
+            method: "RegisterPlugin".into(),
+            payload: api::RegisterPluginRequest {
+                plugin_name: "bad/name".into(),
+                plugin_idx: "1".into(),
+                nri_version: String::new(),
+            }
+            .encode_to_vec(),
+            timeout_nano: 0,
+            metadata: vec![],
+        };
+        let msg = petrel_nri::ttrpc::encode_message(
+            1,
+            petrel_nri::ttrpc::TYPE_REQUEST,
+            &envelope.encode_to_vec(),
+        );
+        raw.write_all(&petrel_nri::mux::encode_frames(2, &msg))
+            .await
+            .unwrap();
+        let err = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ConnError::InvalidIdentity(_)), "{err:?}");
+
+        // The refusal was answered before the connection closed.
+        let mut rest = Vec::new();
+        raw.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.len() > 8 + 10, "no answer: {rest:?}");
+        let resp = petrel_nri::ttrpc::Response::decode(&rest[18..]).unwrap();
+        let status = resp.status.unwrap();
+        assert_eq!(status.code, petrel_nri::ttrpc::Code::InvalidArgument as i32);
+        assert!(status.message.contains("bad/name"), "{}", status.message);
+    })
+    .await;
+}

@@ -16,6 +16,9 @@ use crate::mux::{Mux, MuxError, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE
 use crate::rpc::{self, Handler, HandlerFuture, RpcClient, RpcError};
 use crate::ttrpc::{self, Code, Status};
 
+/// How long a refused plugin may take to read the refusal and hang up.
+const REFUSAL_GRACE: Duration = Duration::from_secs(1);
+
 /// Tunables of a plugin connection. Defaults are containerd's.
 #[derive(Debug, Clone)]
 pub struct ConnOptions {
@@ -217,8 +220,11 @@ impl PluginConn {
             Ok(registration) => registration,
             Err(err) => {
                 tracing::warn!(error = %err, "nri: plugin connection refused");
-                // Give the refusal answer a moment to leave before closing the socket.
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                if matches!(err, ConnError::InvalidIdentity(_)) {
+                    // The plugin is being answered with the reason; a plugin that reads
+                    // it hangs up, one that does not is cut off after a short grace.
+                    let _ = tokio::time::timeout(REFUSAL_GRACE, mux.closed()).await;
+                }
                 mux.close().await;
                 return Err(err);
             }
