@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -680,51 +679,6 @@ async fn dialling_plugin_reconnects_after_runtime_restart() {
 
         handle.stop();
         plugin.await.unwrap().unwrap();
-    })
-    .await;
-}
-
-/// A launched plugin: the socket comes from NRI_PLUGIN_SOCKET, the identity from
-/// NRI_PLUGIN_NAME and NRI_PLUGIN_IDX. (nextest runs every test in its own process, so
-/// setting the environment here touches no other test.)
-#[tokio::test]
-async fn inherited_socket_and_identity_from_the_environment() {
-    use std::os::fd::IntoRawFd;
-    within(async {
-        let (runtime_end, plugin_fd) = plugin_socketpair().unwrap();
-        let std_stream = std::os::unix::net::UnixStream::from(plugin_fd);
-        let fd = std_stream.into_raw_fd();
-        std::env::set_var(api::PLUGIN_SOCKET_ENV, fd.to_string());
-        std::env::set_var(api::PLUGIN_NAME_ENV, "launched");
-        std::env::set_var(api::PLUGIN_IDX_ENV, "07");
-
-        let stub = Stub::builder(HashMap::<String, String>::new())
-            .on_post_start_container(|_s, _req| async { Ok(()) })
-            .build()
-            .unwrap();
-        assert_eq!((stub.name(), stub.index()), ("launched", "07"));
-        let plugin = tokio::spawn(stub.run());
-
-        let conn = PluginConn::accept(runtime_end, Arc::new(Recorder::default()), fast_options())
-            .await
-            .unwrap();
-        assert_eq!(conn.registration().qualified_name(), "07-launched");
-        let mask = conn.configure("", "petrel", "0").await.unwrap();
-        assert_eq!(mask, EventMask::of(Event::PostStartContainer));
-
-        // The runtime goes away without Shutdown: the plugin ends with the cause.
-        conn.close().await;
-        let result = plugin.await.unwrap();
-        assert!(
-            matches!(result, Err(StubError::Disconnected(_))),
-            "{result:?}"
-        );
-
-        // The fd can be taken only once per process.
-        let again = Stub::builder(())
-            .on_post_start_container(|_s, _req| async { Ok(()) })
-            .build();
-        assert!(matches!(again, Err(StubError::InheritedSocket(_))));
     })
     .await;
 }
