@@ -311,6 +311,48 @@ impl Mux {
         self.fail(MuxError::Closed).await;
     }
 
+    /// Closes the trunk without waiting, for `Drop` implementations: like
+    /// [`close`](Self::close), except that a write in progress finishes first.
+    pub fn close_now(&self) {
+        self.record(MuxError::Closed);
+        if let Ok(mut queues) = self.inner.queues.lock() {
+            queues.clear();
+        }
+        match self.inner.writer.try_lock() {
+            // Dropping the write half shuts the socket's sending side down.
+            Ok(mut writer) => drop(writer.take()),
+            Err(_) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let mux = self.clone();
+                    rt.spawn(async move { drop(mux.inner.writer.lock().await.take()) });
+                }
+            }
+        }
+        let task = self.inner.reader.lock().ok().and_then(|mut t| t.take());
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+
+    /// Records the first cause of the trunk's end; true if it was the first.
+    fn record(&self, err: MuxError) -> bool {
+        let first = self.inner.state.send_if_modified(|state| {
+            if state.is_none() {
+                *state = Some(err.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            match &err {
+                MuxError::Closed | MuxError::Eof => tracing::debug!(error = %err, "nri mux closed"),
+                _ => tracing::warn!(error = %err, "nri mux closed"),
+            }
+        }
+        first
+    }
+
     /// Why the trunk stopped, or `None` while it works.
     pub fn error(&self) -> Option<MuxError> {
         self.inner.state.borrow().clone()
@@ -340,20 +382,7 @@ impl Mux {
     /// Records the first error, drops every queue (readers see the end) and shuts the
     /// trunk down so the peer notices at once.
     async fn fail(&self, err: MuxError) {
-        let first = self.inner.state.send_if_modified(|state| {
-            if state.is_none() {
-                *state = Some(err.clone());
-                true
-            } else {
-                false
-            }
-        });
-        if first {
-            match &err {
-                MuxError::Closed | MuxError::Eof => tracing::debug!(error = %err, "nri mux closed"),
-                _ => tracing::warn!(error = %err, "nri mux closed"),
-            }
-        }
+        self.record(err);
         if let Ok(mut queues) = self.inner.queues.lock() {
             queues.clear();
         }

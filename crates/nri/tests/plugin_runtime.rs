@@ -887,3 +887,40 @@ async fn invalid_plugin_identity_is_refused() {
     })
     .await;
 }
+
+/// Dropping the last handle of either end closes the connection: a dropped
+/// `PluginConn` ends an inherited plugin, a stopped stub is seen by the runtime.
+#[tokio::test]
+async fn dropping_either_end_closes_the_connection() {
+    within(async {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (seen, _events) = Seen::new();
+        let stub = test_plugin(seen).connection(b).build().unwrap();
+        let plugin = tokio::spawn(stub.run());
+        let conn = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
+            .await
+            .unwrap();
+        conn.configure("", "petrel", "0").await.unwrap();
+        drop(conn);
+        let result = plugin.await.unwrap();
+        assert!(
+            matches!(result, Err(StubError::Disconnected(_))),
+            "{result:?}"
+        );
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let (seen, _events) = Seen::new();
+        let stub = test_plugin(seen).connection(b).build().unwrap();
+        let handle = stub.handle();
+        let plugin = tokio::spawn(stub.run());
+        let conn = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
+            .await
+            .unwrap();
+        conn.configure("", "petrel", "0").await.unwrap();
+        handle.connected().await;
+        handle.stop();
+        assert_eq!(plugin.await.unwrap(), Ok(()));
+        assert_eq!(conn.closed().await, MuxError::Eof);
+    })
+    .await;
+}

@@ -169,6 +169,14 @@ impl std::fmt::Debug for PluginConn {
     }
 }
 
+/// The last handle on a connection gone: the connection goes too (its tasks hold the
+/// multiplexer, so without this it would outlive every handle).
+impl Drop for ConnInner {
+    fn drop(&mut self) {
+        self.mux.close_now();
+    }
+}
+
 type RegistrationSlot = Arc<StdMutex<Option<Registration>>>;
 
 impl PluginConn {

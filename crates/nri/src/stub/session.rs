@@ -96,6 +96,9 @@ pub(crate) async fn run_session<S: Send + Sync + 'static>(
         Ok(started) => started,
         Err(e) => return fail(false, StubError::Disconnected(e)),
     };
+    // However the session ends, also by its future being dropped (a stopped stub), the
+    // connection ends with it; the serving tasks would keep it open otherwise.
+    let _close_on_exit = CloseOnDrop(mux.clone());
     let runtime_reader = readers.pop();
     let plugin_reader = readers.pop();
     let (Some(plugin_reader), Some(runtime_reader)) = (plugin_reader, runtime_reader) else {
@@ -164,6 +167,14 @@ pub(crate) async fn run_session<S: Send + Sync + 'static>(
         configured: true,
         shutdown: service.shutdown_seen.load(Ordering::SeqCst),
         cause: StubError::Disconnected(cause),
+    }
+}
+
+struct CloseOnDrop(Mux);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close_now();
     }
 }
 
