@@ -157,9 +157,10 @@ pub struct RuntimeInfo {
     pub runtime_version: String,
     /// NRI version of the runtime ("" for runtimes that do not say, such as 1.7).
     pub nri_version: String,
-    /// Registration timeout the runtime applies.
+    /// Registration timeout the runtime applies (zero if it did not say: containerd 1.7).
     pub registration_timeout: Duration,
-    /// Per-request timeout the runtime applies: handlers should finish well within it.
+    /// Per-request timeout the runtime applies: handlers should finish well within it
+    /// (zero if the runtime did not say: containerd 1.7, whose default is 2 s).
     pub request_timeout: Duration,
     /// Events the plugin is subscribed to.
     pub events: EventMask,
@@ -197,6 +198,7 @@ pub struct StubBuilder<S> {
     mux: MuxOptions,
     handlers: Handlers<S>,
     state: S,
+    shared: Arc<Shared>,
 }
 
 /// A cloneable handle on a running stub: calls to the runtime that are not answers to
@@ -221,6 +223,10 @@ impl<S: Send + Sync + 'static> Stub<S> {
             mux: MuxOptions::default(),
             handlers: Handlers::default(),
             state,
+            shared: Arc::new(Shared {
+                current: watch::channel(None).0,
+                stop: watch::channel(false).0,
+            }),
         }
     }
 
@@ -369,6 +375,14 @@ impl<S: Send + Sync + 'static> StubBuilder<S> {
         self
     }
 
+    /// A handle on the stub being built, e.g. to keep in the plugin's state for
+    /// unsolicited updates from background tasks (the same as [`Stub::handle`]).
+    pub fn handle(&self) -> StubHandle {
+        StubHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Resolves identity and transport. Fails without any event handler, or with an
     /// invalid name or index.
     pub fn build(self) -> Result<Stub<S>, StubError> {
@@ -386,8 +400,6 @@ impl<S: Send + Sync + 'static> StubBuilder<S> {
                     .unwrap_or_else(|| PathBuf::from(api::DEFAULT_SOCKET_PATH)),
             )
         };
-        let (current, _) = watch::channel(None);
-        let (stop, _) = watch::channel(false);
         Ok(Stub {
             name,
             index,
@@ -397,7 +409,7 @@ impl<S: Send + Sync + 'static> StubBuilder<S> {
             mux: self.mux,
             handlers: Arc::new(self.handlers),
             state: Arc::new(self.state),
-            shared: Arc::new(Shared { current, stop }),
+            shared: self.shared,
         })
     }
 }
