@@ -32,7 +32,7 @@ use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, watch, Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::ttrpc;
@@ -219,11 +219,20 @@ struct ConnQueue {
     budget: Arc<Semaphore>,
 }
 
+/// One write handed to the writer task: whole frames, written without interruption.
+struct Outgoing {
+    frames: Vec<u8>,
+    done: oneshot::Sender<Result<(), MuxError>>,
+}
+
+/// Writes queued ahead of the writer task before writers wait (backpressure).
+const WRITE_QUEUE: usize = 32;
+
 struct Inner {
-    writer: Mutex<Option<OwnedWriteHalf>>,
+    writes: mpsc::Sender<Outgoing>,
     queues: StdMutex<HashMap<ConnId, ConnQueue>>,
     state: watch::Sender<Option<MuxError>>,
-    reader: StdMutex<Option<JoinHandle<()>>>,
+    tasks: StdMutex<Vec<JoinHandle<()>>>,
     queue_bytes: usize,
 }
 
@@ -261,17 +270,25 @@ impl Mux {
             readers.push(ConnReader { conn, rx });
         }
         let (state, _) = watch::channel(None);
+        let (writes, write_rx) = mpsc::channel(WRITE_QUEUE);
         let inner = Arc::new(Inner {
-            writer: Mutex::new(Some(write_half)),
+            writes,
             queues: StdMutex::new(queues),
             state,
-            reader: StdMutex::new(None),
+            tasks: StdMutex::new(Vec::new()),
             queue_bytes,
         });
         let mux = Mux { inner };
-        let task = tokio::spawn(read_trunk(mux.clone(), read_half));
-        if let Ok(mut slot) = mux.inner.reader.lock() {
-            *slot = Some(task);
+        let reader = tokio::spawn(read_trunk(mux.clone(), read_half));
+        let writer = tokio::spawn(write_trunk(mux.clone(), write_half, write_rx));
+        if let Ok(mut tasks) = mux.inner.tasks.lock() {
+            tasks.push(reader);
+            tasks.push(writer);
+        }
+        // The reader may already have failed (garbage waiting on the socket) before its
+        // handle was stored: stop the tasks now that they can be found.
+        if mux.error().is_some() {
+            mux.fail(MuxError::Closed);
         }
         Ok((mux, readers))
     }
@@ -285,6 +302,10 @@ impl Mux {
     /// Writes each non-empty part as its own frame(s), all in one go (no frame of
     /// another writer in between). ttRPC messages use this to frame like Go's ttRPC
     /// does, see [`GO_READ_BUFFER`].
+    ///
+    /// Cancel-safe: the frames are written by the trunk's writer task, so a caller
+    /// that gives up (a call's timeout) never leaves half a frame on the wire; once
+    /// queued, a write completes. Writes are queued in the order callers get here.
     pub async fn write_parts(&self, conn: ConnId, parts: &[&[u8]]) -> Result<(), MuxError> {
         if !self.is_open(conn) {
             return Err(self.error().unwrap_or(MuxError::NotOpen(conn)));
@@ -293,45 +314,24 @@ impl Mux {
         for part in parts.iter().filter(|p| !p.is_empty()) {
             frames.extend_from_slice(&encode_frames(conn, part));
         }
-        let mut guard = self.inner.writer.lock().await;
-        let Some(writer) = guard.as_mut() else {
-            return Err(self.error().unwrap_or(MuxError::Closed));
-        };
-        if let Err(e) = writer.write_all(&frames).await {
-            drop(guard);
-            let err = MuxError::Io(e.to_string());
-            self.fail(err.clone()).await;
-            return Err(self.error().unwrap_or(err));
-        }
-        Ok(())
+        let (done, written) = oneshot::channel();
+        let gone = || self.error().unwrap_or(MuxError::Closed);
+        self.inner
+            .writes
+            .send(Outgoing { frames, done })
+            .await
+            .map_err(|_| gone())?;
+        written.await.unwrap_or_else(|_| Err(gone()))
     }
 
     /// Closes the trunk: pending and later operations fail with [`MuxError::Closed`].
     pub async fn close(&self) {
-        self.fail(MuxError::Closed).await;
+        self.fail(MuxError::Closed);
     }
 
-    /// Closes the trunk without waiting, for `Drop` implementations: like
-    /// [`close`](Self::close), except that a write in progress finishes first.
+    /// [`close`](Self::close) for places that cannot wait, such as `Drop`.
     pub fn close_now(&self) {
-        self.record(MuxError::Closed);
-        if let Ok(mut queues) = self.inner.queues.lock() {
-            queues.clear();
-        }
-        match self.inner.writer.try_lock() {
-            // Dropping the write half shuts the socket's sending side down.
-            Ok(mut writer) => drop(writer.take()),
-            Err(_) => {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let mux = self.clone();
-                    rt.spawn(async move { drop(mux.inner.writer.lock().await.take()) });
-                }
-            }
-        }
-        let task = self.inner.reader.lock().ok().and_then(|mut t| t.take());
-        if let Some(task) = task {
-            task.abort();
-        }
+        self.fail(MuxError::Closed);
     }
 
     /// Records the first cause of the trunk's end; true if it was the first.
@@ -379,21 +379,40 @@ impl Mux {
             .unwrap_or(false)
     }
 
-    /// Records the first error, drops every queue (readers see the end) and shuts the
-    /// trunk down so the peer notices at once.
-    async fn fail(&self, err: MuxError) {
+    /// Records the first error, drops every queue (readers see the end) and stops the
+    /// reader and writer tasks; their socket halves go with them, so the peer sees the
+    /// trunk closed at once.
+    fn fail(&self, err: MuxError) {
         self.record(err);
         if let Ok(mut queues) = self.inner.queues.lock() {
             queues.clear();
         }
-        if let Some(mut writer) = self.inner.writer.lock().await.take() {
-            let _ = writer.shutdown().await;
-        }
-        let task = self.inner.reader.lock().ok().and_then(|mut t| t.take());
-        if let Some(task) = task {
-            // The reader task itself may be the caller; aborting a task from inside
-            // itself only takes effect at its next await, after it has finished here.
+        let tasks = self
+            .inner
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        for task in tasks {
+            // A task calling this about itself is cancelled only at its next await,
+            // and it has nothing left to do by then.
             task.abort();
+        }
+    }
+}
+
+async fn write_trunk(mux: Mux, mut trunk: OwnedWriteHalf, mut writes: mpsc::Receiver<Outgoing>) {
+    while let Some(out) = writes.recv().await {
+        match trunk.write_all(&out.frames).await {
+            Ok(()) => {
+                let _ = out.done.send(Ok(()));
+            }
+            Err(e) => {
+                let err = MuxError::Io(e.to_string());
+                let _ = out.done.send(Err(err.clone()));
+                mux.fail(err);
+                return;
+            }
         }
     }
 }
@@ -429,7 +448,7 @@ async fn read_trunk(mux: Mux, mut trunk: OwnedReadHalf) {
             Err(e) => break MuxError::Io(e.to_string()),
         }
     };
-    mux.fail(err).await;
+    mux.fail(err);
 }
 
 /// Queues a frame's payload for its connection, waiting for budget if the consumer is

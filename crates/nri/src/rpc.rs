@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -94,7 +93,7 @@ pub(crate) struct RpcClient {
     mux: Mux,
     conn: ConnId,
     service: &'static str,
-    next_stream: Arc<AtomicU32>,
+    next_stream: Arc<tokio::sync::Mutex<u32>>,
     pending: Pending,
 }
 
@@ -108,7 +107,7 @@ impl RpcClient {
             mux,
             conn,
             service,
-            next_stream: Arc::new(AtomicU32::new(1)),
+            next_stream: Arc::new(tokio::sync::Mutex::new(1)),
             pending,
         }
     }
@@ -138,25 +137,33 @@ impl RpcClient {
                 max: ttrpc::MAX_MESSAGE_LEN,
             });
         }
-        let stream_id = self.next_stream.fetch_add(2, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.insert(stream_id, tx);
-        }
-        let _forget = ForgetOnDrop {
-            pending: &self.pending,
-            stream_id,
-        };
         let disconnected = |cause: MuxError| RpcError::Disconnected {
             method: method.to_string(),
             cause,
         };
-        let message = ttrpc::encode_message(stream_id, TYPE_REQUEST, &payload);
         let exchange = async {
-            self.mux
-                .write_parts(self.conn, &crate::mux::ttrpc_message_parts(&message))
-                .await
-                .map_err(disconnected)?;
+            // Stream ids are taken and written in one critical section: ttRPC servers
+            // refuse an id lower than one they have already seen, so concurrent calls
+            // must reach the wire in id order (Go's client does the same).
+            let (rx, _forget) = {
+                let mut next = self.next_stream.lock().await;
+                let stream_id = *next;
+                *next = next.wrapping_add(2);
+                let (tx, rx) = oneshot::channel();
+                if let Ok(mut pending) = self.pending.lock() {
+                    pending.insert(stream_id, tx);
+                }
+                let forget = ForgetOnDrop {
+                    pending: &self.pending,
+                    stream_id,
+                };
+                let message = ttrpc::encode_message(stream_id, TYPE_REQUEST, &payload);
+                self.mux
+                    .write_parts(self.conn, &crate::mux::ttrpc_message_parts(&message))
+                    .await
+                    .map_err(disconnected)?;
+                (rx, forget)
+            };
             match rx.await {
                 Ok(resp) => Ok(resp),
                 Err(_) => Err(disconnected(self.mux.error().unwrap_or(MuxError::Closed))),

@@ -22,6 +22,9 @@ use super::{RuntimeInfo, Shared, StubError};
 /// containers, so this is generous, but a dead runtime must not hang the plugin.
 const UPDATE_CONTAINERS_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a failed configuration keeps the connection for its answer to be read.
+const CONFIGURE_REFUSAL_GRACE: Duration = Duration::from_secs(1);
+
 /// A live, configured connection.
 pub(crate) struct Session {
     client: RpcClient,
@@ -150,6 +153,9 @@ pub(crate) async fn run_session<S: Send + Sync + 'static>(
         cause = mux.closed() => Err(format!("connection closed before Configure: {cause}")),
     };
     if let Err(reason) = configured {
+        // The runtime is being answered with the reason and hangs up on reading it;
+        // hang up ourselves if it does not within a grace period.
+        let _ = tokio::time::timeout(CONFIGURE_REFUSAL_GRACE, mux.closed()).await;
         mux.close().await;
         return fail(false, StubError::Configure(reason));
     }
