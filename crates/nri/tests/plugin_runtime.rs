@@ -934,9 +934,18 @@ async fn concurrent_calls_are_all_answered() {
         let (seen, _events) = Seen::new();
         let stub = test_plugin(seen).connection(b).build().unwrap();
         let plugin = tokio::spawn(stub.run());
-        let conn = PluginConn::accept(a, Arc::new(Recorder::default()), fast_options())
-            .await
-            .unwrap();
+        let conn = PluginConn::accept(
+            a,
+            Arc::new(Recorder::default()),
+            ConnOptions {
+                // Ordering is under test, not speed: 200 calls on a loaded machine may take
+                // longer than the usual short test timeout.
+                request_timeout: Duration::from_secs(10),
+                ..fast_options()
+            },
+        )
+        .await
+        .unwrap();
         conn.configure("", "petrel", "0").await.unwrap();
         let calls: Vec<_> = (0..200)
             .map(|i| {
