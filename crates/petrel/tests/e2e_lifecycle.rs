@@ -640,37 +640,30 @@ async fn exited_containers_should_leave_no_page_cache_charged_to_their_cgroups()
     let data = tempfile::tempdir().unwrap();
     let pc = node.pod_config("memcg");
     let pod = c.run_pod(pc.clone()).await;
-    for (name, remove_at_once) in [("deferred", false), ("removed", true)] {
-        let cfg = api::ContainerConfig {
-            mounts: vec![api::Mount {
-                host_path: data.path().display().to_string(),
-                container_path: "/data".into(),
-                ..Default::default()
-            }],
-            ..sh_container(
-                name,
-                &format!("dd if=/dev/zero of=/data/{name} bs=1M count=8 2>/dev/null"),
-            )
-        };
-        let id = c.run(&pod, &pc, cfg).await;
-        c.wait_state(
-            &id,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(10),
+    let name = "deferred";
+    let cfg = api::ContainerConfig {
+        mounts: vec![api::Mount {
+            host_path: data.path().display().to_string(),
+            container_path: "/data".into(),
+            ..Default::default()
+        }],
+        ..sh_container(
+            name,
+            &format!("dd if=/dev/zero of=/data/{name} bs=1M count=8 2>/dev/null"),
         )
-        .await;
-        let file = data.path().join(name);
-        // The runtime's clean-up after the exit does it, also when the
-        // container is removed at once (the reclaim outlives the cgroup).
-        if remove_at_once {
-            c.remove(&id).await.unwrap();
-        }
-        let gone = eventually(Duration::from_secs(5), || resident_bytes(&file) < 1 << 20).await;
-        assert!(gone, "{name}: {} bytes still cached", resident_bytes(&file));
-        if !remove_at_once {
-            c.remove(&id).await.unwrap();
-        }
-        assert_eq!(std::fs::metadata(&file).unwrap().len(), 8 << 20);
-    }
+    };
+    let id = c.run(&pod, &pc, cfg).await;
+    c.wait_state(
+        &id,
+        api::ContainerState::ContainerExited,
+        Duration::from_secs(10),
+    )
+    .await;
+    let file = data.path().join(name);
+    // Nobody removes it: the runtime's clean-up after the exit uncharges it.
+    let gone = eventually(Duration::from_secs(5), || resident_bytes(&file) < 1 << 20).await;
+    assert!(gone, "{name}: {} bytes still cached", resident_bytes(&file));
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 8 << 20);
+    c.remove(&id).await.unwrap();
     c.remove_pod(&pod).await.unwrap();
 }

@@ -214,31 +214,33 @@ impl Runtime {
         {
             tracing::error!(container.id = %rec.id, error = %e, "exit not committed; recovery will read it again");
         }
-        // Uncharge what the container left in its memory cgroup (page cache)
-        // before the cgroup goes, or it lives on in the kernel as a dying
-        // cgroup. Off every CRI call's path: it can take long on a busy host
-        // (it drains every CPU's page lists). A removal that deletes the
-        // cgroup meanwhile does not stop it; the reclaim goes on.
-        let cgroups = self.cgroups.clone();
-        let cgroup = rec.cgroup_path.clone();
-        let id = rec.id.clone();
-        let release = tokio::task::spawn_blocking(move || {
-            if let Err(e) = cgroups.release_memory(&cgroup) {
-                tracing::debug!(container.id = %id, error = %e, "container memory not released");
-            }
-        });
         // runc's record of a stopped container only holds its cgroup; drop
         // it a little later, so that starting runc does not compete with the
         // event on its way out. A removal that comes first does it instead.
+        //
+        // Before the cgroup goes, uncharge what the container left in it
+        // (page cache), or it lives on in the kernel as a dying cgroup. Only
+        // here, never on a CRI call's path: it can take long on a busy host,
+        // and a RemoveContainer deleting the cgroup meanwhile would wait for
+        // it (removing a cgroup waits for writes to its files). A container
+        // removed within CLEANUP_DELAY of its exit is not uncharged.
         let rt = self.clone();
         let c = c.clone();
+        let cgroup = rec.cgroup_path.clone();
         tokio::spawn(async move {
             tokio::time::sleep(CLEANUP_DELAY).await;
-            let _ = release.await;
             let mut deleted = c.runc_deleted.lock().await;
             if *deleted {
                 return;
             }
+            let cgroups = rt.cgroups.clone();
+            let id = c.id.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(e) = cgroups.release_memory(&cgroup) {
+                    tracing::debug!(container.id = %id, error = %e, "container memory not released");
+                }
+            })
+            .await;
             match rt.runc.delete(&c.id, true).await {
                 Ok(()) => *deleted = true,
                 Err(e) => {
