@@ -11,6 +11,7 @@ pub mod container;
 pub mod error;
 pub mod events;
 pub mod metrics;
+pub mod nri;
 pub mod records;
 pub mod sandbox;
 pub mod server;
