@@ -6,7 +6,8 @@
 //! - [`mux`]: the connection multiplexer carrying both services over one socket.
 //! - [`ttrpc`]: ttRPC message framing and envelopes.
 //! - [`stub`]: the plugin SDK.
-//! - [`adaptation`]: the runtime's end of one plugin connection.
+//! - [`adaptation`]: the runtime's end of one plugin connection, and the merging and
+//!   validation of what plugins answer.
 
 #![warn(missing_docs)]
 
