@@ -45,6 +45,35 @@ fn removal(key: &str) -> Option<&str> {
     key.strip_prefix('-')
 }
 
+/// Sets `changes` into `map`; a key with the removal marker removes the entry.
+fn merge_keyed(map: &mut HashMap<String, String>, changes: &HashMap<String, String>) {
+    for (k, v) in changes {
+        match removal(k) {
+            Some(key) => {
+                map.remove(key);
+            }
+            None => {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Resource fields Petrel cannot apply (no blockio/RDT classes, device rules
+/// come from the device list).
+fn refuse_unsupported_resources(r: &api::LinuxResources) -> Result<(), ApplyError> {
+    if r.blockio_class.is_some() {
+        return Err(ApplyError::Unsupported("blockio_class"));
+    }
+    if r.rdt_class.is_some() {
+        return Err(ApplyError::Unsupported("rdt_class"));
+    }
+    if !r.devices.is_empty() {
+        return Err(ApplyError::Unsupported("device cgroup rules"));
+    }
+    Ok(())
+}
+
 fn opt_i64(v: Option<i64>) -> Option<api::OptionalInt64> {
     v.map(|value| api::OptionalInt64 { value })
 }
@@ -210,16 +239,7 @@ pub fn apply_adjustment(spec: &mut Spec, adj: &api::ContainerAdjustment) -> Resu
     }
     if !adj.annotations.is_empty() {
         let mut a = spec.annotations().clone().unwrap_or_default();
-        for (k, v) in &adj.annotations {
-            match removal(k) {
-                Some(key) => {
-                    a.remove(key);
-                }
-                None => {
-                    a.insert(k.clone(), v.clone());
-                }
-            }
-        }
+        merge_keyed(&mut a, &adj.annotations);
         spec.set_annotations(Some(a));
     }
     if !adj.mounts.is_empty() {
@@ -441,16 +461,7 @@ fn apply_linux(spec: &mut Spec, l: &api::LinuxContainerAdjustment) -> Result<(),
     }
     if !l.sysctl.is_empty() {
         let mut sysctl = linux.sysctl().clone().unwrap_or_default();
-        for (k, v) in &l.sysctl {
-            match removal(k) {
-                Some(key) => {
-                    sysctl.remove(key);
-                }
-                None => {
-                    sysctl.insert(k.clone(), v.clone());
-                }
-            }
-        }
+        merge_keyed(&mut sysctl, &l.sysctl);
         linux.set_sysctl(Some(sysctl));
     }
     if let Some(r) = &l.resources {
@@ -468,15 +479,7 @@ pub fn apply_resources(
     res: &mut LinuxResources,
     r: &api::LinuxResources,
 ) -> Result<(), ApplyError> {
-    if r.blockio_class.is_some() {
-        return Err(ApplyError::Unsupported("blockio_class"));
-    }
-    if r.rdt_class.is_some() {
-        return Err(ApplyError::Unsupported("rdt_class"));
-    }
-    if !r.devices.is_empty() {
-        return Err(ApplyError::Unsupported("device cgroup rules"));
-    }
+    refuse_unsupported_resources(r)?;
     if let Some(m) = &r.memory {
         let mut mem = (*res.memory()).unwrap_or_default();
         if let Some(v) = &m.limit {
@@ -576,15 +579,7 @@ pub fn update_cri_resources(
     base: &petrel_cri::api::LinuxContainerResources,
     r: &api::LinuxResources,
 ) -> Result<petrel_cri::api::LinuxContainerResources, ApplyError> {
-    if r.blockio_class.is_some() {
-        return Err(ApplyError::Unsupported("blockio_class"));
-    }
-    if r.rdt_class.is_some() {
-        return Err(ApplyError::Unsupported("rdt_class"));
-    }
-    if !r.devices.is_empty() {
-        return Err(ApplyError::Unsupported("device cgroup rules"));
-    }
+    refuse_unsupported_resources(r)?;
     let mut out = base.clone();
     if let Some(m) = &r.memory {
         if let Some(v) = &m.limit {
