@@ -5,7 +5,7 @@
 use petrel_cri::api as cri;
 use petrel_nri::api;
 
-use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
+use crate::records::{ContainerRecord, ContainerState, SandboxRecord};
 
 /// CRI resources as NRI shows them (unset CRI zeros stay unset).
 pub fn cri_resources_to_nri(r: &cri::LinuxContainerResources) -> api::LinuxResources {
@@ -87,11 +87,6 @@ pub fn pod(rec: &SandboxRecord) -> api::PodSandbox {
             .map(|n| n.ips.clone())
             .unwrap_or_default(),
     }
-}
-
-/// True if the pod counts for plugins (not half-made).
-pub fn pod_visible(rec: &SandboxRecord) -> bool {
-    rec.state != SandboxState::Creating
 }
 
 /// NRI's state of a container.

@@ -130,16 +130,4 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
-
-    /// True if a plugin with this index and name is connected.
-    pub fn contains(&self, index: &str, name: &str) -> bool {
-        self.plugins
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|p| {
-                let r = p.conn.registration();
-                r.index == index && r.name == name
-            })
-    }
 }
