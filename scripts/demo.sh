@@ -111,7 +111,9 @@ EOF
 say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
 $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
   --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info \
-  --registry-config-dir "$WORK/certs.d" --cni-conf-dir examples/cni 2> "$WORK/node.log" &
+  --registry-config-dir "$WORK/certs.d" --cni-conf-dir examples/cni \
+  --nri-socket "$WORK/nri/nri.sock" --nri-plugin-path "$WORK/nri/plugins" \
+  --nri-plugin-config-path "$WORK/nri/conf.d" 2> "$WORK/node.log" &
 NODE_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }

@@ -72,6 +72,12 @@ impl Node {
             .arg(&state)
             .arg("--default-cgroup-parent")
             .arg(cgroup_parent)
+            .arg("--nri-socket")
+            .arg(work.join("nri.sock"))
+            .arg("--nri-plugin-path")
+            .arg(work.join("nri-plugins"))
+            .arg("--nri-plugin-config-path")
+            .arg(work.join("nri-conf"))
             .args(extra);
         if let Some(shim) = shim {
             cmd.arg("--shim-binary").arg(shim);

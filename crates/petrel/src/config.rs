@@ -17,6 +17,8 @@ pub struct FileConfig {
     pub cri: RuntimeConfig,
     /// `[agent]`: the node agent.
     pub agent: petrel_agent::AgentConfig,
+    /// `[nri]`: NRI in the runtime, with containerd's keys.
+    pub nri: petrel_runtime::nri::NriConfig,
 }
 
 impl FileConfig {
@@ -46,6 +48,32 @@ mod tests {
         assert_eq!(c.agent.pleg, petrel_agent::PlegMode::Events);
         assert_eq!(c.agent.relist_period, std::time::Duration::from_secs(2));
         assert!(toml::from_str::<FileConfig>("[agent]\npleg = \"sometimes\"\n").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn nri_section_should_use_containerds_keys_and_defaults() -> anyhow::Result<()> {
+        let c: FileConfig = toml::from_str("")?;
+        assert!(!c.nri.disable, "NRI is on by default");
+        assert_eq!(c.nri.socket_path, Path::new("/var/run/nri/nri.sock"));
+        let c: FileConfig = toml::from_str(concat!(
+            "[nri]\nsocket_path = \"/tmp/n.sock\"\nplugin_request_timeout = \"500ms\"\n",
+            "[nri.plugins.\"10-slow\"]\ntimeout_fatal = true\n",
+            "[nri.default_validator]\nenable = true\nrequired_plugins = [\"policy\"]\n",
+        ))?;
+        assert_eq!(c.nri.socket_path, Path::new("/tmp/n.sock"));
+        assert_eq!(
+            c.nri.plugin_request_timeout,
+            std::time::Duration::from_millis(500)
+        );
+        assert!(c.nri.plugin("10", "slow").is_some_and(|o| o.timeout_fatal));
+        assert_eq!(c.nri.default_validator.required_plugins, ["policy"]);
+        let e = toml::from_str::<FileConfig>("[nri]\nplugin_request_timeout = \"2 s\"\n")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("plugin_request_timeout"), "{e}");
+        assert!(toml::from_str::<FileConfig>("[nri]\nsocket = \"/x\"\n").is_err());
         Ok(())
     }
 }

@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the CRI v1 container runtime.
-    Runtime(commands::runtime::RuntimeArgs),
+    Runtime(Box<commands::runtime::RuntimeArgs>),
     /// Talk to a CRI runtime, like crictl.
     Ctl(commands::ctl::CtlArgs),
     /// Show the agent's pods, like kubectl get.
@@ -37,16 +37,16 @@ enum Command {
     /// Run the node agent against a CRI runtime.
     Agent(commands::agent::AgentArgs),
     /// Run runtime and agent in one process: a node.
-    Node(commands::node::NodeArgs),
+    Node(Box<commands::node::NodeArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Runtime(args) => commands::runtime::main(args),
+        Command::Runtime(args) => commands::runtime::main(*args),
         Command::Ctl(args) => commands::ctl::main(args),
         Command::Get(args) => commands::get::main(args),
         Command::Agent(args) => commands::agent::main(args),
-        Command::Node(args) => commands::node::main(args),
+        Command::Node(args) => commands::node::main(*args),
     }
 }

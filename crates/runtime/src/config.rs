@@ -48,6 +48,10 @@ pub struct RuntimeConfig {
     /// How long an Exec/Attach/PortForward URL stays valid before its
     /// client connects, in seconds (kubelet: 60).
     pub stream_token_ttl_secs: u64,
+    /// NRI: the config file's top-level `[nri]` section (not part of
+    /// `[cri]`), with containerd's keys. On by default.
+    #[serde(skip)]
+    pub nri: crate::nri::NriConfig,
 }
 
 /// How pods that do not use the host's network get one.
@@ -145,6 +149,7 @@ impl Default for RuntimeConfig {
             cni: CniConfig::default(),
             stream_address: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             stream_token_ttl_secs: 60,
+            nri: crate::nri::NriConfig::default(),
         }
     }
 }

@@ -81,6 +81,8 @@ pub struct Runtime {
     pub(crate) networks: crate::sandbox::network::PodNetworks,
     /// The streaming server, once serving (set by `serve_runtime`).
     pub(crate) streams: std::sync::OnceLock<petrel_stream::StreamServer>,
+    /// NRI, once serving (set by `serve_runtime`).
+    pub(crate) nri: std::sync::OnceLock<Arc<crate::nri::host::RuntimeNri>>,
     initialized: AtomicBool,
     stopping: AtomicBool,
     calls: AtomicUsize,
@@ -216,6 +218,7 @@ impl Runtime {
             shim_binary,
             networks,
             streams: std::sync::OnceLock::new(),
+            nri: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             calls: AtomicUsize::new(0),

@@ -5,7 +5,7 @@
 //! in this container's creation (its answer was merged, or the runtime recorded it as
 //! consulted); one that is not running or timed out is missing.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::merge::CreateResult;
 use super::owners::removal_target;
@@ -144,7 +144,7 @@ pub fn check_verdict(
 
 /// Configuration of the built-in default validator (the runtime's
 /// `[nri.default_validator]` section; option names as containerd's).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DefaultValidatorConfig {
     /// Run the default validator at all.

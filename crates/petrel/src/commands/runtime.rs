@@ -55,6 +55,20 @@ pub struct RuntimeArgs {
     /// listens [default: 127.0.0.1:0, loopback on a free port].
     #[arg(long)]
     pub stream_address: Option<std::net::SocketAddr>,
+    /// Socket NRI plugins dial [default: /var/run/nri/nri.sock].
+    #[arg(long)]
+    pub nri_socket: Option<PathBuf>,
+    /// Directory of pre-registered NRI plugins (`NN-name` executables)
+    /// [default: /opt/nri/plugins].
+    #[arg(long)]
+    pub nri_plugin_path: Option<PathBuf>,
+    /// Directory of their configuration (`NN-name.conf` or `name.conf`)
+    /// [default: /etc/nri/conf.d].
+    #[arg(long)]
+    pub nri_plugin_config_path: Option<PathBuf>,
+    /// Turn NRI off (it is on by default).
+    #[arg(long)]
+    pub disable_nri: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -76,9 +90,26 @@ impl RuntimeArgs {
     /// The effective configuration: defaults < file < flags.
     pub fn resolve(&self) -> anyhow::Result<petrel_runtime::RuntimeConfig> {
         let mut c = match &self.config {
-            Some(p) => FileConfig::load(p)?.cri,
+            Some(p) => {
+                let file = FileConfig::load(p)?;
+                let mut c = file.cri;
+                c.nri = file.nri;
+                c
+            }
             None => petrel_runtime::RuntimeConfig::default(),
         };
+        if let Some(v) = &self.nri_socket {
+            c.nri.socket_path = v.clone();
+        }
+        if let Some(v) = &self.nri_plugin_path {
+            c.nri.plugin_path = v.clone();
+        }
+        if let Some(v) = &self.nri_plugin_config_path {
+            c.nri.plugin_config_path = v.clone();
+        }
+        if self.disable_nri {
+            c.nri.disable = true;
+        }
         if let Some(v) = &self.root {
             c.root = v.clone();
         }

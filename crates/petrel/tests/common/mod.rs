@@ -128,6 +128,14 @@ impl Node {
 
     /// A runtime's directories and config, not started yet.
     fn prepare(extra_cri: &str) -> Node {
+        Self::prepare_with(extra_cri, "")
+    }
+
+    /// A runtime's directories and config with extra `[cri]` and `[nri]`
+    /// settings (TOML lines; `[nri.…]` tables last), not started yet
+    /// ([`Node::spawn`] starts it). NRI's socket and plugin directories are
+    /// the test's own ([`Node::nri_dir`]).
+    pub fn prepare_with(extra_cri: &str, extra_nri: &str) -> Node {
         let dir = tempfile::Builder::new()
             .prefix("petrel-e2e.")
             .tempdir()
@@ -137,6 +145,7 @@ impl Node {
         let socket = state.join("petrel.sock");
         let cgroup_parent = format!("/petrel-test-{}", random_suffix());
         let config_file = dir.path().join("config.toml");
+        let nri_dir = dir.path().join("nri");
         // Pods get loopback only unless a test sets up a CNI network.
         let network = if extra_cri.contains("pod_network") {
             ""
@@ -146,8 +155,14 @@ impl Node {
         std::fs::write(
             &config_file,
             format!(
-                "[cri]\nroot = {:?}\nstate = {:?}\ndefault_cgroup_parent = {:?}\n{network}{extra_cri}\n",
-                root, state, cgroup_parent
+                "[cri]\nroot = {:?}\nstate = {:?}\ndefault_cgroup_parent = {:?}\n{network}{extra_cri}\n\
+                 [nri]\nsocket_path = {:?}\nplugin_path = {:?}\nplugin_config_path = {:?}\n{extra_nri}\n",
+                root,
+                state,
+                cgroup_parent,
+                nri_dir.join("nri.sock"),
+                nri_dir.join("plugins"),
+                nri_dir.join("conf.d"),
             ),
         )
         .expect("write config");
@@ -162,7 +177,14 @@ impl Node {
         }
     }
 
-    fn spawn(&mut self) {
+    /// NRI's directory of this runtime: `nri.sock`, `plugins/` (the
+    /// pre-registered plugins) and `conf.d/`.
+    pub fn nri_dir(&self) -> PathBuf {
+        self.dir.path().join("nri")
+    }
+
+    /// Starts the prepared runtime and waits until it serves.
+    pub fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

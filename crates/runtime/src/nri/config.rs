@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use petrel_nri::adaptation::DefaultValidatorConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// `[nri]`. NRI is on by default, as in containerd 2.x.
@@ -34,6 +35,9 @@ pub struct NriConfig {
     /// Per-plugin overrides, keyed by the plugin's name (`logger`) or its
     /// indexed name (`10-logger`); the indexed key wins.
     pub plugins: BTreeMap<String, PluginOverride>,
+    /// `[nri.default_validator]`: the built-in validator (off by default;
+    /// containerd's option names).
+    pub default_validator: DefaultValidatorConfig,
 }
 
 /// Settings of one plugin that differ from the section's.
@@ -61,6 +65,7 @@ impl Default for NriConfig {
             plugin_registration_timeout: Duration::from_secs(5),
             plugin_request_timeout: Duration::from_secs(2),
             plugins: BTreeMap::new(),
+            default_validator: DefaultValidatorConfig::default(),
         }
     }
 }

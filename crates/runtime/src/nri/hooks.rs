@@ -38,6 +38,15 @@ pub enum HookError {
         /// Its timeout.
         timeout: std::time::Duration,
     },
+    /// Two plugins changed the same thing, or a plugin's answer was malformed.
+    #[error("NRI: {0}")]
+    Merge(#[from] petrel_nri::adaptation::MergeError),
+    /// A validator refused the merged adjustment, or a required plugin is missing.
+    #[error("NRI: {0}")]
+    Validation(#[from] petrel_nri::adaptation::ValidationError),
+    /// The merged adjustment cannot be applied to the container.
+    #[error("NRI: {0}")]
+    Apply(#[from] super::spec::ApplyError),
 }
 
 /// Whether a plugin's error fails the CRI call.
@@ -67,40 +76,59 @@ impl<H: NriHost> Nri<H> {
         for p in plugins {
             let t0 = Instant::now();
             let r = call(p.clone()).await;
-            let timeout = matches!(&r, Err(e) if e.is_timeout());
-            p.stats.record(t0.elapsed(), r.is_err(), timeout);
-            let name = event.as_str_name();
-            match r {
-                Ok(v) => out.push((p, v)),
-                Err(e) if timeout => {
-                    if p.timeout_fatal {
-                        tracing::warn!(plugin = %p.qualified_name(), event = name, "nri: plugin timed out; its timeouts are fatal");
-                        // A plugin that hangs is cut off, as containerd does.
-                        p.conn.close().await;
-                        return Err(HookError::Timeout {
-                            plugin: p.qualified_name(),
-                            event: name,
-                            timeout: p.conn.request_timeout(),
-                        });
-                    }
-                    tracing::warn!(plugin = %p.qualified_name(), event = name, error = %e, "nri: plugin timed out; skipped for this call");
-                }
-                Err(e) if e.is_disconnected() => {
-                    tracing::warn!(plugin = %p.qualified_name(), event = name, error = %e, "nri: plugin gone; skipped");
-                }
-                Err(e) => {
-                    if veto == Veto::Allowed {
-                        return Err(HookError::Plugin {
-                            plugin: p.qualified_name(),
-                            event: name,
-                            message: e.to_string(),
-                        });
-                    }
-                    tracing::warn!(plugin = %p.qualified_name(), event = name, error = %e, "nri: plugin failed a notification");
-                }
+            if let Some(v) = self.settle(&p, event, veto, t0, r).await? {
+                out.push((p, v));
             }
         }
         Ok(out)
+    }
+
+    /// Counts one call to `p` and decides what its outcome means: its answer,
+    /// nothing (skipped: timed out, gone, or a failed notification), or the
+    /// error that fails the CRI call.
+    pub(crate) async fn settle<T>(
+        &self,
+        p: &Plugin,
+        event: Event,
+        veto: Veto,
+        t0: Instant,
+        r: Result<T, ConnError>,
+    ) -> Result<Option<T>, HookError> {
+        let timeout = matches!(&r, Err(e) if e.is_timeout());
+        p.stats.record(t0.elapsed(), r.is_err(), timeout);
+        let name = event.as_str_name();
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if timeout => {
+                if p.timeout_fatal {
+                    tracing::warn!(plugin = %p.qualified_name(), event = name, "nri: plugin timed out; its timeouts are fatal");
+                    // A plugin that hangs is cut off, as containerd does.
+                    p.conn.close().await;
+                    return Err(HookError::Timeout {
+                        plugin: p.qualified_name(),
+                        event: name,
+                        timeout: p.conn.request_timeout(),
+                    });
+                }
+                tracing::warn!(plugin = %p.qualified_name(), event = name, error = %e, "nri: plugin timed out; skipped for this call");
+                Ok(None)
+            }
+            Err(e) if e.is_disconnected() => {
+                tracing::warn!(plugin = %p.qualified_name(), event = name, error = %e, "nri: plugin gone; skipped");
+                Ok(None)
+            }
+            Err(e) => {
+                if veto == Veto::Allowed {
+                    return Err(HookError::Plugin {
+                        plugin: p.qualified_name(),
+                        event: name,
+                        message: e.to_string(),
+                    });
+                }
+                tracing::warn!(plugin = %p.qualified_name(), event = name, error = %e, "nri: plugin failed a notification");
+                Ok(None)
+            }
+        }
     }
 
     /// RunPodSandbox: a plugin may refuse the pod.

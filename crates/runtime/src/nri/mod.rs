@@ -2,18 +2,21 @@
 //! external ones accepted on `socket_path`, each configured, synchronized and
 //! then called on the pod and container events it subscribed to.
 //!
-//! WORK IN PROGRESS (issue 7): the registry, discovery, launch and admission
-//! are here; the hooks in the CRI calls, merging and validation (in
-//! `petrel_nri::adaptation`), metrics and `petrel ctl nri` are not wired yet.
+//! The runtime side is [`host`]: what NRI asks of the runtime (a snapshot for
+//! Synchronize, plugin-initiated updates and evictions) and the calls the CRI
+//! handlers make at each event.
 
+mod adjust;
 pub mod config;
 pub mod discover;
 mod hooks;
+pub mod host;
 mod launch;
 pub mod records;
 pub mod registry;
 pub mod spec;
 
+pub use adjust::Updates;
 pub use hooks::HookError;
 
 use std::future::Future;
@@ -21,7 +24,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use petrel_nri::adaptation::{ConnOptions, PluginConn, Registration, RuntimeHandler};
+use petrel_nri::adaptation::{
+    ConnOptions, DefaultValidator, PluginConn, Registration, RuntimeHandler,
+};
 use petrel_nri::api;
 use petrel_nri::ttrpc::Status;
 use tokio::net::UnixListener;
@@ -95,6 +100,22 @@ pub struct Nri<H: NriHost> {
     stop: CancellationToken,
     /// The socket this NRI bound (removed at shutdown).
     socket: Option<std::path::PathBuf>,
+    /// The built-in validator, if `[nri.default_validator]` enables it.
+    validator: Option<DefaultValidator>,
+    /// Who set what in each container, from CreateContainer and accepted
+    /// updates: later updates are checked against it. Replaced, never
+    /// changed in place, while a merge holds a copy.
+    owners: std::sync::Mutex<Arc<api::OwningPlugins>>,
+}
+
+impl<H: NriHost> std::fmt::Debug for Nri<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nri")
+            .field("disabled", &self.config.disable)
+            .field("socket", &self.socket)
+            .field("plugins", &self.registry.all().len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<H: NriHost> Nri<H> {
@@ -114,6 +135,8 @@ impl<H: NriHost> Nri<H> {
         };
         let nri = Arc::new(Nri {
             socket: listener.as_ref().map(|_| config.socket_path.clone()),
+            validator: DefaultValidator::from_config(config.default_validator.clone()),
+            owners: std::sync::Mutex::default(),
             config,
             host,
             registry: Arc::default(),
@@ -150,6 +173,16 @@ impl<H: NriHost> Nri<H> {
     /// The connected plugins.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The configuration NRI runs with.
+    pub fn config(&self) -> &NriConfig {
+        &self.config
+    }
+
+    /// True if NRI is off (every hook a no-op).
+    pub fn disabled(&self) -> bool {
+        self.config.disable
     }
 
     /// Held by a CRI call while it changes pods or containers (see `sync`).

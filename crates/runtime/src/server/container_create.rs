@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use petrel_cri::api;
+use petrel_nri::adaptation::CreateResult;
 use petrel_oci::spec::{self, ContainerSpecInput, NamespaceRef, SandboxContext};
 use petrel_store::Table;
 
@@ -68,6 +69,7 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse> {
+        let _sync = self.nri_block_sync().await;
         let sb = self.sandbox(&req.pod_sandbox_id)?;
         let _pod = sb.op.read().await;
         let sbrec = sb.record();
@@ -147,8 +149,8 @@ impl Runtime {
         sb.add_container(&id);
 
         let made = self.make_container(&mut rec, &sbrec, &image).await;
-        let pidfd = match made {
-            Ok(pidfd) => pidfd,
+        let (pidfd, adjusted) = match made {
+            Ok(made) => made,
             Err(e) => {
                 if let Err(undo) = self.teardown_container(&rec, false).await {
                     tracing::error!(container.id = %id, error = %undo, "rollback of a failed CreateContainer incomplete");
@@ -171,6 +173,7 @@ impl Runtime {
         }
         self.watch_exit(c.clone(), pidfd);
         self.publish(&id, api::ContainerEventType::ContainerCreatedEvent, &sb);
+        self.nri_created(&c, &sb, adjusted).await;
         Ok(api::CreateContainerResponse { container_id: id })
     }
 
@@ -179,7 +182,7 @@ impl Runtime {
         rec: &mut ContainerRecord,
         sbrec: &SandboxRecord,
         image: &petrel_image::Image,
-    ) -> Result<std::os::fd::OwnedFd> {
+    ) -> Result<(std::os::fd::OwnedFd, Option<CreateResult>)> {
         let t0 = std::time::Instant::now();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
@@ -255,7 +258,8 @@ impl Runtime {
             sandbox: &ctx,
             host: &self.host,
         };
-        let oci = spec::build_container_spec(&input)?;
+        let mut oci = spec::build_container_spec(&input)?;
+        let adjusted = self.nri_adjust(sbrec, rec, &mut oci).await?;
         let json = serde_json::to_vec(&oci)
             .map_err(|e| RuntimeError::internal("encode config.json", e))?;
         let cfg_path = rec.bundle.join("config.json");
@@ -293,7 +297,7 @@ impl Runtime {
         rec.init_start_time = util::process_start_time(started.init_pid).unwrap_or(0);
         rec.shim = Some(started.shim);
         rec.state = ContainerState::Created;
-        Ok(started.pidfd)
+        Ok((started.pidfd, adjusted))
     }
 
     /// Undoes whatever a container has on the host: runc state (killing

@@ -16,6 +16,7 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::RemoveContainerRequest,
     ) -> Result<api::RemoveContainerResponse> {
+        let _sync = self.nri_block_sync().await;
         let c = match self.container(&req.container_id) {
             Ok(c) => c,
             Err(RuntimeError::NotFound { .. }) => return Ok(api::RemoveContainerResponse {}),
@@ -50,6 +51,8 @@ impl Runtime {
         if let Some(sb) = &sb {
             self.publish(&rec.id, api::ContainerEventType::ContainerDeletedEvent, sb);
         }
+        drop(_op);
+        self.nri_removed(&rec, sb.as_deref()).await;
         Ok(())
     }
 }

@@ -15,6 +15,7 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::StartContainerRequest,
     ) -> Result<api::StartContainerResponse> {
+        let _sync = self.nri_block_sync().await;
         let c = self.container(&req.container_id)?;
         // Holding the container's lock orders this start before the exit
         // handling of a container that dies at once: STARTED precedes STOPPED.
@@ -29,11 +30,14 @@ impl Runtime {
         let sb = self.sandbox_of(&c).ok_or_else(|| {
             RuntimeError::Internal(format!("container {} has no sandbox", rec.id))
         })?;
+        self.nri_start(&rec, &sb).await?;
         self.runc.start(&rec.id).await?;
         rec.state = ContainerState::Running;
         rec.started_at = util::now_ns();
         self.save_container(&c, rec)?;
         self.publish(&c.id, api::ContainerEventType::ContainerStartedEvent, &sb);
+        drop(_op);
+        self.nri_started(&c, &sb).await;
         Ok(api::StartContainerResponse {})
     }
 }

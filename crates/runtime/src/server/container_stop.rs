@@ -169,6 +169,9 @@ impl Runtime {
         if let Some(s) = &rec.shim {
             util::reap(s.pid);
         }
+        // An eviction's reason outlives the exit it causes.
+        let evicted = (rec.reason == crate::nri::host::EVICTED_REASON)
+            .then(|| std::mem::take(&mut rec.message));
         match shim::read_exit(&rec.bundle) {
             Some(exit) => {
                 rec.exit_code = exit.exit_code;
@@ -196,6 +199,10 @@ impl Runtime {
                 tracing::warn!(container.id = %rec.id, "shim exited without an exit record");
             }
         }
+        if let Some(message) = evicted {
+            rec.reason = crate::nri::host::EVICTED_REASON.to_string();
+            rec.message = message;
+        }
         if rec.started_at == 0 && rec.state == ContainerState::Running {
             rec.started_at = rec.finished_at;
         }
@@ -214,6 +221,7 @@ impl Runtime {
         {
             tracing::error!(container.id = %rec.id, error = %e, "exit not committed; recovery will read it again");
         }
+        self.nri_stopped(c);
         // runc's record of a stopped container only holds its cgroup; drop
         // it a little later, so that starting runc does not compete with the
         // event on its way out. A removal that comes first does it instead.

@@ -1,4 +1,5 @@
-//! UpdateContainerResources: validated, applied live through runc, recorded.
+//! UpdateContainerResources: validated, shown to NRI plugins (which may
+//! change it), applied live through runc, recorded.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use petrel_cri::api;
 use crate::error::{Result, RuntimeError};
 use crate::records::ContainerState;
 use crate::service::Runtime;
+use crate::state::Container;
 
 impl Runtime {
     /// UpdateContainerResources.
@@ -18,6 +20,21 @@ impl Runtime {
         let linux = req.linux.ok_or_else(|| {
             RuntimeError::invalid("linux", "missing (only Linux resources are supported)")
         })?;
+        // Refused before any plugin sees it.
+        petrel_oci::spec::linux_resources(&linux, &self.host)?;
+        let (linux, updates) = self.nri_update(&c, &linux).await?;
+        self.set_container_resources(&c, linux).await?;
+        self.nri_updated(&c, updates).await;
+        Ok(api::UpdateContainerResourcesResponse {})
+    }
+
+    /// Applies resources to a created or running container and records
+    /// them (UpdateContainerResources, and updates NRI plugins ask for).
+    pub(crate) async fn set_container_resources(
+        &self,
+        c: &Container,
+        linux: api::LinuxContainerResources,
+    ) -> Result<()> {
         let oci = petrel_oci::spec::linux_resources(&linux, &self.host)?;
         let _op = c.op.lock().await;
         let mut rec = c.record();
@@ -39,7 +56,7 @@ impl Runtime {
             }
         }
         rec.resources = Some(linux);
-        self.save_container(&c, rec)?;
-        Ok(api::UpdateContainerResourcesResponse {})
+        self.save_container(c, rec)?;
+        Ok(())
     }
 }

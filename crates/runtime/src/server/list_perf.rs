@@ -255,6 +255,10 @@ fn serve(pods: usize) -> Served {
         // Never started: any existing file will do.
         shim_binary: Some(std::env::current_exe().unwrap()),
         runtime_binary: "/bin/sh".into(),
+        nri: crate::nri::NriConfig {
+            disable: true,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let socket = config.socket_path();

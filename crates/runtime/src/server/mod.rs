@@ -60,6 +60,9 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("serve: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// NRI could not start (its socket or plugin directory).
+    #[error("{0}")]
+    Nri(#[from] crate::nri::NriError),
 }
 
 /// Runs the runtime until `shutdown` completes: open, recover, serve.
@@ -95,12 +98,28 @@ pub async fn serve_runtime(
     )
     .map_err(|e| RuntimeError::internal("start the streaming server", e))?;
     let _ = rt.streams.set(streams);
-    let incoming = petrel_cri::bind_unix(&socket, mode)?;
+    // After recovery (plugins are synchronized with what it found), before
+    // the first CRI call (which may already need a plugin).
+    let nri = crate::nri::Nri::start(
+        rt.config.nri.clone(),
+        Arc::new(crate::nri::host::RuntimeHost::new(&rt)),
+        "petrel",
+        env!("CARGO_PKG_VERSION"),
+    )?;
+    let _ = rt.nri.set(nri.clone());
+    let incoming = match petrel_cri::bind_unix(&socket, mode) {
+        Ok(i) => i,
+        Err(e) => {
+            nri.shutdown().await;
+            return Err(e.into());
+        }
+    };
     rt.set_initialized();
     tracing::info!(socket = %socket.display(), root = %rt.layout.root.display(), state = %rt.layout.state.display(), "petrel runtime serving CRI");
     let mut serving = tokio::spawn(router(&rt).serve_with_incoming(incoming));
     tokio::select! {
         r = &mut serving => {
+            nri.shutdown().await;
             let _ = std::fs::remove_file(&socket);
             return match r {
                 Ok(r) => r.map_err(ServeError::from),
@@ -125,6 +144,7 @@ pub async fn serve_runtime(
         tracing::warn!("calls under way did not finish within 10s");
     }
     serving.abort();
+    nri.shutdown().await;
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

@@ -15,6 +15,7 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::RemovePodSandboxRequest,
     ) -> Result<api::RemovePodSandboxResponse> {
+        let _sync = self.nri_block_sync().await;
         let sb = match self.sandbox(&req.pod_sandbox_id) {
             Ok(sb) => sb,
             Err(crate::RuntimeError::NotFound { .. }) => {
@@ -36,6 +37,8 @@ impl Runtime {
         self.publish(&rec.id, api::ContainerEventType::ContainerDeletedEvent, &sb);
         self.state.remove_sandbox(&rec.id);
         self.state.release_name(&rec.name, &rec.id);
+        self.nri_pod_gone(&sb, petrel_nri::api::Event::RemovePodSandbox)
+            .await;
         Ok(api::RemovePodSandboxResponse {})
     }
 }

@@ -74,6 +74,7 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::RunPodSandboxRequest,
     ) -> Result<api::RunPodSandboxResponse> {
+        let _sync = self.nri_block_sync().await;
         let config = required(req.config, "config")?;
         let md = required(config.metadata.as_ref(), "config.metadata")?;
         non_empty(&md.name, "config.metadata.name")?;
@@ -155,10 +156,15 @@ impl Runtime {
         let sb = Arc::new(Sandbox::new(rec.clone()));
         self.state.insert_sandbox(sb.clone());
 
-        match self
+        let made = match self
             .make_sandbox(&mut rec, &hostname, host_network, network)
             .await
         {
+            // A plugin may still refuse the pod: it is undone like a failure.
+            Ok(()) => self.nri_run_pod(&sb).await,
+            Err(e) => Err(e),
+        };
+        match made {
             Ok(()) => {}
             Err(e) => {
                 if let Err(undo) = self.teardown_sandbox(&rec).await {

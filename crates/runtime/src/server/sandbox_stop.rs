@@ -19,6 +19,8 @@ impl Runtime {
     ) -> Result<api::StopPodSandboxResponse> {
         let sb = self.sandbox(&req.pod_sandbox_id)?;
         self.stop_sandbox(&sb).await?;
+        self.nri_pod_gone(&sb, petrel_nri::api::Event::StopPodSandbox)
+            .await;
         Ok(api::StopPodSandboxResponse {})
     }
 

@@ -118,6 +118,13 @@ impl Daemon {
             default_cgroup_parent: cgroup_parent.clone(),
             // Loopback only: the pod's own network namespace, no CNI.
             pod_network: PodNetworkMode::Loopback,
+            // NRI with this test's own socket and (empty) plugin directories.
+            nri: petrel_runtime::nri::NriConfig {
+                socket_path: dir.path().join("nri.sock"),
+                plugin_path: dir.path().join("nri-plugins"),
+                plugin_config_path: dir.path().join("nri-conf"),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut d = Daemon {
