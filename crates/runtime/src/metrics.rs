@@ -45,6 +45,8 @@ pub struct Metrics {
     pub containers: Family<StateLabels, Gauge>,
     /// Pod sandboxes by state.
     pub sandboxes: Family<StateLabels, Gauge>,
+    /// NRI's (`petrel_runtime_nri_*`).
+    pub nri: crate::nri::NriMetrics,
 }
 
 impl Default for Metrics {
@@ -99,6 +101,8 @@ impl Metrics {
         );
         registry.register("containers", "Containers by state", containers.clone());
         registry.register("sandboxes", "Pod sandboxes by state", sandboxes.clone());
+        let nri = crate::nri::NriMetrics::default();
+        nri.register(&mut registry);
         Self {
             registry,
             ops,
@@ -108,6 +112,7 @@ impl Metrics {
             subscribers,
             containers,
             sandboxes,
+            nri,
         }
     }
 

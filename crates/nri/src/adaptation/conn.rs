@@ -108,9 +108,17 @@ pub enum ConnError {
 }
 
 impl ConnError {
-    /// True if the call ran into its timeout.
+    /// True if the call ran into its timeout: no answer in time, or the
+    /// plugin's own side gave up on the deadline the request carried (an SDK
+    /// enforcing the timeout answers DEADLINE_EXCEEDED just before it).
     pub fn is_timeout(&self) -> bool {
-        matches!(self, ConnError::Rpc(RpcError::Timeout { .. }))
+        match self {
+            ConnError::Rpc(RpcError::Timeout { .. }) => true,
+            ConnError::Rpc(RpcError::Status { code, .. }) => {
+                *code == crate::ttrpc::Code::DeadlineExceeded as i32
+            }
+            _ => false,
+        }
     }
 
     /// True if the connection is gone.

@@ -89,7 +89,13 @@ impl<H: NriHost> Nri<H> {
             let t0 = Instant::now();
             let r = p.conn.validate_container_adjustment(&req).await;
             let timeout = matches!(&r, Err(e) if e.is_timeout());
-            p.stats.record(t0.elapsed(), r.is_err(), timeout);
+            self.observe(
+                &p,
+                Event::ValidateContainerAdjustment,
+                t0.elapsed(),
+                r.is_err(),
+                timeout,
+            );
             let verdict = r.map_err(|e| ValidationError::Rejected {
                 validator: p.qualified_name(),
                 reason: format!("validation failed: {e}"),

@@ -95,7 +95,7 @@ impl<H: NriHost> Nri<H> {
         r: Result<T, ConnError>,
     ) -> Result<Option<T>, HookError> {
         let timeout = matches!(&r, Err(e) if e.is_timeout());
-        p.stats.record(t0.elapsed(), r.is_err(), timeout);
+        self.observe(p, event, t0.elapsed(), r.is_err(), timeout);
         let name = event.as_str_name();
         match r {
             Ok(v) => Ok(Some(v)),

@@ -12,6 +12,7 @@ pub mod discover;
 mod hooks;
 pub mod host;
 mod launch;
+pub mod metrics;
 pub mod records;
 pub mod registry;
 pub mod spec;
@@ -19,6 +20,7 @@ pub mod spec;
 pub use adjust::Updates;
 pub use hooks::HookError;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -27,13 +29,14 @@ use std::time::{Duration, Instant};
 use petrel_nri::adaptation::{
     ConnOptions, DefaultValidator, PluginConn, Registration, RuntimeHandler,
 };
-use petrel_nri::api;
+use petrel_nri::api::{self, Event};
 use petrel_nri::ttrpc::Status;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::NriConfig;
 use discover::PluginFile;
+pub use metrics::NriMetrics;
 use registry::{Plugin, PluginStats, Registry};
 
 /// What the runtime gives NRI.
@@ -106,6 +109,49 @@ pub struct Nri<H: NriHost> {
     /// updates: later updates are checked against it. Replaced, never
     /// changed in place, while a merge holds a copy.
     owners: std::sync::Mutex<Arc<api::OwningPlugins>>,
+    metrics: NriMetrics,
+    /// The pre-registered plugins by `NN-name`: how their supervision goes.
+    launched: std::sync::Mutex<BTreeMap<String, Launched>>,
+}
+
+/// How a pre-registered plugin's supervision goes.
+#[derive(Debug, Clone, Default)]
+struct Launched {
+    /// Launches after the first.
+    relaunches: u32,
+    /// Why it is not connected (empty while it is).
+    problem: String,
+}
+
+/// One plugin as `petrel ctl nri` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginInfo {
+    /// Its index (`NN`).
+    pub index: String,
+    /// Its name.
+    pub name: String,
+    /// The events it subscribed to (empty while not connected).
+    pub events: Vec<String>,
+    /// Launched by the runtime from `plugin_path`.
+    pub pre_registered: bool,
+    /// Its process (from the socket's peer credentials), 0 if unknown.
+    pub pid: i32,
+    /// "connected", or why not (a pre-registered plugin being relaunched).
+    pub health: String,
+    /// Relaunches so far (pre-registered plugins).
+    pub relaunches: u32,
+    /// Calls made, failed, timed out, and their total time in microseconds.
+    pub calls: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Calls that timed out.
+    pub timeouts: u64,
+    /// Total call time in microseconds.
+    pub busy_micros: u64,
+    /// Its request timeout.
+    pub request_timeout: Duration,
+    /// A timeout fails the CRI call (and disconnects it).
+    pub timeout_fatal: bool,
 }
 
 impl<H: NriHost> std::fmt::Debug for Nri<H> {
@@ -125,6 +171,7 @@ impl<H: NriHost> Nri<H> {
     pub fn start(
         config: NriConfig,
         host: Arc<H>,
+        metrics: NriMetrics,
         runtime_name: &str,
         runtime_version: &str,
     ) -> Result<Arc<Self>, NriError> {
@@ -137,6 +184,8 @@ impl<H: NriHost> Nri<H> {
             socket: listener.as_ref().map(|_| config.socket_path.clone()),
             validator: DefaultValidator::from_config(config.default_validator.clone()),
             owners: std::sync::Mutex::default(),
+            metrics,
+            launched: std::sync::Mutex::default(),
             config,
             host,
             registry: Arc::default(),
@@ -185,6 +234,114 @@ impl<H: NriHost> Nri<H> {
         self.config.disable
     }
 
+    /// The socket external plugins dial, if NRI listens.
+    pub fn socket(&self) -> Option<&Path> {
+        self.socket.as_deref()
+    }
+
+    /// Records one call to a plugin, in its counters and the metrics.
+    pub(crate) fn observe(
+        &self,
+        p: &Plugin,
+        event: Event,
+        took: Duration,
+        error: bool,
+        timeout: bool,
+    ) {
+        p.stats.record(took, error, timeout);
+        self.metrics.observe(
+            &p.qualified_name(),
+            event.as_str_name(),
+            took,
+            error,
+            timeout,
+        );
+    }
+
+    /// Every plugin, connected ones in index order, then pre-registered
+    /// ones that are not connected.
+    pub fn plugins(&self) -> Vec<PluginInfo> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let launched = self
+            .launched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut out: Vec<PluginInfo> = self
+            .registry
+            .all()
+            .iter()
+            .map(|p| {
+                let r = p.conn.registration();
+                let mask = p.conn.events();
+                PluginInfo {
+                    index: r.index.clone(),
+                    name: r.name.clone(),
+                    events: (1..Event::Last as i32)
+                        .filter_map(|e| Event::try_from(e).ok())
+                        .filter(|e| mask.contains(*e))
+                        .map(|e| e.as_str_name().to_string())
+                        .collect(),
+                    pre_registered: p.pre_registered,
+                    pid: p.pid.unwrap_or(0),
+                    health: "connected".to_string(),
+                    relaunches: launched
+                        .get(&p.qualified_name())
+                        .map_or(0, |l| l.relaunches),
+                    calls: p.stats.calls.load(Relaxed),
+                    errors: p.stats.errors.load(Relaxed),
+                    timeouts: p.stats.timeouts.load(Relaxed),
+                    busy_micros: p.stats.busy_micros.load(Relaxed),
+                    request_timeout: p.conn.request_timeout(),
+                    timeout_fatal: p.timeout_fatal,
+                }
+            })
+            .collect();
+        for (qualified, l) in launched {
+            if out
+                .iter()
+                .any(|p| format!("{}-{}", p.index, p.name) == qualified)
+            {
+                continue;
+            }
+            let (index, name) = qualified.split_once('-').unwrap_or(("", &qualified));
+            out.push(PluginInfo {
+                index: index.to_string(),
+                name: name.to_string(),
+                events: Vec::new(),
+                pre_registered: true,
+                pid: 0,
+                health: if l.problem.is_empty() {
+                    "starting".to_string()
+                } else {
+                    l.problem.clone()
+                },
+                relaunches: l.relaunches,
+                calls: 0,
+                errors: 0,
+                timeouts: 0,
+                busy_micros: 0,
+                request_timeout: self.config.request_timeout(index, name),
+                timeout_fatal: self
+                    .config
+                    .plugin(index, name)
+                    .is_some_and(|o| o.timeout_fatal),
+            });
+        }
+        out
+    }
+
+    /// Notes how a pre-registered plugin's supervision goes.
+    fn note_launch(&self, file: &PluginFile, relaunch: bool, problem: &str) {
+        let mut all = self.launched.lock().unwrap_or_else(|p| p.into_inner());
+        let l = all.entry(file.qualified_name()).or_default();
+        if relaunch {
+            l.relaunches += 1;
+            self.metrics.relaunched(&file.qualified_name());
+        }
+        l.problem = problem.to_string();
+    }
+
     /// Held by a CRI call while it changes pods or containers (see `sync`).
     pub async fn block_sync(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
         self.sync.read().await
@@ -202,8 +359,10 @@ impl<H: NriHost> Nri<H> {
     /// end, relaunch after a growing delay.
     async fn supervise(self: Arc<Self>, file: PluginFile) {
         let mut delay = None;
+        self.note_launch(&file, false, "");
         loop {
             let started = Instant::now();
+            let problem;
             match launch::spawn(&file) {
                 Ok((mut child, stream)) => {
                     let handler = Arc::new(HostHandler(self.host.clone()));
@@ -214,7 +373,8 @@ impl<H: NriHost> Nri<H> {
                             if r.index != file.index || r.name != file.name {
                                 tracing::warn!(plugin = %file.qualified_name(), registered = %r.qualified_name(), "nri: launched plugin registered under another name");
                             }
-                            self.admit(conn, file.config.as_deref().unwrap_or(""), true)
+                            let pid = child.id().and_then(|p| i32::try_from(p).ok());
+                            self.admit(conn, file.config.as_deref().unwrap_or(""), pid, true)
                                 .await
                         }
                         Err(e) => {
@@ -222,21 +382,27 @@ impl<H: NriHost> Nri<H> {
                             None
                         }
                     };
-                    if let Some(plugin) = admitted {
-                        tokio::select! {
+                    problem = if let Some(plugin) = admitted {
+                        self.note_launch(&file, false, "");
+                        let lost = tokio::select! {
                             cause = plugin.conn.closed() => {
                                 tracing::warn!(plugin = %file.qualified_name(), cause = %cause, "nri: plugin connection lost");
+                                format!("connection lost: {cause}")
                             }
-                            _ = self.stop.cancelled() => {}
-                        }
-                        self.registry.remove(&plugin);
-                    }
+                            _ = self.stop.cancelled() => String::new(),
+                        };
+                        self.remove_plugin(&plugin);
+                        lost
+                    } else {
+                        "did not register, configure or synchronize".to_string()
+                    };
                     // A plugin whose connection is gone is done; make sure.
                     let _ = child.start_kill();
                     let _ = child.wait().await;
                 }
                 Err(e) => {
                     tracing::warn!(plugin = %file.qualified_name(), path = %file.path.display(), error = %e, "nri: plugin could not be launched");
+                    problem = format!("launch failed: {e}");
                 }
             }
             if self.stop.is_cancelled() {
@@ -245,6 +411,7 @@ impl<H: NriHost> Nri<H> {
             let d = launch::next_delay(delay, started.elapsed());
             delay = Some(d);
             tracing::info!(plugin = %file.qualified_name(), delay = ?d, "nri: relaunching plugin");
+            self.note_launch(&file, true, &format!("{problem}; relaunch in {d:?}"));
             tokio::select! {
                 _ = tokio::time::sleep(d) => {}
                 _ = self.stop.cancelled() => return,
@@ -291,7 +458,8 @@ impl<H: NriHost> Nri<H> {
                     conn.close().await;
                     return;
                 }
-                let Some(plugin) = nri.admit(conn, "", false).await else {
+                let pid = conn.peer_pid();
+                let Some(plugin) = nri.admit(conn, "", pid, false).await else {
                     return;
                 };
                 tokio::select! {
@@ -300,7 +468,7 @@ impl<H: NriHost> Nri<H> {
                     }
                     _ = nri.stop.cancelled() => {}
                 }
-                nri.registry.remove(&plugin);
+                nri.remove_plugin(&plugin);
             });
         }
     }
@@ -311,6 +479,7 @@ impl<H: NriHost> Nri<H> {
         &self,
         conn: PluginConn,
         config: &str,
+        pid: Option<i32>,
         pre_registered: bool,
     ) -> Option<Arc<Plugin>> {
         let name = conn.registration().qualified_name();
@@ -330,6 +499,7 @@ impl<H: NriHost> Nri<H> {
                 .is_some_and(|o| o.timeout_fatal),
             conn,
             pre_registered,
+            pid,
             stats: PluginStats::default(),
         });
         let _write = self.sync.write().await;
@@ -356,8 +526,14 @@ impl<H: NriHost> Nri<H> {
             plugin.conn.close().await;
             return None;
         }
+        self.metrics.plugins.set(self.registry.all().len() as i64);
         tracing::info!(plugin = %name, pods = pods.len(), containers = containers.len(), "nri: plugin synchronized");
         Some(plugin)
+    }
+
+    fn remove_plugin(&self, plugin: &Arc<Plugin>) {
+        self.registry.remove(plugin);
+        self.metrics.plugins.set(self.registry.all().len() as i64);
     }
 
     /// Tells every plugin the runtime is going down, and stops NRI.

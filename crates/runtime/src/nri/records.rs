@@ -106,7 +106,12 @@ pub fn container(rec: &ContainerRecord) -> api::Container {
     api::Container {
         id: rec.id.clone(),
         pod_sandbox_id: rec.sandbox_id.clone(),
-        name: rec.name.clone(),
+        // The container's own name, as CreateContainer showed it (not the
+        // runtime's unique name).
+        name: cfg
+            .metadata
+            .as_ref()
+            .map_or_else(|| rec.name.clone(), |m| m.name.clone()),
         state: state(rec.state) as i32,
         labels: cfg.labels.clone(),
         annotations: cfg.annotations.clone(),

@@ -45,6 +45,8 @@ pub struct Plugin {
     pub conn: PluginConn,
     /// True if the runtime launched it (from `plugin_path`).
     pub pre_registered: bool,
+    /// Its process: the launched child, or the socket peer's (external).
+    pub pid: Option<i32>,
     /// A timed-out call fails the CRI call instead of skipping the plugin.
     pub timeout_fatal: bool,
     /// Its call counters.

@@ -13,7 +13,7 @@ use petrel_nri::stub::{Backoff, PluginError, Stub, StubHandle};
 use petrel_nri::ttrpc::Status;
 
 use super::config::{NriConfig, PluginOverride};
-use super::{Nri, NriHost};
+use super::{Nri, NriHost, NriMetrics};
 
 #[derive(Default)]
 struct Recorder {
@@ -95,7 +95,8 @@ async fn plugins_should_be_synchronized_called_in_order_and_allowed_to_veto() {
     });
     let cfg = config(dir.path());
     let socket = cfg.socket_path.clone();
-    let nri = Nri::start(cfg, host.clone(), "petrel", "test").unwrap_or_else(|e| panic!("{e}"));
+    let nri = Nri::start(cfg, host.clone(), NriMetrics::default(), "petrel", "test")
+        .unwrap_or_else(|e| panic!("{e}"));
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
 
     // Plugin 20 refuses pods named "bad-name"; plugin 10 records order and
@@ -211,8 +212,14 @@ async fn a_hanging_plugin_should_cost_its_timeout_and_be_cut_off_only_if_fatal()
         },
     );
     let socket = cfg.socket_path.clone();
-    let nri = Nri::start(cfg, Arc::new(Recorder::default()), "petrel", "test")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let nri = Nri::start(
+        cfg,
+        Arc::new(Recorder::default()),
+        NriMetrics::default(),
+        "petrel",
+        "test",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let hang = |name: &str, idx: &str| {
         Stub::builder(())
             .name(name)
@@ -263,20 +270,38 @@ async fn a_hanging_plugin_should_cost_its_timeout_and_be_cut_off_only_if_fatal()
 async fn a_live_socket_of_another_runtime_should_not_be_taken() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cfg = config(dir.path());
-    let first = Nri::start(cfg.clone(), Arc::new(Recorder::default()), "petrel", "a")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let err = Nri::start(cfg.clone(), Arc::new(Recorder::default()), "petrel", "b")
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let first = Nri::start(
+        cfg.clone(),
+        Arc::new(Recorder::default()),
+        NriMetrics::default(),
+        "petrel",
+        "a",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let err = Nri::start(
+        cfg.clone(),
+        Arc::new(Recorder::default()),
+        NriMetrics::default(),
+        "petrel",
+        "b",
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
     assert!(err.contains("another runtime is listening"), "{err}");
     first.shutdown().await;
     let disabled = NriConfig {
         disable: true,
         ..cfg
     };
-    let off = Nri::start(disabled, Arc::new(Recorder::default()), "petrel", "c")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let off = Nri::start(
+        disabled,
+        Arc::new(Recorder::default()),
+        NriMetrics::default(),
+        "petrel",
+        "c",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(off.registry().all().is_empty());
     off.run_pod_sandbox(&pod("z"))
         .await

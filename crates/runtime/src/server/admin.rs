@@ -91,4 +91,42 @@ impl Runtime {
         }
         Ok(adm::MetricsResponse { text: m.encode() })
     }
+
+    /// NRI and its plugins, for `petrel ctl nri`.
+    pub(crate) async fn nri_plugins(
+        self: &Arc<Self>,
+        _req: adm::NriPluginsRequest,
+    ) -> Result<adm::NriPluginsResponse> {
+        let Some(n) = self.nri() else {
+            return Ok(adm::NriPluginsResponse::default());
+        };
+        let plugins = n
+            .plugins()
+            .into_iter()
+            .map(|p| adm::NriPlugin {
+                index: p.index,
+                name: p.name,
+                events: p.events,
+                pre_registered: p.pre_registered,
+                pid: p.pid,
+                health: p.health,
+                relaunches: p.relaunches,
+                calls: p.calls,
+                errors: p.errors,
+                timeouts: p.timeouts,
+                mean_call_micros: p.busy_micros.checked_div(p.calls).unwrap_or(0),
+                request_timeout_ms: u64::try_from(p.request_timeout.as_millis())
+                    .unwrap_or(u64::MAX),
+                timeout_fatal: p.timeout_fatal,
+            })
+            .collect();
+        Ok(adm::NriPluginsResponse {
+            enabled: true,
+            socket: n
+                .socket()
+                .map(|s| s.display().to_string())
+                .unwrap_or_default(),
+            plugins,
+        })
+    }
 }

@@ -103,6 +103,7 @@ pub async fn serve_runtime(
     let nri = crate::nri::Nri::start(
         rt.config.nri.clone(),
         Arc::new(crate::nri::host::RuntimeHost::new(&rt)),
+        rt.metrics.nri.clone(),
         "petrel",
         env!("CARGO_PKG_VERSION"),
     )?;
@@ -175,7 +176,8 @@ fn is_mutating(op: &str) -> bool {
         || op == "Version"
         || op == "ImageFsInfo"
         || op == "RuntimeConfig"
-        || op == "Metrics")
+        || op == "Metrics"
+        || op == "NriPlugins")
 }
 
 impl CriServer {
@@ -484,6 +486,12 @@ impl Admin for CriServer {
         r: Request<adm::ExportImageRequest>,
     ) -> Result<Response<adm::ExportImageResponse>, Status> {
         rpc!(self, "ExportImage", r, export_image)
+    }
+    async fn nri_plugins(
+        &self,
+        r: Request<adm::NriPluginsRequest>,
+    ) -> Result<Response<adm::NriPluginsResponse>, Status> {
+        rpc!(self, "NriPlugins", r, nri_plugins)
     }
 
     type PullImageStream = image_pull::PullStream;

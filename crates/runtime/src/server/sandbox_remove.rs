@@ -23,7 +23,12 @@ impl Runtime {
             }
             Err(e) => return Err(e),
         };
+        let was_ready = sb.with(|r| r.state == crate::records::SandboxState::Ready);
         self.stop_sandbox(&sb).await?;
+        if was_ready {
+            self.nri_pod_gone(&sb, petrel_nri::api::Event::StopPodSandbox)
+                .await;
+        }
         let _op = sb.op.write().await;
         for id in sb.container_ids() {
             if let Some(c) = self.state.container(&id) {

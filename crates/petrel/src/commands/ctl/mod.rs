@@ -31,6 +31,7 @@ mod events;
 mod images;
 mod info;
 mod logs;
+mod nri;
 mod output;
 mod pods;
 mod pull;
@@ -129,6 +130,8 @@ enum CtlCommand {
     Rmp(pods::RmpArgs),
     /// Show the runtime's metrics (Prometheus text).
     Metrics,
+    /// List the runtime's NRI plugins: index, subscriptions, health, calls.
+    Nri,
 }
 
 /// Runs one `petrel ctl` command and returns its exit code.
@@ -158,6 +161,7 @@ async fn dispatch(ctl: &Ctl, command: CtlCommand) -> Result<ExitCode, CtlError> 
         CtlCommand::Version => info::version(ctl).await,
         CtlCommand::Info => info::info(ctl).await,
         CtlCommand::Metrics => info::metrics(ctl).await,
+        CtlCommand::Nri => nri::plugins(ctl).await,
         CtlCommand::Pods(a) => pods::list(ctl, a).await,
         CtlCommand::Inspectp(a) => pods::inspect(ctl, a).await,
         CtlCommand::Stopp(a) => pods::stop(ctl, a).await,
