@@ -14,6 +14,9 @@
 //! let pod = c.run_pod(pc.clone()).await;
 //! let id = c.run(&pod, &pc, sh_container("app", "echo hi")).await;
 //! ```
+//!
+//! [`Containerd::start_with_nri`] enables 1.7's NRI on a socket, plugin
+//! directory and plugin config directory of the instance's own.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -80,7 +83,25 @@ pub struct Containerd {
     pub subnet: String,
     /// containerd's `usr/bin` (containerd, ctr, the runc v2 shim).
     pub bin_dir: PathBuf,
+    /// NRI's directories and socket, when enabled by
+    /// [`Containerd::start_with_nri`].
+    pub nri: Option<NriDirs>,
     child: Option<Child>,
+}
+
+/// What [`Containerd::start_with_nri`] runs before containerd starts.
+type InstallPlugins<'a> = dyn FnOnce(&NriDirs) + 'a;
+
+/// Where an NRI-enabled instance's NRI lives, all inside its directory.
+#[derive(Clone, Debug)]
+pub struct NriDirs {
+    /// containerd's NRI socket, for external plugins to dial.
+    pub socket: PathBuf,
+    /// `plugin_path`: pre-registered plugins (`NN-name` executables) that
+    /// containerd launches at start-up with their socket on fd 3.
+    pub plugin_path: PathBuf,
+    /// `plugin_config_path`: `NN-name.conf` / `name.conf`.
+    pub plugin_config_path: PathBuf,
 }
 
 impl Containerd {
@@ -88,6 +109,19 @@ impl Containerd {
     /// Returns `None` (after printing why) when `make containerd` has not
     /// run, unless `PETREL_REQUIRE_CONTAINERD` is set: then it panics.
     pub fn start(version: Version) -> Option<Containerd> {
+        Self::start_inner(version, None)
+    }
+
+    /// Starts containerd 1.7 with NRI enabled (`disable = false`) on its own
+    /// socket, plugin and plugin config directories. `install` runs before
+    /// containerd starts, to put pre-registered plugins and their configs
+    /// into those directories. Skips (or panics) as [`Containerd::start`].
+    pub fn start_with_nri(version: Version, install: impl FnOnce(&NriDirs)) -> Option<Containerd> {
+        assert_eq!(version, Version::V17, "containerd 1.6 has no NRI");
+        Self::start_inner(version, Some(Box::new(install)))
+    }
+
+    fn start_inner(version: Version, nri: Option<Box<InstallPlugins<'_>>>) -> Option<Containerd> {
         let dist = build_dir().join(version.dir_name());
         let bin_dir = dist.join("usr/bin");
         let missing: Vec<_> = ["containerd", "containerd-shim-runc-v2", "ctr"]
@@ -128,9 +162,20 @@ impl Containerd {
                 u8::from_str_radix(&suffix[10..], 16).unwrap_or(0)
             ),
             bin_dir,
+            nri: nri.as_ref().map(|_| NriDirs {
+                socket: d.join("nri.sock"),
+                plugin_path: d.join("nri-plugins"),
+                plugin_config_path: d.join("nri-conf.d"),
+            }),
             dir,
             child: None,
         };
+        if let (Some(install), Some(dirs)) = (nri, cd.nri.clone()) {
+            std::fs::create_dir_all(&dirs.plugin_path).expect("mkdir NRI plugin_path");
+            std::fs::create_dir_all(&dirs.plugin_config_path)
+                .expect("mkdir NRI plugin_config_path");
+            install(&dirs);
+        }
         cd.write_config();
         cd.spawn();
         cd.import_images();
@@ -170,13 +215,17 @@ impl Containerd {
             ),
         )
         .expect("write cni config");
-        let nri = match self.version {
+        let nri = match (self.version, &self.nri) {
+            (Version::V17, Some(nri)) => format!(
+                "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n  socket_path = {:?}\n  plugin_path = {:?}\n  plugin_config_path = {:?}\n",
+                nri.socket, nri.plugin_path, nri.plugin_config_path
+            ),
             // 1.7 has NRI (off by default); keep its socket ours all the same.
-            Version::V17 => format!(
+            (Version::V17, None) => format!(
                 "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n  socket_path = {:?}\n",
                 d.join("nri.sock")
             ),
-            Version::V16 => String::new(),
+            (Version::V16, _) => String::new(),
         };
         let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
         let config = format!(
@@ -527,6 +576,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             }
         }
         reap_shims(&self.socket);
+        // Pre-registered NRI plugins outlive a containerd that died without
+        // stopping them (they are re-parented to us): those whose executable
+        // is in this instance's plugin directory.
+        if let Some(nri) = &self.nri {
+            stop_children_from(&nri.plugin_path);
+        }
         // 3. Mounts (rootfs overlays, shm) under our directory, deepest first.
         let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
@@ -614,6 +669,39 @@ fn shim_children() -> Vec<(i32, String)> {
         }
     }
     out
+}
+
+/// Kills (by pid) and reaps our children whose executable lies in `dir`.
+fn stop_children_from(dir: &Path) {
+    let me = std::process::id().to_string();
+    let Ok(it) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in it.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let ours = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                let (_, tail) = s.rsplit_once(')')?;
+                Some(tail.split_whitespace().nth(1)? == me)
+            })
+            .unwrap_or(false);
+        // A zombie has no exe link any more: it is left to the test
+        // process's exit, as it may be another part of the test's to wait for.
+        let from_dir = std::fs::read_link(e.path().join("exe"))
+            .map(|x| x.starts_with(dir))
+            .unwrap_or(false);
+        if ours && from_dir {
+            // SAFETY: signalling and reaping our own child, started from
+            // this instance's directory.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
 }
 
 /// Live shims of the containerd listening on `socket`.
