@@ -7,6 +7,7 @@
 #       --agent-pods 4 --agent-relist-pods 4 --agent-large-pods 20 --out /tmp/A.md   # quick agent run
 #   scripts/bench.sh --only pull --out /tmp/P.md                # image pull and create (P14-P15)
 #   scripts/bench.sh --only net --out /tmp/N.md                 # CNI pods, exec and port-forward vs containerd (P16-P18)
+#   scripts/bench.sh --only nri --out /tmp/R.md                 # NRI: CreateContainer with plugins, Synchronize (P19-P20)
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
 # image (make image; IMAGES=dir overrides build/images); the pull figures also

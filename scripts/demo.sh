@@ -108,6 +108,11 @@ server = "https://registry-1.docker.io"
   capabilities = ["pull", "resolve"]
 EOF
 
+# NRI: the sample ulimit adjuster as a pre-registered plugin (launched by
+# the runtime on fd 3); hello.yaml's annotation sets its greeter's rlimit.
+mkdir -p "$WORK/nri/plugins"
+ln -s "$(realpath "$BIN/petrel-nri-ulimit-adjuster")" "$WORK/nri/plugins/10-ulimit-adjuster"
+
 say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
 $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
   --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info \
@@ -149,6 +154,8 @@ $PETREL ctl ps -a
 CID=$($PETREL ctl ps -q --name greeter | head -n 1)
 say "petrel ctl logs greeter"
 $PETREL ctl logs "$CID" | head -n 5
+say "petrel ctl nri (the runtime's NRI plugins: the ulimit adjuster set the greeter's open-files limit)"
+$PETREL ctl nri
 
 say "deleting web.yaml: the pod is terminated gracefully"
 $PETREL get pods -A -w --server "$SERVER" &

@@ -17,6 +17,8 @@ mod metrics;
 mod net;
 mod net_report;
 mod node;
+mod nri;
+mod nri_report;
 mod procfs;
 mod pull;
 mod pull_report;
@@ -143,6 +145,18 @@ pub struct Args {
     /// Port-forward runs of each kind for P18.
     #[arg(long, default_value_t = 5)]
     pub net_forward_runs: usize,
+    /// P19: rounds of CreateContainer with 0, 1 and 3 NRI plugins.
+    #[arg(long, default_value_t = 10)]
+    pub nri_rounds: usize,
+    /// P19: CreateContainer calls per plugin count in each round.
+    #[arg(long, default_value_t = 30)]
+    pub nri_creates: usize,
+    /// P20: containers in the runtime for the Synchronize figure.
+    #[arg(long, default_value_t = 1000)]
+    pub nri_sync_containers: usize,
+    /// P20: measured Synchronize runs.
+    #[arg(long, default_value_t = 5)]
+    pub nri_sync_rounds: usize,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -157,9 +171,9 @@ pub struct Args {
     pub build_dir: PathBuf,
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
-    /// is given), `agent` (P10-P13), `pull` (P14-P15) or `net` (P16-P18;
-    /// these three print their partial report to standard output unless
-    /// --out is given).
+    /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18) or
+    /// `nri` (P19-P20; these four print their partial report to standard
+    /// output unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -186,6 +200,8 @@ pub enum Part {
     Pull,
     /// Pod network and exec against containerd 1.7 (P16-P18).
     Net,
+    /// NRI: CreateContainer with plugins, Synchronize (P19-P20).
+    Nri,
 }
 
 /// The default report.
@@ -214,6 +230,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Net {
         return run_net_only(args);
+    }
+    if args.only == Part::Nri {
+        return run_nri_only(args);
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -325,6 +344,20 @@ fn run_net_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only nri`: the NRI figures alone.
+fn run_nri_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| nri::measure(args, work, &progress).await,
+        report::render_nri_only,
+    )?;
+    ensure!(
+        results.error.is_none(),
+        "the NRI figures are incomplete (see the report)"
+    );
+    Ok(())
+}
+
 /// One section run alone: its own work directory and cgroup, measured
 /// until done or interrupted, its report written to `--out` (or stdout).
 fn run_one_section<R>(
@@ -416,7 +449,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     // machine not yet busy with containers.
     let queue = match args.only {
         Part::All => Some(queue::measure(args.queue_seconds, progress).await?),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -547,15 +580,19 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
 
     let pull = match args.only {
         Part::All => Some(pull::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
     };
     let net = match args.only {
         Part::All => Some(net::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
+    };
+    let nri = match args.only {
+        Part::All => Some(nri::measure(args, work, &progress).await),
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
     };
     let agent = match args.only {
         Part::All => Some(agent::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net => None,
+        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
     };
     Ok(Results {
         fsync,
@@ -573,6 +610,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         pull,
         agent,
         net,
+        nri,
     })
 }
 

@@ -9,6 +9,8 @@ use crate::machine::Machine;
 use crate::metrics::OpTotals;
 use crate::net::NetResults;
 use crate::net_report;
+use crate::nri::NriResults;
+use crate::nri_report;
 use crate::procfs::{Cpu, Mem};
 use crate::pull::PullResults;
 use crate::pull_report;
@@ -207,6 +209,8 @@ pub struct Results {
     /// P16-P18, pod network and exec against containerd (absent with
     /// `--only runtime`).
     pub net: Option<NetResults>,
+    /// P19-P20, NRI (absent with `--only runtime`).
+    pub nri: Option<NriResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -301,6 +305,15 @@ pub fn render_net_only(m: &Machine, n: &NetResults) -> String {
         net_report::summary_rows(o, n)?;
         writeln!(o)?;
         net_report::sections(o, n)
+    })
+}
+
+/// Renders the NRI figures alone (`--only nri`).
+pub fn render_nri_only(m: &Machine, n: &NriResults) -> String {
+    render_section_only(m, "NRI only", |o| {
+        nri_report::summary_rows(o, n)?;
+        writeln!(o)?;
+        nri_report::sections(o, n)
     })
 }
 
@@ -485,6 +498,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if let Some(n) = &r.net {
         net_report::summary_rows(o, n)?;
     }
+    if let Some(n) = &r.nri {
+        nri_report::summary_rows(o, n)?;
+    }
     writeln!(o)?;
 
     // ---- machine ------------------------------------------------------------
@@ -531,6 +547,13 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
             o,
             "| net parameters | {} pods up and down and {} ExecSync calls on each runtime |",
             args.net_pods, args.net_execs
+        )?;
+    }
+    if r.nri.is_some() {
+        writeln!(
+            o,
+            "| NRI parameters | {} rounds of {} creates per plugin count, Synchronize of {} containers {} times |",
+            args.nri_rounds, args.nri_creates, args.nri_sync_containers, args.nri_sync_rounds
         )?;
     }
     if r.pull.is_some() {
@@ -945,6 +968,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     }
     if let Some(n) = &r.net {
         net_report::sections(o, n)?;
+    }
+    if let Some(n) = &r.nri {
+        nri_report::sections(o, n)?;
     }
 
     // ---- hygiene, reproduce, noise ---------------------------------------------

@@ -958,3 +958,66 @@ async fn synchronize_should_deliver_a_thousand_containers_in_chunks() {
         &log[log.len().saturating_sub(2000)..]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_plugins_should_be_refused_and_the_runtime_should_keep_serving() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let node = start_node("", |_| {});
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+
+    // Garbage on the socket: the connection is dropped, nothing else happens.
+    let mut raw = tokio::net::UnixStream::connect(node.nri_dir().join("nri.sock"))
+        .await
+        .unwrap();
+    raw.write_all(&[0xff; 64]).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), raw.read(&mut buf))
+        .await
+        .expect("the runtime closes a connection sending garbage")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "nothing is answered to garbage");
+    assert!(
+        node.log().contains("nri: external plugin refused"),
+        "{}",
+        node.log()
+    );
+
+    // An adjustment the runtime cannot apply fails the create by name, and
+    // leaves nothing.
+    let bad = plugin(&node, "10", "bad", ())
+        .on_create_container(|_, _req| async move {
+            let mut adjust = nri::ContainerAdjustment::default();
+            adjust.mounts.push(nri::Mount {
+                destination: "relative/path".into(),
+                r#type: "bind".into(),
+                source: "/tmp".into(),
+                options: vec!["rbind".into()],
+            });
+            Ok(nri::CreateContainerResponse {
+                adjust: Some(adjust),
+                ..Default::default()
+            })
+        })
+        .build()
+        .unwrap();
+    run(&mut c, bad).await;
+    let pc = node.pod_config("badadjust");
+    let pod = c.run_pod(pc.clone()).await;
+    let e = c
+        .create(&pod, &pc, sh_container("app", "sleep 1000"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("mount destination") && e.message().contains("relative/path"),
+        "{}",
+        e.message()
+    );
+    assert!(no_container_left(
+        &node,
+        &format!("{}/badadjust", node.cgroup_parent)
+    ));
+    // CRI goes on.
+    c.rt.version(api::VersionRequest::default()).await.unwrap();
+}

@@ -167,6 +167,22 @@ impl Runtime {
         let Some(n) = self.nri().filter(|n| n.wants_create()) else {
             return Ok(None);
         };
+        let t0 = std::time::Instant::now();
+        let r = self.nri_adjust_with(n, sbrec, rec, oci).await;
+        n.metrics().observe_create(
+            n.registry().subscribed(Event::CreateContainer).len(),
+            t0.elapsed(),
+        );
+        r.map(Some)
+    }
+
+    async fn nri_adjust_with(
+        &self,
+        n: &RuntimeNri,
+        sbrec: &SandboxRecord,
+        rec: &mut ContainerRecord,
+        oci: &mut Spec,
+    ) -> Result<CreateResult> {
         let ctr = spec::container_from_spec(
             &rec.id,
             &sbrec.id,
@@ -191,7 +207,7 @@ impl Runtime {
                 }
             }
         }
-        Ok(Some(result))
+        Ok(result)
     }
 
     /// After CreateContainer: records who set what, carries out the updates

@@ -234,6 +234,11 @@ impl<H: NriHost> Nri<H> {
         self.config.disable
     }
 
+    /// NRI's metrics.
+    pub fn metrics(&self) -> &NriMetrics {
+        &self.metrics
+    }
+
     /// The socket external plugins dial, if NRI listens.
     pub fn socket(&self) -> Option<&Path> {
         self.socket.as_deref()
