@@ -53,6 +53,9 @@ pub enum AgentError {
     /// address without client certificates, unreadable TLS files).
     #[error(transparent)]
     Exposure(#[from] crate::server::tls::ExposureError),
+    /// The eviction settings or the node cgroup are invalid.
+    #[error(transparent)]
+    Config(#[from] crate::eviction::EvictionConfigError),
     /// The agent's root directory could not be created.
     #[error("create {path}: {source}")]
     Root {
@@ -70,6 +73,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AgentError> {
     let node_name = config.effective_node_name();
+    config.validate()?;
     // Before anything else: a server that may not run is a start-up error.
     let tls = crate::server::tls::server_tls(config.listen, &config.tls_files())?;
     std::fs::create_dir_all(&config.root).map_err(|source| AgentError::Root {
@@ -170,7 +174,7 @@ pub async fn run(
                 node_name: node_name.clone(),
                 host_ip: host_ip(),
                 runtime_name,
-                cgroup_root: config.cgroup_root.clone(),
+                cgroup_root: config.pods_cgroup_root().to_string(),
                 root: config.root.clone(),
                 backoff_initial: config.backoff_initial,
                 backoff_max: config.backoff_max,

@@ -87,6 +87,13 @@ pub struct AgentConfig {
     /// Maximum crash-loop backoff (5 min).
     #[serde(with = "humantime_secs")]
     pub backoff_max: Duration,
+    /// Node-pressure eviction (`[agent.eviction]`, the `--eviction-*`
+    /// flags).
+    pub eviction: crate::eviction::EvictionSettings,
+    /// The cgroup that stands for the node (`--node-cgroup`): pods go under
+    /// it instead of `cgroup_root`, and its memory and pids limits are the
+    /// node's capacity for eviction. None: the whole machine.
+    pub node_cgroup: Option<String>,
 }
 
 impl Default for AgentConfig {
@@ -111,6 +118,8 @@ impl Default for AgentConfig {
             runtime_request_timeout: Duration::from_secs(120),
             backoff_initial: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
+            eviction: crate::eviction::EvictionSettings::default(),
+            node_cgroup: None,
         }
     }
 }
@@ -123,6 +132,29 @@ impl AgentConfig {
             key: self.tls_private_key_file.clone(),
             client_ca: self.client_ca_file.clone(),
         }
+    }
+
+    /// Checks what cannot be checked value by value: the eviction settings
+    /// together, and the node cgroup's path. Called at start-up, so a bad
+    /// configuration stops the agent with the flag and value named.
+    pub fn validate(&self) -> Result<(), crate::eviction::EvictionConfigError> {
+        self.eviction.thresholds()?;
+        if let Some(p) = &self.node_cgroup {
+            let bad = !p.starts_with('/')
+                || p.contains('\0')
+                || p.split('/').any(|c| c == "." || c == "..")
+                || p.trim_matches('/').is_empty();
+            if bad {
+                return Err(crate::eviction::EvictionConfigError::NodeCgroup(p.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cgroup under which `kubepods` is made: the node cgroup when
+    /// given, else `cgroup_root`.
+    pub fn pods_cgroup_root(&self) -> &str {
+        self.node_cgroup.as_deref().unwrap_or(&self.cgroup_root)
     }
 
     /// The node name, or the host name when unset.

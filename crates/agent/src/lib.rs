@@ -8,6 +8,8 @@
 //!   runtime's event stream as hints), and keeps [`cache`] fresh;
 //! - [`worker`]: reconciles each pod through the controller kit's work queue;
 //! - [`status`]: computes and publishes Kubernetes pod statuses;
+//! - [`eviction`]: node-pressure eviction (kubelet's signals, thresholds
+//!   and ranking);
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
 //!   `/containerLogs`, `/exec`, `/attach`, `/portForward`.
 
@@ -17,6 +19,7 @@ pub mod config;
 pub mod convert;
 pub mod cri;
 pub mod crilog;
+pub mod eviction;
 pub mod health;
 pub mod metrics;
 pub mod pleg;

@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use petrel_agent::eviction::config::{
+    GracePeriod, MapSyntax, MinReclaim, Reserved, SignalMap, ThresholdSpec,
+};
 use petrel_agent::{AgentConfig, PlegMode};
 
 use crate::config::FileConfig;
@@ -50,6 +53,106 @@ pub struct AgentFlags {
     /// Initial crash-loop backoff [default: 10s].
     #[arg(long, value_parser = petrel_agent::config::parse_duration)]
     pub backoff_initial: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub eviction: EvictionFlags,
+}
+
+/// kubelet's eviction flags, in kubelet's syntax; each overrides
+/// `[agent.eviction]` of the config file.
+#[derive(Debug, Args)]
+pub struct EvictionFlags {
+    /// Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%
+    /// (replaces the default memory.available<100Mi,nodefs.available<10%,
+    /// nodefs.inodesFree<5%,imagefs.available<15%; "" for none).
+    #[arg(long, value_parser = parse_map::<ThresholdSpec>)]
+    pub eviction_hard: Option<SignalMap<ThresholdSpec>>,
+    /// Soft eviction thresholds, e.g. memory.available<1Gi (each needs a
+    /// grace period).
+    #[arg(long, value_parser = parse_map::<ThresholdSpec>)]
+    pub eviction_soft: Option<SignalMap<ThresholdSpec>>,
+    /// Grace period of each soft threshold, e.g. memory.available=1m30s.
+    #[arg(long, value_parser = parse_map::<GracePeriod>)]
+    pub eviction_soft_grace_period: Option<SignalMap<GracePeriod>>,
+    /// Minimum reclaim once a threshold is met, e.g. memory.available=0Mi,nodefs.available=500Mi.
+    #[arg(long, value_parser = parse_map::<MinReclaim>)]
+    pub eviction_minimum_reclaim: Option<SignalMap<MinReclaim>>,
+    /// How long a pressure condition stays after its threshold was last met [default: 5m0s].
+    #[arg(long, value_parser = parse_go_duration)]
+    pub eviction_pressure_transition_period: Option<std::time::Duration>,
+    /// Longest grace period (seconds) of a pod evicted for a soft threshold;
+    /// 0 or less: the pod's own [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pub eviction_max_pod_grace_period: Option<i64>,
+    /// Eviction pass period when no notification comes [default: 10s].
+    #[arg(long, value_parser = parse_go_duration)]
+    pub eviction_monitoring_interval: Option<std::time::Duration>,
+    /// React to memory threshold notifications (cgroup v1 eventfd, v2 PSI),
+    /// not only to the periodic pass [default: true].
+    #[arg(long)]
+    pub eviction_notifications: Option<bool>,
+    /// Resources reserved for Kubernetes daemons, e.g. cpu=100m,memory=256Mi,pid=1000.
+    #[arg(long, value_parser = parse_reserved)]
+    pub kube_reserved: Option<Reserved>,
+    /// Resources reserved for the system, e.g. memory=512Mi.
+    #[arg(long, value_parser = parse_reserved)]
+    pub system_reserved: Option<Reserved>,
+    /// The cgroup that stands for the node: pods are placed under it and
+    /// its memory and pids limits are the node's capacity [default: the
+    /// whole machine].
+    #[arg(long)]
+    pub node_cgroup: Option<String>,
+}
+
+fn parse_map<T: MapSyntax>(s: &str) -> Result<SignalMap<T>, String> {
+    s.parse()
+}
+
+fn parse_reserved(s: &str) -> Result<Reserved, String> {
+    s.parse()
+}
+
+fn parse_go_duration(s: &str) -> Result<std::time::Duration, String> {
+    petrel_agent::eviction::config::parse_go_duration(s)
+}
+
+impl EvictionFlags {
+    /// Applies the flags given over `c`.
+    pub fn apply(&self, c: &mut AgentConfig) {
+        let e = &mut c.eviction;
+        if let Some(v) = &self.eviction_hard {
+            e.hard = v.clone();
+        }
+        if let Some(v) = &self.eviction_soft {
+            e.soft = v.clone();
+        }
+        if let Some(v) = &self.eviction_soft_grace_period {
+            e.soft_grace_period = v.clone();
+        }
+        if let Some(v) = &self.eviction_minimum_reclaim {
+            e.minimum_reclaim = v.clone();
+        }
+        if let Some(v) = self.eviction_pressure_transition_period {
+            e.pressure_transition_period = v;
+        }
+        if let Some(v) = self.eviction_max_pod_grace_period {
+            e.max_pod_grace_period = v;
+        }
+        if let Some(v) = self.eviction_monitoring_interval {
+            e.monitoring_interval = v;
+        }
+        if let Some(v) = self.eviction_notifications {
+            e.notifications = v;
+        }
+        if let Some(v) = self.kube_reserved {
+            e.kube_reserved = v;
+        }
+        if let Some(v) = self.system_reserved {
+            e.system_reserved = v;
+        }
+        if let Some(v) = &self.node_cgroup {
+            c.node_cgroup = Some(v.clone());
+        }
+    }
 }
 
 fn parse_pleg(s: &str) -> Result<PlegMode, String> {
@@ -92,6 +195,7 @@ impl AgentFlags {
         if let Some(v) = self.backoff_initial {
             c.backoff_initial = v;
         }
+        self.eviction.apply(c);
     }
 }
 
@@ -137,6 +241,7 @@ impl AgentArgs {
             c.cgroup_root = v.clone();
         }
         self.agent.apply(&mut c);
+        c.validate()?;
         Ok(c)
     }
 }

@@ -34,6 +34,7 @@ impl NodeArgs {
         agent.root = rt.root.join("agent");
         agent.runtime_endpoint = format!("unix://{}", rt.socket_path().display());
         agent.cgroup_root = rt.default_cgroup_parent.clone();
+        agent.validate()?;
         Ok((rt, agent))
     }
 }
