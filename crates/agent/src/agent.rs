@@ -91,6 +91,7 @@ pub async fn run(
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(config.relist_threshold));
     let store = Arc::new(StatusStore::new());
+    let node_state = Arc::new(crate::eviction::NodeState::new());
     let source = PodSource::load(&config.manifests, &node_name)?;
     let queue: WorkQueue<String> = WorkQueue::new(
         QueueConfig::default()
@@ -131,6 +132,8 @@ pub async fn run(
             registry: Arc::new(registry),
             runtime: Arc::clone(&runtime),
             cache: Arc::clone(&cache),
+            node: Arc::clone(&node_state),
+            node_name: node_name.clone(),
         },
         server_stop,
     ));
@@ -181,6 +184,16 @@ pub async fn run(
             },
         ));
 
+        start_eviction(
+            &config,
+            &queue,
+            &source,
+            &cache,
+            &workers,
+            &metrics,
+            &node_state,
+            &mut tasks,
+        );
         start_pipeline(
             Pipeline {
                 queue: &queue,
@@ -314,6 +327,56 @@ pub(crate) fn start_pipeline(
         },
     ));
     Ok(())
+}
+
+/// Starts the eviction manager on `tasks`. Without cgroups (an unusual
+/// host) the agent runs without eviction and says so.
+#[allow(clippy::too_many_arguments)]
+fn start_eviction(
+    config: &AgentConfig,
+    queue: &WorkQueue<String>,
+    source: &PodSource,
+    cache: &Arc<PodCache>,
+    workers: &Arc<PodWorkers>,
+    metrics: &AgentMetrics,
+    node: &Arc<crate::eviction::NodeState>,
+    tasks: &mut JoinSet<()>,
+) {
+    let cgroups = match petrel_oci::cgroups::Cgroups::detect() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "no cgroups: node-pressure eviction disabled");
+            return;
+        }
+    };
+    let reserved = config
+        .eviction
+        .kube_reserved
+        .plus(config.eviction.system_reserved);
+    let observer = crate::eviction::observe::NodeObserver::new(
+        cgroups,
+        config.node_cgroup.clone(),
+        config.pods_cgroup_root(),
+        config.root.clone(),
+        reserved,
+    );
+    workers.set_node_state(Arc::clone(node));
+    let parts = crate::eviction::ManagerParts {
+        source: source.clone(),
+        workers: Arc::clone(workers),
+        queue: queue.clone(),
+        cache: Arc::clone(cache),
+        metrics: metrics.clone(),
+        node: Arc::clone(node),
+        pods_root: config.pods_cgroup_root().to_string(),
+    };
+    match crate::eviction::EvictionManager::new(config.eviction.clone(), observer, parts) {
+        Ok(m) => {
+            tasks.spawn(m.run());
+        }
+        // Validated at start-up already; kept for the record.
+        Err(e) => tracing::error!(error = %e, "eviction manager not started"),
+    }
 }
 
 /// Waits until the runtime answers Version; returns its name. Meanwhile

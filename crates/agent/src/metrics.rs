@@ -24,6 +24,13 @@ pub struct ContainerStateLabels {
     pub container_state: String,
 }
 
+/// Label `eviction_signal` of the eviction metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    /// e.g. `memory.available`.
+    pub eviction_signal: String,
+}
+
 /// Every metric the agent exports. Cheap to clone (all handles).
 #[derive(Debug, Clone)]
 pub struct AgentMetrics {
@@ -58,6 +65,12 @@ pub struct AgentMetrics {
     /// kubelet_pod_start_duration_seconds: pod first seen to all
     /// containers running.
     pub pod_start_duration: Histogram,
+    /// kubelet_evictions{eviction_signal}: pods evicted per signal (a
+    /// gauge that only grows, to keep kubelet's name without `_total`).
+    pub evictions: Family<EvictionLabels, Gauge>,
+    /// kubelet_eviction_stats_age_seconds{eviction_signal}: age of the
+    /// statistics an eviction was decided on.
+    pub eviction_stats_age: Family<EvictionLabels, Histogram>,
 }
 
 impl Default for AgentMetrics {
@@ -85,6 +98,10 @@ impl AgentMetrics {
             }),
             runtime_operations_errors: Family::default(),
             pod_start_duration: Histogram::new(exponential_buckets(0.05, 2.0, 12)),
+            evictions: Family::default(),
+            eviction_stats_age: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            }),
         }
     }
 
@@ -156,6 +173,16 @@ impl AgentMetrics {
             "pod_start_duration_seconds",
             "Duration in seconds from the agent seeing a pod to all its containers running",
             self.pod_start_duration.clone(),
+        );
+        r.register(
+            "evictions",
+            "Cumulative number of pod evictions by eviction signal",
+            self.evictions.clone(),
+        );
+        r.register(
+            "eviction_stats_age_seconds",
+            "Time between when stats are collected, and when pod is evicted based on those stats by eviction signal",
+            self.eviction_stats_age.clone(),
         );
     }
 }

@@ -1,5 +1,5 @@
-//! The agent's HTTP server: `/healthz`, `/metrics`, `/pods` (list, watch,
-//! get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
+//! The agent's HTTP server: `/healthz`, `/metrics`, `/node` (pressure
+//! conditions), `/pods` (list, watch, get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
 //! and kubelet's container endpoints: `/containerLogs/...` (`logs`),
 //! `/exec/...`, `/attach/...`, `/portForward/...` (`stream_routes`,
 //! proxied to the runtime's streaming server by `proxy`).
@@ -50,6 +50,10 @@ pub struct ServerState {
     pub runtime: Arc<dyn RuntimeApi>,
     /// The PLEG's view of each pod's containers and sandboxes.
     pub cache: Arc<PodCache>,
+    /// The node's pressure conditions (`GET /node`).
+    pub node: Arc<crate::eviction::NodeState>,
+    /// The node's name.
+    pub node_name: String,
 }
 
 #[derive(Clone)]
@@ -173,6 +177,7 @@ fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/node", get(node))
         .route("/pods", get(pods))
         .route("/pods/:namespace/:name", get(pod))
         .route(
@@ -309,6 +314,10 @@ fn watch_pods(st: AppState) -> Response {
         .header(header::CONTENT_TYPE, JSON)
         .body(Body::from_stream(lines))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+async fn node(State(st): State<AppState>) -> Response {
+    json(StatusCode::OK, &st.shared.node.node(&st.shared.node_name))
 }
 
 async fn pod(

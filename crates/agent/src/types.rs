@@ -133,6 +133,9 @@ pub struct PodHints {
     pub message: Option<String>,
     /// When the agent first acknowledged the pod (status.startTime).
     pub start_time: Option<std::time::SystemTime>,
+    /// The pod was evicted for node pressure: the message (signal and
+    /// usage). It shows as Failed, reason Evicted.
+    pub evicted: Option<String>,
 }
 
 /// Per-container hints.

@@ -22,6 +22,7 @@ pub use container::{
     container_config, ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
 };
 pub use hash::{container_hash, sandbox_hash};
+pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;

@@ -4,12 +4,22 @@
 //! - [`config`]: kubelet's threshold syntax, flags and defaults;
 //! - [`thresholds`]: threshold evaluation with grace periods, the pressure
 //!   transition period and minimum reclaim (pure);
-//! - [`rank`]: the order in which pods are evicted (pure).
+//! - [`rank`]: the order in which pods are evicted (pure);
+//! - [`observe`]: the node's statistics (cgroups, /proc, statvfs);
+//! - [`notify`]: memory cgroup threshold (v1) and PSI (v2) notifications;
+//! - [`node`]: the node's published conditions;
+//! - [`manager`]: the loop that ties them together.
 
 pub mod config;
+pub mod manager;
+pub mod node;
+pub mod notify;
+pub mod observe;
 pub mod rank;
 pub mod signals;
 pub mod thresholds;
 
 pub use config::{EvictionConfigError, EvictionSettings, Threshold, ThresholdValue};
+pub use manager::{EvictionManager, ManagerParts};
+pub use node::NodeState;
 pub use signals::{NodeCondition, Resource, Signal, UnknownSignal};

@@ -39,6 +39,8 @@ pub(crate) async fn start() -> TestServer {
         registry: Arc::new(Default::default()),
         runtime: rt.clone(),
         cache: cache.clone(),
+        node: Arc::new(crate::eviction::NodeState::new()),
+        node_name: "test-node".to_string(),
     };
     tokio::spawn(serve(listener, state, async move {
         let _ = stopped.await;

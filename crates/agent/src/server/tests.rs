@@ -33,6 +33,8 @@ async fn start() -> Running {
         registry: Arc::new(registry),
         runtime: Arc::new(crate::pleg::fake::FakeRuntime::default()),
         cache: Arc::new(crate::cache::PodCache::new()),
+        node: Arc::new(crate::eviction::NodeState::new()),
+        node_name: "test-node".to_string(),
     };
     let task = tokio::spawn(serve(listener, state, async move {
         let _ = stopped.await;

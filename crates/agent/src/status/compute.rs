@@ -420,6 +420,31 @@ pub fn compute_pod_status(
     status
 }
 
+/// Reason of an evicted pod (kubelet's).
+pub const REASON_EVICTED: &str = "Evicted";
+
+/// Marks `status` as an evicted pod's, as kubelet does: phase Failed,
+/// reason Evicted, `message` (the signal and usage), a DisruptionTarget
+/// condition (reason TerminationByKubelet), and not ready.
+pub fn mark_evicted(status: &mut PodStatus, message: &str) {
+    status.phase = Some("Failed".to_string());
+    status.reason = Some(REASON_EVICTED.to_string());
+    status.message = Some(message.to_string());
+    let conds = status.conditions.get_or_insert_with(Vec::new);
+    for c in conds.iter_mut() {
+        if c.type_ == "Ready" || c.type_ == "ContainersReady" {
+            *c = condition(&c.type_.clone(), false, Some("PodCompleted"), None);
+        }
+    }
+    conds.retain(|c| c.type_ != "DisruptionTarget");
+    conds.push(condition(
+        "DisruptionTarget",
+        true,
+        Some("TerminationByKubelet"),
+        Some(message.to_string()),
+    ));
+}
+
 /// Gives each condition of `next` its time of last transition: kept from
 /// `prev` when its status did not change, else `now`. The publisher calls
 /// it with the previously published status, so an unchanged status stays

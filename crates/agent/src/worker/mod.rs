@@ -94,10 +94,22 @@ struct PodState {
     terminating_since: Option<SystemTime>,
     /// The last desired pod seen (to show a terminating pod).
     last_desired: Option<DesiredPod>,
+    /// The eviction manager asked for this pod to be evicted.
+    eviction: Option<EvictionOrder>,
     /// What the last sync that changed nothing and asked for nothing saw.
     /// A sync that would see the same again has nothing to do (periodic
     /// resyncs of a quiet node then cost a lock and a comparison).
     settled: Option<Fingerprint>,
+}
+
+/// An eviction the eviction manager asked for.
+#[derive(Debug, Clone)]
+struct EvictionOrder {
+    /// Grace period for the pod's containers, seconds.
+    grace_secs: i64,
+    /// The desired pod evicted (by identity): a changed manifest is a new
+    /// pod, which may run again.
+    pod: usize,
 }
 
 /// Everything a sync of a running pod decides on: the runtime status (by
@@ -133,6 +145,8 @@ pub struct PodWorkers {
     pull_backoff: CrashBackoff,
     config: WorkerConfig,
     pods: Mutex<HashMap<PodUid, PodState>>,
+    /// The node's pressure, for admission (set when eviction runs).
+    node: std::sync::OnceLock<Arc<crate::eviction::NodeState>>,
 }
 
 impl PodWorkers {
@@ -160,6 +174,7 @@ impl PodWorkers {
             pull_backoff: CrashBackoff::new(sync::IMAGE_BACKOFF_INITIAL, sync::IMAGE_BACKOFF_MAX),
             config,
             pods: Mutex::new(HashMap::new()),
+            node: std::sync::OnceLock::new(),
         }
     }
 
@@ -235,6 +250,27 @@ impl PodWorkers {
                     pod: Arc::as_ptr(&d.pod) as usize,
                     probes: self.probe_fingerprint(&d, &status),
                 };
+                if let Some(action) = self.sync_evicted(&d, &status, &fp).await? {
+                    return Ok(action);
+                }
+                // Admission: a pod that never started is refused under
+                // node pressure, and shown as evicted (kubelet's reason).
+                if status.sandboxes.is_empty() {
+                    if let Some(message) = self.admission_refusal(&d) {
+                        tracing::warn!(uid, pod = %format!("{}/{}", d.namespace, d.name), %message, "pod refused under node pressure");
+                        self.with_state(&uid, |s| {
+                            s.last_desired = Some(d.clone());
+                            if s.first_seen.is_none() {
+                                s.first_seen = Some(Instant::now());
+                                s.hints.start_time = Some(SystemTime::now());
+                            }
+                        });
+                        self.request_eviction(&uid, 0, message);
+                        if let Some(action) = self.sync_evicted(&d, &status, &fp).await? {
+                            return Ok(action);
+                        }
+                    }
+                }
                 let (settled, acted_before) =
                     self.with_state(&uid, |s| (s.settled.as_ref() == Some(&fp), s.last_action));
                 if settled {
@@ -279,6 +315,127 @@ impl PodWorkers {
             }
             None => self.terminate(&uid, &status).await,
         }
+    }
+
+    /// Turns on admission by node pressure: a pod not started yet is
+    /// refused under pressure (BestEffort under memory pressure, any
+    /// non-critical pod under disk or PID pressure), as kubelet does.
+    pub fn set_node_state(&self, node: Arc<crate::eviction::NodeState>) {
+        let _ = self.node.set(node);
+    }
+
+    /// Why the node refuses to start `d` now, if it does.
+    fn admission_refusal(&self, d: &DesiredPod) -> Option<String> {
+        use crate::eviction::NodeCondition;
+        let node = self.node.get()?;
+        let conditions = node.conditions();
+        if conditions.is_empty() {
+            return None;
+        }
+        let spec = d.pod.spec.as_ref()?;
+        let critical = spec.priority.unwrap_or(0)
+            >= crate::eviction::rank::SYSTEM_CRITICAL_PRIORITY
+            || matches!(
+                spec.priority_class_name.as_deref(),
+                Some("system-node-critical" | "system-cluster-critical")
+            );
+        if critical {
+            return None;
+        }
+        let best_effort = crate::convert::qos_class(spec) == crate::convert::QosClass::BestEffort;
+        let refusing: Vec<&str> = conditions
+            .iter()
+            .filter(|c| **c != NodeCondition::MemoryPressure || best_effort)
+            .map(|c| c.as_str())
+            .collect();
+        if refusing.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "The node had condition: [{}]. ",
+            refusing.join(", ")
+        ))
+    }
+
+    /// Asks for pod `uid` to be evicted: its containers are stopped with
+    /// `grace_secs` by its next sync (which the caller queues), it is
+    /// never started again unless its manifest changes, and it shows as
+    /// Failed, reason Evicted, with `message`. False when the pod is not
+    /// one the workers run, or is already evicted.
+    pub fn request_eviction(&self, uid: &str, grace_secs: i64, message: String) -> bool {
+        let Some(d) = self.source.get(uid) else {
+            return false;
+        };
+        let pod = Arc::as_ptr(&d.pod) as usize;
+        let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = g.get_mut(uid) else {
+            return false;
+        };
+        if s.eviction.as_ref().is_some_and(|e| e.pod == pod) {
+            return false;
+        }
+        s.eviction = Some(EvictionOrder {
+            grace_secs: grace_secs.max(0),
+            pod,
+        });
+        s.hints.evicted = Some(message);
+        s.settled = None;
+        true
+    }
+
+    /// Whether pod `uid` was evicted (and its manifest has not changed
+    /// since).
+    pub fn is_evicted(&self, uid: &str) -> bool {
+        let pod = self.source.get(uid).map(|d| Arc::as_ptr(&d.pod) as usize);
+        let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        g.get(uid)
+            .and_then(|s| s.eviction.as_ref())
+            .is_some_and(|e| Some(e.pod) == pod)
+    }
+
+    /// The sync of an evicted pod: stop whatever still runs, publish it as
+    /// evicted. None when the pod is not evicted (any more: a changed
+    /// manifest makes a new pod of it).
+    async fn sync_evicted(
+        &self,
+        d: &DesiredPod,
+        status: &Arc<PodRuntimeStatus>,
+        fp: &Fingerprint,
+    ) -> Result<Option<Action>, WorkerError> {
+        let pod = Arc::as_ptr(&d.pod) as usize;
+        let evicted = self.with_state(&d.uid, |s| match &s.eviction {
+            Some(e) if e.pod == pod => true,
+            Some(_) => {
+                s.eviction = None;
+                s.hints.evicted = None;
+                false
+            }
+            None => false,
+        });
+        if !evicted {
+            return Ok(None);
+        }
+        if self.with_state(&d.uid, |s| s.settled.as_ref() == Some(fp)) {
+            return Ok(Some(Action::Done));
+        }
+        let live = status.containers.iter().any(|c| {
+            c.state == petrel_cri::api::ContainerState::ContainerRunning as i32
+                || c.state == petrel_cri::api::ContainerState::ContainerUnknown as i32
+        }) || status
+            .sandboxes
+            .iter()
+            .any(|s| s.state == petrel_cri::api::PodSandboxState::SandboxReady as i32);
+        if live {
+            self.kill_pod(&d.uid, status, Some(d), false).await?;
+            tracing::info!(uid = %d.uid, pod = %format!("{}/{}", d.namespace, d.name), "evicted pod stopped");
+            // The next sync (on the PLEG's events) publishes the stopped
+            // containers.
+            self.publish(d, Some(status));
+            return Ok(Some(Action::Done));
+        }
+        self.publish(d, Some(status));
+        self.with_state(&d.uid, |s| s.settled = Some(fp.clone()));
+        Ok(Some(Action::Done))
     }
 
     /// The runtime's status of `uid`, inspected after this agent's last
@@ -376,6 +533,9 @@ impl PodWorkers {
             now: SystemTime::now(),
         };
         let mut status = compute_pod_status(pod, runtime, &hints, &ctx);
+        if let Some(message) = &hints.evicted {
+            crate::status::compute::mark_evicted(&mut status, message);
+        }
         let prev = self.store.get(&pod.namespace, &pod.name);
         carry_transition_times(
             prev.as_ref().and_then(|p| p.status.as_ref()),

@@ -51,6 +51,8 @@ impl PodWorkers {
     ) -> Result<(), WorkerError> {
         let spec = desired.and_then(|d| d.pod.spec.as_ref());
         let spec_grace = spec.and_then(|s| s.termination_grace_period_seconds);
+        // An evicted pod gets the eviction's grace period instead.
+        let evict_grace = self.with_state(uid, |s| s.eviction.as_ref().map(|e| e.grace_secs));
         let stops = status
             .containers
             .iter()
@@ -70,8 +72,12 @@ impl PodWorkers {
                     uid,
                     c,
                     cspec,
-                    grace_seconds(spec_grace, c),
-                    "pod terminating",
+                    evict_grace.unwrap_or_else(|| grace_seconds(spec_grace, c)),
+                    if evict_grace.is_some() {
+                        "pod evicted"
+                    } else {
+                        "pod terminating"
+                    },
                 )
             });
         let results = join_all(stops).await;

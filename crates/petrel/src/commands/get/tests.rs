@@ -60,6 +60,8 @@ async fn agent() -> (Server, Arc<StatusStore>) {
             .unwrap(),
         ),
         cache: Arc::new(petrel_agent::cache::PodCache::new()),
+        node: Arc::new(petrel_agent::eviction::NodeState::new()),
+        node_name: "test-node".to_string(),
     };
     tokio::spawn(serve(listener, state, std::future::pending()));
     (Server::parse(&url).unwrap(), store)

@@ -1,0 +1,349 @@
+//! The eviction manager's loop: a pass every monitoring interval and on
+//! every notification. A pass observes the node, evaluates the thresholds,
+//! publishes the node's conditions, re-arms the memory notifications, and
+//! when a threshold calls for it evicts at most one pod, then waits for
+//! that pod's containers to stop before the next pass.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use petrel_controller::{Priority, WorkQueue};
+use petrel_cri::api;
+use petrel_oci::cgroups::CgroupVersion;
+use tokio::sync::Notify;
+
+use super::config::{EvictionConfigError, EvictionSettings, Threshold};
+use super::node::NodeState;
+use super::notify::{memcg_threshold, memcg_threshold_notifier, psi_trigger};
+use super::notify::{MemcgThreshold, PsiTrigger};
+use super::observe::{observations, MemoryStats, NodeObserver, NodeStats};
+use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
+use super::signals::{Resource, Signal};
+use super::thresholds::{threshold_amount, ThresholdTracker};
+use crate::cache::PodCache;
+use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
+use crate::metrics::AgentMetrics;
+use crate::source::PodSource;
+use crate::worker::PodWorkers;
+
+/// kubelet's grace period for pods evicted for a hard threshold.
+const HARD_EVICTION_GRACE_SECS: i64 = 1;
+/// How long a pass waits for an evicted pod's containers to stop.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// PSI trigger (cgroup v2): 100 ms of stalls in a 2 s window (windows
+/// must be multiples of 2 s without CAP_SYS_RESOURCE).
+const PSI_STALL_US: u64 = 100_000;
+const PSI_WINDOW_US: u64 = 2_000_000;
+
+/// What the manager works with.
+pub struct ManagerParts {
+    /// The desired pods.
+    pub source: PodSource,
+    /// The pod workers, which carry evictions out.
+    pub workers: Arc<PodWorkers>,
+    /// The pods' work queue.
+    pub queue: WorkQueue<String>,
+    /// The PLEG's cache (to see an evicted pod's containers stop).
+    pub cache: Arc<PodCache>,
+    /// Metrics.
+    pub metrics: AgentMetrics,
+    /// Where conditions are published.
+    pub node: Arc<NodeState>,
+    /// The cgroup under which `kubepods` lives.
+    pub pods_root: String,
+}
+
+/// The eviction manager.
+pub struct EvictionManager {
+    settings: EvictionSettings,
+    thresholds: Vec<Threshold>,
+    observer: NodeObserver,
+    parts: ManagerParts,
+    tracker: ThresholdTracker,
+    notify: Arc<Notify>,
+    memcg: HashMap<(Signal, bool), MemcgThreshold>,
+    psi: Option<PsiTrigger>,
+}
+
+impl EvictionManager {
+    /// A manager enforcing `settings` on what `observer` sees.
+    pub fn new(
+        settings: EvictionSettings,
+        observer: NodeObserver,
+        parts: ManagerParts,
+    ) -> Result<Self, EvictionConfigError> {
+        let thresholds = settings.thresholds()?;
+        Ok(Self {
+            tracker: ThresholdTracker::new(settings.pressure_transition_period),
+            settings,
+            thresholds,
+            observer,
+            parts,
+            notify: Arc::new(Notify::new()),
+            memcg: HashMap::new(),
+            psi: None,
+        })
+    }
+
+    /// A handle that runs a pass at once when notified.
+    pub fn notifier(&self) -> Arc<Notify> {
+        Arc::clone(&self.notify)
+    }
+
+    /// Runs passes forever.
+    pub async fn run(mut self) {
+        tracing::info!(
+            thresholds = ?self.thresholds.iter().map(|t| format!("{}<{}{}", t.signal, t.value, if t.hard { "" } else { " (soft)" })).collect::<Vec<_>>(),
+            interval = ?self.settings.monitoring_interval,
+            notifications = self.settings.notifications,
+            "eviction manager started"
+        );
+        if self.settings.notifications && self.observer.version() == CgroupVersion::V2 {
+            self.arm_psi();
+        }
+        loop {
+            if let Some(uid) = self.pass().await {
+                self.wait_for_cleanup(&uid).await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.settings.monitoring_interval) => {}
+                () = self.notify.notified() => {
+                    tracing::debug!("eviction pass on notification");
+                }
+            }
+        }
+    }
+
+    /// One pass; returns the UID of the pod evicted, if any.
+    pub async fn pass(&mut self) -> Option<String> {
+        let stats = match self.observer.node_stats(None) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction pass: node not observed");
+                return None;
+            }
+        };
+        let obs = observations(&stats);
+        let eval = self
+            .tracker
+            .evaluate(&self.thresholds, &obs, Instant::now());
+        self.parts
+            .node
+            .update(eval.conditions.clone(), Some(stats.clone()));
+        if self.settings.notifications {
+            self.rearm_memcg(&stats);
+        }
+        let threshold = *eval.actionable.first()?;
+        let observed = obs.get(&threshold.signal).copied()?;
+        let resource = threshold.signal.resource();
+        // Memory and pids have no node-level reclaim; disk signals would
+        // remove dead containers and unused images here first.
+        let mut candidates = self.candidates();
+        rank(&mut candidates, resource);
+        for c in candidates {
+            let grace = self.grace_for(&threshold, &c.uid);
+            let (usage, request) = c.usage(resource);
+            let message = format!(
+                "The node was low on resource: {}. Threshold quantity: {}, available: {}. Signal {}: the pod was using {} (request {}).",
+                resource_name(resource),
+                threshold_amount(&threshold, observed.capacity, false),
+                observed.available,
+                threshold.signal,
+                usage.map_or_else(|| "unknown".to_string(), |u| u.to_string()),
+                request,
+            );
+            if !self
+                .parts
+                .workers
+                .request_eviction(&c.uid, grace, message.clone())
+            {
+                continue;
+            }
+            self.parts.queue.add(c.uid.clone(), Priority::Urgent);
+            let labels = crate::metrics::EvictionLabels {
+                eviction_signal: threshold.signal.as_str().to_string(),
+            };
+            self.parts.metrics.evictions.get_or_create(&labels).inc();
+            self.parts
+                .metrics
+                .eviction_stats_age
+                .get_or_create(&labels)
+                .observe(stats.time.elapsed().as_secs_f64());
+            tracing::warn!(uid = %c.uid, pod = %c.name, signal = %threshold.signal, grace, %message, "evicting pod");
+            return Some(c.uid);
+        }
+        tracing::warn!(signal = %threshold.signal, "eviction manager: no pod could be evicted");
+        None
+    }
+
+    /// kubelet's grace period: 1 s for a hard threshold; for a soft one
+    /// the pod's own, capped by --eviction-max-pod-grace-period when that
+    /// is positive.
+    fn grace_for(&self, t: &Threshold, uid: &str) -> i64 {
+        if t.hard {
+            return HARD_EVICTION_GRACE_SECS;
+        }
+        let own = self
+            .parts
+            .source
+            .get(uid)
+            .and_then(|d| d.pod.spec.as_ref()?.termination_grace_period_seconds)
+            .unwrap_or(30);
+        match self.settings.max_pod_grace_period {
+            m if m > 0 => own.min(m),
+            _ => own,
+        }
+    }
+
+    /// The pods that could be evicted: valid, not evicted yet, with a
+    /// running container or ready sandbox; with their statistics.
+    fn candidates(&self) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for d in self.parts.source.all() {
+            if d.invalid.is_some() || self.parts.workers.is_evicted(&d.uid) {
+                continue;
+            }
+            let entry = self.parts.cache.get(&d.uid);
+            let Some(rt) = entry.status.as_ref() else {
+                continue;
+            };
+            if !live(rt) {
+                continue;
+            }
+            let Some(spec) = d.pod.spec.as_ref() else {
+                continue;
+            };
+            let containers = || spec.containers.iter();
+            let request = |name: &str| -> i64 {
+                containers()
+                    .filter_map(|c| effective_request(c, name))
+                    .sum()
+            };
+            let priority = spec.priority.unwrap_or(0);
+            let critical = priority >= SYSTEM_CRITICAL_PRIORITY
+                || matches!(
+                    spec.priority_class_name.as_deref(),
+                    Some("system-node-critical" | "system-cluster-critical")
+                );
+            let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
+            let stats = self.observer.cgroups().stats(&cgroup).ok();
+            out.push(Candidate {
+                uid: d.uid.clone(),
+                name: format!("{}/{}", d.namespace, d.name),
+                priority,
+                critical,
+                // Every pod of the manifest directory is a static pod.
+                static_pod: true,
+                memory_request: request("memory"),
+                disk_request: request("ephemeral-storage"),
+                memory_usage: stats.as_ref().map(|s| s.memory_working_set_bytes as i64),
+                disk_usage: None,
+                inodes_usage: None,
+                processes: stats
+                    .as_ref()
+                    .and_then(|s| s.pids_current)
+                    .map(|p| p as i64),
+            });
+        }
+        out
+    }
+
+    /// Waits until the evicted pod has nothing running (or 30 s).
+    async fn wait_for_cleanup(&self, uid: &str) {
+        let deadline = Instant::now() + CLEANUP_TIMEOUT;
+        while Instant::now() < deadline {
+            let entry = self.parts.cache.get(uid);
+            if entry.status.as_ref().is_none_or(|s| !live(s)) {
+                tracing::info!(uid, "evicted pod cleaned up");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tracing::warn!(uid, "evicted pod still running after 30s");
+    }
+
+    /// Registers (v1) a memory threshold per memory signal's threshold at
+    /// the usage where it is met, again whenever that usage moves.
+    fn rearm_memcg(&mut self, stats: &NodeStats) {
+        if self.observer.version() != CgroupVersion::V1 {
+            return;
+        }
+        let node_cgroup = self.observer.node_cgroup().unwrap_or("/").to_string();
+        let pods_cgroup = self.observer.pods_cgroup().to_string();
+        for t in self.thresholds.clone() {
+            let (path, capacity) = match t.signal {
+                Signal::MemoryAvailable => (node_cgroup.as_str(), stats.memory.capacity),
+                Signal::AllocatableMemoryAvailable => {
+                    (pods_cgroup.as_str(), stats.allocatable_memory.capacity)
+                }
+                _ => continue,
+            };
+            // The cgroup's own usage, which is what the kernel compares.
+            let Ok(cs) = self.observer.cgroups().stats(path) else {
+                continue;
+            };
+            let ms = MemoryStats {
+                capacity,
+                usage: cs.memory_usage_bytes as i64,
+                working_set: cs.memory_working_set_bytes as i64,
+            };
+            let bytes = memcg_threshold(&ms, threshold_amount(&t, capacity, false));
+            let key = (t.signal, t.hard);
+            if self.memcg.get(&key).is_some_and(|m| m.bytes == bytes) {
+                continue;
+            }
+            let Ok(dir) = self.observer.cgroups().dir("memory", path) else {
+                continue;
+            };
+            match memcg_threshold_notifier(&dir, bytes, self.notifier()) {
+                Ok(n) => {
+                    tracing::debug!(signal = %t.signal, bytes, cgroup = path, "memory threshold armed");
+                    self.memcg.insert(key, n);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, signal = %t.signal, "memory threshold notification unavailable; polling");
+                    self.memcg.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Registers (v2) a PSI trigger on the node's memory pressure.
+    fn arm_psi(&mut self) {
+        let path = match self.observer.node_cgroup() {
+            Some(cg) => match self.observer.cgroups().dir("memory", cg) {
+                Ok(d) => d.join("memory.pressure"),
+                Err(_) => return,
+            },
+            None => "/proc/pressure/memory".into(),
+        };
+        match psi_trigger(&path, PSI_STALL_US, PSI_WINDOW_US, self.notifier()) {
+            Ok(t) => self.psi = Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "memory pressure notification unavailable; polling")
+            }
+        }
+    }
+}
+
+/// A pod with a running (or unknown) container or a ready sandbox.
+fn live(s: &crate::types::PodRuntimeStatus) -> bool {
+    s.containers.iter().any(|c| {
+        c.state == api::ContainerState::ContainerRunning as i32
+            || c.state == api::ContainerState::ContainerUnknown as i32
+    }) || s
+        .sandboxes
+        .iter()
+        .any(|sb| sb.state == api::PodSandboxState::SandboxReady as i32)
+}
+
+fn resource_name(r: Resource) -> &'static str {
+    match r {
+        Resource::Memory => "memory",
+        Resource::Disk => "ephemeral-storage",
+        Resource::Inodes => "inodes",
+        Resource::Pids => "pids",
+    }
+}

@@ -1,0 +1,159 @@
+//! End-to-end: node-pressure eviction by `petrel agent` on a real runtime,
+//! with real memory pressure made safely: each test's node is a memory
+//! cgroup of its own (under the test's cgroup parent) with a small limit,
+//! named with `--node-cgroup`, so pods fill it and not the machine.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::agent::{phase, running, Agent};
+use common::{Node, BUSYBOX};
+use serde_json::Value;
+
+const MI: u64 = 1 << 20;
+
+/// Makes the test's node cgroup with a memory limit; it lives under the
+/// test's cgroup parent, which the node's cleanup removes.
+fn node_cgroup(node: &Node, memory_limit: u64) -> String {
+    let path = format!("{}/node", node.cgroup_parent);
+    let dir = Node::cgroup_dir("memory", &path);
+    std::fs::create_dir_all(&dir).expect("create the node's memory cgroup");
+    std::fs::write(dir.join("memory.limit_in_bytes"), memory_limit.to_string())
+        .expect("limit the node's memory");
+    path
+}
+
+fn pod(name: &str, resources: &str, script: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 30\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n{resources}"
+    )
+}
+
+fn pod_condition<'a>(p: &'a Value, kind: &str) -> Option<&'a Value> {
+    p["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+fn node_condition(agent: &Agent, kind: &str) -> Option<String> {
+    let (code, body) = agent.get("/node")?;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .and_then(|c| c["status"].as_str().map(str::to_string))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guaranteed_pod() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = node_cgroup(&node, 256 * MI);
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--eviction-hard",
+            "memory.available<64Mi",
+            "--eviction-pressure-transition-period",
+            "3s",
+        ],
+    );
+    // The node is quiet: no pressure yet.
+    let start = Instant::now();
+    while node_condition(&agent, "MemoryPressure").as_deref() != Some("False") {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "no /node conditions:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    agent.write_manifest(
+        "steady.yaml",
+        &pod(
+            "steady",
+            "    resources:\n      requests: {cpu: 100m, memory: 32Mi}\n      limits: {cpu: 100m, memory: 32Mi}\n",
+            "exec sleep 3600",
+        ),
+    );
+    let steady = agent.wait_pod(
+        "default",
+        "steady",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    assert_eq!(steady["status"]["qosClass"], "Guaranteed");
+
+    // About 8 MB more anonymous memory every 200 ms (a subshell holding a
+    // 4 MB string and its copy), 28 times: past the threshold (256Mi -
+    // 64Mi of working set) but short of the limit, so only eviction can
+    // stop it, not the OOM killer. The subshells loop rather than exec
+    // sleep, which would free their memory.
+    let hog = "i=0; while [ $i -lt 28 ]; do (x=$(head -c 4000000 /dev/zero | tr '\\000' x); y=\"${x}.\"; while :; do sleep 30; done) & i=$((i+1)); sleep 0.2; done; wait";
+    agent.write_manifest("hog.yaml", &pod("hog", "", hog));
+    let evicted = agent.wait_pod("default", "hog", Duration::from_secs(60), "evicted", |p| {
+        phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
+    });
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("memory") && message.contains("memory.available"),
+        "{message}"
+    );
+    let disruption = pod_condition(&evicted, "DisruptionTarget").expect("DisruptionTarget");
+    assert_eq!(disruption["status"], "True");
+    assert_eq!(disruption["reason"], "TerminationByKubelet");
+    assert_eq!(evicted["status"]["qosClass"], "BestEffort");
+
+    // Its containers stop and it is not started again.
+    let hog_pod = agent.wait_pod("default", "hog", Duration::from_secs(30), "stopped", |p| {
+        !running(p, "main")
+    });
+    assert_eq!(phase(&hog_pod), "Failed");
+    assert_eq!(
+        node_condition(&agent, "MemoryPressure").as_deref(),
+        Some("True")
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!running(&agent.pod("default", "hog").unwrap(), "main"));
+
+    // The Guaranteed pod was spared.
+    let steady = agent.pod("default", "steady").unwrap();
+    assert!(running(&steady, "main"), "{steady}");
+    assert_eq!(phase(&steady), "Running");
+
+    // The pressure ends after the transition period.
+    let start = Instant::now();
+    while node_condition(&agent, "MemoryPressure").as_deref() != Some("False") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "MemoryPressure stays:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kubelet_evictions{eviction_signal=\"memory.available\"} 1")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kubelet_eviction_stats_age_seconds_count"),
+        "{metrics}"
+    );
+    let log = agent.log();
+    assert!(log.contains("memory threshold armed"), "{log}");
+    // The threshold crossing itself ran a pass (cgroup v1 eventfd).
+    assert!(log.contains("eviction pass on notification"), "{log}");
+}
