@@ -157,3 +157,51 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
     // The threshold crossing itself ran a pass (cgroup v1 eventfd).
     assert!(log.contains("eviction pass on notification"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pid_pressure_should_evict_the_forking_pod_and_refuse_new_pods() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = format!("{}/node", node.cgroup_parent);
+    let pids = Node::cgroup_dir("pids", &cgroup);
+    std::fs::create_dir_all(&pids).expect("create the node's pids cgroup");
+    std::fs::write(pids.join("pids.max"), "150").expect("limit the node's pids");
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--eviction-hard",
+            "pid.available<70",
+            "--eviction-pressure-transition-period",
+            "60s",
+        ],
+    );
+    agent.write_manifest("steady.yaml", &pod("steady", "", "exec sleep 3600"));
+    agent.wait_pod("default", "steady", Duration::from_secs(30), "running", |p| {
+        running(p, "main")
+    });
+
+    // 100 processes, 20 a second: past 80 in use (150 - 70) but under the
+    // limit of 150.
+    let forker = "i=0; while [ $i -lt 100 ]; do sleep 3600 & i=$((i+1)); sleep 0.05; done; wait";
+    agent.write_manifest("forker.yaml", &pod("forker", "", forker));
+    let evicted = agent.wait_pod("default", "forker", Duration::from_secs(60), "evicted", |p| {
+        phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
+    });
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("pid.available"), "{message}");
+    assert_eq!(node_condition(&agent, "PIDPressure").as_deref(), Some("True"));
+    let steady = agent.pod("default", "steady").unwrap();
+    assert!(running(&steady, "main"), "{steady}");
+
+    // Under PID pressure (held for the transition period) a new pod that
+    // is not critical is refused, with kubelet's reason.
+    agent.write_manifest("late.yaml", &pod("late", "", "exec sleep 3600"));
+    let late = agent.wait_pod("default", "late", Duration::from_secs(30), "refused", |p| {
+        phase(p) == "Failed"
+    });
+    assert_eq!(late["status"]["reason"], "Evicted");
+    let message = late["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("PIDPressure"), "{message}");
+    assert!(!running(&late, "main"));
+}
