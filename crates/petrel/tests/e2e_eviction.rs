@@ -177,20 +177,31 @@ async fn pid_pressure_should_evict_the_forking_pod_and_refuse_new_pods() {
         ],
     );
     agent.write_manifest("steady.yaml", &pod("steady", "", "exec sleep 3600"));
-    agent.wait_pod("default", "steady", Duration::from_secs(30), "running", |p| {
-        running(p, "main")
-    });
+    agent.wait_pod(
+        "default",
+        "steady",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
 
     // 100 processes, 20 a second: past 80 in use (150 - 70) but under the
     // limit of 150.
     let forker = "i=0; while [ $i -lt 100 ]; do sleep 3600 & i=$((i+1)); sleep 0.05; done; wait";
     agent.write_manifest("forker.yaml", &pod("forker", "", forker));
-    let evicted = agent.wait_pod("default", "forker", Duration::from_secs(60), "evicted", |p| {
-        phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
-    });
+    let evicted = agent.wait_pod(
+        "default",
+        "forker",
+        Duration::from_secs(60),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
     let message = evicted["status"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("pid.available"), "{message}");
-    assert_eq!(node_condition(&agent, "PIDPressure").as_deref(), Some("True"));
+    assert_eq!(
+        node_condition(&agent, "PIDPressure").as_deref(),
+        Some("True")
+    );
     let steady = agent.pod("default", "steady").unwrap();
     assert!(running(&steady, "main"), "{steady}");
 

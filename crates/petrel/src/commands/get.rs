@@ -1,5 +1,6 @@
 //! `petrel get pods`: the agent's pods like `kubectl get pods`, from its
-//! HTTP server (`/pods`, `/pods/{namespace}/{name}`, `/pods?watch=true`).
+//! HTTP server (`/pods`, `/pods/{namespace}/{name}`, `/pods?watch=true`);
+//! `petrel get node`: the node's pressure conditions (`/node`).
 //!
 //! Errors print `Error: <message>` and exit with 1; usage errors exit with 2.
 
@@ -22,7 +23,7 @@ use table::Columns;
 /// Flags of `petrel get`.
 #[derive(Debug, Args)]
 pub struct GetArgs {
-    /// What to show (only pods).
+    /// What to show: pods, or the node.
     #[arg(value_enum)]
     resource: Resource,
     /// One pod's name.
@@ -50,6 +51,9 @@ enum Resource {
     /// Pods.
     #[value(alias = "pod", alias = "po")]
     Pods,
+    /// The node (its pressure conditions).
+    #[value(alias = "node", alias = "no")]
+    Nodes,
 }
 
 /// Output formats.
@@ -142,6 +146,16 @@ impl Query {
 
 async fn run(args: GetArgs) -> Result<(), GetError> {
     let server = Server::parse(&args.server)?;
+    if args.resource == Resource::Nodes {
+        if args.watch {
+            return Err(GetError::Server(
+                "--watch is only supported for pods".into(),
+            ));
+        }
+        let node = fetch_node(&server, args.name.as_deref()).await?;
+        let mut out = std::io::stdout();
+        return print_node(&mut out, args.output, &node);
+    }
     let query = Query::from_args(&args)?;
     let pods = fetch(&server, &query).await?;
     let mut out = std::io::stdout();
@@ -172,6 +186,55 @@ async fn fetch(server: &Server, q: &Query) -> Result<Vec<Pod>, GetError> {
         .into_iter()
         .filter(|p| q.wants(p))
         .collect())
+}
+
+/// The agent's node (`name`, when given, must be its name).
+async fn fetch_node(
+    server: &Server,
+    name: Option<&str>,
+) -> Result<k8s_openapi::api::core::v1::Node, GetError> {
+    let mut resp = server.get("/node").await?;
+    let body = resp.body().await?;
+    if resp.status != 200 {
+        return Err(server_error(resp.status, &body));
+    }
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_slice(&body).map_err(|e| GetError::Decode(e.to_string()))?;
+    if let Some(n) = name {
+        if node.metadata.name.as_deref() != Some(n) {
+            return Err(GetError::Server(format!("nodes {n:?} not found")));
+        }
+    }
+    Ok(node)
+}
+
+/// The node as a table (NAME and one column per pressure condition) or
+/// as JSON/YAML.
+fn print_node(
+    out: &mut impl Write,
+    format: Option<Output>,
+    node: &k8s_openapi::api::core::v1::Node,
+) -> Result<(), GetError> {
+    if matches!(format, Some(Output::Json) | Some(Output::Yaml)) {
+        let value = serde_json::to_value(node).map_err(|e| GetError::Decode(e.to_string()))?;
+        write_object(out, format, &value)?;
+        out.flush()?;
+        return Ok(());
+    }
+    const KINDS: [&str; 3] = ["MemoryPressure", "DiskPressure", "PIDPressure"];
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let mut header = vec!["NAME".to_string()];
+    header.extend(KINDS.iter().map(|k| k.to_uppercase()));
+    let mut row = vec![node.metadata.name.clone().unwrap_or_default()];
+    for k in KINDS {
+        let status = conditions
+            .and_then(|cs| cs.iter().find(|c| c.type_ == k))
+            .map_or("Unknown", |c| c.status.as_str());
+        row.push(status.to_string());
+    }
+    out.write_all(table::render(&[header, row], &mut Vec::new()).as_bytes())?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Every pod the agent has.

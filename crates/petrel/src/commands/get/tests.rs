@@ -40,6 +40,17 @@ fn pod(ns: &str, name: &str, phase: &str) -> Pod {
 
 /// The agent's real server on a free port.
 async fn agent() -> (Server, Arc<StatusStore>) {
+    let (server, store, _) = agent_with_node().await;
+    (server, store)
+}
+
+/// The agent's real server, with its node state.
+async fn agent_with_node() -> (
+    Server,
+    Arc<StatusStore>,
+    Arc<petrel_agent::eviction::NodeState>,
+) {
+    let node = Arc::new(petrel_agent::eviction::NodeState::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let store = Arc::new(StatusStore::new());
@@ -60,11 +71,43 @@ async fn agent() -> (Server, Arc<StatusStore>) {
             .unwrap(),
         ),
         cache: Arc::new(petrel_agent::cache::PodCache::new()),
-        node: Arc::new(petrel_agent::eviction::NodeState::new()),
+        node: node.clone(),
         node_name: "test-node".to_string(),
     };
     tokio::spawn(serve(listener, state, std::future::pending()));
-    (Server::parse(&url).unwrap(), store)
+    (Server::parse(&url).unwrap(), store, node)
+}
+
+#[tokio::test]
+async fn get_node_should_show_the_pressure_conditions() {
+    use petrel_agent::eviction::NodeCondition;
+    let (server, _, node) = agent_with_node().await;
+    node.update(
+        std::collections::BTreeSet::from([NodeCondition::DiskPressure]),
+        None,
+    );
+    let n = fetch_node(&server, None).await.unwrap();
+    let mut out = Vec::new();
+    print_node(&mut out, None, &n).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            vec!["NAME", "MEMORYPRESSURE", "DISKPRESSURE", "PIDPRESSURE"],
+            vec!["test-node", "False", "True", "False"],
+        ]
+    );
+    let mut out = Vec::new();
+    print_node(&mut out, Some(Output::Json), &n).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["metadata"]["name"], "test-node");
+    let e = fetch_node(&server, Some("other")).await.unwrap_err();
+    assert!(e.to_string().contains("\"other\" not found"), "{e}");
+    assert!(parse(&["no"]).is_ok());
 }
 
 async fn show(server: &Server, args: &[&str]) -> Result<String, GetError> {
