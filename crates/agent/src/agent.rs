@@ -186,6 +186,8 @@ pub async fn run(
 
         start_eviction(
             &config,
+            &runtime,
+            &node_name,
             &queue,
             &source,
             &cache,
@@ -334,6 +336,8 @@ pub(crate) fn start_pipeline(
 #[allow(clippy::too_many_arguments)]
 fn start_eviction(
     config: &AgentConfig,
+    runtime: &Arc<dyn RuntimeApi>,
+    node_name: &str,
     queue: &WorkQueue<String>,
     source: &PodSource,
     cache: &Arc<PodCache>,
@@ -362,6 +366,8 @@ fn start_eviction(
     );
     workers.set_node_state(Arc::clone(node));
     let parts = crate::eviction::ManagerParts {
+        runtime: Arc::clone(runtime),
+        node_name: node_name.to_string(),
         source: source.clone(),
         workers: Arc::clone(workers),
         queue: queue.clone(),

@@ -136,6 +136,16 @@ pub trait RuntimeApi: Send + Sync + 'static {
     ) -> CriResult<String>;
     /// GetContainerEvents: the runtime's event stream.
     async fn container_events(&self) -> CriResult<EventStream>;
+    /// ImageFsInfo: the image and container filesystems' usage and mount
+    /// points.
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse>;
+    /// ListImages.
+    async fn list_images(&self) -> CriResult<Vec<api::Image>>;
+    /// RemoveImage by id.
+    async fn remove_image(&self, id: &str) -> CriResult<()>;
+    /// The images (ids and references) of every container of the runtime,
+    /// any state, anyone's: what image reclaim must keep.
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>>;
     /// Exec: prepares a streaming exec; returns the URL of the runtime's
     /// streaming server to which the client's upgrade is proxied.
     async fn exec(&self, req: api::ExecRequest) -> CriResult<String>;
@@ -395,6 +405,45 @@ impl RuntimeApi for CriRuntime {
             stderr: r.stderr,
             exit_code: r.exit_code,
         })
+    }
+
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
+        let mut c = self.img.clone();
+        let req = self.request(api::ImageFsInfoRequest {});
+        self.observe("image_fs_info", c.image_fs_info(req)).await
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
+        let mut c = self.img.clone();
+        let req = self.request(api::ListImagesRequest { filter: None });
+        Ok(self.observe("list_images", c.list_images(req)).await?.images)
+    }
+
+    async fn remove_image(&self, id: &str) -> CriResult<()> {
+        let mut c = self.img.clone();
+        let req = self.request(api::RemoveImageRequest {
+            image: Some(api::ImageSpec {
+                image: id.to_string(),
+                ..Default::default()
+            }),
+        });
+        self.observe("remove_image", c.remove_image(req)).await?;
+        Ok(())
+    }
+
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ListContainersRequest { filter: None });
+        let list = self.observe("list_containers", c.list_containers(req)).await?;
+        let mut used = std::collections::HashSet::new();
+        for ctr in list.containers {
+            used.insert(ctr.image_ref);
+            if let Some(spec) = ctr.image {
+                used.insert(spec.image);
+            }
+        }
+        used.remove("");
+        Ok(used)
     }
 
     async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {

@@ -17,11 +17,13 @@ use super::config::{EvictionConfigError, EvictionSettings, Threshold};
 use super::node::NodeState;
 use super::notify::{memcg_threshold, memcg_threshold_notifier, psi_trigger};
 use super::notify::{MemcgThreshold, PsiTrigger};
-use super::observe::{observations, MemoryStats, NodeObserver, NodeStats};
+use super::observe::{fs_stats, observations, MemoryStats, NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
+use crate::cri::RuntimeApi;
+use crate::types::LABEL_MANAGED_BY;
 use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
@@ -29,6 +31,8 @@ use crate::worker::PodWorkers;
 
 /// kubelet's grace period for pods evicted for a hard threshold.
 const HARD_EVICTION_GRACE_SECS: i64 = 1;
+/// Deadline of the runtime calls of a pass.
+const RUNTIME_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a pass waits for an evicted pod's containers to stop.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// PSI trigger (cgroup v2): 100 ms of stalls in a 2 s window (windows
@@ -38,6 +42,10 @@ const PSI_WINDOW_US: u64 = 2_000_000;
 
 /// What the manager works with.
 pub struct ManagerParts {
+    /// The runtime (image filesystem, node-level reclaim).
+    pub runtime: Arc<dyn RuntimeApi>,
+    /// The node's name: the label value of what this agent made.
+    pub node_name: String,
     /// The desired pods.
     pub source: PodSource,
     /// The pod workers, which carry evictions out.
@@ -118,13 +126,7 @@ impl EvictionManager {
 
     /// One pass; returns the UID of the pod evicted, if any.
     pub async fn pass(&mut self) -> Option<String> {
-        let stats = match self.observer.node_stats(None) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "eviction pass: node not observed");
-                return None;
-            }
-        };
+        let stats = self.observe().await?;
         let obs = observations(&stats);
         let eval = self
             .tracker
@@ -138,8 +140,16 @@ impl EvictionManager {
         let threshold = *eval.actionable.first()?;
         let observed = obs.get(&threshold.signal).copied()?;
         let resource = threshold.signal.resource();
-        // Memory and pids have no node-level reclaim; disk signals would
-        // remove dead containers and unused images here first.
+        // Node-level reclaim first (disk signals): enough reclaimed, with
+        // minimum reclaim, means no pod is evicted.
+        if self.reclaim_node_level(threshold.signal).await {
+            if let Some(after) = self.observe().await {
+                if self.tracker.reclaimed(&observations(&after)) {
+                    tracing::info!(signal = %threshold.signal, "node-level reclaim relieved the pressure; no eviction");
+                    return None;
+                }
+            }
+        }
         let mut candidates = self.candidates();
         rank(&mut candidates, resource);
         for c in candidates {
@@ -176,6 +186,89 @@ impl EvictionManager {
         }
         tracing::warn!(signal = %threshold.signal, "eviction manager: no pod could be evicted");
         None
+    }
+
+    /// The node's statistics, with the runtime's image and container
+    /// filesystems (statvfs of the mount points it names).
+    async fn observe(&self) -> Option<NodeStats> {
+        let info = tokio::time::timeout(RUNTIME_TIMEOUT, self.parts.runtime.image_fs_info()).await;
+        let (imagefs, containerfs) = match info {
+            Ok(Ok(info)) => {
+                let fs = |list: &[api::FilesystemUsage]| {
+                    list.iter()
+                        .filter_map(|u| u.fs_id.as_ref())
+                        .find_map(|id| fs_stats(std::path::Path::new(&id.mountpoint)).ok())
+                };
+                (fs(&info.image_filesystems), fs(&info.container_filesystems))
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "image filesystem not observed");
+                (None, None)
+            }
+            Err(_) => {
+                tracing::debug!("image filesystem not observed: the runtime did not answer");
+                (None, None)
+            }
+        };
+        match self.observer.node_stats(imagefs, containerfs) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction pass: node not observed");
+                None
+            }
+        }
+    }
+
+    /// kubelet's node-level reclaim for disk signals: every exited
+    /// container this agent made, then (for the runtime's filesystems)
+    /// every image no container uses. True when something was tried.
+    async fn reclaim_node_level(&self, signal: Signal) -> bool {
+        if !matches!(signal.resource(), Resource::Disk | Resource::Inodes) {
+            return false;
+        }
+        let rt = &self.parts.runtime;
+        let ours = HashMap::from([(LABEL_MANAGED_BY.to_string(), self.parts.node_name.clone())]);
+        let mut removed_containers = 0;
+        match rt.list_containers(ours).await {
+            Ok(list) => {
+                for c in list
+                    .iter()
+                    .filter(|c| c.state == api::ContainerState::ContainerExited as i32)
+                {
+                    match rt.remove_container(&c.id).await {
+                        Ok(()) => removed_containers += 1,
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => tracing::warn!(container = %c.id, error = %e, "reclaim: removing a dead container failed"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reclaim: listing containers failed"),
+        }
+        let mut removed_images = 0;
+        if !signal.is_nodefs() {
+            match (rt.images_in_use().await, rt.list_images().await) {
+                (Ok(used), Ok(images)) => {
+                    for img in images {
+                        let in_use = used.contains(&img.id)
+                            || img.repo_tags.iter().any(|t| used.contains(t))
+                            || img.repo_digests.iter().any(|d| used.contains(d));
+                        if in_use || img.pinned {
+                            continue;
+                        }
+                        match rt.remove_image(&img.id).await {
+                            Ok(()) => removed_images += 1,
+                            // The runtime refuses images it still needs.
+                            Err(e) => tracing::debug!(image = %img.id, error = %e, "reclaim: image kept"),
+                        }
+                    }
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "reclaim: listing images failed");
+                }
+            }
+        }
+        tracing::info!(%signal, removed_containers, removed_images, "node-level reclaim");
+        true
     }
 
     /// kubelet's grace period: 1 s for a hard threshold; for a soft one

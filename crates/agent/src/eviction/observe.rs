@@ -62,6 +62,9 @@ pub struct NodeStats {
     pub nodefs: Option<FsStats>,
     /// The runtime's image filesystem (from the runtime).
     pub imagefs: Option<FsStats>,
+    /// The runtime's container filesystem (writable layers), when the
+    /// runtime names one.
+    pub containerfs: Option<FsStats>,
     /// Process-id capacity of the node.
     pub pids_capacity: i64,
     /// Processes (threads included) on the node.
@@ -96,6 +99,8 @@ pub fn observations(s: &NodeStats) -> Observations {
     if let Some(fs) = s.imagefs.or(s.nodefs) {
         o.insert(Signal::ImageFsAvailable, at(fs.available, fs.capacity));
         o.insert(Signal::ImageFsInodesFree, at(fs.inodes_free, fs.inodes));
+    }
+    if let Some(fs) = s.containerfs.or(s.imagefs).or(s.nodefs) {
         o.insert(Signal::ContainerFsAvailable, at(fs.available, fs.capacity));
         o.insert(Signal::ContainerFsInodesFree, at(fs.inodes_free, fs.inodes));
     }
@@ -284,8 +289,13 @@ impl NodeObserver {
         (machine_cap, used)
     }
 
-    /// One observation of the node; `imagefs` comes from the runtime.
-    pub fn node_stats(&self, imagefs: Option<FsStats>) -> Result<NodeStats, ObserveError> {
+    /// One observation of the node; `imagefs` and `containerfs` come
+    /// from the runtime.
+    pub fn node_stats(
+        &self,
+        imagefs: Option<FsStats>,
+        containerfs: Option<FsStats>,
+    ) -> Result<NodeStats, ObserveError> {
         let time = Instant::now();
         let memory = self.node_memory()?;
         let allocatable_cap = (memory.capacity - self.reserved.memory).max(0);
@@ -305,6 +315,7 @@ impl NodeObserver {
             allocatable_memory,
             nodefs,
             imagefs,
+            containerfs,
             pids_capacity,
             pids_used,
         })
@@ -355,6 +366,7 @@ mod tests {
                 inodes_free: 5,
             }),
             imagefs: None,
+            containerfs: None,
             pids_capacity: 100,
             pids_used: 90,
         };

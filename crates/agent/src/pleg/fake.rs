@@ -1224,6 +1224,35 @@ impl RuntimeApi for FakeRuntime {
         }))
     }
 
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
+        self.enter("image_fs_info").await?;
+        self.leave("image_fs_info").await?;
+        // The fake keeps no images on any filesystem.
+        Ok(api::ImageFsInfoResponse::default())
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
+        self.enter("list_images").await?;
+        self.leave("list_images").await?;
+        Ok(Vec::new())
+    }
+
+    async fn remove_image(&self, _id: &str) -> CriResult<()> {
+        self.enter("remove_image").await?;
+        self.leave("remove_image").await
+    }
+
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
+        self.enter("list_containers").await?;
+        let used = lock(&self.state)
+            .containers
+            .values()
+            .map(|c| c.image.clone())
+            .collect();
+        self.leave("list_containers").await?;
+        Ok(used)
+    }
+
     async fn pull_image(
         &self,
         image: &str,
