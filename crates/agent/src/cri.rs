@@ -416,7 +416,10 @@ impl RuntimeApi for CriRuntime {
     async fn list_images(&self) -> CriResult<Vec<api::Image>> {
         let mut c = self.img.clone();
         let req = self.request(api::ListImagesRequest { filter: None });
-        Ok(self.observe("list_images", c.list_images(req)).await?.images)
+        Ok(self
+            .observe("list_images", c.list_images(req))
+            .await?
+            .images)
     }
 
     async fn remove_image(&self, id: &str) -> CriResult<()> {
@@ -434,7 +437,9 @@ impl RuntimeApi for CriRuntime {
     async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
         let mut c = self.rt.clone();
         let req = self.request(api::ListContainersRequest { filter: None });
-        let list = self.observe("list_containers", c.list_containers(req)).await?;
+        let list = self
+            .observe("list_containers", c.list_containers(req))
+            .await?;
         let mut used = std::collections::HashSet::new();
         for ctr in list.containers {
             used.insert(ctr.image_ref);

@@ -22,11 +22,11 @@ use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
-use crate::cri::RuntimeApi;
-use crate::types::LABEL_MANAGED_BY;
 use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
+use crate::cri::RuntimeApi;
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
+use crate::types::LABEL_MANAGED_BY;
 use crate::worker::PodWorkers;
 
 /// kubelet's grace period for pods evicted for a hard threshold.
@@ -238,7 +238,9 @@ impl EvictionManager {
                     match rt.remove_container(&c.id).await {
                         Ok(()) => removed_containers += 1,
                         Err(e) if e.is_not_found() => {}
-                        Err(e) => tracing::warn!(container = %c.id, error = %e, "reclaim: removing a dead container failed"),
+                        Err(e) => {
+                            tracing::warn!(container = %c.id, error = %e, "reclaim: removing a dead container failed")
+                        }
                     }
                 }
             }
@@ -258,7 +260,9 @@ impl EvictionManager {
                         match rt.remove_image(&img.id).await {
                             Ok(()) => removed_images += 1,
                             // The runtime refuses images it still needs.
-                            Err(e) => tracing::debug!(image = %img.id, error = %e, "reclaim: image kept"),
+                            Err(e) => {
+                                tracing::debug!(image = %img.id, error = %e, "reclaim: image kept")
+                            }
                         }
                     }
                 }
