@@ -1,5 +1,6 @@
 //! The agent's HTTP server: `/healthz`, `/metrics`, `/node` (pressure
-//! conditions), `/pods` (list, watch, get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
+//! conditions), `/stats/summary` (kubelet's shape, cached per eviction
+//! pass), `/pods` (list, watch, get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
 //! and kubelet's container endpoints: `/containerLogs/...` (`logs`),
 //! `/exec/...`, `/attach/...`, `/portForward/...` (`stream_routes`,
 //! proxied to the runtime's streaming server by `proxy`).
@@ -178,6 +179,7 @@ fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/node", get(node))
+        .route("/stats/summary", get(stats_summary))
         .route("/pods", get(pods))
         .route("/pods/:namespace/:name", get(pod))
         .route(
@@ -318,6 +320,19 @@ fn watch_pods(st: AppState) -> Response {
 
 async fn node(State(st): State<AppState>) -> Response {
     json(StatusCode::OK, &st.shared.node.node(&st.shared.node_name))
+}
+
+/// kubelet's summary, as of the eviction manager's last pass.
+async fn stats_summary(State(st): State<AppState>) -> Response {
+    match st.shared.node.summary() {
+        Some(s) => json(StatusCode::OK, &*s),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, TEXT)],
+            "no statistics yet\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn pod(

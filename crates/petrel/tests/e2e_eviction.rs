@@ -141,6 +141,56 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The summary of the last pass, in kubelet's shape.
+    let (code, body) = agent.get("/stats/summary").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let summary: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(summary["node"]["nodeName"], agent.node_name.as_str());
+    assert!(
+        summary["node"]["memory"]["workingSetBytes"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        summary["node"]["memory"]["availableBytes"]
+            .as_i64()
+            .unwrap()
+            + summary["node"]["memory"]["workingSetBytes"]
+                .as_i64()
+                .unwrap(),
+        (256 * MI) as i64,
+        "{body}"
+    );
+    assert!(summary["node"]["fs"]["capacityBytes"].as_i64().unwrap() > 0);
+    assert!(
+        summary["node"]["runtime"]["imageFs"]["capacityBytes"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+    let pods = summary["pods"].as_array().unwrap();
+    let steady = pods
+        .iter()
+        .find(|p| p["podRef"]["name"] == "steady")
+        .expect("steady in the summary");
+    assert!(
+        steady["memory"]["workingSetBytes"].as_i64().unwrap() > 0,
+        "{steady}"
+    );
+    assert!(
+        steady["process_stats"]["process_count"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{steady}"
+    );
+    assert_eq!(steady["containers"][0]["name"], "main", "{steady}");
+    assert!(
+        steady["cpu"]["usageCoreNanoSeconds"].as_u64().is_some(),
+        "{steady}"
+    );
+
     let (_, metrics) = agent.get("/metrics").unwrap();
     assert!(
         metrics

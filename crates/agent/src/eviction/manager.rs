@@ -20,6 +20,10 @@ use super::notify::{MemcgThreshold, PsiTrigger};
 use super::observe::{fs_stats, observations, MemoryStats, NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
+use super::summary::{
+    cgroup_memory as summary_memory, fs_summary, node_memory, ContainerSummary as SummaryContainer,
+    CpuRates, NodeSummary, PodRef, PodSummary, ProcessStats, Rlimit, RuntimeSummary, Summary,
+};
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
 use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
@@ -72,6 +76,7 @@ pub struct EvictionManager {
     notify: Arc<Notify>,
     memcg: HashMap<(Signal, bool), MemcgThreshold>,
     psi: Option<PsiTrigger>,
+    cpu_rates: CpuRates,
 }
 
 impl EvictionManager {
@@ -91,6 +96,7 @@ impl EvictionManager {
             notify: Arc::new(Notify::new()),
             memcg: HashMap::new(),
             psi: None,
+            cpu_rates: CpuRates::default(),
         })
     }
 
@@ -128,6 +134,8 @@ impl EvictionManager {
     pub async fn pass(&mut self) -> Option<String> {
         let stats = self.observe().await?;
         let obs = observations(&stats);
+        let summary = self.summary(&stats);
+        self.parts.node.set_summary(summary);
         let eval = self
             .tracker
             .evaluate(&self.thresholds, &obs, Instant::now());
@@ -216,6 +224,99 @@ impl EvictionManager {
                 tracing::warn!(error = %e, "eviction pass: node not observed");
                 None
             }
+        }
+    }
+
+    /// The summary of this pass: the node from `stats`, the pods and
+    /// their running containers from their cgroups.
+    fn summary(&mut self, stats: &NodeStats) -> Summary {
+        let at = stats.timestamp;
+        let now = stats.time;
+        let cgroups = self.observer.cgroups().clone();
+        let node_cgroup = self.observer.node_cgroup().unwrap_or("/").to_string();
+        let mut keys = std::collections::HashSet::new();
+        let node_cpu = cgroups.stats(&node_cgroup).ok().map(|s| {
+            keys.insert(node_cgroup.clone());
+            self.cpu_rates.cpu(&node_cgroup, s.cpu_usage_ns, now, at)
+        });
+        let pods_cgroup = self.observer.pods_cgroup().to_string();
+        let mut system_containers = Vec::new();
+        if let Ok(s) = cgroups.stats(&pods_cgroup) {
+            keys.insert(pods_cgroup.clone());
+            system_containers.push(SummaryContainer {
+                name: "pods".to_string(),
+                cpu: self.cpu_rates.cpu(&pods_cgroup, s.cpu_usage_ns, now, at),
+                memory: summary_memory(&s, Some(stats.allocatable_memory.capacity), at),
+            });
+        }
+        let mut pods = Vec::new();
+        for d in self.parts.source.all() {
+            let Some(spec) = d.pod.spec.as_ref() else {
+                continue;
+            };
+            let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
+            let Ok(ps) = cgroups.stats(&cgroup) else {
+                continue;
+            };
+            keys.insert(cgroup.clone());
+            let mut containers = Vec::new();
+            if let Some(rt) = self.parts.cache.get(&d.uid).status.as_ref() {
+                for c in rt
+                    .containers
+                    .iter()
+                    .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
+                {
+                    let path = format!("{cgroup}/{}", c.id);
+                    let Ok(cs) = cgroups.stats(&path) else {
+                        continue;
+                    };
+                    keys.insert(path.clone());
+                    containers.push(SummaryContainer {
+                        name: c
+                            .metadata
+                            .as_ref()
+                            .map(|m| m.name.clone())
+                            .unwrap_or_default(),
+                        cpu: self.cpu_rates.cpu(&path, cs.cpu_usage_ns, now, at),
+                        memory: summary_memory(&cs, None, at),
+                    });
+                }
+            }
+            pods.push(PodSummary {
+                pod_ref: PodRef {
+                    name: d.name.clone(),
+                    namespace: d.namespace.clone(),
+                    uid: d.uid.clone(),
+                },
+                containers,
+                cpu: self.cpu_rates.cpu(&cgroup, ps.cpu_usage_ns, now, at),
+                memory: summary_memory(&ps, None, at),
+                process_stats: ps.pids_current.map(|n| ProcessStats { process_count: n }),
+            });
+        }
+        self.cpu_rates.retain(&keys);
+        Summary {
+            node: NodeSummary {
+                node_name: self.parts.node_name.clone(),
+                system_containers,
+                cpu: node_cpu,
+                memory: node_memory(stats),
+                fs: stats.nodefs.map(|f| fs_summary(&f, at)),
+                runtime: RuntimeSummary {
+                    image_fs: stats.imagefs.or(stats.nodefs).map(|f| fs_summary(&f, at)),
+                    container_fs: stats
+                        .containerfs
+                        .or(stats.imagefs)
+                        .or(stats.nodefs)
+                        .map(|f| fs_summary(&f, at)),
+                },
+                rlimit: Rlimit {
+                    time: crate::status::compute::time_from_system(at),
+                    maxpid: stats.pids_capacity,
+                    curproc: stats.pids_used,
+                },
+            },
+            pods,
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`observe`]: the node's statistics (cgroups, /proc, statvfs);
 //! - [`notify`]: memory cgroup threshold (v1) and PSI (v2) notifications;
 //! - [`node`]: the node's published conditions;
+//! - [`summary`]: `GET /stats/summary` in kubelet's shape, built each pass;
 //! - [`manager`]: the loop that ties them together.
 
 pub mod config;
@@ -17,6 +18,7 @@ pub mod notify;
 pub mod observe;
 pub mod rank;
 pub mod signals;
+pub mod summary;
 pub mod thresholds;
 
 pub use config::{EvictionConfigError, EvictionSettings, Threshold, ThresholdValue};

@@ -18,6 +18,7 @@ struct Inner {
     transitions: BTreeMap<NodeCondition, SystemTime>,
     heartbeat: Option<SystemTime>,
     stats: Option<NodeStats>,
+    summary: Option<std::sync::Arc<super::summary::Summary>>,
 }
 
 /// The node's pressure, shared by the eviction manager (writer), the
@@ -53,6 +54,18 @@ impl NodeState {
         if stats.is_some() {
             g.stats = stats;
         }
+    }
+
+    /// Replaces the cached `/stats/summary`.
+    pub fn set_summary(&self, summary: super::summary::Summary) {
+        let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        g.summary = Some(std::sync::Arc::new(summary));
+    }
+
+    /// The summary of the last pass (None before the first).
+    pub fn summary(&self) -> Option<std::sync::Arc<super::summary::Summary>> {
+        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        g.summary.clone()
     }
 
     /// Whether `c` holds.

@@ -1,0 +1,292 @@
+//! `GET /stats/summary` in kubelet's shape (stats/v1alpha1 `Summary`):
+//! the node and each pod with CPU, memory (working set included),
+//! filesystems and processes. Built by the eviction manager from the
+//! cgroups once per pass and served from that cache, so requests never
+//! fan out to the runtime or the kernel.
+
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use petrel_oci::cgroups::CgroupStats;
+use serde::Serialize;
+
+use super::observe::{FsStats, NodeStats};
+
+/// The whole summary.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Summary {
+    /// The node.
+    pub node: NodeSummary,
+    /// Every pod with a cgroup.
+    pub pods: Vec<PodSummary>,
+}
+
+/// The node's part.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    /// The node's name.
+    pub node_name: String,
+    /// The pods' cgroup as kubelet's `pods` system container.
+    pub system_containers: Vec<ContainerSummary>,
+    /// CPU of the node cgroup (or the machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuStats>,
+    /// Memory of the node.
+    pub memory: MemoryStats,
+    /// The agent root's filesystem.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fs: Option<FsSummary>,
+    /// The runtime's filesystems.
+    pub runtime: RuntimeSummary,
+    /// Process ids.
+    pub rlimit: Rlimit,
+}
+
+/// The runtime's filesystems.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSummary {
+    /// Where images live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_fs: Option<FsSummary>,
+    /// Where writable layers live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_fs: Option<FsSummary>,
+}
+
+/// kubelet's `RlimitStats`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Rlimit {
+    /// When observed.
+    pub time: Option<Time>,
+    /// Process-id capacity.
+    pub maxpid: i64,
+    /// Processes now.
+    pub curproc: i64,
+}
+
+/// kubelet's `CPUStats`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuStats {
+    /// When observed.
+    pub time: Option<Time>,
+    /// Average use since the previous pass, in nanocores (absent on the
+    /// first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_nano_cores: Option<u64>,
+    /// Cumulative CPU time.
+    pub usage_core_nano_seconds: u64,
+}
+
+/// kubelet's `MemoryStats`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStats {
+    /// When observed.
+    pub time: Option<Time>,
+    /// Limit (or capacity) minus working set, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_bytes: Option<i64>,
+    /// Usage, page cache included.
+    pub usage_bytes: i64,
+    /// Usage minus inactive file pages.
+    pub working_set_bytes: i64,
+    /// Anonymous memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    /// Page faults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_faults: Option<u64>,
+    /// Major page faults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub major_page_faults: Option<u64>,
+}
+
+/// kubelet's `FsStats`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FsSummary {
+    /// When observed.
+    pub time: Option<Time>,
+    /// Free bytes for unprivileged users.
+    pub available_bytes: i64,
+    /// Total bytes.
+    pub capacity_bytes: i64,
+    /// Bytes in use.
+    pub used_bytes: i64,
+    /// Free inodes.
+    pub inodes_free: i64,
+    /// Total inodes.
+    pub inodes: i64,
+    /// Inodes in use.
+    pub inodes_used: i64,
+}
+
+/// A container's (or system container's) part.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerSummary {
+    /// Its name.
+    pub name: String,
+    /// CPU.
+    pub cpu: CpuStats,
+    /// Memory.
+    pub memory: MemoryStats,
+}
+
+/// kubelet's `PodReference`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PodRef {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// kubelet's `ProcessStats`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcessStats {
+    /// Processes in the pod's cgroup.
+    pub process_count: u64,
+}
+
+/// A pod's part.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSummary {
+    /// Which pod.
+    pub pod_ref: PodRef,
+    /// Its running containers.
+    pub containers: Vec<ContainerSummary>,
+    /// CPU of the pod cgroup.
+    pub cpu: CpuStats,
+    /// Memory of the pod cgroup.
+    pub memory: MemoryStats,
+    /// Processes (kubelet spells this key in snake case).
+    #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
+    pub process_stats: Option<ProcessStats>,
+}
+
+fn time(t: SystemTime) -> Option<Time> {
+    crate::status::compute::time_from_system(t)
+}
+
+/// Filesystem statistics in kubelet's shape.
+pub fn fs_summary(fs: &FsStats, at: SystemTime) -> FsSummary {
+    FsSummary {
+        time: time(at),
+        available_bytes: fs.available,
+        capacity_bytes: fs.capacity,
+        used_bytes: (fs.capacity - fs.available).max(0),
+        inodes_free: fs.inodes_free,
+        inodes: fs.inodes,
+        inodes_used: (fs.inodes - fs.inodes_free).max(0),
+    }
+}
+
+/// Turns cumulative CPU times into rates between passes.
+#[derive(Debug, Default)]
+pub struct CpuRates {
+    last: HashMap<String, (Instant, u64)>,
+}
+
+impl CpuRates {
+    /// CPU statistics of `key` with `total_ns` used so far at `now`.
+    pub fn cpu(&mut self, key: &str, total_ns: u64, now: Instant, at: SystemTime) -> CpuStats {
+        let rate = self.last.get(key).and_then(|(t, prev)| {
+            let dt = now.saturating_duration_since(*t).as_nanos();
+            (dt > 0 && total_ns >= *prev)
+                .then(|| ((total_ns - prev) as u128 * 1_000_000_000 / dt) as u64)
+        });
+        self.last.insert(key.to_string(), (now, total_ns));
+        CpuStats {
+            time: time(at),
+            usage_nano_cores: rate,
+            usage_core_nano_seconds: total_ns,
+        }
+    }
+
+    /// Forgets every key not in `keep` (pods and containers gone).
+    pub fn retain(&mut self, keep: &std::collections::HashSet<String>) {
+        self.last.retain(|k, _| keep.contains(k));
+    }
+}
+
+/// Memory statistics of a cgroup in kubelet's shape; `limit` gives
+/// availableBytes.
+pub fn cgroup_memory(s: &CgroupStats, limit: Option<i64>, at: SystemTime) -> MemoryStats {
+    let ws = s.memory_working_set_bytes as i64;
+    MemoryStats {
+        time: time(at),
+        available_bytes: limit
+            .or(s.memory_limit_bytes.map(|l| l as i64))
+            .map(|l| (l - ws).max(0)),
+        usage_bytes: s.memory_usage_bytes as i64,
+        working_set_bytes: ws,
+        rss_bytes: Some(s.memory_rss_bytes),
+        page_faults: Some(s.page_faults),
+        major_page_faults: Some(s.major_page_faults),
+    }
+}
+
+/// The node's memory in kubelet's shape.
+pub fn node_memory(stats: &NodeStats) -> MemoryStats {
+    MemoryStats {
+        time: time(stats.timestamp),
+        available_bytes: Some(stats.memory.available()),
+        usage_bytes: stats.memory.usage,
+        working_set_bytes: stats.memory.working_set,
+        rss_bytes: None,
+        page_faults: None,
+        major_page_faults: None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn cpu_rates_should_come_from_two_samples() {
+        let mut r = CpuRates::default();
+        let t0 = Instant::now();
+        let at = SystemTime::now();
+        assert_eq!(r.cpu("p", 1_000, t0, at).usage_nano_cores, None);
+        // 0.5 s of CPU in 1 s: half a core.
+        let c = r.cpu("p", 500_001_000, t0 + Duration::from_secs(1), at);
+        assert_eq!(c.usage_nano_cores, Some(500_000_000));
+        r.retain(&Default::default());
+        assert_eq!(
+            r.cpu("p", 600_000_000, t0 + Duration::from_secs(2), at)
+                .usage_nano_cores,
+            None
+        );
+    }
+
+    #[test]
+    fn summaries_should_use_kubelets_field_names() {
+        let fs = fs_summary(
+            &FsStats {
+                capacity: 100,
+                available: 40,
+                inodes: 10,
+                inodes_free: 4,
+            },
+            SystemTime::now(),
+        );
+        let v = serde_json::to_value(&fs).unwrap();
+        assert_eq!(v["usedBytes"], 60);
+        assert_eq!(v["inodesUsed"], 6);
+        assert!(v["time"].is_string());
+        let p = ProcessStats { process_count: 3 };
+        assert_eq!(serde_json::to_value(&p).unwrap()["process_count"], 3);
+    }
+}
