@@ -375,6 +375,7 @@ fn start_eviction(
         metrics: metrics.clone(),
         node: Arc::clone(node),
         pods_root: config.pods_cgroup_root().to_string(),
+        root: config.root.clone(),
     };
     match crate::eviction::EvictionManager::new(config.eviction.clone(), observer, parts) {
         Ok(m) => {

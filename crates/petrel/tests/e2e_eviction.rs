@@ -266,3 +266,132 @@ async fn pid_pressure_should_evict_the_forking_pod_and_refuse_new_pods() {
     assert!(message.contains("PIDPressure"), "{message}");
     assert!(!running(&late, "main"));
 }
+
+/// Mounts a tmpfs of `size` at `dir` (under the node's directory, whose
+/// mounts the node's cleanup removes).
+fn small_fs(dir: &std::path::Path, size: &str) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let st = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0755"),
+            "tmpfs",
+        ])
+        .arg(dir)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mount tmpfs on {}", dir.display());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_pressure_should_evict_by_local_storage_limits_then_by_usage() {
+    let node = Node::start_with_busybox().await;
+    let root = node.dir.path().join("agent-root");
+    small_fs(&root, "32m");
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<50%",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "60s",
+        ],
+    );
+    agent.write_manifest(
+        "steady.yaml",
+        &pod(
+            "steady",
+            "    resources:\n      requests: {cpu: 100m, memory: 32Mi}\n      limits: {cpu: 100m, memory: 32Mi}\n",
+            "exec sleep 3600",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "steady",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+
+    // An emptyDir past its sizeLimit: evicted at once, its volume removed.
+    let with_scratch = |name: &str, limit: &str, mb: u32| {
+        pod(
+            name,
+            "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n",
+            &format!("dd if=/dev/zero of=/scratch/f bs=1M count={mb} && exec sleep 3600"),
+        )
+        .replace(
+            "  containers:\n",
+            &format!("  volumes: [{{name: scratch, emptyDir: {{{limit}}}}}]\n  containers:\n"),
+        )
+    };
+    agent.write_manifest("filler.yaml", &with_scratch("filler", "sizeLimit: 4Mi", 6));
+    let filler = agent.wait_pod(
+        "default",
+        "filler",
+        Duration::from_secs(30),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    let message = filler["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("EmptyDir volume \"scratch\" exceeds the limit \"4Mi\""),
+        "{message}"
+    );
+    let uid = filler["metadata"]["uid"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while root.join("pods").join(&uid).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the evicted pod's volumes stay"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        node_condition(&agent, "DiskPressure").as_deref(),
+        Some("False")
+    );
+
+    // A pod filling the node's filesystem past the threshold: node-level
+    // reclaim first, then the biggest user is evicted; the other stays.
+    agent.write_manifest("writer.yaml", &with_scratch("writer", "", 20));
+    let writer = agent.wait_pod(
+        "default",
+        "writer",
+        Duration::from_secs(60),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    let message = writer["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("nodefs.available") && message.contains("ephemeral-storage"),
+        "{message}"
+    );
+    assert_eq!(
+        node_condition(&agent, "DiskPressure").as_deref(),
+        Some("True")
+    );
+    let steady = agent.pod("default", "steady").unwrap();
+    assert!(running(&steady, "main"), "{steady}");
+    let log = agent.log();
+    // The writer's eviction is the last; node-level reclaim ran before it.
+    let evict = log.rfind("evicting pod").expect("an eviction in the log");
+    assert!(
+        log[..evict].contains("node-level reclaim"),
+        "no reclaim before the eviction:\n{log}"
+    );
+    let (_, metrics) = agent.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("kubelet_evictions{eviction_signal=\"emptydirfs.limit\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kubelet_evictions{eviction_signal=\"nodefs.available\"} 1"),
+        "{metrics}"
+    );
+}

@@ -14,6 +14,7 @@ use petrel_oci::cgroups::CgroupVersion;
 use tokio::sync::Notify;
 
 use super::config::{EvictionConfigError, EvictionSettings, Threshold};
+use super::local::{violation as local_violation, PodPaths};
 use super::node::NodeState;
 use super::notify::{memcg_threshold, memcg_threshold_notifier, psi_trigger};
 use super::notify::{MemcgThreshold, PsiTrigger};
@@ -64,6 +65,8 @@ pub struct ManagerParts {
     pub node: Arc<NodeState>,
     /// The cgroup under which `kubepods` lives.
     pub pods_root: String,
+    /// The agent's root (pods' emptyDirs and logs).
+    pub root: std::path::PathBuf,
 }
 
 /// The eviction manager.
@@ -145,6 +148,11 @@ impl EvictionManager {
         if self.settings.notifications {
             self.rearm_memcg(&stats);
         }
+        // Local storage limits first, as kubelet does: such a pod is
+        // evicted at once, whatever the node's thresholds.
+        if let Some(uid) = self.local_storage_eviction(&stats) {
+            return Some(uid);
+        }
         let threshold = *eval.actionable.first()?;
         let observed = obs.get(&threshold.signal).copied()?;
         let resource = threshold.signal.resource();
@@ -158,7 +166,7 @@ impl EvictionManager {
                 }
             }
         }
-        let mut candidates = self.candidates();
+        let mut candidates = self.candidates(resource);
         rank(&mut candidates, resource);
         for c in candidates {
             let grace = self.grace_for(&threshold, &c.uid);
@@ -376,6 +384,65 @@ impl EvictionManager {
         true
     }
 
+    /// kubelet's local-storage eviction: the first live pod over an
+    /// emptyDir sizeLimit or its ephemeral-storage limits is evicted with
+    /// no grace period. Only pods that declare such limits are measured.
+    fn local_storage_eviction(&self, stats: &NodeStats) -> Option<String> {
+        for d in self.parts.source.all() {
+            let Some(spec) = d.pod.spec.as_ref() else {
+                continue;
+            };
+            let limited = spec
+                .volumes
+                .iter()
+                .flatten()
+                .any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+                || spec.containers.iter().any(|c| {
+                    c.resources
+                        .as_ref()
+                        .and_then(|r| r.limits.as_ref())
+                        .is_some_and(|l| l.contains_key("ephemeral-storage"))
+                });
+            if !limited || self.parts.workers.is_evicted(&d.uid) {
+                continue;
+            }
+            if !self
+                .parts
+                .cache
+                .get(&d.uid)
+                .status
+                .as_ref()
+                .is_some_and(|s| live(s))
+            {
+                continue;
+            }
+            let paths = PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid);
+            let Some(v) = local_violation(spec, &paths) else {
+                continue;
+            };
+            if !self
+                .parts
+                .workers
+                .request_eviction(&d.uid, 0, v.message.clone())
+            {
+                continue;
+            }
+            self.parts.queue.add(d.uid.clone(), Priority::Urgent);
+            let labels = crate::metrics::EvictionLabels {
+                eviction_signal: v.signal.to_string(),
+            };
+            self.parts.metrics.evictions.get_or_create(&labels).inc();
+            self.parts
+                .metrics
+                .eviction_stats_age
+                .get_or_create(&labels)
+                .observe(stats.time.elapsed().as_secs_f64());
+            tracing::warn!(uid = %d.uid, pod = %format!("{}/{}", d.namespace, d.name), signal = v.signal, message = %v.message, "evicting pod over its local storage limit");
+            return Some(d.uid);
+        }
+        None
+    }
+
     /// kubelet's grace period: 1 s for a hard threshold; for a soft one
     /// the pod's own, capped by --eviction-max-pod-grace-period when that
     /// is positive.
@@ -397,7 +464,7 @@ impl EvictionManager {
 
     /// The pods that could be evicted: valid, not evicted yet, with a
     /// running container or ready sandbox; with their statistics.
-    fn candidates(&self) -> Vec<Candidate> {
+    fn candidates(&self, resource: Resource) -> Vec<Candidate> {
         let mut out = Vec::new();
         for d in self.parts.source.all() {
             if d.invalid.is_some() || self.parts.workers.is_evicted(&d.uid) {
@@ -427,6 +494,9 @@ impl EvictionManager {
                 );
             let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
             let stats = self.observer.cgroups().stats(&cgroup).ok();
+            // Walking a pod's files is only worth it under disk pressure.
+            let disk = matches!(resource, Resource::Disk | Resource::Inodes)
+                .then(|| PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid).total());
             out.push(Candidate {
                 uid: d.uid.clone(),
                 name: format!("{}/{}", d.namespace, d.name),
@@ -437,8 +507,8 @@ impl EvictionManager {
                 memory_request: request("memory"),
                 disk_request: request("ephemeral-storage"),
                 memory_usage: stats.as_ref().map(|s| s.memory_working_set_bytes as i64),
-                disk_usage: None,
-                inodes_usage: None,
+                disk_usage: disk.map(|u| u.bytes),
+                inodes_usage: disk.map(|u| u.inodes),
                 processes: stats
                     .as_ref()
                     .and_then(|s| s.pids_current)

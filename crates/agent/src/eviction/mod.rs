@@ -6,12 +6,14 @@
 //!   transition period and minimum reclaim (pure);
 //! - [`rank`]: the order in which pods are evicted (pure);
 //! - [`observe`]: the node's statistics (cgroups, /proc, statvfs);
+//! - [`local`]: pods' local storage and its limits;
 //! - [`notify`]: memory cgroup threshold (v1) and PSI (v2) notifications;
 //! - [`node`]: the node's published conditions;
 //! - [`summary`]: `GET /stats/summary` in kubelet's shape, built each pass;
 //! - [`manager`]: the loop that ties them together.
 
 pub mod config;
+pub mod local;
 pub mod manager;
 pub mod node;
 pub mod notify;

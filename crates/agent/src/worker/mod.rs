@@ -433,6 +433,12 @@ impl PodWorkers {
             self.publish(d, Some(status));
             return Ok(Some(Action::Done));
         }
+        // Nothing runs any more: its emptyDirs go (kubelet tears down an
+        // evicted pod's volumes), which is what relieves disk pressure.
+        let ctx = self.convert_context(d, Vec::new());
+        if let Err(e) = crate::convert::remove_pod_dir(&ctx) {
+            tracing::warn!(uid = %d.uid, error = %e, "removing an evicted pod's volumes failed");
+        }
         self.publish(d, Some(status));
         self.with_state(&d.uid, |s| s.settled = Some(fp.clone()));
         Ok(Some(Action::Done))

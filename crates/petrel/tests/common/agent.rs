@@ -34,12 +34,34 @@ fn free_port() -> u16 {
 impl Agent {
     /// Starts an agent against `endpoint` with its files under `dir`.
     pub fn start(dir: &Path, endpoint: &str, cgroup_root: &str, extra: &[&str]) -> Agent {
+        Self::start_in(dir, None, endpoint, cgroup_root, extra)
+    }
+
+    /// Starts an agent against the runtime `node` whose root is `root`
+    /// (e.g. a small filesystem to fill).
+    pub fn for_node_at(node: &super::Node, root: &Path, extra: &[&str]) -> Agent {
+        Self::start_in(
+            node.dir.path(),
+            Some(root.to_path_buf()),
+            &format!("unix://{}", node.socket.display()),
+            &node.cgroup_parent,
+            extra,
+        )
+    }
+
+    fn start_in(
+        dir: &Path,
+        root: Option<PathBuf>,
+        endpoint: &str,
+        cgroup_root: &str,
+        extra: &[&str],
+    ) -> Agent {
         let suffix = random_suffix();
         let manifests = dir.join(format!("manifests-{suffix}"));
         std::fs::create_dir_all(&manifests).expect("manifests dir");
         let mut a = Agent {
             manifests,
-            root: dir.join(format!("agent-{suffix}")),
+            root: root.unwrap_or_else(|| dir.join(format!("agent-{suffix}"))),
             node_name: format!("node-{suffix}"),
             port: free_port(),
             endpoint: endpoint.to_string(),

@@ -1,0 +1,241 @@
+//! Local storage: what each pod writes under the agent's root (its
+//! emptyDirs in `pods/<uid>`, its containers' logs in
+//! `logs/<namespace>_<name>_<uid>`), and kubelet's local-storage eviction:
+//! a pod whose emptyDir outgrows its `sizeLimit`, or whose usage outgrows
+//! its containers' `ephemeral-storage` limits, is evicted at once.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::PodSpec;
+
+use crate::quantity;
+
+/// Bytes (allocated, as du counts) and inodes under a directory, not
+/// following symlinks nor crossing into other filesystems.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Allocated bytes.
+    pub bytes: i64,
+    /// Files and directories.
+    pub inodes: i64,
+}
+
+impl std::ops::Add for Usage {
+    type Output = Usage;
+    fn add(self, o: Usage) -> Usage {
+        Usage {
+            bytes: self.bytes + o.bytes,
+            inodes: self.inodes + o.inodes,
+        }
+    }
+}
+
+/// The usage of `dir` (zero when it does not exist).
+pub fn dir_usage(dir: &Path) -> Usage {
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return Usage::default();
+    };
+    let dev = top.dev();
+    let mut u = Usage::default();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.dev() != dev {
+                continue;
+            }
+            u.inodes += 1;
+            u.bytes += (m.blocks() as i64).saturating_mul(512);
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    u
+}
+
+/// Where a pod's files are under the agent's root.
+#[derive(Debug, Clone)]
+pub struct PodPaths {
+    /// `pods/<uid>` (emptyDirs live under it).
+    pub pod_dir: PathBuf,
+    /// `logs/<namespace>_<name>_<uid>`, one subdirectory per container.
+    pub log_dir: PathBuf,
+}
+
+impl PodPaths {
+    /// The paths of pod `uid` under `root`.
+    pub fn new(root: &Path, namespace: &str, name: &str, uid: &str) -> Self {
+        Self {
+            pod_dir: root.join("pods").join(uid),
+            log_dir: root.join("logs").join(format!("{namespace}_{name}_{uid}")),
+        }
+    }
+
+    fn empty_dir(&self, volume: &str) -> PathBuf {
+        self.pod_dir
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(volume)
+    }
+
+    /// Everything the pod wrote.
+    pub fn total(&self) -> Usage {
+        dir_usage(&self.pod_dir) + dir_usage(&self.log_dir)
+    }
+}
+
+/// A local-storage limit a pod broke, with kubelet's signal name (for the
+/// metric) and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// `emptydirfs.limit`, `ephemeralpodfs.limit` or
+    /// `ephemeralcontainerfs.limit`.
+    pub signal: &'static str,
+    /// Why, in kubelet's words.
+    pub message: String,
+}
+
+fn limit_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<i64> {
+    quantity::bytes(&q?.0).ok().filter(|v| *v > 0)
+}
+
+/// The first local-storage limit the pod breaks, if any: an emptyDir
+/// over its sizeLimit, the pod's usage over the sum of its containers'
+/// ephemeral-storage limits (when every container has one), a container's
+/// logs over its own limit.
+pub fn violation(spec: &PodSpec, paths: &PodPaths) -> Option<Violation> {
+    let mut empty_dirs = Usage::default();
+    for v in spec.volumes.iter().flatten() {
+        let Some(ed) = &v.empty_dir else { continue };
+        if ed.medium.as_deref() == Some("Memory") {
+            continue;
+        }
+        let used = dir_usage(&paths.empty_dir(&v.name));
+        empty_dirs = empty_dirs + used;
+        if let Some(limit) = limit_of(ed.size_limit.as_ref()) {
+            if used.bytes > limit {
+                return Some(Violation {
+                    signal: "emptydirfs.limit",
+                    message: format!(
+                        "Usage of EmptyDir volume {:?} exceeds the limit {:?}. ",
+                        v.name,
+                        ed.size_limit
+                            .as_ref()
+                            .map(|q| q.0.as_str())
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+    let limits: Vec<Option<i64>> = spec
+        .containers
+        .iter()
+        .map(|c| {
+            limit_of(
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get("ephemeral-storage")),
+            )
+        })
+        .collect();
+    let mut logs_total = 0;
+    for (c, limit) in spec.containers.iter().zip(&limits) {
+        let logs = dir_usage(&paths.log_dir.join(&c.name)).bytes;
+        logs_total += logs;
+        if let Some(limit) = limit {
+            if logs > *limit {
+                return Some(Violation {
+                    signal: "ephemeralcontainerfs.limit",
+                    message: format!(
+                        "Container {} exceeded its local ephemeral storage limit {:?}. ",
+                        c.name,
+                        limit.to_string()
+                    ),
+                });
+            }
+        }
+    }
+    if !limits.is_empty() && limits.iter().all(Option::is_some) {
+        let total: i64 = limits.iter().flatten().sum();
+        if empty_dirs.bytes + logs_total > total {
+            return Some(Violation {
+                signal: "ephemeralpodfs.limit",
+                message: format!(
+                    "Pod ephemeral local storage usage exceeds the total limit of containers {total}. "
+                ),
+            });
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> PodSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn usage_should_count_allocated_bytes_and_inodes() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        std::fs::write(d.path().join("a/f"), vec![1u8; 100_000]).unwrap();
+        let u = dir_usage(d.path());
+        assert_eq!(u.inodes, 2);
+        assert!(u.bytes >= 100_000, "{u:?}");
+        assert_eq!(dir_usage(&d.path().join("missing")), Usage::default());
+    }
+
+    #[test]
+    fn an_empty_dir_over_its_size_limit_should_be_a_violation() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = PodPaths::new(root.path(), "default", "p", "u1");
+        let s = spec(
+            "volumes: [{name: scratch, emptyDir: {sizeLimit: 64Ki}}]\ncontainers: [{name: c}]\n",
+        );
+        let dir = paths.empty_dir("scratch");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), vec![1u8; 32 << 10]).unwrap();
+        assert_eq!(violation(&s, &paths), None);
+        std::fs::write(dir.join("g"), vec![1u8; 64 << 10]).unwrap();
+        let v = violation(&s, &paths).unwrap();
+        assert_eq!(v.signal, "emptydirfs.limit");
+        assert!(
+            v.message.contains("\"scratch\"") && v.message.contains("64Ki"),
+            "{}",
+            v.message
+        );
+    }
+
+    #[test]
+    fn container_logs_over_the_limit_should_be_a_violation() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = PodPaths::new(root.path(), "default", "p", "u1");
+        let s = spec(
+            "containers: [{name: c, resources: {limits: {ephemeral-storage: 100Ki}}}, {name: d}]\n",
+        );
+        std::fs::create_dir_all(paths.log_dir.join("c")).unwrap();
+        std::fs::write(paths.log_dir.join("c/0.log"), vec![1u8; 200 << 10]).unwrap();
+        let v = violation(&s, &paths).unwrap();
+        assert_eq!(v.signal, "ephemeralcontainerfs.limit");
+        // Every container limited: the pod's total counts too.
+        let s = spec(
+            "volumes: [{name: e, emptyDir: {}}]\ncontainers: [{name: c, resources: {limits: {ephemeral-storage: 1Mi}}}]\n",
+        );
+        std::fs::create_dir_all(paths.empty_dir("e")).unwrap();
+        std::fs::write(paths.empty_dir("e").join("f"), vec![1u8; 900 << 10]).unwrap();
+        assert_eq!(
+            violation(&s, &paths).unwrap().signal,
+            "ephemeralpodfs.limit"
+        );
+    }
+}
