@@ -15,6 +15,13 @@ use serde_json::Value;
 
 const MI: u64 = 1 << 20;
 
+/// About 8 MB more anonymous memory every 200 ms (a subshell holding a
+/// 4 MB string and its copy), 28 times: past a 64Mi threshold on a 256Mi
+/// node (192Mi of working set) but short of the limit, so only eviction
+/// can stop it, not the OOM killer. The subshells loop rather than exec
+/// sleep, which would free their memory.
+const MEMORY_HOG: &str = "i=0; while [ $i -lt 28 ]; do (x=$(head -c 4000000 /dev/zero | tr '\\000' x); y=\"${x}.\"; while :; do sleep 30; done) & i=$((i+1)); sleep 0.2; done; wait";
+
 /// Makes the test's node cgroup with a memory limit; it lives under the
 /// test's cgroup parent, which the node's cleanup removes.
 fn node_cgroup(node: &Node, memory_limit: u64) -> String {
@@ -93,13 +100,7 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
     );
     assert_eq!(steady["status"]["qosClass"], "Guaranteed");
 
-    // About 8 MB more anonymous memory every 200 ms (a subshell holding a
-    // 4 MB string and its copy), 28 times: past the threshold (256Mi -
-    // 64Mi of working set) but short of the limit, so only eviction can
-    // stop it, not the OOM killer. The subshells loop rather than exec
-    // sleep, which would free their memory.
-    let hog = "i=0; while [ $i -lt 28 ]; do (x=$(head -c 4000000 /dev/zero | tr '\\000' x); y=\"${x}.\"; while :; do sleep 30; done) & i=$((i+1)); sleep 0.2; done; wait";
-    agent.write_manifest("hog.yaml", &pod("hog", "", hog));
+    agent.write_manifest("hog.yaml", &pod("hog", "", MEMORY_HOG));
     let evicted = agent.wait_pod("default", "hog", Duration::from_secs(60), "evicted", |p| {
         phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
     });
@@ -224,6 +225,10 @@ async fn pid_pressure_should_evict_the_forking_pod_and_refuse_new_pods() {
             "pid.available<70",
             "--eviction-pressure-transition-period",
             "60s",
+            "--system-reserved",
+            "memory=64Mi",
+            "--kube-reserved",
+            "memory=32Mi,pid=10",
         ],
     );
     agent.write_manifest("steady.yaml", &pod("steady", "", "exec sleep 3600"));
@@ -394,4 +399,53 @@ async fn disk_pressure_should_evict_by_local_storage_limits_then_by_usage() {
         metrics.contains("kubelet_evictions{eviction_signal=\"nodefs.available\"} 1"),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_soft_threshold_should_wait_out_its_grace_period() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = node_cgroup(&node, 256 * MI);
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--eviction-hard",
+            "memory.available<0%",
+            "--eviction-soft",
+            "memory.available<64Mi",
+            "--eviction-soft-grace-period",
+            "memory.available=4s",
+            "--eviction-max-pod-grace-period",
+            "2",
+            "--eviction-monitoring-interval",
+            "500ms",
+        ],
+    );
+    agent.write_manifest("hog.yaml", &pod("hog", "", MEMORY_HOG));
+    // Pressure shows as soon as the soft threshold is met...
+    let start = Instant::now();
+    while node_condition(&agent, "MemoryPressure").as_deref() != Some("True") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no MemoryPressure:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pressure_at = Instant::now();
+    // ...but the pod is evicted only after the grace period.
+    let evicted = agent.wait_pod("default", "hog", Duration::from_secs(30), "evicted", |p| {
+        phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
+    });
+    let waited = pressure_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "evicted after {waited:?}"
+    );
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("memory.available"), "{message}");
+    agent.wait_pod("default", "hog", Duration::from_secs(30), "stopped", |p| {
+        !running(p, "main")
+    });
 }

@@ -116,6 +116,15 @@ impl EvictionManager {
             notifications = self.settings.notifications,
             "eviction manager started"
         );
+        match self.observer.enforce_allocatable() {
+            Ok(Some(limit)) => tracing::info!(
+                cgroup = self.observer.pods_cgroup(),
+                memory_limit = limit,
+                "node allocatable enforced on the pods' cgroup"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
+        }
         if self.settings.notifications && self.observer.version() == CgroupVersion::V2 {
             self.arm_psi();
         }

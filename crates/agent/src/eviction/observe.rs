@@ -321,6 +321,37 @@ impl NodeObserver {
         })
     }
 
+    /// Enforces node allocatable on the pods' cgroup, as kubelet does with
+    /// `--enforce-node-allocatable=pods`: its memory limit becomes the
+    /// node's capacity minus the kube and system reservations (and its
+    /// pids limit likewise when pids are reserved). Nothing is written
+    /// when nothing is reserved, so an agent without reservations leaves
+    /// the cgroup tree as it found it. Returns the memory limit written.
+    pub fn enforce_allocatable(&self) -> Result<Option<i64>, ObserveError> {
+        if self.reserved.memory <= 0 && self.reserved.pid <= 0 {
+            return Ok(None);
+        }
+        self.cgroups.ensure(&self.pods_cgroup)?;
+        let mut written = None;
+        if self.reserved.memory > 0 {
+            let limit = (self.node_memory()?.capacity - self.reserved.memory).max(0);
+            let file = match self.version() {
+                CgroupVersion::V1 => "memory.limit_in_bytes",
+                CgroupVersion::V2 => "memory.max",
+            };
+            self.cgroups
+                .write("memory", &self.pods_cgroup, file, &limit.to_string())?;
+            written = Some(limit);
+        }
+        if self.reserved.pid > 0 {
+            let (capacity, _) = self.pids();
+            let limit = (capacity - self.reserved.pid).max(1);
+            self.cgroups
+                .write("pids", &self.pods_cgroup, "pids.max", &limit.to_string())?;
+        }
+        Ok(written)
+    }
+
     /// The cgroup version in use.
     pub fn version(&self) -> CgroupVersion {
         self.cgroups.version()
