@@ -113,12 +113,15 @@ EOF
 mkdir -p "$WORK/nri/plugins"
 ln -s "$(realpath "$BIN/petrel-nri-ulimit-adjuster")" "$WORK/nri/plugins/10-ulimit-adjuster"
 
+# Only the memory threshold: kubelet's default disk thresholds (10 % / 15 %
+# free) may hold on a development machine's disk and would refuse the pods.
 say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
 $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
   --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info \
   --registry-config-dir "$WORK/certs.d" --cni-conf-dir examples/cni \
   --nri-socket "$WORK/nri/nri.sock" --nri-plugin-path "$WORK/nri/plugins" \
-  --nri-plugin-config-path "$WORK/nri/conf.d" 2> "$WORK/node.log" &
+  --nri-plugin-config-path "$WORK/nri/conf.d" \
+  --eviction-hard 'memory.available<100Mi' 2> "$WORK/node.log" &
 NODE_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }

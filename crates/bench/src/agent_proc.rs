@@ -125,7 +125,10 @@ impl AgentProc {
             .args(["--listen", &self.addr.to_string()])
             .args(["--node-name", &self.node])
             .args(["--cgroup-root", &self.cgroup_root])
-            .args(["--pleg", mode.arg()]);
+            .args(["--pleg", mode.arg()])
+            // The bench measures pods, not disk pressure: kubelet's default
+            // disk thresholds may hold on the bench machine's disk.
+            .args(["--eviction-hard", "memory.available<100Mi"]);
         if mode == Mode::Relist {
             cmd.args(["--relist-period", RELIST_PERIOD]);
         }

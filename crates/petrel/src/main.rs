@@ -35,7 +35,7 @@ enum Command {
     /// Show the agent's pods, like kubectl get.
     Get(commands::get::GetArgs),
     /// Run the node agent against a CRI runtime.
-    Agent(commands::agent::AgentArgs),
+    Agent(Box<commands::agent::AgentArgs>),
     /// Run runtime and agent in one process: a node.
     Node(Box<commands::node::NodeArgs>),
 }
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
         Command::Runtime(args) => commands::runtime::main(*args),
         Command::Ctl(args) => commands::ctl::main(args),
         Command::Get(args) => commands::get::main(args),
-        Command::Agent(args) => commands::agent::main(args),
+        Command::Agent(args) => commands::agent::main(*args),
         Command::Node(args) => commands::node::main(*args),
     }
 }

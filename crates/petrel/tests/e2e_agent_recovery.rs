@@ -185,6 +185,9 @@ fn petrel_node_should_run_manifests_in_one_process() {
         .arg(dir.path().join("nri.sock"))
         .arg("--nri-plugin-path")
         .arg(dir.path().join("nri-plugins"))
+        // Disk thresholds off: this machine's disk may be fuller than
+        // kubelet's defaults allow, which is not what this test is about.
+        .args(["--eviction-hard", "memory.available<100Mi"])
         .arg("--manifests")
         .arg(&manifests)
         .args(["--listen", &format!("127.0.0.1:{port}")])
