@@ -558,14 +558,10 @@ impl EvictionManager {
                 _ => continue,
             };
             // The cgroup's own usage, which is what the kernel compares.
-            let Ok(cs) = self.observer.cgroups().stats(path) else {
+            let Ok(cs) = self.observer.memcg(path, i64::MAX) else {
                 continue;
             };
-            let ms = MemoryStats {
-                capacity,
-                usage: cs.memory_usage_bytes as i64,
-                working_set: cs.memory_working_set_bytes as i64,
-            };
+            let ms = MemoryStats { capacity, ..cs };
             let bytes = memcg_threshold(&ms, threshold_amount(&t, capacity, false));
             let key = (t.signal, t.hard);
             if self.memcg.get(&key).is_some_and(|m| m.bytes == bytes) {

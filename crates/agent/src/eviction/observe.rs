@@ -228,33 +228,63 @@ impl NodeObserver {
         let Some(cg) = &self.node_cgroup else {
             return Ok(machine);
         };
-        let s = self.cgroups.stats(cg)?;
-        let limit = s
-            .memory_limit_bytes
-            .map_or(machine.capacity, |l| (l as i64).min(machine.capacity));
+        Ok(self.memcg(cg, machine.capacity)?)
+    }
+
+    /// Memory of cgroup `path` from the memory controller's files only
+    /// (other controllers' directories may not exist yet): usage, working
+    /// set (usage − inactive file pages, hierarchical on v1) and the limit,
+    /// capped by `capacity`, as capacity.
+    pub fn memcg(
+        &self,
+        path: &str,
+        capacity: i64,
+    ) -> Result<MemoryStats, petrel_oci::cgroups::CgroupError> {
+        let v1 = self.version() == CgroupVersion::V1;
+        let (usage_file, limit_file, inactive_key) = if v1 {
+            (
+                "memory.usage_in_bytes",
+                "memory.limit_in_bytes",
+                "total_inactive_file",
+            )
+        } else {
+            ("memory.current", "memory.max", "inactive_file")
+        };
+        let usage: i64 = self
+            .cgroups
+            .read("memory", path, usage_file)?
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        let stat = self.cgroups.read("memory", path, "memory.stat")?;
+        let inactive: i64 = stat
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next()? == inactive_key).then(|| f.next()?.parse().ok())?
+            })
+            .unwrap_or(0);
+        // "max" (v2) and v1's huge unlimited value both leave capacity.
+        let limit = self
+            .cgroups
+            .read("memory", path, limit_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i64>().ok())
+            .map_or(capacity, |l| l.min(capacity));
         Ok(MemoryStats {
             capacity: limit,
-            usage: s.memory_usage_bytes as i64,
-            working_set: s.memory_working_set_bytes as i64,
+            usage,
+            working_set: (usage - inactive).max(0),
         })
     }
 
     /// Memory of a cgroup below the node (zero when it does not exist
     /// yet), with `capacity` for an unlimited one.
     pub fn cgroup_memory(&self, path: &str, capacity: i64) -> MemoryStats {
-        match self.cgroups.stats(path) {
-            Ok(s) => MemoryStats {
-                capacity: s
-                    .memory_limit_bytes
-                    .map_or(capacity, |l| (l as i64).min(capacity)),
-                usage: s.memory_usage_bytes as i64,
-                working_set: s.memory_working_set_bytes as i64,
-            },
-            Err(_) => MemoryStats {
-                capacity,
-                ..Default::default()
-            },
-        }
+        self.memcg(path, capacity).unwrap_or(MemoryStats {
+            capacity,
+            ..Default::default()
+        })
     }
 
     /// Process ids: capacity and used.
