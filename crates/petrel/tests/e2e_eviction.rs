@@ -232,6 +232,33 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
     let latency = stamp(evict_at).duration_since(stamp(notified_at));
     eprintln!("notification to eviction decision: {latency:?}");
     assert!(latency.as_secs_f64() < 1.0, "{latency:?}");
+
+    // A restarted agent keeps the pod evicted (it is not started again)
+    // and adopts the Guaranteed one.
+    let mut agent = agent;
+    agent.terminate();
+    agent.restart();
+    let hog = agent.wait_pod(
+        "default",
+        "hog",
+        Duration::from_secs(30),
+        "evicted again",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    assert!(!running(&hog, "main"), "{hog}");
+    agent.wait_pod(
+        "default",
+        "steady",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let hog = agent.pod("default", "hog").unwrap();
+    assert!(!running(&hog, "main"), "{hog}");
+    assert!(agent
+        .log()
+        .contains("pod stays evicted across the agent's restart"));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -102,6 +102,24 @@ struct PodState {
     settled: Option<Fingerprint>,
 }
 
+/// What an eviction record on disk holds: the message and grace period,
+/// and a hash of the pod evicted, so a restarted agent keeps the pod
+/// evicted (kubelet keeps that in the API server) unless its manifest
+/// changed meanwhile.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct EvictionRecord {
+    message: String,
+    grace_secs: i64,
+    pod_hash: String,
+}
+
+/// A hash of the desired pod's JSON.
+fn pod_hash(d: &DesiredPod) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(&*d.pod).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(&json))
+}
+
 /// An eviction the eviction manager asked for.
 #[derive(Debug, Clone)]
 struct EvictionOrder {
@@ -250,6 +268,7 @@ impl PodWorkers {
                     pod: Arc::as_ptr(&d.pod) as usize,
                     probes: self.probe_fingerprint(&d, &status),
                 };
+                self.restore_eviction(&d);
                 if let Some(action) = self.sync_evicted(&d, &status, &fp).await? {
                     return Ok(action);
                 }
@@ -378,9 +397,73 @@ impl PodWorkers {
             grace_secs: grace_secs.max(0),
             pod,
         });
-        s.hints.evicted = Some(message);
+        s.hints.evicted = Some(message.clone());
         s.settled = None;
+        drop(g);
+        self.persist_eviction(&d, grace_secs.max(0), &message);
         true
+    }
+
+    /// Where the eviction of pod `uid` is recorded.
+    fn eviction_file(&self, uid: &str) -> PathBuf {
+        self.config.root.join("evictions").join(uid)
+    }
+
+    /// Records the eviction of `d` on disk (best effort: without it, an
+    /// agent restart would start the pod again).
+    fn persist_eviction(&self, d: &DesiredPod, grace_secs: i64, message: &str) {
+        let rec = EvictionRecord {
+            message: message.to_string(),
+            grace_secs,
+            pod_hash: pod_hash(d),
+        };
+        let file = self.eviction_file(&d.uid);
+        let res = file
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| {
+                let tmp = file.with_extension("tmp");
+                std::fs::write(&tmp, serde_json::to_vec(&rec).unwrap_or_default())?;
+                std::fs::rename(&tmp, &file)
+            });
+        if let Err(e) = res {
+            tracing::warn!(uid = %d.uid, error = %e, "recording an eviction failed");
+        }
+    }
+
+    fn forget_eviction(&self, uid: &str) {
+        match std::fs::remove_file(self.eviction_file(uid)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(uid, error = %e, "removing an eviction record failed"),
+        }
+    }
+
+    /// At a pod's first sync by this agent: an eviction recorded by a
+    /// previous agent for this very pod is taken up again.
+    fn restore_eviction(&self, d: &DesiredPod) {
+        let fresh = self.with_state(&d.uid, |s| s.first_seen.is_none() && s.eviction.is_none());
+        if !fresh {
+            return;
+        }
+        let Ok(bytes) = std::fs::read(self.eviction_file(&d.uid)) else {
+            return;
+        };
+        match serde_json::from_slice::<EvictionRecord>(&bytes) {
+            Ok(rec) if rec.pod_hash == pod_hash(d) => {
+                let pod = Arc::as_ptr(&d.pod) as usize;
+                self.with_state(&d.uid, |s| {
+                    s.eviction = Some(EvictionOrder {
+                        grace_secs: rec.grace_secs,
+                        pod,
+                    });
+                    s.hints.evicted = Some(rec.message);
+                });
+                tracing::info!(uid = %d.uid, "pod stays evicted across the agent's restart");
+            }
+            // Another pod now (changed manifest) or an unreadable record.
+            _ => self.forget_eviction(&d.uid),
+        }
     }
 
     /// Whether pod `uid` was evicted (and its manifest has not changed
@@ -403,15 +486,19 @@ impl PodWorkers {
         fp: &Fingerprint,
     ) -> Result<Option<Action>, WorkerError> {
         let pod = Arc::as_ptr(&d.pod) as usize;
-        let evicted = self.with_state(&d.uid, |s| match &s.eviction {
-            Some(e) if e.pod == pod => true,
+        let (evicted, cleared) = self.with_state(&d.uid, |s| match &s.eviction {
+            Some(e) if e.pod == pod => (true, false),
             Some(_) => {
                 s.eviction = None;
                 s.hints.evicted = None;
-                false
+                (false, true)
             }
-            None => false,
+            None => (false, false),
         });
+        if cleared {
+            // A changed manifest is a new pod: it may run.
+            self.forget_eviction(&d.uid);
+        }
         if !evicted {
             return Ok(None);
         }
@@ -555,6 +642,7 @@ impl PodWorkers {
     /// Forgets everything about `uid` (its pod is gone from the runtime and
     /// from the sources).
     fn forget(&self, uid: &str) {
+        self.forget_eviction(uid);
         let state = {
             let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             g.remove(uid)
