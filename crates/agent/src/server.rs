@@ -324,7 +324,12 @@ async fn node(State(st): State<AppState>) -> Response {
 
 /// kubelet's summary, as of the eviction manager's last pass.
 async fn stats_summary(State(st): State<AppState>) -> Response {
-    match st.shared.node.summary() {
+    let summary = st
+        .shared
+        .node
+        .summary_for_request(crate::eviction::manager::SUMMARY_WAIT)
+        .await;
+    match summary {
         Some(s) => json(StatusCode::OK, &*s),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,

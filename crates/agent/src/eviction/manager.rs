@@ -18,7 +18,7 @@ use super::local::{violation as local_violation, PodPaths};
 use super::node::NodeState;
 use super::notify::{memcg_threshold, memcg_threshold_notifier, psi_trigger};
 use super::notify::{MemcgThreshold, PsiTrigger};
-use super::observe::{fs_stats, observations, MemoryStats, NodeObserver, NodeStats};
+use super::observe::{fs_stats, observations, FsStats, MemoryStats, NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::summary::{
@@ -38,6 +38,12 @@ use crate::worker::PodWorkers;
 const HARD_EVICTION_GRACE_SECS: i64 = 1;
 /// Deadline of the runtime calls of a pass.
 const RUNTIME_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the runtime's filesystems' mount points are asked for again.
+const MOUNTS_REFRESH: Duration = Duration::from_secs(300);
+/// How long after a request of `/stats/summary` passes keep building it.
+const SUMMARY_INTEREST: Duration = Duration::from_secs(300);
+/// How long the server waits for a pass it asked for a summary.
+pub const SUMMARY_WAIT: Duration = Duration::from_secs(3);
 /// How long a pass waits for an evicted pod's containers to stop.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// PSI trigger (cgroup v2): 100 ms of stalls in a 2 s window (windows
@@ -80,6 +86,13 @@ pub struct EvictionManager {
     memcg: HashMap<(Signal, bool), MemcgThreshold>,
     psi: Option<PsiTrigger>,
     cpu_rates: CpuRates,
+    /// The runtime's image and container filesystems' mount points, and
+    /// when they were asked for.
+    fs_mounts: Option<(
+        Instant,
+        Option<std::path::PathBuf>,
+        Option<std::path::PathBuf>,
+    )>,
 }
 
 impl EvictionManager {
@@ -100,6 +113,7 @@ impl EvictionManager {
             memcg: HashMap::new(),
             psi: None,
             cpu_rates: CpuRates::default(),
+            fs_mounts: None,
         })
     }
 
@@ -110,6 +124,7 @@ impl EvictionManager {
 
     /// Runs passes forever.
     pub async fn run(mut self) {
+        self.parts.node.set_pass_trigger(self.notifier());
         tracing::info!(
             thresholds = ?self.thresholds.iter().map(|t| format!("{}<{}{}", t.signal, t.value, if t.hard { "" } else { " (soft)" })).collect::<Vec<_>>(),
             interval = ?self.settings.monitoring_interval,
@@ -146,8 +161,12 @@ impl EvictionManager {
     pub async fn pass(&mut self) -> Option<String> {
         let stats = self.observe().await?;
         let obs = observations(&stats);
-        let summary = self.summary(&stats);
-        self.parts.node.set_summary(summary);
+        // The summary costs a read of every pod's and container's cgroup:
+        // built only while someone asks for it.
+        if self.parts.node.summary_wanted_within(SUMMARY_INTEREST) {
+            let summary = self.summary(&stats);
+            self.parts.node.set_summary(summary);
+        }
         let eval = self
             .tracker
             .evaluate(&self.thresholds, &obs, Instant::now());
@@ -215,26 +234,8 @@ impl EvictionManager {
 
     /// The node's statistics, with the runtime's image and container
     /// filesystems (statvfs of the mount points it names).
-    async fn observe(&self) -> Option<NodeStats> {
-        let info = tokio::time::timeout(RUNTIME_TIMEOUT, self.parts.runtime.image_fs_info()).await;
-        let (imagefs, containerfs) = match info {
-            Ok(Ok(info)) => {
-                let fs = |list: &[api::FilesystemUsage]| {
-                    list.iter()
-                        .filter_map(|u| u.fs_id.as_ref())
-                        .find_map(|id| fs_stats(std::path::Path::new(&id.mountpoint)).ok())
-                };
-                (fs(&info.image_filesystems), fs(&info.container_filesystems))
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "image filesystem not observed");
-                (None, None)
-            }
-            Err(_) => {
-                tracing::debug!("image filesystem not observed: the runtime did not answer");
-                (None, None)
-            }
-        };
+    async fn observe(&mut self) -> Option<NodeStats> {
+        let (imagefs, containerfs) = self.runtime_filesystems().await;
         match self.observer.node_stats(imagefs, containerfs) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -242,6 +243,49 @@ impl EvictionManager {
                 None
             }
         }
+    }
+
+    /// statvfs of the runtime's image and container filesystems. Their
+    /// mount points come from ImageFsInfo, asked once and again only every
+    /// few minutes or when a mount point stops answering: ImageFsInfo makes
+    /// a runtime measure its usage (a walk of its directories), which an
+    /// idle node should not pay for every pass.
+    async fn runtime_filesystems(&mut self) -> (Option<FsStats>, Option<FsStats>) {
+        let stale = self
+            .fs_mounts
+            .as_ref()
+            .is_none_or(|(at, _, _)| at.elapsed() >= MOUNTS_REFRESH);
+        if stale {
+            match tokio::time::timeout(RUNTIME_TIMEOUT, self.parts.runtime.image_fs_info()).await {
+                Ok(Ok(info)) => {
+                    let first = |list: &[api::FilesystemUsage]| {
+                        list.iter()
+                            .filter_map(|u| u.fs_id.as_ref())
+                            .map(|id| std::path::PathBuf::from(&id.mountpoint))
+                            .find(|p| !p.as_os_str().is_empty())
+                    };
+                    self.fs_mounts = Some((
+                        Instant::now(),
+                        first(&info.image_filesystems),
+                        first(&info.container_filesystems),
+                    ));
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "image filesystem not observed"),
+                Err(_) => {
+                    tracing::debug!("image filesystem not observed: the runtime did not answer")
+                }
+            }
+        }
+        let Some((_, image, container)) = &self.fs_mounts else {
+            return (None, None);
+        };
+        let stat = |p: &Option<std::path::PathBuf>| p.as_deref().and_then(|p| fs_stats(p).ok());
+        let (i, c) = (stat(image), stat(container));
+        if (image.is_some() && i.is_none()) || (container.is_some() && c.is_none()) {
+            // Ask the runtime again next pass.
+            self.fs_mounts = None;
+        }
+        (i, c)
     }
 
     /// The summary of this pass: the node from `stats`, the pods and

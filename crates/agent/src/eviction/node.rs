@@ -26,6 +26,12 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct NodeState {
     inner: RwLock<Inner>,
+    /// Runs a pass of the eviction manager at once.
+    pass_trigger: std::sync::OnceLock<std::sync::Arc<tokio::sync::Notify>>,
+    /// When `/stats/summary` was last asked for.
+    summary_wanted: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Signalled when a new summary is set.
+    summary_set: tokio::sync::Notify,
 }
 
 fn time(t: SystemTime) -> Time {
@@ -60,6 +66,52 @@ impl NodeState {
     pub fn set_summary(&self, summary: super::summary::Summary) {
         let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
         g.summary = Some(std::sync::Arc::new(summary));
+        drop(g);
+        self.summary_set.notify_waiters();
+    }
+
+    /// Lets requests of `/stats/summary` run a pass at once.
+    pub fn set_pass_trigger(&self, trigger: std::sync::Arc<tokio::sync::Notify>) {
+        let _ = self.pass_trigger.set(trigger);
+    }
+
+    /// Whether `/stats/summary` was asked for within `window`.
+    pub fn summary_wanted_within(&self, window: std::time::Duration) -> bool {
+        let g = self
+            .summary_wanted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        g.is_some_and(|t| t.elapsed() < window)
+    }
+
+    /// The summary for a request: the cached one while passes build it;
+    /// else (nobody asked lately) a pass is run at once and its summary
+    /// awaited for up to `wait`.
+    pub async fn summary_for_request(
+        &self,
+        wait: std::time::Duration,
+    ) -> Option<std::sync::Arc<super::summary::Summary>> {
+        let was_wanted = {
+            let mut g = self
+                .summary_wanted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let was = g.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(240));
+            *g = Some(std::time::Instant::now());
+            was
+        };
+        if was_wanted {
+            if let Some(s) = self.summary() {
+                return Some(s);
+            }
+        }
+        let trigger = self.pass_trigger.get()?;
+        let set = self.summary_set.notified();
+        tokio::pin!(set);
+        set.as_mut().enable();
+        trigger.notify_one();
+        let _ = tokio::time::timeout(wait, set).await;
+        self.summary()
     }
 
     /// The summary of the last pass (None before the first).
@@ -184,5 +236,59 @@ mod tests {
         let pid = conds.iter().find(|c| c.type_ == "PIDPressure").unwrap();
         assert_eq!(pid.status, "False");
         assert!(pid.last_transition_time.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_summary_request_should_run_a_pass_when_nobody_asked_lately() {
+        use std::sync::Arc;
+        let node = Arc::new(NodeState::new());
+        let trigger = Arc::new(tokio::sync::Notify::new());
+        node.set_pass_trigger(Arc::clone(&trigger));
+        assert!(!node.summary_wanted_within(std::time::Duration::from_secs(60)));
+        // A stand-in for the manager: a pass when triggered.
+        let (n, t) = (Arc::clone(&node), Arc::clone(&trigger));
+        let pass = tokio::spawn(async move {
+            t.notified().await;
+            assert!(n.summary_wanted_within(std::time::Duration::from_secs(60)));
+            n.set_summary(crate::eviction::summary::Summary {
+                node: crate::eviction::summary::NodeSummary {
+                    node_name: "n1".into(),
+                    system_containers: Vec::new(),
+                    cpu: None,
+                    memory: crate::eviction::summary::MemoryStats {
+                        time: None,
+                        available_bytes: None,
+                        usage_bytes: 1,
+                        working_set_bytes: 1,
+                        rss_bytes: None,
+                        page_faults: None,
+                        major_page_faults: None,
+                    },
+                    fs: None,
+                    runtime: crate::eviction::summary::RuntimeSummary {
+                        image_fs: None,
+                        container_fs: None,
+                    },
+                    rlimit: crate::eviction::summary::Rlimit {
+                        time: None,
+                        maxpid: 1,
+                        curproc: 1,
+                    },
+                },
+                pods: Vec::new(),
+            });
+        });
+        let s = node
+            .summary_for_request(std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(s.node.node_name, "n1");
+        pass.await.unwrap();
+        // Asked lately: the cached summary, no pass.
+        let again = node
+            .summary_for_request(std::time::Duration::from_millis(10))
+            .await
+            .unwrap();
+        assert!(Arc::ptr_eq(&s, &again));
     }
 }
