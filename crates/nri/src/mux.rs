@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use bytes::{Buf, Bytes, BytesMut};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
@@ -219,17 +219,25 @@ struct ConnQueue {
     budget: Arc<Semaphore>,
 }
 
-/// One write handed to the writer task: whole frames, written without interruption.
+/// One write handed to the writer task: whole frames from `offset` on (what the
+/// caller could not write at once), written without interruption.
 struct Outgoing {
     frames: Vec<u8>,
+    offset: usize,
     done: oneshot::Sender<Result<(), MuxError>>,
 }
 
-/// Writes queued ahead of the writer task before writers wait (backpressure).
-const WRITE_QUEUE: usize = 32;
+/// The trunk's write side: the socket half (gone once the trunk failed) and how many
+/// writes the writer task still has to finish. A caller writes directly only when
+/// none is outstanding, so frames stay in the order callers got the lock.
+struct WriteSide {
+    half: Option<Arc<OwnedWriteHalf>>,
+    queued: usize,
+}
 
 struct Inner {
-    writes: mpsc::Sender<Outgoing>,
+    writes: mpsc::UnboundedSender<Outgoing>,
+    writer: StdMutex<WriteSide>,
     queues: StdMutex<HashMap<ConnId, ConnQueue>>,
     state: watch::Sender<Option<MuxError>>,
     tasks: StdMutex<Vec<JoinHandle<()>>>,
@@ -270,9 +278,14 @@ impl Mux {
             readers.push(ConnReader { conn, rx });
         }
         let (state, _) = watch::channel(None);
-        let (writes, write_rx) = mpsc::channel(WRITE_QUEUE);
+        let (writes, write_rx) = mpsc::unbounded_channel();
+        let write_half = Arc::new(write_half);
         let inner = Arc::new(Inner {
             writes,
+            writer: StdMutex::new(WriteSide {
+                half: Some(write_half.clone()),
+                queued: 0,
+            }),
             queues: StdMutex::new(queues),
             state,
             tasks: StdMutex::new(Vec::new()),
@@ -303,9 +316,11 @@ impl Mux {
     /// another writer in between). ttRPC messages use this to frame like Go's ttRPC
     /// does, see [`GO_READ_BUFFER`].
     ///
-    /// Cancel-safe: the frames are written by the trunk's writer task, so a caller
-    /// that gives up (a call's timeout) never leaves half a frame on the wire; once
-    /// queued, a write completes. Writes are queued in the order callers get here.
+    /// Cancel-safe: the caller writes what the socket takes at once without waiting
+    /// (the common case: no task switch on the way out); the rest is finished by the
+    /// trunk's writer task, so a caller that gives up (a call's timeout) never leaves
+    /// half a frame on the wire; once begun, a write completes. Writes reach the wire
+    /// in the order callers get here.
     pub async fn write_parts(&self, conn: ConnId, parts: &[&[u8]]) -> Result<(), MuxError> {
         if !self.is_open(conn) {
             return Err(self.error().unwrap_or(MuxError::NotOpen(conn)));
@@ -314,13 +329,43 @@ impl Mux {
         for part in parts.iter().filter(|p| !p.is_empty()) {
             frames.extend_from_slice(&encode_frames(conn, part));
         }
-        let (done, written) = oneshot::channel();
+        if frames.is_empty() {
+            return Ok(());
+        }
         let gone = || self.error().unwrap_or(MuxError::Closed);
-        self.inner
-            .writes
-            .send(Outgoing { frames, done })
-            .await
-            .map_err(|_| gone())?;
+        let written = {
+            let mut side = self.inner.writer.lock().map_err(|_| gone())?;
+            let half = side.half.clone().ok_or_else(gone)?;
+            let mut offset = 0;
+            if side.queued == 0 {
+                while offset < frames.len() {
+                    match half.try_write(&frames[offset..]) {
+                        Ok(n) => offset += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            drop(side);
+                            let err = MuxError::Io(e.to_string());
+                            self.fail(err.clone());
+                            return Err(err);
+                        }
+                    }
+                }
+                if offset == frames.len() {
+                    return Ok(());
+                }
+            }
+            let (done, written) = oneshot::channel();
+            self.inner
+                .writes
+                .send(Outgoing {
+                    frames,
+                    offset,
+                    done,
+                })
+                .map_err(|_| gone())?;
+            side.queued += 1;
+            written
+        };
         written.await.unwrap_or_else(|_| Err(gone()))
     }
 
@@ -387,6 +432,9 @@ impl Mux {
         if let Ok(mut queues) = self.inner.queues.lock() {
             queues.clear();
         }
+        if let Ok(mut side) = self.inner.writer.lock() {
+            side.half = None;
+        }
         let tasks = self
             .inner
             .tasks
@@ -401,9 +449,31 @@ impl Mux {
     }
 }
 
-async fn write_trunk(mux: Mux, mut trunk: OwnedWriteHalf, mut writes: mpsc::Receiver<Outgoing>) {
+/// Finishes the writes callers could not complete at once, in order.
+async fn write_trunk(
+    mux: Mux,
+    trunk: Arc<OwnedWriteHalf>,
+    mut writes: mpsc::UnboundedReceiver<Outgoing>,
+) {
     while let Some(out) = writes.recv().await {
-        match trunk.write_all(&out.frames).await {
+        let mut offset = out.offset;
+        let r = loop {
+            if offset >= out.frames.len() {
+                break Ok(());
+            }
+            if let Err(e) = trunk.writable().await {
+                break Err(e);
+            }
+            match trunk.try_write(&out.frames[offset..]) {
+                Ok(n) => offset += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => break Err(e),
+            }
+        };
+        if let Ok(mut side) = mux.inner.writer.lock() {
+            side.queued = side.queued.saturating_sub(1);
+        }
+        match r {
             Ok(()) => {
                 let _ = out.done.send(Ok(()));
             }
@@ -617,6 +687,32 @@ mod tests {
         }
         assert_eq!(got1, big);
         writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_writer_giving_up_midway_leaves_whole_frames_in_order() {
+        use std::time::Duration;
+        let (a, b) = UnixStream::pair().unwrap();
+        let (ma, _ra) = Mux::start(a, &[1, 2], MuxOptions::default()).unwrap();
+        let (_mb, mut rb) = Mux::start(b, &[1, 2], MuxOptions::default()).unwrap();
+        // Larger than the socket buffer: the writer task finishes it, after the
+        // caller has given up waiting.
+        let big: Vec<u8> = (0..3 * MAX_PAYLOAD).map(|i| (i % 251) as u8).collect();
+        let gave_up = tokio::time::timeout(Duration::from_micros(1), ma.write(1, &big)).await;
+        assert!(gave_up.is_err(), "the socket cannot take 12 MiB at once");
+        // Later writes queue behind the rest of it, on both connections.
+        ma.write(1, b"after").await.unwrap();
+        ma.write(2, b"other").await.unwrap();
+        let mut want = big.clone();
+        want.extend_from_slice(b"after");
+        let mut got1 = Vec::new();
+        while got1.len() < want.len() {
+            got1.extend_from_slice(&rb[0].recv().await.unwrap());
+        }
+        assert_eq!(got1.len(), want.len());
+        assert!(got1 == want, "bytes out of order or torn");
+        assert_eq!(&rb[1].recv().await.unwrap()[..], b"other");
+        assert!(ma.error().is_none());
     }
 
     #[tokio::test]
