@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::net::{NetResults, CNI_BIN};
-use crate::stats::{ms, ratio, verdict, within, Samples};
+use crate::stats::{ms, ratio, samples_row, verdict, within, Samples};
 
 /// Goal of P16 and P17: Petrel over containerd 1.7, at p50.
 const RATIO_GOAL: f64 = 1.0;
@@ -137,19 +137,6 @@ fn forward_row(o: &mut String, r: &NetResults) -> std::fmt::Result {
         b >> 20,
         if direct > 0.0 { petrel / direct } else { 0.0 },
         verdict(petrel >= FORWARD_GOAL_GBPS)
-    )
-}
-
-fn samples_row(o: &mut String, name: &str, s: &Samples) -> std::fmt::Result {
-    writeln!(
-        o,
-        "| {name} | {} | {} | {} | {} | {} | {} |",
-        s.len(),
-        ms(s.p50()),
-        ms(s.p99()),
-        ms(s.min()),
-        ms(s.max()),
-        ms(s.mean())
     )
 }
 

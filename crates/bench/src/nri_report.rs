@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::nri::{NriResults, PLUGIN_COUNTS};
-use crate::stats::{ms, ratio, verdict, Samples};
+use crate::stats::{ms, ratio, samples_row, verdict};
 
 /// Goal of P19: time added per subscribed plugin at p50.
 const PER_PLUGIN_GOAL: Duration = Duration::from_micros(100);
@@ -77,19 +77,6 @@ pub fn summary_rows(o: &mut String, r: &NriResults) -> std::fmt::Result {
         ms(r.list.p50()),
         ratio(r.sync.p50(), r.list.p50()),
         verdict(r.sync.p50() <= SYNC_GOAL)
-    )
-}
-
-fn samples_row(o: &mut String, name: &str, s: &Samples) -> std::fmt::Result {
-    writeln!(
-        o,
-        "| {name} | {} | {} | {} | {} | {} | {} |",
-        s.len(),
-        ms(s.p50()),
-        ms(s.p99()),
-        ms(s.min()),
-        ms(s.max()),
-        ms(s.mean())
     )
 }
 
