@@ -16,15 +16,24 @@
 //! receiver treats each logical connection as a byte stream, so frame boundaries carry no
 //! meaning.
 //!
+//! Incoming data goes to each logical connection's [`Sink`], called by the trunk's
+//! reader task itself: the ttRPC client and server of [`crate::rpc`] decode messages
+//! right there (a response reaches its caller, a request its handler, with no task in
+//! between, which is most of a call's latency on an idle machine), and a
+//! [`ConnReader`] queue serves everything else.
+//!
 //! Differences from containerd's Go multiplexer, on purpose:
-//! - Incoming data is queued per logical connection against a byte budget
-//!   ([`MuxOptions::queue_bytes`]); when a queue is full the reader stops reading the
-//!   trunk (backpressure through the kernel socket buffer) instead of closing everything.
+//! - A sink that cannot take more (a full [`ConnReader`] queue against its byte budget,
+//!   [`MuxOptions::queue_bytes`]; a server with all its request slots busy) stops the
+//!   reader until it can (backpressure through the kernel socket buffer) instead of
+//!   closing everything.
 //! - A frame for a connection id that was not opened, or with a length above the limit,
 //!   closes the trunk with a typed [`MuxError`] (Go silently drops unknown ids and
 //!   allocates whatever length the peer announces).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -214,9 +223,66 @@ impl ConnReader {
     }
 }
 
-struct ConnQueue {
+/// What a [`Sink`] asks the reader to wait for before it reads the trunk again.
+pub(crate) type SinkWait<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// Receives the bytes of one logical connection, in order, on the trunk's reader task.
+///
+/// `push` must not block; when the sink cannot take more for now it returns a future,
+/// and the trunk is not read again until that future completes. The sink is dropped
+/// when the trunk ends (after [`Mux::error`] tells why).
+pub(crate) trait Sink: Send + 'static {
+    /// Takes the next bytes received on the connection.
+    fn push<'a>(&'a mut self, mux: &'a Mux, data: Bytes) -> Option<SinkWait<'a>>;
+}
+
+/// The sink behind a [`ConnReader`]: a queue against a byte budget.
+struct QueueSink {
+    conn: ConnId,
     tx: mpsc::UnboundedSender<(Bytes, OwnedSemaphorePermit)>,
     budget: Arc<Semaphore>,
+    queue_bytes: usize,
+}
+
+impl Sink for QueueSink {
+    fn push<'a>(&'a mut self, _mux: &'a Mux, data: Bytes) -> Option<SinkWait<'a>> {
+        let cost = (data.len() + FRAME_HEADER_LEN).min(self.queue_bytes);
+        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+        match self.budget.clone().try_acquire_many_owned(permits) {
+            Ok(permit) => {
+                if self.tx.send((data, permit)).is_err() {
+                    self.dropped();
+                }
+                None
+            }
+            Err(_) => Some(Box::pin(self.wait_and_queue(data, permits))),
+        }
+    }
+}
+
+impl QueueSink {
+    /// The queue is full: waits for budget (backpressure) unless the consumer went away,
+    /// in which case nobody would ever free it.
+    async fn wait_and_queue(&mut self, data: Bytes, permits: u32) {
+        tokio::select! {
+            permit = self.budget.clone().acquire_many_owned(permits) => {
+                if let Ok(permit) = permit {
+                    if self.tx.send((data, permit)).is_ok() {
+                        return;
+                    }
+                }
+            }
+            _ = self.tx.closed() => {}
+        }
+        self.dropped();
+    }
+
+    fn dropped(&self) {
+        tracing::debug!(
+            conn = self.conn,
+            "nri mux: data for a connection nobody reads dropped"
+        );
+    }
 }
 
 /// One write handed to the writer task: whole frames from `offset` on (what the
@@ -238,16 +304,57 @@ struct WriteSide {
 struct Inner {
     writes: mpsc::UnboundedSender<Outgoing>,
     writer: StdMutex<WriteSide>,
-    queues: StdMutex<HashMap<ConnId, ConnQueue>>,
+    /// The logical connections opened; fixed once the trunk is read.
+    conns: Vec<ConnId>,
     state: watch::Sender<Option<MuxError>>,
     tasks: StdMutex<Vec<JoinHandle<()>>>,
-    queue_bytes: usize,
 }
 
 /// A multiplexed trunk. Cloning gives another handle on the same trunk.
 #[derive(Clone)]
 pub struct Mux {
     inner: Arc<Inner>,
+}
+
+/// The read side of a trunk opened with [`Mux::open`], not yet read.
+pub(crate) struct Reading {
+    mux: Mux,
+    half: OwnedReadHalf,
+}
+
+impl Reading {
+    /// Starts reading the trunk, each open connection's bytes going to its sink.
+    /// Every connection opened needs exactly one sink.
+    pub(crate) fn start(self, sinks: Vec<(ConnId, Box<dyn Sink>)>) -> Result<(), MuxError> {
+        let mut by_conn: HashMap<ConnId, Box<dyn Sink>> = HashMap::with_capacity(sinks.len());
+        for (conn, sink) in sinks {
+            if !self.mux.inner.conns.contains(&conn) || by_conn.insert(conn, sink).is_some() {
+                self.mux.fail(MuxError::NotOpen(conn));
+                return Err(MuxError::NotOpen(conn));
+            }
+        }
+        if let Some(&missing) = self
+            .mux
+            .inner
+            .conns
+            .iter()
+            .find(|c| !by_conn.contains_key(c))
+        {
+            self.mux.fail(MuxError::NotOpen(missing));
+            return Err(MuxError::NotOpen(missing));
+        }
+        let mux = self.mux;
+        let reader = tokio::spawn(read_trunk(mux.clone(), self.half, by_conn));
+        if let Ok(mut tasks) = mux.inner.tasks.lock() {
+            tasks.push(reader);
+        }
+        // The reader may already have failed (garbage waiting on the socket) before its
+        // handle was stored: stop the tasks now that they can be found.
+        if mux.error().is_some() {
+            mux.fail(MuxError::Closed);
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Mux {
@@ -264,19 +371,39 @@ impl Mux {
         conns: &[ConnId],
         options: MuxOptions,
     ) -> Result<(Mux, Vec<ConnReader>), MuxError> {
-        let (read_half, write_half) = trunk.into_split();
+        let (mux, reading) = Mux::open(trunk, conns)?;
         let queue_bytes = options.queue_bytes.max(FRAME_HEADER_LEN + 1);
-        let mut queues = HashMap::new();
         let mut readers = Vec::with_capacity(conns.len());
+        let mut sinks: Vec<(ConnId, Box<dyn Sink>)> = Vec::with_capacity(conns.len());
         for &conn in conns {
-            if conn == RESERVED_CONN || queues.contains_key(&conn) {
-                return Err(MuxError::NotOpen(conn));
-            }
             let (tx, rx) = mpsc::unbounded_channel();
             let budget = Arc::new(Semaphore::new(queue_bytes));
-            queues.insert(conn, ConnQueue { tx, budget });
+            sinks.push((
+                conn,
+                Box::new(QueueSink {
+                    conn,
+                    tx,
+                    budget,
+                    queue_bytes,
+                }),
+            ));
             readers.push(ConnReader { conn, rx });
         }
+        reading.start(sinks)?;
+        Ok((mux, readers))
+    }
+
+    /// Opens the trunk for writing on `conns`; nothing is read until
+    /// [`Reading::start`] is given a sink for each of them (sinks may hold this `Mux`).
+    pub(crate) fn open(trunk: UnixStream, conns: &[ConnId]) -> Result<(Mux, Reading), MuxError> {
+        let mut open = Vec::with_capacity(conns.len());
+        for &conn in conns {
+            if conn == RESERVED_CONN || open.contains(&conn) {
+                return Err(MuxError::NotOpen(conn));
+            }
+            open.push(conn);
+        }
+        let (read_half, write_half) = trunk.into_split();
         let (state, _) = watch::channel(None);
         let (writes, write_rx) = mpsc::unbounded_channel();
         let write_half = Arc::new(write_half);
@@ -286,24 +413,20 @@ impl Mux {
                 half: Some(write_half.clone()),
                 queued: 0,
             }),
-            queues: StdMutex::new(queues),
+            conns: open,
             state,
             tasks: StdMutex::new(Vec::new()),
-            queue_bytes,
         });
         let mux = Mux { inner };
-        let reader = tokio::spawn(read_trunk(mux.clone(), read_half));
         let writer = tokio::spawn(write_trunk(mux.clone(), write_half, write_rx));
         if let Ok(mut tasks) = mux.inner.tasks.lock() {
-            tasks.push(reader);
             tasks.push(writer);
         }
-        // The reader may already have failed (garbage waiting on the socket) before its
-        // handle was stored: stop the tasks now that they can be found.
-        if mux.error().is_some() {
-            mux.fail(MuxError::Closed);
-        }
-        Ok((mux, readers))
+        let reading = Reading {
+            mux: mux.clone(),
+            half: read_half,
+        };
+        Ok((mux, reading))
     }
 
     /// Writes `data` on logical connection `conn` as one or more frames. Writes from
@@ -417,21 +540,14 @@ impl Mux {
     }
 
     fn is_open(&self, conn: ConnId) -> bool {
-        self.inner
-            .queues
-            .lock()
-            .map(|q| q.contains_key(&conn))
-            .unwrap_or(false)
+        self.inner.conns.contains(&conn) && self.inner.state.borrow().is_none()
     }
 
-    /// Records the first error, drops every queue (readers see the end) and stops the
-    /// reader and writer tasks; their socket halves go with them, so the peer sees the
-    /// trunk closed at once.
+    /// Records the first error and stops the reader and writer tasks: the sinks go
+    /// with the reader (readers see the end), the socket halves with both, so the peer
+    /// sees the trunk closed at once.
     fn fail(&self, err: MuxError) {
         self.record(err);
-        if let Ok(mut queues) = self.inner.queues.lock() {
-            queues.clear();
-        }
         if let Ok(mut side) = self.inner.writer.lock() {
             side.half = None;
         }
@@ -487,14 +603,20 @@ async fn write_trunk(
     }
 }
 
-async fn read_trunk(mux: Mux, mut trunk: OwnedReadHalf) {
+async fn read_trunk(mux: Mux, mut trunk: OwnedReadHalf, mut sinks: HashMap<ConnId, Box<dyn Sink>>) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let err = loop {
-        let decoded = decode_frame(&mut buf, |id| mux.is_open(id));
+        let decoded = decode_frame(&mut buf, |id| sinks.contains_key(&id));
         match decoded {
             Ok(Some(frame)) => {
-                if let Err(err) = deliver(&mux, frame).await {
-                    break err;
+                if frame.payload.is_empty() {
+                    continue;
+                }
+                let Some(sink) = sinks.get_mut(&frame.conn) else {
+                    break MuxError::UnknownConnection(frame.conn);
+                };
+                if let Some(wait) = sink.push(&mux, frame.payload) {
+                    wait.await;
                 }
                 continue;
             }
@@ -518,39 +640,10 @@ async fn read_trunk(mux: Mux, mut trunk: OwnedReadHalf) {
             Err(e) => break MuxError::Io(e.to_string()),
         }
     };
+    // The cause is recorded before the sinks go, so their users can tell why.
+    mux.record(err.clone());
+    drop(sinks);
     mux.fail(err);
-}
-
-/// Queues a frame's payload for its connection, waiting for budget if the consumer is
-/// behind (backpressure). A consumer that went away loses its data, the trunk goes on.
-async fn deliver(mux: &Mux, frame: Frame) -> Result<(), MuxError> {
-    if frame.payload.is_empty() {
-        return Ok(());
-    }
-    let (tx, budget) = {
-        let queues = mux.inner.queues.lock().map_err(|_| MuxError::Closed)?;
-        match queues.get(&frame.conn) {
-            Some(q) => (q.tx.clone(), q.budget.clone()),
-            None => return Err(MuxError::UnknownConnection(frame.conn)),
-        }
-    };
-    let cost = (frame.payload.len() + FRAME_HEADER_LEN).min(mux.inner.queue_bytes);
-    let permits = u32::try_from(cost).unwrap_or(u32::MAX);
-    tokio::select! {
-        permit = budget.acquire_many_owned(permits) => {
-            let permit = permit.map_err(|_| MuxError::Closed)?;
-            if tx.send((frame.payload, permit)).is_ok() {
-                return Ok(());
-            }
-        }
-        // The consumer went away while the queue was full: nobody will free budget.
-        _ = tx.closed() => {}
-    }
-    tracing::debug!(
-        conn = frame.conn,
-        "nri mux: data for a connection nobody reads dropped"
-    );
-    Ok(())
 }
 
 #[cfg(test)]

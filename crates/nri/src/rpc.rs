@@ -2,13 +2,17 @@
 //!
 //! NRI uses each logical connection in one direction only (the runtime calls on
 //! connection 1, the plugin on connection 2), so an endpoint is either a client or a
-//! server. Both read their connection continuously in a task of their own, so a slow
-//! handler never stops responses (or the other connection) from being read.
+//! server. Both decode their connection's bytes as the trunk's reader task hands them
+//! over ([`Sink`]): an answer goes straight to its waiting caller, a request's handler
+//! is polled once right there and gets a task of its own only if it has to wait, so a
+//! slow handler never stops responses (or the other connection) from being read, and
+//! a quick one costs no task switch.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex as StdMutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,9 +20,10 @@ use prost::Message;
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use crate::mux::{ConnId, ConnReader, Mux, MuxError};
+use crate::mux::{ConnId, Mux, MuxError, Sink, SinkWait};
 use crate::ttrpc::{
-    self, Code, Decoded, MessageDecoder, Request, Response, Status, TYPE_REQUEST, TYPE_RESPONSE,
+    self, Code, Decoded, MessageDecoder, MessageHeader, Request, Response, Status, TYPE_REQUEST,
+    TYPE_RESPONSE,
 };
 
 /// Why a call failed.
@@ -98,18 +103,22 @@ pub(crate) struct RpcClient {
 }
 
 impl RpcClient {
-    /// Starts reading responses from `reader`.
-    pub(crate) fn start(mux: Mux, reader: ConnReader, service: &'static str) -> RpcClient {
-        let conn = reader.conn();
+    /// A client calling `service` on connection `conn` of `mux`, and the sink the
+    /// connection's bytes must go to (see [`crate::mux::Reading::start`]).
+    pub(crate) fn new(mux: Mux, conn: ConnId, service: &'static str) -> (RpcClient, ClientSink) {
         let pending: Pending = Arc::default();
-        tokio::spawn(read_responses(reader, pending.clone()));
-        RpcClient {
+        let sink = ClientSink {
+            decoder: MessageDecoder::default(),
+            pending: pending.clone(),
+        };
+        let client = RpcClient {
             mux,
             conn,
             service,
             next_stream: Arc::new(tokio::sync::Mutex::new(1)),
             pending,
-        }
+        };
+        (client, sink)
     }
 
     /// Calls `method` with `req`; waits at most `timeout` (if given) for the answer. On
@@ -209,58 +218,73 @@ impl Drop for ForgetOnDrop<'_> {
     }
 }
 
-async fn read_responses(mut reader: ConnReader, pending: Pending) {
-    let mut decoder = MessageDecoder::default();
-    while let Some(chunk) = reader.recv().await {
-        decoder.push(&chunk);
-        while let Some(decoded) = decoder.next_message() {
+/// Hands each answer on a client connection to its waiting caller.
+pub(crate) struct ClientSink {
+    decoder: MessageDecoder,
+    pending: Pending,
+}
+
+impl ClientSink {
+    fn answer(&self, stream_id: u32, resp: Response) {
+        let waiter = self
+            .pending
+            .lock()
+            .ok()
+            .and_then(|mut p| p.remove(&stream_id));
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(resp);
+            }
+            None => tracing::debug!(
+                stream = stream_id,
+                "nri: answer to a forgotten (timed out) call dropped"
+            ),
+        }
+    }
+}
+
+impl Sink for ClientSink {
+    fn push<'a>(&'a mut self, _mux: &'a Mux, data: Bytes) -> Option<SinkWait<'a>> {
+        self.decoder.push(&data);
+        while let Some(decoded) = self.decoder.next_message() {
             match decoded {
                 Decoded::Message(h, payload) if h.kind == TYPE_RESPONSE => {
-                    let resp = match Response::decode(payload) {
-                        Ok(resp) => resp,
-                        Err(e) => Response {
-                            status: Some(Status::new(
-                                Code::Internal,
-                                format!("undecodable response envelope: {e}"),
-                            )),
-                            payload: Vec::new(),
-                        },
-                    };
-                    let waiter = pending.lock().ok().and_then(|mut p| p.remove(&h.stream_id));
-                    match waiter {
-                        Some(tx) => {
-                            let _ = tx.send(resp);
-                        }
-                        None => tracing::debug!(
-                            stream = h.stream_id,
-                            "nri: answer to a forgotten (timed out) call dropped"
-                        ),
-                    }
+                    let resp = Response::decode(payload).unwrap_or_else(|e| Response {
+                        status: Some(Status::new(
+                            Code::Internal,
+                            format!("undecodable response envelope: {e}"),
+                        )),
+                        payload: Vec::new(),
+                    });
+                    self.answer(h.stream_id, resp);
                 }
                 Decoded::Message(h, _) => tracing::warn!(
                     kind = h.kind,
                     stream = h.stream_id,
                     "nri: unexpected ttrpc message type on a client connection ignored"
                 ),
-                Decoded::Oversized(h) => {
-                    let waiter = pending.lock().ok().and_then(|mut p| p.remove(&h.stream_id));
-                    if let Some(tx) = waiter {
-                        let _ = tx.send(Response {
-                            status: Some(Status::new(
-                                Code::ResourceExhausted,
-                                format!("answer of {} bytes exceeds the ttRPC limit", h.length),
-                            )),
-                            payload: Vec::new(),
-                        });
-                    }
-                }
+                Decoded::Oversized(h) => self.answer(
+                    h.stream_id,
+                    Response {
+                        status: Some(Status::new(
+                            Code::ResourceExhausted,
+                            format!("answer of {} bytes exceeds the ttRPC limit", h.length),
+                        )),
+                        payload: Vec::new(),
+                    },
+                ),
             }
         }
+        None
     }
-    // The trunk is gone: waking every caller with "disconnected" happens by dropping
-    // their senders.
-    if let Ok(mut pending) = pending.lock() {
-        pending.clear();
+}
+
+impl Drop for ClientSink {
+    /// The trunk is gone: every waiting caller learns it as its sender is dropped.
+    fn drop(&mut self) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.clear();
+        }
     }
 }
 
@@ -275,79 +299,157 @@ pub(crate) type Handler = Arc<dyn Fn(String, Bytes) -> HandlerFuture + Send + Sy
 /// instead of the process's memory with tasks.
 pub(crate) const MAX_IN_FLIGHT: usize = 64;
 
-/// Serves `service` on `reader`'s connection until the trunk closes. Each request runs
-/// in its own task (at most [`MAX_IN_FLIGHT`] at once); a request's `timeout_nano`
-/// bounds its handler.
-pub(crate) async fn serve(
-    mux: Mux,
-    mut reader: ConnReader,
-    service: &'static str,
-    handler: Handler,
-) {
-    let conn = reader.conn();
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
-    let mut decoder = MessageDecoder::default();
-    let mut last_stream = 0u32;
-    while let Some(chunk) = reader.recv().await {
-        decoder.push(&chunk);
-        while let Some(decoded) = decoder.next_message() {
-            match decoded {
-                // Clients number streams odd and increasing, as ttRPC servers enforce.
-                Decoded::Message(h, _)
-                    if h.kind == TYPE_REQUEST
-                        && (h.stream_id % 2 != 1 || h.stream_id <= last_stream) =>
-                {
-                    tracing::warn!(
-                        stream = h.stream_id,
-                        "nri: ttrpc request with an invalid stream id refused"
-                    );
-                    let resp = Err(Status::new(
-                        Code::InvalidArgument,
-                        "stream id must be odd and increasing",
-                    ));
-                    send_response(&mux, conn, h.stream_id, resp).await;
-                }
-                Decoded::Message(h, payload) if h.kind == TYPE_REQUEST => {
-                    last_stream = h.stream_id;
-                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                        return;
-                    };
-                    let mux = mux.clone();
-                    let handler = handler.clone();
-                    tokio::spawn(async move {
-                        let resp = answer(service, &handler, payload).await;
-                        send_response(&mux, conn, h.stream_id, resp).await;
-                        drop(permit);
-                    });
-                }
-                Decoded::Message(h, _) => tracing::warn!(
-                    kind = h.kind,
-                    stream = h.stream_id,
-                    "nri: unexpected ttrpc message type on a server connection ignored"
-                ),
-                Decoded::Oversized(h) => {
-                    tracing::warn!(
-                        len = h.length,
-                        "nri: oversized ttrpc request refused with RESOURCE_EXHAUSTED"
-                    );
-                    if h.kind == TYPE_REQUEST {
-                        let resp = Err(Status::new(
-                            Code::ResourceExhausted,
-                            format!(
-                                "message length {} exceeds maximum message size of {}",
-                                h.length,
-                                ttrpc::MAX_MESSAGE_LEN
-                            ),
-                        ));
-                        send_response(&mux, conn, h.stream_id, resp).await;
-                    }
-                }
-            }
-        }
+/// Serves `service` on one connection: the sink its bytes must go to. Each request's
+/// handler is polled once as it arrives; one that has to wait continues in a task of
+/// its own (at most [`MAX_IN_FLIGHT`] at once). A request's `timeout_nano` bounds its
+/// handler.
+pub(crate) fn server(conn: ConnId, service: &'static str, handler: Handler) -> ServerSink {
+    ServerSink {
+        conn,
+        service,
+        handler,
+        decoder: MessageDecoder::default(),
+        last_stream: 0,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
     }
 }
 
-async fn answer(service: &str, handler: &Handler, payload: Bytes) -> Result<Vec<u8>, Status> {
+/// The server side of a connection, see [`server`].
+pub(crate) struct ServerSink {
+    conn: ConnId,
+    service: &'static str,
+    handler: Handler,
+    decoder: MessageDecoder,
+    last_stream: u32,
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Sink for ServerSink {
+    fn push<'a>(&'a mut self, mux: &'a Mux, data: Bytes) -> Option<SinkWait<'a>> {
+        self.decoder.push(&data);
+        while let Some(decoded) = self.decoder.next_message() {
+            let Some((h, payload)) = self.check(mux, decoded) else {
+                continue;
+            };
+            match self.in_flight.clone().try_acquire_owned() {
+                Ok(permit) => self.run(mux, h, payload, permit),
+                // Every slot is busy: the trunk waits until one frees.
+                Err(_) => return Some(Box::pin(self.wait_and_run(mux, h, payload))),
+            }
+        }
+        None
+    }
+}
+
+impl ServerSink {
+    /// A request to run, or None when the message was answered or ignored here.
+    fn check(&mut self, mux: &Mux, decoded: Decoded) -> Option<(MessageHeader, Bytes)> {
+        match decoded {
+            // Clients number streams odd and increasing, as ttRPC servers enforce.
+            Decoded::Message(h, _)
+                if h.kind == TYPE_REQUEST
+                    && (h.stream_id % 2 != 1 || h.stream_id <= self.last_stream) =>
+            {
+                tracing::warn!(
+                    stream = h.stream_id,
+                    "nri: ttrpc request with an invalid stream id refused"
+                );
+                let resp = Err(Status::new(
+                    Code::InvalidArgument,
+                    "stream id must be odd and increasing",
+                ));
+                respond_later(mux, self.conn, h.stream_id, resp);
+                None
+            }
+            Decoded::Message(h, payload) if h.kind == TYPE_REQUEST => {
+                self.last_stream = h.stream_id;
+                Some((h, payload))
+            }
+            Decoded::Message(h, _) => {
+                tracing::warn!(
+                    kind = h.kind,
+                    stream = h.stream_id,
+                    "nri: unexpected ttrpc message type on a server connection ignored"
+                );
+                None
+            }
+            Decoded::Oversized(h) => {
+                tracing::warn!(
+                    len = h.length,
+                    "nri: oversized ttrpc request refused with RESOURCE_EXHAUSTED"
+                );
+                if h.kind == TYPE_REQUEST {
+                    let resp = Err(Status::new(
+                        Code::ResourceExhausted,
+                        format!(
+                            "message length {} exceeds maximum message size of {}",
+                            h.length,
+                            ttrpc::MAX_MESSAGE_LEN
+                        ),
+                    ));
+                    respond_later(mux, self.conn, h.stream_id, resp);
+                }
+                None
+            }
+        }
+    }
+
+    /// Waits for a free slot, runs the request, then whatever else is decoded.
+    async fn wait_and_run(&mut self, mux: &Mux, h: MessageHeader, payload: Bytes) {
+        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        self.run(mux, h, payload, permit);
+        while let Some(decoded) = self.decoder.next_message() {
+            let Some((h, payload)) = self.check(mux, decoded) else {
+                continue;
+            };
+            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            self.run(mux, h, payload, permit);
+        }
+    }
+
+    /// Polls the handler once here; a handler that must wait, and an answer the
+    /// socket cannot take at once, continue in a task holding the slot.
+    fn run(
+        &self,
+        mux: &Mux,
+        h: MessageHeader,
+        payload: Bytes,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let conn = self.conn;
+        let mut call = Box::pin(answer(self.service, self.handler.clone(), payload));
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(resp) = call.as_mut().poll(&mut cx) {
+            let mut send = Box::pin(send_response(mux.clone(), conn, h.stream_id, resp));
+            if send.as_mut().poll(&mut cx).is_ready() {
+                return;
+            }
+            tokio::spawn(async move {
+                send.await;
+                drop(permit);
+            });
+            return;
+        }
+        // Polled once with a no-op waker: the task polls it again at once, with its own.
+        let mux = mux.clone();
+        tokio::spawn(async move {
+            let resp = call.await;
+            send_response(mux, conn, h.stream_id, resp).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Refusals decided by the reader are sent from a task of their own.
+fn respond_later(mux: &Mux, conn: ConnId, stream_id: u32, resp: Result<Vec<u8>, Status>) {
+    tokio::spawn(send_response(mux.clone(), conn, stream_id, resp));
+}
+
+async fn answer(service: &str, handler: Handler, payload: Bytes) -> Result<Vec<u8>, Status> {
     let req = Request::decode(payload).map_err(|e| {
         Status::new(
             Code::InvalidArgument,
@@ -374,7 +476,7 @@ async fn answer(service: &str, handler: &Handler, payload: Bytes) -> Result<Vec<
     }
 }
 
-async fn send_response(mux: &Mux, conn: ConnId, stream_id: u32, result: Result<Vec<u8>, Status>) {
+async fn send_response(mux: Mux, conn: ConnId, stream_id: u32, result: Result<Vec<u8>, Status>) {
     let mut resp = match result {
         Ok(payload) => Response {
             status: Some(Status::new(Code::Ok, "")),
@@ -419,4 +521,100 @@ pub(crate) fn unimplemented(service: &str, method: &str) -> Status {
         Code::Unimplemented,
         format!("{service}.{method}: method not implemented"),
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::net::UnixStream;
+
+    /// A client on one end of a socketpair calling a server on the other, both on
+    /// connection 1.
+    fn pair(handler: Handler) -> (RpcClient, Mux) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (ma, reading_a) = Mux::open(a, &[1]).unwrap();
+        let (mb, reading_b) = Mux::open(b, &[1]).unwrap();
+        let (client, answers) = RpcClient::new(ma, 1, "svc");
+        reading_a.start(vec![(1, Box::new(answers))]).unwrap();
+        reading_b
+            .start(vec![(1, Box::new(server(1, "svc", handler)))])
+            .unwrap();
+        (client, mb)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn busy_server_stops_reading_at_the_in_flight_limit_and_catches_up() {
+        let started = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let handler: Handler = {
+            let (started, gate) = (started.clone(), gate.clone());
+            Arc::new(move |_method, payload: Bytes| -> HandlerFuture {
+                let (started, gate) = (started.clone(), gate.clone());
+                Box::pin(async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    // Waits: the handler continues in a task of its own.
+                    gate.acquire().await.unwrap().forget();
+                    Ok(payload.to_vec())
+                })
+            })
+        };
+        let (client, _server) = pair(handler);
+        let total = MAX_IN_FLIGHT + 6;
+        let calls: Vec<_> = (0..total)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let req = ttrpc::Status::new(Code::Ok, format!("call {i}"));
+                    client
+                        .call::<_, ttrpc::Status>("Echo", &req, None)
+                        .await
+                        .map(|s| s.message)
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while started.load(Ordering::SeqCst) < MAX_IN_FLIGHT && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(started.load(Ordering::SeqCst), MAX_IN_FLIGHT);
+        gate.add_permits(total);
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.unwrap().unwrap(), format!("call {i}"));
+        }
+        assert_eq!(started.load(Ordering::SeqCst), total);
+    }
+
+    #[tokio::test]
+    async fn quick_and_failing_handlers_answer_and_a_closed_trunk_wakes_callers() {
+        let handler: Handler = Arc::new(|method: String, payload: Bytes| -> HandlerFuture {
+            Box::pin(async move {
+                match method.as_str() {
+                    "Echo" => Ok(payload.to_vec()),
+                    other => Err(unimplemented("svc", other)),
+                }
+            })
+        });
+        let (client, server) = pair(handler);
+        let req = ttrpc::Status::new(Code::Ok, "hello");
+        let got: ttrpc::Status = client
+            .call("Echo", &req, Some(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        assert_eq!(got.message, "hello");
+        let e = client
+            .call::<_, ttrpc::Status>("Nope", &req, None)
+            .await
+            .unwrap_err();
+        assert!(e.is_unimplemented(), "{e}");
+        server.close().await;
+        let e = client
+            .call::<_, ttrpc::Status>("Echo", &req, Some(Duration::from_secs(5)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RpcError::Disconnected { .. }), "{e}");
+    }
 }

@@ -225,7 +225,6 @@ fn fast_options() -> ConnOptions {
         request_timeout: Duration::from_millis(300),
         // Small Synchronize messages, so that even a few containers are split.
         sync_message_bytes: 4096,
-        ..Default::default()
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
 use crate::api::{self, method, Event, EventMask, IdentityError};
-use crate::mux::{Mux, MuxError, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use crate::mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use crate::rpc::{self, Handler, HandlerFuture, RpcClient, RpcError};
 use crate::ttrpc::{self, Code, Status};
 
@@ -31,8 +31,6 @@ pub struct ConnOptions {
     /// go into further messages with `more` set. Default: the ttRPC limit less 64 KiB
     /// for the envelopes.
     pub sync_message_bytes: usize,
-    /// Multiplexer settings.
-    pub mux: MuxOptions,
 }
 
 impl Default for ConnOptions {
@@ -41,7 +39,6 @@ impl Default for ConnOptions {
             registration_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(2),
             sync_message_bytes: ttrpc::MAX_MESSAGE_LEN - 64 * 1024,
-            mux: MuxOptions::default(),
         }
     }
 }
@@ -197,29 +194,27 @@ impl PluginConn {
         options: ConnOptions,
     ) -> Result<PluginConn, ConnError> {
         let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
-        let (mux, mut readers) = Mux::start(
-            stream,
-            &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN],
-            options.mux.clone(),
-        )
-        .map_err(ConnError::ClosedBeforeRegistration)?;
-        let runtime_reader = readers.pop();
-        let plugin_reader = readers.pop();
-        let (Some(plugin_reader), Some(runtime_reader)) = (plugin_reader, runtime_reader) else {
-            mux.close().await;
-            return Err(ConnError::ClosedBeforeRegistration(MuxError::Closed));
-        };
-        let client = RpcClient::start(mux.clone(), plugin_reader, api::PLUGIN_SERVICE);
+        let (mux, reading) = Mux::open(stream, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN])
+            .map_err(ConnError::ClosedBeforeRegistration)?;
+        let (client, answers) =
+            RpcClient::new(mux.clone(), PLUGIN_SERVICE_CONN, api::PLUGIN_SERVICE);
 
         let (reg_tx, reg_rx) = oneshot::channel();
         let registered: RegistrationSlot = Arc::default();
         let service = runtime_service(handler, registered.clone(), reg_tx);
-        tokio::spawn(rpc::serve(
-            mux.clone(),
-            runtime_reader,
-            api::RUNTIME_SERVICE,
-            service,
-        ));
+        reading
+            .start(vec![
+                (PLUGIN_SERVICE_CONN, Box::new(answers)),
+                (
+                    RUNTIME_SERVICE_CONN,
+                    Box::new(rpc::server(
+                        RUNTIME_SERVICE_CONN,
+                        api::RUNTIME_SERVICE,
+                        service,
+                    )),
+                ),
+            ])
+            .map_err(ConnError::ClosedBeforeRegistration)?;
 
         let outcome = tokio::select! {
             r = tokio::time::timeout(options.registration_timeout, reg_rx) => match r {
@@ -764,14 +759,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         // The old plugin: a ttRPC server on connection 1 that knows only StateChange,
         // and a client on connection 2 that registers.
-        let (mux, mut readers) = Mux::start(
-            b,
-            &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN],
-            MuxOptions::default(),
-        )
-        .unwrap();
-        let runtime_reader = readers.pop().unwrap();
-        let plugin_reader = readers.pop().unwrap();
+        let (mux, reading) = Mux::open(b, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]).unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let old: Handler = Arc::new(move |method: String, payload| -> HandlerFuture {
             let tx = tx.clone();
@@ -786,13 +774,17 @@ mod tests {
                 }
             })
         });
-        tokio::spawn(rpc::serve(
-            mux.clone(),
-            plugin_reader,
-            api::PLUGIN_SERVICE,
-            old,
-        ));
-        let client = RpcClient::start(mux.clone(), runtime_reader, api::RUNTIME_SERVICE);
+        let (client, answers) =
+            RpcClient::new(mux.clone(), RUNTIME_SERVICE_CONN, api::RUNTIME_SERVICE);
+        reading
+            .start(vec![
+                (
+                    PLUGIN_SERVICE_CONN,
+                    Box::new(rpc::server(PLUGIN_SERVICE_CONN, api::PLUGIN_SERVICE, old)),
+                ),
+                (RUNTIME_SERVICE_CONN, Box::new(answers)),
+            ])
+            .unwrap();
         let register = tokio::spawn(async move {
             let req = api::RegisterPluginRequest {
                 plugin_name: "old".into(),

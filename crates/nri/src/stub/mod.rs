@@ -76,7 +76,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use crate::api::{self, EventMask, IdentityError};
-use crate::mux::{MuxError, MuxOptions};
+use crate::mux::MuxError;
 use crate::rpc::RpcError;
 
 use handlers::Handlers;
@@ -181,7 +181,6 @@ pub struct Stub<S> {
     transport: Transport,
     reconnect: Option<Backoff>,
     registration_timeout: Duration,
-    mux: MuxOptions,
     handlers: Arc<Handlers<S>>,
     state: Arc<S>,
     shared: Arc<Shared>,
@@ -195,7 +194,6 @@ pub struct StubBuilder<S> {
     connection: Option<UnixStream>,
     reconnect: Option<Backoff>,
     registration_timeout: Duration,
-    mux: MuxOptions,
     handlers: Handlers<S>,
     state: S,
     shared: Arc<Shared>,
@@ -220,7 +218,6 @@ impl<S: Send + Sync + 'static> Stub<S> {
             connection: None,
             reconnect: Some(Backoff::default()),
             registration_timeout: Duration::from_secs(5),
-            mux: MuxOptions::default(),
             handlers: Handlers::default(),
             state,
             shared: Arc::new(Shared {
@@ -285,7 +282,6 @@ impl<S: Send + Sync + 'static> Stub<S> {
                         &self.name,
                         &self.index,
                         self.registration_timeout,
-                        self.mux.clone(),
                         self.handlers.clone(),
                         self.state.clone(),
                         self.shared.clone(),
@@ -369,12 +365,6 @@ impl<S: Send + Sync + 'static> StubBuilder<S> {
         self
     }
 
-    /// Multiplexer settings.
-    pub fn mux_options(mut self, options: MuxOptions) -> Self {
-        self.mux = options;
-        self
-    }
-
     /// A handle on the stub being built, e.g. to keep in the plugin's state for
     /// unsolicited updates from background tasks (the same as [`Stub::handle`]).
     pub fn handle(&self) -> StubHandle {
@@ -406,7 +396,6 @@ impl<S: Send + Sync + 'static> StubBuilder<S> {
             transport,
             reconnect: self.reconnect,
             registration_timeout: self.registration_timeout,
-            mux: self.mux,
             handlers: Arc::new(self.handlers),
             state: Arc::new(self.state),
             shared: self.shared,

@@ -11,7 +11,7 @@ use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
 use crate::api::{self, method, Event, EventMask};
-use crate::mux::{Mux, MuxError, MuxOptions, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use crate::mux::{Mux, Sink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use crate::rpc::{self, Handler, HandlerFuture, RpcClient};
 use crate::ttrpc::{Code, Status};
 
@@ -75,13 +75,11 @@ struct ServiceState<S> {
     shutdown_seen: AtomicBool,
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_session<S: Send + Sync + 'static>(
     stream: UnixStream,
     name: &str,
     index: &str,
     registration_timeout: Duration,
-    mux_options: MuxOptions,
     handlers: Arc<Handlers<S>>,
     state: Arc<S>,
     shared: Arc<Shared>,
@@ -91,24 +89,14 @@ pub(crate) async fn run_session<S: Send + Sync + 'static>(
         shutdown: false,
         cause,
     };
-    let (mux, mut readers) = match Mux::start(
-        stream,
-        &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN],
-        mux_options,
-    ) {
-        Ok(started) => started,
+    let (mux, reading) = match Mux::open(stream, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]) {
+        Ok(opened) => opened,
         Err(e) => return fail(false, StubError::Disconnected(e)),
     };
     // However the session ends, also by its future being dropped (a stopped stub), the
     // connection ends with it; the serving tasks would keep it open otherwise.
     let _close_on_exit = CloseOnDrop(mux.clone());
-    let runtime_reader = readers.pop();
-    let plugin_reader = readers.pop();
-    let (Some(plugin_reader), Some(runtime_reader)) = (plugin_reader, runtime_reader) else {
-        mux.close().await;
-        return fail(false, StubError::Disconnected(MuxError::Closed));
-    };
-    let client = RpcClient::start(mux.clone(), runtime_reader, api::RUNTIME_SERVICE);
+    let (client, answers) = RpcClient::new(mux.clone(), RUNTIME_SERVICE_CONN, api::RUNTIME_SERVICE);
     let session = Arc::new(Session {
         client,
         info: StdMutex::new(RuntimeInfo::default()),
@@ -122,12 +110,20 @@ pub(crate) async fn run_session<S: Send + Sync + 'static>(
         sync_parts: StdMutex::new(None),
         shutdown_seen: AtomicBool::new(false),
     });
-    tokio::spawn(rpc::serve(
-        mux.clone(),
-        plugin_reader,
-        api::PLUGIN_SERVICE,
-        plugin_service(service.clone()),
-    ));
+    let sinks: Vec<(_, Box<dyn Sink>)> = vec![
+        (
+            PLUGIN_SERVICE_CONN,
+            Box::new(rpc::server(
+                PLUGIN_SERVICE_CONN,
+                api::PLUGIN_SERVICE,
+                plugin_service(service.clone()),
+            )),
+        ),
+        (RUNTIME_SERVICE_CONN, Box::new(answers)),
+    ];
+    if let Err(e) = reading.start(sinks) {
+        return fail(false, StubError::Disconnected(e));
+    }
 
     let register = api::RegisterPluginRequest {
         plugin_name: name.to_string(),
