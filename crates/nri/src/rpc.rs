@@ -421,7 +421,14 @@ impl ServerSink {
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
         let conn = self.conn;
-        let mut call = Box::pin(answer(self.service, self.handler.clone(), payload));
+        let arrived = tokio::time::Instant::now();
+        let (mut call, timeout) = match start_call(self.service, &self.handler, payload) {
+            Ok(started) => started,
+            Err(status) => {
+                respond_later(mux, conn, h.stream_id, Err(status));
+                return;
+            }
+        };
         let mut cx = Context::from_waker(Waker::noop());
         if let Poll::Ready(resp) = call.as_mut().poll(&mut cx) {
             let mut send = Box::pin(send_response(mux.clone(), conn, h.stream_id, resp));
@@ -435,9 +442,20 @@ impl ServerSink {
             return;
         }
         // Polled once with a no-op waker: the task polls it again at once, with its own.
+        // Only a handler that waits needs the caller's deadline as a timer.
         let mux = mux.clone();
         tokio::spawn(async move {
-            let resp = call.await;
+            let resp = match timeout {
+                Some(t) => tokio::time::timeout_at(arrived + t, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Status::new(
+                            Code::DeadlineExceeded,
+                            "handler exceeded the caller's deadline",
+                        ))
+                    }),
+                None => call.await,
+            };
             send_response(mux, conn, h.stream_id, resp).await;
             drop(permit);
         });
@@ -449,7 +467,13 @@ fn respond_later(mux: &Mux, conn: ConnId, stream_id: u32, resp: Result<Vec<u8>, 
     tokio::spawn(send_response(mux.clone(), conn, stream_id, resp));
 }
 
-async fn answer(service: &str, handler: Handler, payload: Bytes) -> Result<Vec<u8>, Status> {
+/// Decodes a request's envelope and starts its handler: the handler's future and
+/// the caller's deadline, if it gave one.
+fn start_call(
+    service: &str,
+    handler: &Handler,
+    payload: Bytes,
+) -> Result<(HandlerFuture, Option<Duration>), Status> {
     let req = Request::decode(payload).map_err(|e| {
         Status::new(
             Code::InvalidArgument,
@@ -462,18 +486,11 @@ async fn answer(service: &str, handler: Handler, payload: Bytes) -> Result<Vec<u
             format!("service {}: not implemented", req.service),
         ));
     }
-    let call = handler(req.method, Bytes::from(req.payload));
-    if req.timeout_nano > 0 {
-        let timeout = Duration::from_nanos(req.timeout_nano as u64);
-        tokio::time::timeout(timeout, call).await.map_err(|_| {
-            Status::new(
-                Code::DeadlineExceeded,
-                "handler exceeded the caller's deadline",
-            )
-        })?
-    } else {
-        call.await
-    }
+    let timeout = u64::try_from(req.timeout_nano)
+        .ok()
+        .filter(|&n| n > 0)
+        .map(Duration::from_nanos);
+    Ok((handler(req.method, Bytes::from(req.payload)), timeout))
 }
 
 async fn send_response(mux: Mux, conn: ConnId, stream_id: u32, result: Result<Vec<u8>, Status>) {
@@ -616,5 +633,47 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, RpcError::Disconnected { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_handler_past_the_callers_deadline_answers_deadline_exceeded() {
+        let handler: Handler = Arc::new(|_method, _payload| -> HandlerFuture {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(Vec::new())
+            })
+        });
+        let (a, b) = UnixStream::pair().unwrap();
+        // The caller: raw frames, no deadline of its own, so only the server's counts.
+        let (ma, mut readers) = Mux::start(a, &[1], crate::mux::MuxOptions::default()).unwrap();
+        let (_mb, reading_b) = Mux::open(b, &[1]).unwrap();
+        reading_b
+            .start(vec![(1, Box::new(server(1, "svc", handler)))])
+            .unwrap();
+        let req = Request {
+            service: "svc".into(),
+            method: "Slow".into(),
+            payload: Vec::new(),
+            timeout_nano: 100_000_000,
+            metadata: Vec::new(),
+        };
+        let t0 = std::time::Instant::now();
+        let message = ttrpc::encode_message(1, TYPE_REQUEST, &req.encode_to_vec());
+        ma.write(1, &message).await.unwrap();
+        let mut decoder = MessageDecoder::default();
+        let resp = loop {
+            let chunk = tokio::time::timeout(Duration::from_secs(5), readers[0].recv())
+                .await
+                .unwrap()
+                .unwrap();
+            decoder.push(&chunk);
+            if let Some(Decoded::Message(h, payload)) = decoder.next_message() {
+                assert_eq!((h.stream_id, h.kind), (1, TYPE_RESPONSE));
+                break Response::decode(payload).unwrap();
+            }
+        };
+        let status = resp.status.unwrap();
+        assert_eq!(status.code, Code::DeadlineExceeded as i32, "{status:?}");
+        assert!((Duration::from_millis(100)..Duration::from_secs(5)).contains(&t0.elapsed()));
     }
 }
