@@ -10,6 +10,7 @@ mod agent;
 mod agent_proc;
 mod agent_report;
 mod containerd;
+mod floor;
 mod http;
 mod large_image;
 mod machine;
@@ -208,6 +209,17 @@ pub enum Part {
 const DEFAULT_OUT: &str = "docs/PERFORMANCE.md";
 
 fn main() -> ExitCode {
+    // The echo child of the P19 floor (see floor.rs): not a bench run.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.len() == 3 && argv[1] == floor::ECHO_ARG {
+        return match floor::serve_echo(std::path::Path::new(&argv[2])) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("petrel-bench echo: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

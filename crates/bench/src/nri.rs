@@ -79,6 +79,12 @@ pub fn histogram_median(
     None
 }
 
+/// Idle time before each round trip of the P19 floor: about what a plugin
+/// waits between two CreateContainer calls in this bench.
+pub const FLOOR_GAP: Duration = Duration::from_millis(50);
+/// Round trips of the P19 floor.
+const FLOOR_ROUND_TRIPS: usize = 100;
+
 /// The plugin counts P19 compares.
 pub const PLUGIN_COUNTS: [usize; 3] = [0, 1, 3];
 
@@ -96,6 +102,9 @@ pub struct NriResults {
     pub hook_p50: [Option<Duration>; 2],
     /// P19: how many creates that histogram holds, with 1 and 3 plugins.
     pub hook_count: [u64; 2],
+    /// P19 reference: the machine's floor for a call to another process, a
+    /// raw unix-socket round trip after the same idle time.
+    pub floor: Samples,
     /// P20: containers in the runtime while synchronizing.
     pub sync_containers: usize,
     /// P20: Configure → Synchronize handler with everything.
@@ -261,6 +270,13 @@ async fn measure_create(
         }
     }
     res.call_mean = calls.1.checked_div(calls.0).map(Duration::from_micros);
+    progress("P19 reference: raw unix-socket round trips after 50 ms idle");
+    let floor_dir = dir.to_path_buf();
+    res.floor = tokio::task::spawn_blocking(move || {
+        crate::floor::round_trips(&floor_dir, FLOOR_GAP, FLOOR_ROUND_TRIPS)
+    })
+    .await
+    .context("the floor's thread")??;
     c.stop_pod(&pod_id).await?;
     c.remove_pod(&pod_id).await
 }
