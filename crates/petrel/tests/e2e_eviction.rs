@@ -501,3 +501,82 @@ async fn a_soft_threshold_should_wait_out_its_grace_period() {
         !running(p, "main")
     });
 }
+
+/// PSI through the agent: the node cgroup also exists in the cgroup2
+/// hierarchy (on this hybrid host, `/sys/fs/cgroup/unified`, where runc
+/// places the pods' processes too and the kernel accounts their memory
+/// stalls), so the agent arms its PSI trigger there; a pod thrashing its
+/// page cache under a small memory limit stalls, and that alone runs a
+/// pass (the periodic one is minutes away and no memory threshold is
+/// near).
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_stalls_in_the_node_should_run_a_pass_through_psi() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = node_cgroup(&node, 256 * MI);
+    let unified = std::path::Path::new("/sys/fs/cgroup/unified");
+    let dir = if unified.join("cgroup.procs").exists() {
+        unified.join(cgroup.trim_start_matches('/'))
+    } else {
+        // A pure v2 host: the node cgroup is already in the only hierarchy.
+        Node::cgroup_dir("", &cgroup)
+    };
+    std::fs::create_dir_all(&dir).expect("the node cgroup in the cgroup2 hierarchy");
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--eviction-hard",
+            "memory.available<1Mi",
+            "--eviction-monitoring-interval",
+            "5m",
+        ],
+    );
+    let armed = format!("path={}", dir.join("memory.pressure").display());
+    let start = Instant::now();
+    while !agent.log().lines().any(|l| {
+        l.contains("memory pressure (PSI) trigger armed")
+            && l.contains(&armed)
+            && l.contains("some 100000 2000000")
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no PSI trigger armed on {armed}:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let passes = || agent.log().matches("eviction pass on notification").count();
+    let before = passes();
+    agent.write_manifest(
+        "thrasher.yaml",
+        &pod(
+            "thrasher",
+            "    resources:\n      limits: {memory: 16Mi}\n",
+            "head -c 67108864 /dev/urandom > /f; while :; do cat /f > /dev/null; done",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "thrasher",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    let start = Instant::now();
+    while passes() <= before {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no pass on a PSI notification; {}:\n{}",
+            std::fs::read_to_string(dir.join("memory.pressure")).unwrap_or_default(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Stalls are no memory pressure in kubelet's sense: nothing evicted.
+    assert_eq!(
+        node_condition(&agent, "MemoryPressure").as_deref(),
+        Some("False")
+    );
+    assert!(!agent.log().contains("evicting pod"));
+}

@@ -16,8 +16,9 @@ use tokio::sync::Notify;
 use super::config::{EvictionConfigError, EvictionSettings, Threshold};
 use super::local::{violation as local_violation, PodPaths};
 use super::node::NodeState;
-use super::notify::{memcg_threshold, memcg_threshold_notifier, psi_trigger};
-use super::notify::{MemcgThreshold, PsiTrigger};
+use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
+use super::notify::{psi_trigger, EventsWatch, MemcgThreshold, PsiTrigger};
+use super::notify::{MEMORY_EVENTS, PSI_STALL_US, PSI_WINDOW_US};
 use super::observe::{fs_stats, observations, FsStats, MemoryStats, NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
@@ -46,10 +47,6 @@ const SUMMARY_INTEREST: Duration = Duration::from_secs(300);
 pub const SUMMARY_WAIT: Duration = Duration::from_secs(3);
 /// How long a pass waits for an evicted pod's containers to stop.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
-/// PSI trigger (cgroup v2): 100 ms of stalls in a 2 s window (windows
-/// must be multiples of 2 s without CAP_SYS_RESOURCE).
-const PSI_STALL_US: u64 = 100_000;
-const PSI_WINDOW_US: u64 = 2_000_000;
 
 /// What the manager works with.
 pub struct ManagerParts {
@@ -85,6 +82,10 @@ pub struct EvictionManager {
     notify: Arc<Notify>,
     memcg: HashMap<(Signal, bool), MemcgThreshold>,
     psi: Option<PsiTrigger>,
+    /// Whether arming the PSI trigger failed (said once, not every pass).
+    psi_failed: bool,
+    /// `memory.events` watches (cgroup v2), by cgroup.
+    events: HashMap<String, Option<EventsWatch>>,
     cpu_rates: CpuRates,
     /// The runtime's image and container filesystems' mount points, and
     /// when they were asked for.
@@ -112,6 +113,8 @@ impl EvictionManager {
             notify: Arc::new(Notify::new()),
             memcg: HashMap::new(),
             psi: None,
+            psi_failed: false,
+            events: HashMap::new(),
             cpu_rates: CpuRates::default(),
             fs_mounts: None,
         })
@@ -140,8 +143,8 @@ impl EvictionManager {
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
         }
-        if self.settings.notifications && self.observer.version() == CgroupVersion::V2 {
-            self.arm_psi();
+        if self.settings.notifications {
+            self.arm_pressure_notifications();
         }
         loop {
             if let Some(uid) = self.pass().await {
@@ -175,6 +178,7 @@ impl EvictionManager {
             .update(eval.conditions.clone(), Some(stats.clone()));
         if self.settings.notifications {
             self.rearm_memcg(&stats);
+            self.arm_pressure_notifications();
         }
         // Local storage limits first, as kubelet does: such a pod is
         // evicted at once, whatever the node's thresholds.
@@ -627,19 +631,62 @@ impl EvictionManager {
         }
     }
 
-    /// Registers (v2) a PSI trigger on the node's memory pressure.
-    fn arm_psi(&mut self) {
-        let path = match self.observer.node_cgroup() {
-            Some(cg) => match self.observer.cgroups().dir("memory", cg) {
-                Ok(d) => d.join("memory.pressure"),
-                Err(_) => return,
-            },
-            None => "/proc/pressure/memory".into(),
-        };
-        match psi_trigger(&path, PSI_STALL_US, PSI_WINDOW_US, self.notifier()) {
-            Ok(t) => self.psi = Some(t),
-            Err(e) => {
-                tracing::warn!(error = %e, "memory pressure notification unavailable; polling")
+    /// Arms what is not armed yet of the pressure notifications beside
+    /// v1's memory thresholds: a PSI trigger on the node's memory pressure
+    /// (cgroup v2, or the `unified` mount of a hybrid host, or the
+    /// machine's), and on v2 a watch of `memory.events` of the node's and
+    /// the pods' cgroups. Called at start and each pass, since those
+    /// cgroups may appear later; a failure is said once and leaves
+    /// polling.
+    fn arm_pressure_notifications(&mut self) {
+        if self.psi.is_none() && !self.psi_failed {
+            if let Some(path) = pressure_file(self.observer.cgroups(), self.observer.node_cgroup())
+            {
+                match psi_trigger(&path, PSI_STALL_US, PSI_WINDOW_US, self.notifier()) {
+                    Ok(t) => {
+                        tracing::info!(path = %path.display(), trigger = %t.line, "memory pressure (PSI) trigger armed");
+                        self.psi = Some(t);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "memory pressure notification unavailable; polling");
+                        self.psi_failed = true;
+                    }
+                }
+            }
+        }
+        if self.observer.version() != CgroupVersion::V2 {
+            return;
+        }
+        let cgroups = self
+            .observer
+            .node_cgroup()
+            .into_iter()
+            .chain([self.observer.pods_cgroup()])
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        for cg in cgroups {
+            if self.events.contains_key(&cg) {
+                continue;
+            }
+            let Some(path) = self
+                .observer
+                .cgroups()
+                .unified_dir(&cg)
+                .map(|d| d.join("memory.events"))
+                .filter(|p| p.exists())
+            else {
+                continue;
+            };
+            match events_watch(&path, MEMORY_EVENTS, self.notifier()) {
+                Ok(w) => {
+                    tracing::info!(path = %path.display(), "memory events watched");
+                    self.events.insert(cg, Some(w));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "memory events notification unavailable; polling");
+                    // Not retried every pass.
+                    self.events.insert(cg, None);
+                }
             }
         }
     }
