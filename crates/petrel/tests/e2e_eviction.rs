@@ -502,6 +502,75 @@ async fn a_soft_threshold_should_wait_out_its_grace_period() {
     });
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn node_allocatable_should_follow_the_node_cgroups_limit() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = node_cgroup(&node, 256 * MI);
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--system-reserved",
+            "memory=64Mi",
+            "--eviction-hard",
+            "memory.available<1Mi",
+            "--eviction-monitoring-interval",
+            "1s",
+        ],
+    );
+    let pods_limit =
+        Node::cgroup_dir("memory", &format!("{cgroup}/kubepods")).join("memory.limit_in_bytes");
+    let wait_limit = |want: u64| {
+        let start = Instant::now();
+        loop {
+            let now = std::fs::read_to_string(&pods_limit)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if now == Some(want) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "pods' cgroup limit {now:?}, want {want}:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let allocatable = || -> Option<String> {
+        let (_, body) = agent.get("/node")?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["status"]["allocatable"]["memory"]
+            .as_str()
+            .map(str::to_string)
+    };
+    wait_limit(192 * MI);
+    // The node grows: allocatable follows at the next pass.
+    let node_limit = Node::cgroup_dir("memory", &cgroup).join("memory.limit_in_bytes");
+    std::fs::write(&node_limit, (320 * MI).to_string()).unwrap();
+    wait_limit(256 * MI);
+    let start = Instant::now();
+    while allocatable().as_deref() != Some(&(256 * MI).to_string()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "allocatable {:?}",
+            allocatable()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And shrinks.
+    std::fs::write(&node_limit, (200 * MI).to_string()).unwrap();
+    wait_limit(136 * MI);
+    assert!(
+        agent
+            .log()
+            .contains("node capacity changed: node allocatable re-applied"),
+        "{}",
+        agent.log()
+    );
+}
+
 /// PSI through the agent: the node cgroup also exists in the cgroup2
 /// hierarchy (on this hybrid host, `/sys/fs/cgroup/unified`, where runc
 /// places the pods' processes too and the kernel accounts their memory

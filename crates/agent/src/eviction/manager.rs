@@ -1,8 +1,10 @@
 //! The eviction manager's loop: a pass every monitoring interval and on
-//! every notification. A pass observes the node, evaluates the thresholds,
-//! publishes the node's conditions, re-arms the memory notifications, and
-//! when a threshold calls for it evicts at most one pod, then waits for
-//! that pod's containers to stop before the next pass.
+//! every notification. A pass observes the node, re-applies node
+//! allocatable on the pods' cgroup when the node's capacity moved,
+//! evaluates the thresholds, publishes the node's conditions, re-arms the
+//! memory notifications, and when a threshold calls for it evicts at most
+//! one pod, then waits for that pod's containers to stop before the next
+//! pass.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +21,8 @@ use super::node::NodeState;
 use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
 use super::notify::{psi_trigger, EventsWatch, MemcgThreshold, PsiTrigger};
 use super::notify::{MEMORY_EVENTS, PSI_STALL_US, PSI_WINDOW_US};
-use super::observe::{fs_stats, observations, FsStats, MemoryStats, NodeObserver, NodeStats};
+use super::observe::{fs_stats, observations, AllocatableLimits, FsStats, MemoryStats};
+use super::observe::{NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::summary::{
@@ -86,6 +89,8 @@ pub struct EvictionManager {
     psi_failed: bool,
     /// `memory.events` watches (cgroup v2), by cgroup.
     events: HashMap<String, Option<EventsWatch>>,
+    /// The node allocatable limits last written on the pods' cgroup.
+    allocatable: Option<AllocatableLimits>,
     cpu_rates: CpuRates,
     /// The runtime's image and container filesystems' mount points, and
     /// when they were asked for.
@@ -115,6 +120,7 @@ impl EvictionManager {
             psi: None,
             psi_failed: false,
             events: HashMap::new(),
+            allocatable: None,
             cpu_rates: CpuRates::default(),
             fs_mounts: None,
         })
@@ -134,13 +140,8 @@ impl EvictionManager {
             notifications = self.settings.notifications,
             "eviction manager started"
         );
-        match self.observer.enforce_allocatable() {
-            Ok(Some(limit)) => tracing::info!(
-                cgroup = self.observer.pods_cgroup(),
-                memory_limit = limit,
-                "node allocatable enforced on the pods' cgroup"
-            ),
-            Ok(None) => {}
+        match self.observer.current_allocatable_limits() {
+            Ok(limits) => self.apply_allocatable(limits),
             Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
         }
         if self.settings.notifications {
@@ -162,7 +163,16 @@ impl EvictionManager {
 
     /// One pass; returns the UID of the pod evicted, if any.
     pub async fn pass(&mut self) -> Option<String> {
-        let stats = self.observe().await?;
+        let mut stats = self.observe().await?;
+        // The node's capacity moved (its cgroup's limit changed): node
+        // allocatable follows, and the pods' cgroup is observed again.
+        let limits = self
+            .observer
+            .allocatable_limits(stats.memory.capacity, stats.pids_capacity);
+        if self.allocatable != Some(limits) {
+            self.apply_allocatable(limits);
+            stats = self.observe().await?;
+        }
         let obs = observations(&stats);
         // The summary costs a read of every pod's and container's cgroup:
         // built only while someone asks for it.
@@ -688,6 +698,35 @@ impl EvictionManager {
                     self.events.insert(cg, None);
                 }
             }
+        }
+    }
+
+    /// Writes node allocatable's `limits` on the pods' cgroup (when they
+    /// differ from what was written last) and says so.
+    fn apply_allocatable(&mut self, limits: AllocatableLimits) {
+        if self.allocatable == Some(limits) {
+            return;
+        }
+        // Recorded even when refused (memory in use above a lower limit):
+        // tried again when the capacity moves again, not every pass.
+        let first = self.allocatable.replace(limits).is_none();
+        if limits == AllocatableLimits::default() {
+            return;
+        }
+        match self.observer.enforce_allocatable(limits) {
+            Ok(()) if first => tracing::info!(
+                cgroup = self.observer.pods_cgroup(),
+                memory_limit = ?limits.memory,
+                pids_limit = ?limits.pids,
+                "node allocatable enforced on the pods' cgroup"
+            ),
+            Ok(()) => tracing::info!(
+                cgroup = self.observer.pods_cgroup(),
+                memory_limit = ?limits.memory,
+                pids_limit = ?limits.pids,
+                "node capacity changed: node allocatable re-applied on the pods' cgroup"
+            ),
+            Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
         }
     }
 }
