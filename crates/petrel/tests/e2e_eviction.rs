@@ -502,6 +502,119 @@ async fn a_soft_threshold_should_wait_out_its_grace_period() {
     });
 }
 
+/// A pod's files under the agent's root: its container's log directory.
+fn log_dir(agent: &Agent, pod: &Value) -> std::path::PathBuf {
+    agent.root.join("logs").join(format!(
+        "default_{}_{}",
+        pod["metadata"]["name"].as_str().unwrap(),
+        pod["metadata"]["uid"].as_str().unwrap()
+    ))
+}
+
+fn restart_count(pod: &Value) -> i64 {
+    common::agent::container_status(pod, "main")
+        .and_then(|c| c["restartCount"].as_i64())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before_evicting() {
+    let node = Node::start_with_busybox().await;
+    let root = node.dir.path().join("agent-root");
+    small_fs(&root, "32m");
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<40%",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "5s",
+        ],
+    );
+    // Its first instance writes 14 MB of logs and fails; the second (an
+    // emptyDir remembers the first) sleeps. The dead first instance and
+    // its log stay (the newest exited instance is kept).
+    let line = "x".repeat(999);
+    let script = format!(
+        "if [ -e /state/done ]; then exec sleep 3600; fi; touch /state/done; yes {line} | head -c 14000000; exit 1"
+    );
+    let chatty = pod(
+        "chatty",
+        "    volumeMounts: [{name: state, mountPath: /state}]\n",
+        &script,
+    )
+    .replace(
+        "  containers:\n",
+        "  volumes: [{name: state, emptyDir: {}}]\n  containers:\n",
+    );
+    agent.write_manifest("chatty.yaml", &chatty);
+    let p = agent.wait_pod(
+        "default",
+        "chatty",
+        Duration::from_secs(90),
+        "restarted",
+        |p| running(p, "main") && restart_count(p) >= 1,
+    );
+    let logs = log_dir(&agent, &p).join("main");
+    let first_log = logs.join("0.log");
+    let size = std::fs::metadata(&first_log)
+        .map(|m| m.len())
+        .unwrap_or_else(|e| panic!("{}: {e}", first_log.display()));
+    assert!(size > 13_000_000, "the first instance's log: {size} bytes");
+    assert!(logs.join("1.log").exists());
+    let dead = |cs: &[petrel_cri::api::Container]| {
+        cs.iter()
+            .filter(|c| c.state == petrel_cri::api::ContainerState::ContainerExited as i32)
+            .count()
+    };
+    assert_eq!(dead(&agent.runtime_containers(&node).await), 1);
+    assert_eq!(
+        node_condition(&agent, "DiskPressure").as_deref(),
+        Some("False")
+    );
+
+    // The node fills up (8 MB the test writes): past the threshold, only
+    // the dead container's log can make room.
+    std::fs::write(root.join("ballast"), vec![1u8; 8 << 20]).expect("ballast");
+    let start = Instant::now();
+    while first_log.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the dead container's log stays:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its container is gone from the runtime; nobody was evicted.
+    assert_eq!(dead(&agent.runtime_containers(&node).await), 0);
+    let log = agent.log();
+    assert!(
+        log.contains("node-level reclaim relieved the pressure; no eviction"),
+        "{log}"
+    );
+    let reclaim = log
+        .lines()
+        .find(|l| l.contains("node-level reclaim") && l.contains("removed_containers=1"))
+        .unwrap_or_else(|| panic!("no reclaim of one container:\n{log}"));
+    let freed: i64 = reclaim
+        .split("freed_log_bytes=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(freed > 13_000_000, "{reclaim}");
+    assert!(!log.contains("evicting pod"), "{log}");
+    let p = agent.pod("default", "chatty").unwrap();
+    assert!(running(&p, "main"), "{p}");
+    assert!(
+        logs.join("1.log").exists(),
+        "the live container's log stays"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn node_allocatable_should_follow_the_node_cgroups_limit() {
     let node = Node::start_with_busybox().await;

@@ -88,6 +88,52 @@ impl PodPaths {
     }
 }
 
+/// Removes the dead container `id` and then its log file, as kubelet's
+/// container garbage collection does (CRI leaves a removed container's
+/// log to the kubelet). Only a log file under `logs_root` (the agent's
+/// `logs` directory) is deleted. Returns the log bytes freed.
+pub async fn remove_container_with_log(
+    rt: &dyn crate::cri::RuntimeApi,
+    id: &str,
+    logs_root: &Path,
+) -> crate::cri::CriResult<i64> {
+    // The log's path is only known while the container is.
+    let log = match rt.container_status(id).await {
+        Ok(st) => Some(PathBuf::from(st.log_path)),
+        Err(e) if e.is_not_found() => return Ok(0),
+        Err(e) => {
+            tracing::debug!(container = id, error = %e, "status before removal failed; its log stays");
+            None
+        }
+    };
+    rt.remove_container(id).await?;
+    let Some(log) = log.filter(|p| owned_log(p, logs_root)) else {
+        return Ok(0);
+    };
+    let bytes = std::fs::symlink_metadata(&log)
+        .map(|m| (m.blocks() as i64).saturating_mul(512))
+        .unwrap_or(0);
+    match std::fs::remove_file(&log) {
+        Ok(()) => Ok(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => {
+            tracing::warn!(container = id, log = %log.display(), error = %e, "removing a dead container's log failed");
+            Ok(0)
+        }
+    }
+}
+
+/// Whether `log` is a file path inside `logs_root` with no `..` that
+/// could lead out of it.
+fn owned_log(log: &Path, logs_root: &Path) -> bool {
+    log.is_absolute()
+        && log.starts_with(logs_root)
+        && log
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir))
+        && log != logs_root
+}
+
 /// A local-storage limit a pod broke, with kubelet's signal name (for the
 /// metric) and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,5 +283,19 @@ mod tests {
             violation(&s, &paths).unwrap().signal,
             "ephemeralpodfs.limit"
         );
+    }
+
+    #[test]
+    fn only_logs_under_the_agents_log_directory_should_be_owned() {
+        let root = Path::new("/var/lib/petrel/logs");
+        assert!(owned_log(
+            Path::new("/var/lib/petrel/logs/ns_p_u/c/0.log"),
+            root
+        ));
+        assert!(!owned_log(Path::new("/var/lib/petrel/logs"), root));
+        assert!(!owned_log(Path::new("/var/lib/petrel/logs/../x"), root));
+        assert!(!owned_log(Path::new("/var/log/pods/x/0.log"), root));
+        assert!(!owned_log(Path::new(""), root));
+        assert!(!owned_log(Path::new("logs/x.log"), root));
     }
 }

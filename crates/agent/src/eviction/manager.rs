@@ -16,7 +16,7 @@ use petrel_oci::cgroups::CgroupVersion;
 use tokio::sync::Notify;
 
 use super::config::{EvictionConfigError, EvictionSettings, Threshold};
-use super::local::{violation as local_violation, PodPaths};
+use super::local::{remove_container_with_log, violation as local_violation, PodPaths};
 use super::node::NodeState;
 use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
 use super::notify::{psi_trigger, EventsWatch, MemcgThreshold, PsiTrigger};
@@ -405,14 +405,19 @@ impl EvictionManager {
         let rt = &self.parts.runtime;
         let ours = HashMap::from([(LABEL_MANAGED_BY.to_string(), self.parts.node_name.clone())]);
         let mut removed_containers = 0;
+        let mut freed_log_bytes = 0i64;
+        let logs_root = self.parts.root.join("logs");
         match rt.list_containers(ours).await {
             Ok(list) => {
                 for c in list
                     .iter()
                     .filter(|c| c.state == api::ContainerState::ContainerExited as i32)
                 {
-                    match rt.remove_container(&c.id).await {
-                        Ok(()) => removed_containers += 1,
+                    match remove_container_with_log(rt.as_ref(), &c.id, &logs_root).await {
+                        Ok(bytes) => {
+                            removed_containers += 1;
+                            freed_log_bytes += bytes;
+                        }
                         Err(e) if e.is_not_found() => {}
                         Err(e) => {
                             tracing::warn!(container = %c.id, error = %e, "reclaim: removing a dead container failed")
@@ -447,7 +452,13 @@ impl EvictionManager {
                 }
             }
         }
-        tracing::info!(%signal, removed_containers, removed_images, "node-level reclaim");
+        tracing::info!(
+            %signal,
+            removed_containers,
+            freed_log_bytes,
+            removed_images,
+            "node-level reclaim"
+        );
         true
     }
 
