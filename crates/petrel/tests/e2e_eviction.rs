@@ -616,6 +616,91 @@ async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn disk_ranking_should_count_writable_layers_on_the_node_filesystem() {
+    // The runtime's root (images, writable layers) and the agent's root on
+    // one small filesystem, as on a node without a separate imagefs.
+    let node = Node::start_on_tmpfs("64m");
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let root = node.root.join("agent-root");
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<50%",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "60s",
+        ],
+    );
+    // 10 MB in an emptyDir...
+    agent.write_manifest(
+        "volume.yaml",
+        &pod(
+            "volume",
+            "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n",
+            "dd if=/dev/zero of=/scratch/f bs=1M count=10 && exec sleep 3600",
+        )
+        .replace(
+            "  containers:\n",
+            "  volumes: [{name: scratch, emptyDir: {}}]\n  containers:\n",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "volume",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        node_condition(&agent, "DiskPressure").as_deref(),
+        Some("False")
+    );
+    // ...then 24 MB in a container's writable layer: the node's
+    // filesystem passes half full, and the writable layer makes that pod
+    // the biggest user.
+    agent.write_manifest(
+        "layer.yaml",
+        &pod(
+            "layer",
+            "",
+            "dd if=/dev/zero of=/fill bs=1M count=24 && exec sleep 3600",
+        ),
+    );
+    let evicted = agent.wait_pod(
+        "default",
+        "layer",
+        Duration::from_secs(60),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nodefs.available"), "{message}");
+    // Its stopped container is reclaimed at the next pass (its writable
+    // layer with it), which relieves the node: the other pod stays.
+    let start = Instant::now();
+    while !agent
+        .log()
+        .contains("node-level reclaim relieved the pressure; no eviction")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no relief by reclaim:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let volume = agent.pod("default", "volume").unwrap();
+    assert!(running(&volume, "main"), "{volume}");
+    assert_eq!(agent.log().matches("evicting pod").count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn node_allocatable_should_follow_the_node_cgroups_limit() {
     let node = Node::start_with_busybox().await;
     let cgroup = node_cgroup(&node, 256 * MI);

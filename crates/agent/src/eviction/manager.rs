@@ -16,7 +16,8 @@ use petrel_oci::cgroups::CgroupVersion;
 use tokio::sync::Notify;
 
 use super::config::{EvictionConfigError, EvictionSettings, Threshold};
-use super::local::{remove_container_with_log, violation as local_violation, PodPaths};
+use super::local::{remove_container_with_log, violation as local_violation};
+use super::local::{PodPaths, Usage};
 use super::node::NodeState;
 use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
 use super::notify::{psi_trigger, EventsWatch, MemcgThreshold, PsiTrigger};
@@ -35,7 +36,7 @@ use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
 use crate::cri::RuntimeApi;
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
-use crate::types::LABEL_MANAGED_BY;
+use crate::types::{LABEL_CONTAINER_NAME, LABEL_MANAGED_BY, LABEL_POD_UID};
 use crate::worker::PodWorkers;
 
 /// kubelet's grace period for pods evicted for a hard threshold.
@@ -91,6 +92,10 @@ pub struct EvictionManager {
     events: HashMap<String, Option<EventsWatch>>,
     /// The node allocatable limits last written on the pods' cgroup.
     allocatable: Option<AllocatableLimits>,
+    /// Whether the runtime's writable layers live on the agent root's
+    /// filesystem (then they count for nodefs, as kubelet does without a
+    /// separate image filesystem).
+    containerfs_on_nodefs: bool,
     cpu_rates: CpuRates,
     /// The runtime's image and container filesystems' mount points, and
     /// when they were asked for.
@@ -121,6 +126,7 @@ impl EvictionManager {
             psi_failed: false,
             events: HashMap::new(),
             allocatable: None,
+            containerfs_on_nodefs: true,
             cpu_rates: CpuRates::default(),
             fs_mounts: None,
         })
@@ -192,7 +198,7 @@ impl EvictionManager {
         }
         // Local storage limits first, as kubelet does: such a pod is
         // evicted at once, whatever the node's thresholds.
-        if let Some(uid) = self.local_storage_eviction(&stats) {
+        if let Some(uid) = self.local_storage_eviction(&stats).await {
             return Some(uid);
         }
         let threshold = *eval.actionable.first()?;
@@ -208,7 +214,12 @@ impl EvictionManager {
                 }
             }
         }
-        let mut candidates = self.candidates(resource);
+        let layers = if matches!(resource, Resource::Disk | Resource::Inodes) {
+            self.writable_layers().await
+        } else {
+            Layers::default()
+        };
+        let mut candidates = self.candidates(threshold.signal, &layers);
         rank(&mut candidates, resource);
         for c in candidates {
             let grace = self.grace_for(&threshold, &c.uid);
@@ -278,11 +289,12 @@ impl EvictionManager {
                             .map(|id| std::path::PathBuf::from(&id.mountpoint))
                             .find(|p| !p.as_os_str().is_empty())
                     };
-                    self.fs_mounts = Some((
-                        Instant::now(),
-                        first(&info.image_filesystems),
-                        first(&info.container_filesystems),
-                    ));
+                    let image = first(&info.image_filesystems);
+                    let container = first(&info.container_filesystems);
+                    if let Some(layers) = container.as_ref().or(image.as_ref()) {
+                        self.containerfs_on_nodefs = same_device(layers, &self.parts.root);
+                    }
+                    self.fs_mounts = Some((Instant::now(), image, container));
                 }
                 Ok(Err(e)) => tracing::debug!(error = %e, "image filesystem not observed"),
                 Err(_) => {
@@ -465,7 +477,10 @@ impl EvictionManager {
     /// kubelet's local-storage eviction: the first live pod over an
     /// emptyDir sizeLimit or its ephemeral-storage limits is evicted with
     /// no grace period. Only pods that declare such limits are measured.
-    fn local_storage_eviction(&self, stats: &NodeStats) -> Option<String> {
+    async fn local_storage_eviction(&self, stats: &NodeStats) -> Option<String> {
+        // Writable layers count toward containers' ephemeral-storage
+        // limits: asked for only when some pod has such a limit.
+        let mut layers: Option<Layers> = None;
         for d in self.parts.source.all() {
             let Some(spec) = d.pod.spec.as_ref() else {
                 continue;
@@ -495,7 +510,25 @@ impl EvictionManager {
                 continue;
             }
             let paths = PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid);
-            let Some(v) = local_violation(spec, &paths) else {
+            let container_limits = spec.containers.iter().any(|c| {
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.limits.as_ref())
+                    .is_some_and(|l| l.contains_key("ephemeral-storage"))
+            });
+            let no_layers = HashMap::new();
+            let rootfs = if container_limits {
+                if layers.is_none() {
+                    layers = Some(self.writable_layers().await);
+                }
+                layers
+                    .as_ref()
+                    .and_then(|l| l.by_pod.get(&d.uid))
+                    .map_or(&no_layers, |p| &p.by_name)
+            } else {
+                &no_layers
+            };
+            let Some(v) = local_violation(spec, &paths, rootfs) else {
                 continue;
             };
             if !self
@@ -542,7 +575,14 @@ impl EvictionManager {
 
     /// The pods that could be evicted: valid, not evicted yet, with a
     /// running container or ready sandbox; with their statistics.
-    fn candidates(&self, resource: Resource) -> Vec<Candidate> {
+    fn candidates(&self, signal: Signal, layers: &Layers) -> Vec<Candidate> {
+        let resource = signal.resource();
+        // What a pod's disk usage is for this signal, as kubelet measures
+        // it: for nodefs its volumes and logs, for the runtime's
+        // filesystems its writable layers; both when they share one
+        // filesystem.
+        let local_counts = signal.is_nodefs() || self.containerfs_on_nodefs;
+        let layers_count = !signal.is_nodefs() || self.containerfs_on_nodefs;
         let mut out = Vec::new();
         for d in self.parts.source.all() {
             if d.invalid.is_some() || self.parts.workers.is_evicted(&d.uid) {
@@ -573,8 +613,20 @@ impl EvictionManager {
             let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
             let stats = self.observer.cgroups().stats(&cgroup).ok();
             // Walking a pod's files is only worth it under disk pressure.
-            let disk = matches!(resource, Resource::Disk | Resource::Inodes)
-                .then(|| PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid).total());
+            let disk = matches!(resource, Resource::Disk | Resource::Inodes).then(|| {
+                let mut u = Usage::default();
+                if local_counts {
+                    u = u + PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid).total();
+                }
+                if layers_count {
+                    u = u + layers
+                        .by_pod
+                        .get(&d.uid)
+                        .map(|p| p.total)
+                        .unwrap_or_default();
+                }
+                u
+            });
             out.push(Candidate {
                 uid: d.uid.clone(),
                 name: format!("{}/{}", d.namespace, d.name),
@@ -739,6 +791,88 @@ impl EvictionManager {
             ),
             Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
         }
+    }
+
+    /// The writable layers of this agent's containers (ListContainerStats);
+    /// empty when the runtime does not answer.
+    async fn writable_layers(&self) -> Layers {
+        let ours = HashMap::from([(LABEL_MANAGED_BY.to_string(), self.parts.node_name.clone())]);
+        match tokio::time::timeout(
+            RUNTIME_TIMEOUT,
+            self.parts.runtime.list_container_stats(ours),
+        )
+        .await
+        {
+            Ok(Ok(list)) => Layers::from_stats(&list),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "writable layers not observed");
+                Layers::default()
+            }
+            Err(_) => {
+                tracing::debug!("writable layers not observed: the runtime did not answer");
+                Layers::default()
+            }
+        }
+    }
+}
+
+/// The writable layers of the agent's containers.
+#[derive(Debug, Default)]
+struct Layers {
+    /// By pod UID.
+    by_pod: HashMap<String, PodLayers>,
+}
+
+/// A pod's writable layers.
+#[derive(Debug, Default)]
+struct PodLayers {
+    /// Bytes by container name (every instance of it).
+    by_name: HashMap<String, i64>,
+    /// All of them.
+    total: Usage,
+}
+
+impl Layers {
+    fn from_stats(list: &[api::ContainerStats]) -> Self {
+        let mut out = Layers::default();
+        for s in list {
+            let (Some(attr), Some(layer)) = (s.attributes.as_ref(), s.writable_layer.as_ref())
+            else {
+                continue;
+            };
+            let u = Usage {
+                bytes: layer.used_bytes.as_ref().map_or(0, |v| v.value as i64),
+                inodes: layer.inodes_used.as_ref().map_or(0, |v| v.value as i64),
+            };
+            let Some(uid) = attr.labels.get(LABEL_POD_UID) else {
+                continue;
+            };
+            let pod = out.by_pod.entry(uid.clone()).or_default();
+            pod.total = pod.total + u;
+            let name = attr
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .or_else(|| attr.metadata.as_ref().map(|m| m.name.clone()))
+                .unwrap_or_default();
+            *pod.by_name.entry(name).or_default() += u.bytes;
+        }
+        out
+    }
+}
+
+/// The device of the filesystem holding `path`.
+fn device(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.dev())
+}
+
+/// Whether `a` and `b` are on one filesystem (true when unknown, which
+/// counts everything against the node's filesystem).
+fn same_device(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (device(a), device(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => true,
     }
 }
 
