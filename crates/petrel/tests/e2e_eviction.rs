@@ -701,6 +701,112 @@ async fn disk_ranking_should_count_writable_layers_on_the_node_filesystem() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_summary_should_show_volumes_writable_layers_logs_and_ephemeral_storage() {
+    let node = Node::start_with_busybox().await;
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--eviction-hard",
+            "memory.available<1Mi",
+            "--eviction-monitoring-interval",
+            "1s",
+        ],
+    );
+    // 3 MiB in an emptyDir, 5 MiB in the writable layer, 1 MB of logs.
+    let script = "dd if=/dev/zero of=/scratch/f bs=1M count=3 && dd if=/dev/zero of=/layer bs=1M count=5 && yes 0123456789 | head -c 1000000 && exec sleep 3600";
+    agent.write_manifest(
+        "writer.yaml",
+        &pod(
+            "writer",
+            "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n",
+            script,
+        )
+        .replace(
+            "  containers:\n",
+            "  volumes: [{name: scratch, emptyDir: {}}]\n  containers:\n",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "writer",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    let start = Instant::now();
+    let writer = loop {
+        let (code, body) = agent.get("/stats/summary").unwrap();
+        assert_eq!(code, 200, "{body}");
+        let summary: Value = serde_json::from_str(&body).unwrap();
+        let found = summary["pods"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["podRef"]["name"] == "writer").cloned());
+        if let Some(p) = found {
+            let logs = p["containers"][0]["logs"]["usedBytes"]
+                .as_i64()
+                .unwrap_or(0);
+            if logs >= 1_000_000 {
+                break p;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no complete summary of the writer:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mib = 1i64 << 20;
+    let rootfs = &writer["containers"][0]["rootfs"];
+    assert!(rootfs["usedBytes"].as_i64().unwrap() >= 5 * mib, "{writer}");
+    assert!(rootfs["inodesUsed"].as_i64().unwrap() >= 1, "{writer}");
+    assert!(rootfs["capacityBytes"].as_i64().unwrap() > 0, "{writer}");
+    let logs = &writer["containers"][0]["logs"];
+    assert!(logs["capacityBytes"].as_i64().unwrap() > 0, "{writer}");
+    let volume = writer["volume"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "scratch"))
+        .unwrap_or_else(|| panic!("no scratch volume: {writer}"));
+    assert!(volume["usedBytes"].as_i64().unwrap() >= 3 * mib, "{writer}");
+    assert!(volume["inodesUsed"].as_i64().unwrap() >= 1, "{writer}");
+    assert!(volume["capacityBytes"].as_i64().unwrap() > 0, "{writer}");
+    let eph = &writer["ephemeral-storage"];
+    let used = eph["usedBytes"].as_i64().unwrap();
+    assert!(
+        used >= rootfs["usedBytes"].as_i64().unwrap()
+            + logs["usedBytes"].as_i64().unwrap()
+            + volume["usedBytes"].as_i64().unwrap(),
+        "{writer}"
+    );
+    assert!(used < 20 * mib, "{writer}");
+    assert!(eph["availableBytes"].as_i64().unwrap() > 0, "{writer}");
+
+    // A container's writable layer counts toward its ephemeral-storage
+    // limit: 6 MiB written in its root over a 4Mi limit evicts the pod.
+    agent.write_manifest(
+        "limited.yaml",
+        &pod(
+            "limited",
+            "    resources:\n      limits: {ephemeral-storage: 4Mi}\n",
+            "dd if=/dev/zero of=/fill bs=1M count=6 && exec sleep 3600",
+        ),
+    );
+    let evicted = agent.wait_pod(
+        "default",
+        "limited",
+        Duration::from_secs(30),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Container main exceeded its local ephemeral storage limit"),
+        "{message}"
+    );
+    let writer = agent.pod("default", "writer").unwrap();
+    assert!(running(&writer, "main"), "{writer}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn node_allocatable_should_follow_the_node_cgroups_limit() {
     let node = Node::start_with_busybox().await;
     let cgroup = node_cgroup(&node, 256 * MI);

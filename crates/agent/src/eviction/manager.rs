@@ -16,7 +16,7 @@ use petrel_oci::cgroups::CgroupVersion;
 use tokio::sync::Notify;
 
 use super::config::{EvictionConfigError, EvictionSettings, Threshold};
-use super::local::{remove_container_with_log, violation as local_violation};
+use super::local::{dir_usage, remove_container_with_log, violation as local_violation};
 use super::local::{PodPaths, Usage};
 use super::node::NodeState;
 use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
@@ -27,8 +27,9 @@ use super::observe::{NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::summary::{
-    cgroup_memory as summary_memory, fs_summary, node_memory, ContainerSummary as SummaryContainer,
-    CpuRates, NodeSummary, PodRef, PodSummary, ProcessStats, Rlimit, RuntimeSummary, Summary,
+    cgroup_memory as summary_memory, fs_summary, node_memory, usage_summary,
+    ContainerSummary as SummaryContainer, CpuRates, NodeSummary, PodRef, PodSummary, ProcessStats,
+    Rlimit, RuntimeSummary, Summary, VolumeStats,
 };
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
@@ -180,10 +181,11 @@ impl EvictionManager {
             stats = self.observe().await?;
         }
         let obs = observations(&stats);
-        // The summary costs a read of every pod's and container's cgroup:
-        // built only while someone asks for it.
+        // The summary costs a read of every pod's and container's cgroup
+        // and a walk of their files: built only while someone asks for it.
         if self.parts.node.summary_wanted_within(SUMMARY_INTEREST) {
-            let summary = self.summary(&stats);
+            let layers = self.writable_layers().await;
+            let summary = self.summary(&stats, &layers);
             self.parts.node.set_summary(summary);
         }
         let eval = self
@@ -316,7 +318,7 @@ impl EvictionManager {
 
     /// The summary of this pass: the node from `stats`, the pods and
     /// their running containers from their cgroups.
-    fn summary(&mut self, stats: &NodeStats) -> Summary {
+    fn summary(&mut self, stats: &NodeStats, layers: &Layers) -> Summary {
         let at = stats.timestamp;
         let now = stats.time;
         let cgroups = self.observer.cgroups().clone();
@@ -334,8 +336,12 @@ impl EvictionManager {
                 name: "pods".to_string(),
                 cpu: self.cpu_rates.cpu(&pods_cgroup, s.cpu_usage_ns, now, at),
                 memory: summary_memory(&s, Some(stats.allocatable_memory.capacity), at),
+                rootfs: None,
+                logs: None,
             });
         }
+        let layers_fs = stats.containerfs.or(stats.imagefs).or(stats.nodefs);
+        let root_dev = device(&self.parts.root);
         let mut pods = Vec::new();
         for d in self.parts.source.all() {
             let Some(spec) = d.pod.spec.as_ref() else {
@@ -346,6 +352,7 @@ impl EvictionManager {
                 continue;
             };
             keys.insert(cgroup.clone());
+            let paths = PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid);
             let mut containers = Vec::new();
             if let Some(rt) = self.parts.cache.get(&d.uid).status.as_ref() {
                 for c in rt
@@ -358,16 +365,52 @@ impl EvictionManager {
                         continue;
                     };
                     keys.insert(path.clone());
+                    let name = c
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default();
+                    let rootfs = layers
+                        .by_id
+                        .get(&c.id)
+                        .map(|u| usage_summary(u.bytes, u.inodes, layers_fs.as_ref(), at));
+                    let logs = (!name.is_empty()).then(|| {
+                        let u = dir_usage(&paths.log_dir.join(&name));
+                        usage_summary(u.bytes, u.inodes, stats.nodefs.as_ref(), at)
+                    });
                     containers.push(SummaryContainer {
-                        name: c
-                            .metadata
-                            .as_ref()
-                            .map(|m| m.name.clone())
-                            .unwrap_or_default(),
+                        name,
                         cpu: self.cpu_rates.cpu(&path, cs.cpu_usage_ns, now, at),
                         memory: summary_memory(&cs, None, at),
+                        rootfs,
+                        logs,
                     });
                 }
+            }
+            // Volumes (emptyDirs); those on the agent root's filesystem count
+            // as ephemeral storage, with the pod's logs and writable layers.
+            let mut volume = Vec::new();
+            let mut ephemeral = dir_usage(&paths.log_dir)
+                + layers
+                    .by_pod
+                    .get(&d.uid)
+                    .map(|p| p.total)
+                    .unwrap_or_default();
+            for v in spec
+                .volumes
+                .iter()
+                .flatten()
+                .filter(|v| v.empty_dir.is_some())
+            {
+                let dir = paths.empty_dir(&v.name);
+                let u = dir_usage(&dir);
+                if root_dev.is_some() && device(&dir) == root_dev {
+                    ephemeral = ephemeral + u;
+                }
+                volume.push(VolumeStats {
+                    fs: usage_summary(u.bytes, u.inodes, fs_stats(&dir).ok().as_ref(), at),
+                    name: v.name.clone(),
+                });
             }
             pods.push(PodSummary {
                 pod_ref: PodRef {
@@ -378,6 +421,13 @@ impl EvictionManager {
                 containers,
                 cpu: self.cpu_rates.cpu(&cgroup, ps.cpu_usage_ns, now, at),
                 memory: summary_memory(&ps, None, at),
+                volume,
+                ephemeral_storage: Some(usage_summary(
+                    ephemeral.bytes,
+                    ephemeral.inodes,
+                    stats.nodefs.as_ref(),
+                    at,
+                )),
                 process_stats: ps.pids_current.map(|n| ProcessStats { process_count: n }),
             });
         }
@@ -819,6 +869,8 @@ impl EvictionManager {
 /// The writable layers of the agent's containers.
 #[derive(Debug, Default)]
 struct Layers {
+    /// By container id.
+    by_id: HashMap<String, Usage>,
     /// By pod UID.
     by_pod: HashMap<String, PodLayers>,
 }
@@ -844,6 +896,7 @@ impl Layers {
                 bytes: layer.used_bytes.as_ref().map_or(0, |v| v.value as i64),
                 inodes: layer.inodes_used.as_ref().map_or(0, |v| v.value as i64),
             };
+            out.by_id.insert(attr.id.clone(), u);
             let Some(uid) = attr.labels.get(LABEL_POD_UID) else {
                 continue;
             };
