@@ -139,6 +139,12 @@ pub trait RuntimeApi: Send + Sync + 'static {
     /// ImageFsInfo: the image and container filesystems' usage and mount
     /// points.
     async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse>;
+    /// ListContainerStats of the containers with the given labels (empty:
+    /// all): each one's writable layer, CPU and memory.
+    async fn list_container_stats(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>>;
     /// ListImages.
     async fn list_images(&self) -> CriResult<Vec<api::Image>>;
     /// RemoveImage by id.
@@ -411,6 +417,23 @@ impl RuntimeApi for CriRuntime {
         let mut c = self.img.clone();
         let req = self.request(api::ImageFsInfoRequest {});
         self.observe("image_fs_info", c.image_fs_info(req)).await
+    }
+
+    async fn list_container_stats(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ListContainerStatsRequest {
+            filter: Some(api::ContainerStatsFilter {
+                label_selector: labels,
+                ..Default::default()
+            }),
+        });
+        Ok(self
+            .observe("list_container_stats", c.list_container_stats(req))
+            .await?
+            .stats)
     }
 
     async fn list_images(&self) -> CriResult<Vec<api::Image>> {

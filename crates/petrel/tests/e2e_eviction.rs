@@ -501,3 +501,455 @@ async fn a_soft_threshold_should_wait_out_its_grace_period() {
         !running(p, "main")
     });
 }
+
+/// A pod's files under the agent's root: its container's log directory.
+fn log_dir(agent: &Agent, pod: &Value) -> std::path::PathBuf {
+    agent.root.join("logs").join(format!(
+        "default_{}_{}",
+        pod["metadata"]["name"].as_str().unwrap(),
+        pod["metadata"]["uid"].as_str().unwrap()
+    ))
+}
+
+fn restart_count(pod: &Value) -> i64 {
+    common::agent::container_status(pod, "main")
+        .and_then(|c| c["restartCount"].as_i64())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before_evicting() {
+    let node = Node::start_with_busybox().await;
+    let root = node.dir.path().join("agent-root");
+    small_fs(&root, "32m");
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<40%",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "5s",
+        ],
+    );
+    // Its first instance writes 14 MB of logs and fails; the second (an
+    // emptyDir remembers the first) sleeps. The dead first instance and
+    // its log stay (the newest exited instance is kept).
+    let line = "x".repeat(999);
+    let script = format!(
+        "if [ -e /state/done ]; then exec sleep 3600; fi; touch /state/done; yes {line} | head -c 14000000; exit 1"
+    );
+    let chatty = pod(
+        "chatty",
+        "    volumeMounts: [{name: state, mountPath: /state}]\n",
+        &script,
+    )
+    .replace(
+        "  containers:\n",
+        "  volumes: [{name: state, emptyDir: {}}]\n  containers:\n",
+    );
+    agent.write_manifest("chatty.yaml", &chatty);
+    let p = agent.wait_pod(
+        "default",
+        "chatty",
+        Duration::from_secs(90),
+        "restarted",
+        |p| running(p, "main") && restart_count(p) >= 1,
+    );
+    let logs = log_dir(&agent, &p).join("main");
+    let first_log = logs.join("0.log");
+    let size = std::fs::metadata(&first_log)
+        .map(|m| m.len())
+        .unwrap_or_else(|e| panic!("{}: {e}", first_log.display()));
+    assert!(size > 13_000_000, "the first instance's log: {size} bytes");
+    assert!(logs.join("1.log").exists());
+    let dead = |cs: &[petrel_cri::api::Container]| {
+        cs.iter()
+            .filter(|c| c.state == petrel_cri::api::ContainerState::ContainerExited as i32)
+            .count()
+    };
+    assert_eq!(dead(&agent.runtime_containers(&node).await), 1);
+    assert_eq!(
+        node_condition(&agent, "DiskPressure").as_deref(),
+        Some("False")
+    );
+
+    // The node fills up (8 MB the test writes): past the threshold, only
+    // the dead container's log can make room.
+    std::fs::write(root.join("ballast"), vec![1u8; 8 << 20]).expect("ballast");
+    let start = Instant::now();
+    while first_log.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the dead container's log stays:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its container is gone from the runtime; nobody was evicted.
+    assert_eq!(dead(&agent.runtime_containers(&node).await), 0);
+    let log = agent.log();
+    assert!(
+        log.contains("node-level reclaim relieved the pressure; no eviction"),
+        "{log}"
+    );
+    let reclaim = log
+        .lines()
+        .find(|l| l.contains("node-level reclaim") && l.contains("removed_containers=1"))
+        .unwrap_or_else(|| panic!("no reclaim of one container:\n{log}"));
+    let freed: i64 = reclaim
+        .split("freed_log_bytes=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(freed > 13_000_000, "{reclaim}");
+    assert!(!log.contains("evicting pod"), "{log}");
+    let p = agent.pod("default", "chatty").unwrap();
+    assert!(running(&p, "main"), "{p}");
+    assert!(
+        logs.join("1.log").exists(),
+        "the live container's log stays"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_ranking_should_count_writable_layers_on_the_node_filesystem() {
+    // The runtime's root (images, writable layers) and the agent's root on
+    // one small filesystem, as on a node without a separate imagefs.
+    let node = Node::start_on_tmpfs("64m");
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let root = node.root.join("agent-root");
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<50%",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "60s",
+        ],
+    );
+    // 10 MB in an emptyDir...
+    agent.write_manifest(
+        "volume.yaml",
+        &pod(
+            "volume",
+            "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n",
+            "dd if=/dev/zero of=/scratch/f bs=1M count=10 && exec sleep 3600",
+        )
+        .replace(
+            "  containers:\n",
+            "  volumes: [{name: scratch, emptyDir: {}}]\n  containers:\n",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "volume",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        node_condition(&agent, "DiskPressure").as_deref(),
+        Some("False")
+    );
+    // ...then 24 MB in a container's writable layer: the node's
+    // filesystem passes half full, and the writable layer makes that pod
+    // the biggest user.
+    agent.write_manifest(
+        "layer.yaml",
+        &pod(
+            "layer",
+            "",
+            "dd if=/dev/zero of=/fill bs=1M count=24 && exec sleep 3600",
+        ),
+    );
+    let evicted = agent.wait_pod(
+        "default",
+        "layer",
+        Duration::from_secs(60),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nodefs.available"), "{message}");
+    // Its stopped container is reclaimed at the next pass (its writable
+    // layer with it), which relieves the node: the other pod stays.
+    let start = Instant::now();
+    while !agent
+        .log()
+        .contains("node-level reclaim relieved the pressure; no eviction")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no relief by reclaim:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let volume = agent.pod("default", "volume").unwrap();
+    assert!(running(&volume, "main"), "{volume}");
+    assert_eq!(agent.log().matches("evicting pod").count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_summary_should_show_volumes_writable_layers_logs_and_ephemeral_storage() {
+    let node = Node::start_with_busybox().await;
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--eviction-hard",
+            "memory.available<1Mi",
+            "--eviction-monitoring-interval",
+            "1s",
+        ],
+    );
+    // 3 MiB in an emptyDir, 5 MiB in the writable layer, 1 MB of logs.
+    let script = "dd if=/dev/zero of=/scratch/f bs=1M count=3 && dd if=/dev/zero of=/layer bs=1M count=5 && yes 0123456789 | head -c 1000000 && exec sleep 3600";
+    agent.write_manifest(
+        "writer.yaml",
+        &pod(
+            "writer",
+            "    volumeMounts: [{name: scratch, mountPath: /scratch}]\n",
+            script,
+        )
+        .replace(
+            "  containers:\n",
+            "  volumes: [{name: scratch, emptyDir: {}}]\n  containers:\n",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "writer",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    let start = Instant::now();
+    let writer = loop {
+        let (code, body) = agent.get("/stats/summary").unwrap();
+        assert_eq!(code, 200, "{body}");
+        let summary: Value = serde_json::from_str(&body).unwrap();
+        let found = summary["pods"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["podRef"]["name"] == "writer").cloned());
+        if let Some(p) = found {
+            let logs = p["containers"][0]["logs"]["usedBytes"]
+                .as_i64()
+                .unwrap_or(0);
+            if logs >= 1_000_000 {
+                break p;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no complete summary of the writer:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mib = 1i64 << 20;
+    let rootfs = &writer["containers"][0]["rootfs"];
+    assert!(rootfs["usedBytes"].as_i64().unwrap() >= 5 * mib, "{writer}");
+    assert!(rootfs["inodesUsed"].as_i64().unwrap() >= 1, "{writer}");
+    assert!(rootfs["capacityBytes"].as_i64().unwrap() > 0, "{writer}");
+    let logs = &writer["containers"][0]["logs"];
+    assert!(logs["capacityBytes"].as_i64().unwrap() > 0, "{writer}");
+    let volume = writer["volume"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "scratch"))
+        .unwrap_or_else(|| panic!("no scratch volume: {writer}"));
+    assert!(volume["usedBytes"].as_i64().unwrap() >= 3 * mib, "{writer}");
+    assert!(volume["inodesUsed"].as_i64().unwrap() >= 1, "{writer}");
+    assert!(volume["capacityBytes"].as_i64().unwrap() > 0, "{writer}");
+    let eph = &writer["ephemeral-storage"];
+    let used = eph["usedBytes"].as_i64().unwrap();
+    assert!(
+        used >= rootfs["usedBytes"].as_i64().unwrap()
+            + logs["usedBytes"].as_i64().unwrap()
+            + volume["usedBytes"].as_i64().unwrap(),
+        "{writer}"
+    );
+    assert!(used < 20 * mib, "{writer}");
+    assert!(eph["availableBytes"].as_i64().unwrap() > 0, "{writer}");
+
+    // A container's writable layer counts toward its ephemeral-storage
+    // limit: 6 MiB written in its root over a 4Mi limit evicts the pod.
+    agent.write_manifest(
+        "limited.yaml",
+        &pod(
+            "limited",
+            "    resources:\n      limits: {ephemeral-storage: 4Mi}\n",
+            "dd if=/dev/zero of=/fill bs=1M count=6 && exec sleep 3600",
+        ),
+    );
+    let evicted = agent.wait_pod(
+        "default",
+        "limited",
+        Duration::from_secs(30),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Container main exceeded its local ephemeral storage limit"),
+        "{message}"
+    );
+    let writer = agent.pod("default", "writer").unwrap();
+    assert!(running(&writer, "main"), "{writer}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_allocatable_should_follow_the_node_cgroups_limit() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = node_cgroup(&node, 256 * MI);
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--system-reserved",
+            "memory=64Mi",
+            "--eviction-hard",
+            "memory.available<1Mi",
+            "--eviction-monitoring-interval",
+            "1s",
+        ],
+    );
+    let pods_limit =
+        Node::cgroup_dir("memory", &format!("{cgroup}/kubepods")).join("memory.limit_in_bytes");
+    let wait_limit = |want: u64| {
+        let start = Instant::now();
+        loop {
+            let now = std::fs::read_to_string(&pods_limit)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            if now == Some(want) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "pods' cgroup limit {now:?}, want {want}:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let allocatable = || -> Option<String> {
+        let (_, body) = agent.get("/node")?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["status"]["allocatable"]["memory"]
+            .as_str()
+            .map(str::to_string)
+    };
+    wait_limit(192 * MI);
+    // The node grows: allocatable follows at the next pass.
+    let node_limit = Node::cgroup_dir("memory", &cgroup).join("memory.limit_in_bytes");
+    std::fs::write(&node_limit, (320 * MI).to_string()).unwrap();
+    wait_limit(256 * MI);
+    let start = Instant::now();
+    while allocatable().as_deref() != Some(&(256 * MI).to_string()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "allocatable {:?}",
+            allocatable()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And shrinks.
+    std::fs::write(&node_limit, (200 * MI).to_string()).unwrap();
+    wait_limit(136 * MI);
+    assert!(
+        agent
+            .log()
+            .contains("node capacity changed: node allocatable re-applied"),
+        "{}",
+        agent.log()
+    );
+}
+
+/// PSI through the agent: the node cgroup also exists in the cgroup2
+/// hierarchy (on this hybrid host, `/sys/fs/cgroup/unified`, where runc
+/// places the pods' processes too and the kernel accounts their memory
+/// stalls), so the agent arms its PSI trigger there; a pod thrashing its
+/// page cache under a small memory limit stalls, and that alone runs a
+/// pass (the periodic one is minutes away and no memory threshold is
+/// near).
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_stalls_in_the_node_should_run_a_pass_through_psi() {
+    let node = Node::start_with_busybox().await;
+    let cgroup = node_cgroup(&node, 256 * MI);
+    let unified = std::path::Path::new("/sys/fs/cgroup/unified");
+    let dir = if unified.join("cgroup.procs").exists() {
+        unified.join(cgroup.trim_start_matches('/'))
+    } else {
+        // A pure v2 host: the node cgroup is already in the only hierarchy.
+        Node::cgroup_dir("", &cgroup)
+    };
+    std::fs::create_dir_all(&dir).expect("the node cgroup in the cgroup2 hierarchy");
+    let agent = Agent::for_node(
+        &node,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--eviction-hard",
+            "memory.available<1Mi",
+            "--eviction-monitoring-interval",
+            "5m",
+        ],
+    );
+    let armed = format!("path={}", dir.join("memory.pressure").display());
+    let start = Instant::now();
+    while !agent.log().lines().any(|l| {
+        l.contains("memory pressure (PSI) trigger armed")
+            && l.contains(&armed)
+            && l.contains("some 100000 2000000")
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no PSI trigger armed on {armed}:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let passes = || agent.log().matches("eviction pass on notification").count();
+    let before = passes();
+    agent.write_manifest(
+        "thrasher.yaml",
+        &pod(
+            "thrasher",
+            "    resources:\n      limits: {memory: 16Mi}\n",
+            "head -c 67108864 /dev/urandom > /f; while :; do cat /f > /dev/null; done",
+        ),
+    );
+    agent.wait_pod(
+        "default",
+        "thrasher",
+        Duration::from_secs(30),
+        "running",
+        |p| running(p, "main"),
+    );
+    let start = Instant::now();
+    while passes() <= before {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no pass on a PSI notification; {}:\n{}",
+            std::fs::read_to_string(dir.join("memory.pressure")).unwrap_or_default(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Stalls are no memory pressure in kubelet's sense: nothing evicted.
+    assert_eq!(
+        node_condition(&agent, "MemoryPressure").as_deref(),
+        Some("False")
+    );
+    assert!(!agent.log().contains("evicting pod"));
+}

@@ -3,7 +3,12 @@
 //! `logs/<namespace>_<name>_<uid>`), and kubelet's local-storage eviction:
 //! a pod whose emptyDir outgrows its `sizeLimit`, or whose usage outgrows
 //! its containers' `ephemeral-storage` limits, is evicted at once.
+//!
+//! A container's ephemeral storage is, as kubelet counts it, its writable
+//! layer (from the runtime's ListContainerStats) plus its logs; a pod's is
+//! its containers' plus its local volumes.
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -76,7 +81,8 @@ impl PodPaths {
         }
     }
 
-    fn empty_dir(&self, volume: &str) -> PathBuf {
+    /// The host directory of the pod's emptyDir `volume`.
+    pub fn empty_dir(&self, volume: &str) -> PathBuf {
         self.pod_dir
             .join("volumes/kubernetes.io~empty-dir")
             .join(volume)
@@ -86,6 +92,52 @@ impl PodPaths {
     pub fn total(&self) -> Usage {
         dir_usage(&self.pod_dir) + dir_usage(&self.log_dir)
     }
+}
+
+/// Removes the dead container `id` and then its log file, as kubelet's
+/// container garbage collection does (CRI leaves a removed container's
+/// log to the kubelet). Only a log file under `logs_root` (the agent's
+/// `logs` directory) is deleted. Returns the log bytes freed.
+pub async fn remove_container_with_log(
+    rt: &dyn crate::cri::RuntimeApi,
+    id: &str,
+    logs_root: &Path,
+) -> crate::cri::CriResult<i64> {
+    // The log's path is only known while the container is.
+    let log = match rt.container_status(id).await {
+        Ok(st) => Some(PathBuf::from(st.log_path)),
+        Err(e) if e.is_not_found() => return Ok(0),
+        Err(e) => {
+            tracing::debug!(container = id, error = %e, "status before removal failed; its log stays");
+            None
+        }
+    };
+    rt.remove_container(id).await?;
+    let Some(log) = log.filter(|p| owned_log(p, logs_root)) else {
+        return Ok(0);
+    };
+    let bytes = std::fs::symlink_metadata(&log)
+        .map(|m| (m.blocks() as i64).saturating_mul(512))
+        .unwrap_or(0);
+    match std::fs::remove_file(&log) {
+        Ok(()) => Ok(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => {
+            tracing::warn!(container = id, log = %log.display(), error = %e, "removing a dead container's log failed");
+            Ok(0)
+        }
+    }
+}
+
+/// Whether `log` is a file path inside `logs_root` with no `..` that
+/// could lead out of it.
+fn owned_log(log: &Path, logs_root: &Path) -> bool {
+    log.is_absolute()
+        && log.starts_with(logs_root)
+        && log
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir))
+        && log != logs_root
 }
 
 /// A local-storage limit a pod broke, with kubelet's signal name (for the
@@ -106,8 +158,13 @@ fn limit_of(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>)
 /// The first local-storage limit the pod breaks, if any: an emptyDir
 /// over its sizeLimit, the pod's usage over the sum of its containers'
 /// ephemeral-storage limits (when every container has one), a container's
-/// logs over its own limit.
-pub fn violation(spec: &PodSpec, paths: &PodPaths) -> Option<Violation> {
+/// writable layer and logs over its own limit. `rootfs` holds the
+/// writable layers' bytes by container name.
+pub fn violation(
+    spec: &PodSpec,
+    paths: &PodPaths,
+    rootfs: &HashMap<String, i64>,
+) -> Option<Violation> {
     let mut empty_dirs = Usage::default();
     for v in spec.volumes.iter().flatten() {
         let Some(ed) = &v.empty_dir else { continue };
@@ -144,12 +201,13 @@ pub fn violation(spec: &PodSpec, paths: &PodPaths) -> Option<Violation> {
             )
         })
         .collect();
-    let mut logs_total = 0;
+    let mut containers_total = 0;
     for (c, limit) in spec.containers.iter().zip(&limits) {
-        let logs = dir_usage(&paths.log_dir.join(&c.name)).bytes;
-        logs_total += logs;
+        let used = dir_usage(&paths.log_dir.join(&c.name)).bytes
+            + rootfs.get(&c.name).copied().unwrap_or(0);
+        containers_total += used;
         if let Some(limit) = limit {
-            if logs > *limit {
+            if used > *limit {
                 return Some(Violation {
                     signal: "ephemeralcontainerfs.limit",
                     message: format!(
@@ -163,7 +221,7 @@ pub fn violation(spec: &PodSpec, paths: &PodPaths) -> Option<Violation> {
     }
     if !limits.is_empty() && limits.iter().all(Option::is_some) {
         let total: i64 = limits.iter().flatten().sum();
-        if empty_dirs.bytes + logs_total > total {
+        if empty_dirs.bytes + containers_total > total {
             return Some(Violation {
                 signal: "ephemeralpodfs.limit",
                 message: format!(
@@ -205,9 +263,9 @@ mod tests {
         let dir = paths.empty_dir("scratch");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("f"), vec![1u8; 32 << 10]).unwrap();
-        assert_eq!(violation(&s, &paths), None);
+        assert_eq!(violation(&s, &paths, &HashMap::new()), None);
         std::fs::write(dir.join("g"), vec![1u8; 64 << 10]).unwrap();
-        let v = violation(&s, &paths).unwrap();
+        let v = violation(&s, &paths, &HashMap::new()).unwrap();
         assert_eq!(v.signal, "emptydirfs.limit");
         assert!(
             v.message.contains("\"scratch\"") && v.message.contains("64Ki"),
@@ -225,7 +283,7 @@ mod tests {
         );
         std::fs::create_dir_all(paths.log_dir.join("c")).unwrap();
         std::fs::write(paths.log_dir.join("c/0.log"), vec![1u8; 200 << 10]).unwrap();
-        let v = violation(&s, &paths).unwrap();
+        let v = violation(&s, &paths, &HashMap::new()).unwrap();
         assert_eq!(v.signal, "ephemeralcontainerfs.limit");
         // Every container limited: the pod's total counts too.
         let s = spec(
@@ -234,8 +292,39 @@ mod tests {
         std::fs::create_dir_all(paths.empty_dir("e")).unwrap();
         std::fs::write(paths.empty_dir("e").join("f"), vec![1u8; 900 << 10]).unwrap();
         assert_eq!(
-            violation(&s, &paths).unwrap().signal,
+            violation(&s, &paths, &HashMap::new()).unwrap().signal,
             "ephemeralpodfs.limit"
         );
+    }
+
+    #[test]
+    fn the_writable_layer_should_count_toward_a_containers_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let paths = PodPaths::new(root.path(), "default", "p", "u1");
+        let s = spec(
+            "containers: [{name: c, resources: {limits: {ephemeral-storage: 1Mi}}}, {name: d}]\n",
+        );
+        std::fs::create_dir_all(paths.log_dir.join("c")).unwrap();
+        std::fs::write(paths.log_dir.join("c/0.log"), vec![1u8; 600 << 10]).unwrap();
+        assert_eq!(violation(&s, &paths, &HashMap::new()), None);
+        // Logs and writable layer together pass the limit.
+        let rootfs = HashMap::from([("c".to_string(), 600i64 << 10), ("d".into(), 1 << 30)]);
+        let v = violation(&s, &paths, &rootfs).unwrap();
+        assert_eq!(v.signal, "ephemeralcontainerfs.limit");
+        assert!(v.message.contains("Container c "), "{}", v.message);
+    }
+
+    #[test]
+    fn only_logs_under_the_agents_log_directory_should_be_owned() {
+        let root = Path::new("/var/lib/petrel/logs");
+        assert!(owned_log(
+            Path::new("/var/lib/petrel/logs/ns_p_u/c/0.log"),
+            root
+        ));
+        assert!(!owned_log(Path::new("/var/lib/petrel/logs"), root));
+        assert!(!owned_log(Path::new("/var/lib/petrel/logs/../x"), root));
+        assert!(!owned_log(Path::new("/var/log/pods/x/0.log"), root));
+        assert!(!owned_log(Path::new(""), root));
+        assert!(!owned_log(Path::new("logs/x.log"), root));
     }
 }

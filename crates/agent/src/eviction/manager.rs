@@ -1,8 +1,10 @@
 //! The eviction manager's loop: a pass every monitoring interval and on
-//! every notification. A pass observes the node, evaluates the thresholds,
-//! publishes the node's conditions, re-arms the memory notifications, and
-//! when a threshold calls for it evicts at most one pod, then waits for
-//! that pod's containers to stop before the next pass.
+//! every notification. A pass observes the node, re-applies node
+//! allocatable on the pods' cgroup when the node's capacity moved,
+//! evaluates the thresholds, publishes the node's conditions, re-arms the
+//! memory notifications, and when a threshold calls for it evicts at most
+//! one pod, then waits for that pod's containers to stop before the next
+//! pass.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,16 +16,20 @@ use petrel_oci::cgroups::CgroupVersion;
 use tokio::sync::Notify;
 
 use super::config::{EvictionConfigError, EvictionSettings, Threshold};
-use super::local::{violation as local_violation, PodPaths};
+use super::local::{dir_usage, remove_container_with_log, violation as local_violation};
+use super::local::{PodPaths, Usage};
 use super::node::NodeState;
-use super::notify::{memcg_threshold, memcg_threshold_notifier, psi_trigger};
-use super::notify::{MemcgThreshold, PsiTrigger};
-use super::observe::{fs_stats, observations, FsStats, MemoryStats, NodeObserver, NodeStats};
+use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
+use super::notify::{psi_trigger, EventsWatch, MemcgThreshold, PsiTrigger};
+use super::notify::{MEMORY_EVENTS, PSI_STALL_US, PSI_WINDOW_US};
+use super::observe::{fs_stats, observations, AllocatableLimits, FsStats, MemoryStats};
+use super::observe::{NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::summary::{
-    cgroup_memory as summary_memory, fs_summary, node_memory, ContainerSummary as SummaryContainer,
-    CpuRates, NodeSummary, PodRef, PodSummary, ProcessStats, Rlimit, RuntimeSummary, Summary,
+    cgroup_memory as summary_memory, fs_summary, node_memory, usage_summary,
+    ContainerSummary as SummaryContainer, CpuRates, NodeSummary, PodRef, PodSummary, ProcessStats,
+    Rlimit, RuntimeSummary, Summary, VolumeStats,
 };
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
@@ -31,7 +37,7 @@ use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
 use crate::cri::RuntimeApi;
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
-use crate::types::LABEL_MANAGED_BY;
+use crate::types::{LABEL_CONTAINER_NAME, LABEL_MANAGED_BY, LABEL_POD_UID};
 use crate::worker::PodWorkers;
 
 /// kubelet's grace period for pods evicted for a hard threshold.
@@ -46,10 +52,6 @@ const SUMMARY_INTEREST: Duration = Duration::from_secs(300);
 pub const SUMMARY_WAIT: Duration = Duration::from_secs(3);
 /// How long a pass waits for an evicted pod's containers to stop.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
-/// PSI trigger (cgroup v2): 100 ms of stalls in a 2 s window (windows
-/// must be multiples of 2 s without CAP_SYS_RESOURCE).
-const PSI_STALL_US: u64 = 100_000;
-const PSI_WINDOW_US: u64 = 2_000_000;
 
 /// What the manager works with.
 pub struct ManagerParts {
@@ -85,6 +87,16 @@ pub struct EvictionManager {
     notify: Arc<Notify>,
     memcg: HashMap<(Signal, bool), MemcgThreshold>,
     psi: Option<PsiTrigger>,
+    /// Whether arming the PSI trigger failed (said once, not every pass).
+    psi_failed: bool,
+    /// `memory.events` watches (cgroup v2), by cgroup.
+    events: HashMap<String, Option<EventsWatch>>,
+    /// The node allocatable limits last written on the pods' cgroup.
+    allocatable: Option<AllocatableLimits>,
+    /// Whether the runtime's writable layers live on the agent root's
+    /// filesystem (then they count for nodefs, as kubelet does without a
+    /// separate image filesystem).
+    containerfs_on_nodefs: bool,
     cpu_rates: CpuRates,
     /// The runtime's image and container filesystems' mount points, and
     /// when they were asked for.
@@ -112,6 +124,10 @@ impl EvictionManager {
             notify: Arc::new(Notify::new()),
             memcg: HashMap::new(),
             psi: None,
+            psi_failed: false,
+            events: HashMap::new(),
+            allocatable: None,
+            containerfs_on_nodefs: true,
             cpu_rates: CpuRates::default(),
             fs_mounts: None,
         })
@@ -131,17 +147,12 @@ impl EvictionManager {
             notifications = self.settings.notifications,
             "eviction manager started"
         );
-        match self.observer.enforce_allocatable() {
-            Ok(Some(limit)) => tracing::info!(
-                cgroup = self.observer.pods_cgroup(),
-                memory_limit = limit,
-                "node allocatable enforced on the pods' cgroup"
-            ),
-            Ok(None) => {}
+        match self.observer.current_allocatable_limits() {
+            Ok(limits) => self.apply_allocatable(limits),
             Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
         }
-        if self.settings.notifications && self.observer.version() == CgroupVersion::V2 {
-            self.arm_psi();
+        if self.settings.notifications {
+            self.arm_pressure_notifications();
         }
         loop {
             if let Some(uid) = self.pass().await {
@@ -159,12 +170,22 @@ impl EvictionManager {
 
     /// One pass; returns the UID of the pod evicted, if any.
     pub async fn pass(&mut self) -> Option<String> {
-        let stats = self.observe().await?;
+        let mut stats = self.observe().await?;
+        // The node's capacity moved (its cgroup's limit changed): node
+        // allocatable follows, and the pods' cgroup is observed again.
+        let limits = self
+            .observer
+            .allocatable_limits(stats.memory.capacity, stats.pids_capacity);
+        if self.allocatable != Some(limits) {
+            self.apply_allocatable(limits);
+            stats = self.observe().await?;
+        }
         let obs = observations(&stats);
-        // The summary costs a read of every pod's and container's cgroup:
-        // built only while someone asks for it.
+        // The summary costs a read of every pod's and container's cgroup
+        // and a walk of their files: built only while someone asks for it.
         if self.parts.node.summary_wanted_within(SUMMARY_INTEREST) {
-            let summary = self.summary(&stats);
+            let layers = self.writable_layers().await;
+            let summary = self.summary(&stats, &layers);
             self.parts.node.set_summary(summary);
         }
         let eval = self
@@ -175,10 +196,11 @@ impl EvictionManager {
             .update(eval.conditions.clone(), Some(stats.clone()));
         if self.settings.notifications {
             self.rearm_memcg(&stats);
+            self.arm_pressure_notifications();
         }
         // Local storage limits first, as kubelet does: such a pod is
         // evicted at once, whatever the node's thresholds.
-        if let Some(uid) = self.local_storage_eviction(&stats) {
+        if let Some(uid) = self.local_storage_eviction(&stats).await {
             return Some(uid);
         }
         let threshold = *eval.actionable.first()?;
@@ -194,7 +216,12 @@ impl EvictionManager {
                 }
             }
         }
-        let mut candidates = self.candidates(resource);
+        let layers = if matches!(resource, Resource::Disk | Resource::Inodes) {
+            self.writable_layers().await
+        } else {
+            Layers::default()
+        };
+        let mut candidates = self.candidates(threshold.signal, &layers);
         rank(&mut candidates, resource);
         for c in candidates {
             let grace = self.grace_for(&threshold, &c.uid);
@@ -264,11 +291,12 @@ impl EvictionManager {
                             .map(|id| std::path::PathBuf::from(&id.mountpoint))
                             .find(|p| !p.as_os_str().is_empty())
                     };
-                    self.fs_mounts = Some((
-                        Instant::now(),
-                        first(&info.image_filesystems),
-                        first(&info.container_filesystems),
-                    ));
+                    let image = first(&info.image_filesystems);
+                    let container = first(&info.container_filesystems);
+                    if let Some(layers) = container.as_ref().or(image.as_ref()) {
+                        self.containerfs_on_nodefs = same_device(layers, &self.parts.root);
+                    }
+                    self.fs_mounts = Some((Instant::now(), image, container));
                 }
                 Ok(Err(e)) => tracing::debug!(error = %e, "image filesystem not observed"),
                 Err(_) => {
@@ -290,7 +318,7 @@ impl EvictionManager {
 
     /// The summary of this pass: the node from `stats`, the pods and
     /// their running containers from their cgroups.
-    fn summary(&mut self, stats: &NodeStats) -> Summary {
+    fn summary(&mut self, stats: &NodeStats, layers: &Layers) -> Summary {
         let at = stats.timestamp;
         let now = stats.time;
         let cgroups = self.observer.cgroups().clone();
@@ -308,8 +336,12 @@ impl EvictionManager {
                 name: "pods".to_string(),
                 cpu: self.cpu_rates.cpu(&pods_cgroup, s.cpu_usage_ns, now, at),
                 memory: summary_memory(&s, Some(stats.allocatable_memory.capacity), at),
+                rootfs: None,
+                logs: None,
             });
         }
+        let layers_fs = stats.containerfs.or(stats.imagefs).or(stats.nodefs);
+        let root_dev = device(&self.parts.root);
         let mut pods = Vec::new();
         for d in self.parts.source.all() {
             let Some(spec) = d.pod.spec.as_ref() else {
@@ -320,6 +352,7 @@ impl EvictionManager {
                 continue;
             };
             keys.insert(cgroup.clone());
+            let paths = PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid);
             let mut containers = Vec::new();
             if let Some(rt) = self.parts.cache.get(&d.uid).status.as_ref() {
                 for c in rt
@@ -332,16 +365,52 @@ impl EvictionManager {
                         continue;
                     };
                     keys.insert(path.clone());
+                    let name = c
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default();
+                    let rootfs = layers
+                        .by_id
+                        .get(&c.id)
+                        .map(|u| usage_summary(u.bytes, u.inodes, layers_fs.as_ref(), at));
+                    let logs = (!name.is_empty()).then(|| {
+                        let u = dir_usage(&paths.log_dir.join(&name));
+                        usage_summary(u.bytes, u.inodes, stats.nodefs.as_ref(), at)
+                    });
                     containers.push(SummaryContainer {
-                        name: c
-                            .metadata
-                            .as_ref()
-                            .map(|m| m.name.clone())
-                            .unwrap_or_default(),
+                        name,
                         cpu: self.cpu_rates.cpu(&path, cs.cpu_usage_ns, now, at),
                         memory: summary_memory(&cs, None, at),
+                        rootfs,
+                        logs,
                     });
                 }
+            }
+            // Volumes (emptyDirs); those on the agent root's filesystem count
+            // as ephemeral storage, with the pod's logs and writable layers.
+            let mut volume = Vec::new();
+            let mut ephemeral = dir_usage(&paths.log_dir)
+                + layers
+                    .by_pod
+                    .get(&d.uid)
+                    .map(|p| p.total)
+                    .unwrap_or_default();
+            for v in spec
+                .volumes
+                .iter()
+                .flatten()
+                .filter(|v| v.empty_dir.is_some())
+            {
+                let dir = paths.empty_dir(&v.name);
+                let u = dir_usage(&dir);
+                if root_dev.is_some() && device(&dir) == root_dev {
+                    ephemeral = ephemeral + u;
+                }
+                volume.push(VolumeStats {
+                    fs: usage_summary(u.bytes, u.inodes, fs_stats(&dir).ok().as_ref(), at),
+                    name: v.name.clone(),
+                });
             }
             pods.push(PodSummary {
                 pod_ref: PodRef {
@@ -352,6 +421,13 @@ impl EvictionManager {
                 containers,
                 cpu: self.cpu_rates.cpu(&cgroup, ps.cpu_usage_ns, now, at),
                 memory: summary_memory(&ps, None, at),
+                volume,
+                ephemeral_storage: Some(usage_summary(
+                    ephemeral.bytes,
+                    ephemeral.inodes,
+                    stats.nodefs.as_ref(),
+                    at,
+                )),
                 process_stats: ps.pids_current.map(|n| ProcessStats { process_count: n }),
             });
         }
@@ -391,14 +467,19 @@ impl EvictionManager {
         let rt = &self.parts.runtime;
         let ours = HashMap::from([(LABEL_MANAGED_BY.to_string(), self.parts.node_name.clone())]);
         let mut removed_containers = 0;
+        let mut freed_log_bytes = 0i64;
+        let logs_root = self.parts.root.join("logs");
         match rt.list_containers(ours).await {
             Ok(list) => {
                 for c in list
                     .iter()
                     .filter(|c| c.state == api::ContainerState::ContainerExited as i32)
                 {
-                    match rt.remove_container(&c.id).await {
-                        Ok(()) => removed_containers += 1,
+                    match remove_container_with_log(rt.as_ref(), &c.id, &logs_root).await {
+                        Ok(bytes) => {
+                            removed_containers += 1;
+                            freed_log_bytes += bytes;
+                        }
                         Err(e) if e.is_not_found() => {}
                         Err(e) => {
                             tracing::warn!(container = %c.id, error = %e, "reclaim: removing a dead container failed")
@@ -433,14 +514,23 @@ impl EvictionManager {
                 }
             }
         }
-        tracing::info!(%signal, removed_containers, removed_images, "node-level reclaim");
+        tracing::info!(
+            %signal,
+            removed_containers,
+            freed_log_bytes,
+            removed_images,
+            "node-level reclaim"
+        );
         true
     }
 
     /// kubelet's local-storage eviction: the first live pod over an
     /// emptyDir sizeLimit or its ephemeral-storage limits is evicted with
     /// no grace period. Only pods that declare such limits are measured.
-    fn local_storage_eviction(&self, stats: &NodeStats) -> Option<String> {
+    async fn local_storage_eviction(&self, stats: &NodeStats) -> Option<String> {
+        // Writable layers count toward containers' ephemeral-storage
+        // limits: asked for only when some pod has such a limit.
+        let mut layers: Option<Layers> = None;
         for d in self.parts.source.all() {
             let Some(spec) = d.pod.spec.as_ref() else {
                 continue;
@@ -470,7 +560,25 @@ impl EvictionManager {
                 continue;
             }
             let paths = PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid);
-            let Some(v) = local_violation(spec, &paths) else {
+            let container_limits = spec.containers.iter().any(|c| {
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.limits.as_ref())
+                    .is_some_and(|l| l.contains_key("ephemeral-storage"))
+            });
+            let no_layers = HashMap::new();
+            let rootfs = if container_limits {
+                if layers.is_none() {
+                    layers = Some(self.writable_layers().await);
+                }
+                layers
+                    .as_ref()
+                    .and_then(|l| l.by_pod.get(&d.uid))
+                    .map_or(&no_layers, |p| &p.by_name)
+            } else {
+                &no_layers
+            };
+            let Some(v) = local_violation(spec, &paths, rootfs) else {
                 continue;
             };
             if !self
@@ -517,7 +625,14 @@ impl EvictionManager {
 
     /// The pods that could be evicted: valid, not evicted yet, with a
     /// running container or ready sandbox; with their statistics.
-    fn candidates(&self, resource: Resource) -> Vec<Candidate> {
+    fn candidates(&self, signal: Signal, layers: &Layers) -> Vec<Candidate> {
+        let resource = signal.resource();
+        // What a pod's disk usage is for this signal, as kubelet measures
+        // it: for nodefs its volumes and logs, for the runtime's
+        // filesystems its writable layers; both when they share one
+        // filesystem.
+        let local_counts = signal.is_nodefs() || self.containerfs_on_nodefs;
+        let layers_count = !signal.is_nodefs() || self.containerfs_on_nodefs;
         let mut out = Vec::new();
         for d in self.parts.source.all() {
             if d.invalid.is_some() || self.parts.workers.is_evicted(&d.uid) {
@@ -548,8 +663,20 @@ impl EvictionManager {
             let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
             let stats = self.observer.cgroups().stats(&cgroup).ok();
             // Walking a pod's files is only worth it under disk pressure.
-            let disk = matches!(resource, Resource::Disk | Resource::Inodes)
-                .then(|| PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid).total());
+            let disk = matches!(resource, Resource::Disk | Resource::Inodes).then(|| {
+                let mut u = Usage::default();
+                if local_counts {
+                    u = u + PodPaths::new(&self.parts.root, &d.namespace, &d.name, &d.uid).total();
+                }
+                if layers_count {
+                    u = u + layers
+                        .by_pod
+                        .get(&d.uid)
+                        .map(|p| p.total)
+                        .unwrap_or_default();
+                }
+                u
+            });
             out.push(Candidate {
                 uid: d.uid.clone(),
                 name: format!("{}/{}", d.namespace, d.name),
@@ -627,21 +754,178 @@ impl EvictionManager {
         }
     }
 
-    /// Registers (v2) a PSI trigger on the node's memory pressure.
-    fn arm_psi(&mut self) {
-        let path = match self.observer.node_cgroup() {
-            Some(cg) => match self.observer.cgroups().dir("memory", cg) {
-                Ok(d) => d.join("memory.pressure"),
-                Err(_) => return,
-            },
-            None => "/proc/pressure/memory".into(),
-        };
-        match psi_trigger(&path, PSI_STALL_US, PSI_WINDOW_US, self.notifier()) {
-            Ok(t) => self.psi = Some(t),
-            Err(e) => {
-                tracing::warn!(error = %e, "memory pressure notification unavailable; polling")
+    /// Arms what is not armed yet of the pressure notifications beside
+    /// v1's memory thresholds: a PSI trigger on the node's memory pressure
+    /// (cgroup v2, or the `unified` mount of a hybrid host, or the
+    /// machine's), and on v2 a watch of `memory.events` of the node's and
+    /// the pods' cgroups. Called at start and each pass, since those
+    /// cgroups may appear later; a failure is said once and leaves
+    /// polling.
+    fn arm_pressure_notifications(&mut self) {
+        if self.psi.is_none() && !self.psi_failed {
+            if let Some(path) = pressure_file(self.observer.cgroups(), self.observer.node_cgroup())
+            {
+                match psi_trigger(&path, PSI_STALL_US, PSI_WINDOW_US, self.notifier()) {
+                    Ok(t) => {
+                        tracing::info!(path = %path.display(), trigger = %t.line, "memory pressure (PSI) trigger armed");
+                        self.psi = Some(t);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "memory pressure notification unavailable; polling");
+                        self.psi_failed = true;
+                    }
+                }
             }
         }
+        if self.observer.version() != CgroupVersion::V2 {
+            return;
+        }
+        let cgroups = self
+            .observer
+            .node_cgroup()
+            .into_iter()
+            .chain([self.observer.pods_cgroup()])
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        for cg in cgroups {
+            if self.events.contains_key(&cg) {
+                continue;
+            }
+            let Some(path) = self
+                .observer
+                .cgroups()
+                .unified_dir(&cg)
+                .map(|d| d.join("memory.events"))
+                .filter(|p| p.exists())
+            else {
+                continue;
+            };
+            match events_watch(&path, MEMORY_EVENTS, self.notifier()) {
+                Ok(w) => {
+                    tracing::info!(path = %path.display(), "memory events watched");
+                    self.events.insert(cg, Some(w));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "memory events notification unavailable; polling");
+                    // Not retried every pass.
+                    self.events.insert(cg, None);
+                }
+            }
+        }
+    }
+
+    /// Writes node allocatable's `limits` on the pods' cgroup (when they
+    /// differ from what was written last) and says so.
+    fn apply_allocatable(&mut self, limits: AllocatableLimits) {
+        if self.allocatable == Some(limits) {
+            return;
+        }
+        // Recorded even when refused (memory in use above a lower limit):
+        // tried again when the capacity moves again, not every pass.
+        let first = self.allocatable.replace(limits).is_none();
+        if limits == AllocatableLimits::default() {
+            return;
+        }
+        match self.observer.enforce_allocatable(limits) {
+            Ok(()) if first => tracing::info!(
+                cgroup = self.observer.pods_cgroup(),
+                memory_limit = ?limits.memory,
+                pids_limit = ?limits.pids,
+                "node allocatable enforced on the pods' cgroup"
+            ),
+            Ok(()) => tracing::info!(
+                cgroup = self.observer.pods_cgroup(),
+                memory_limit = ?limits.memory,
+                pids_limit = ?limits.pids,
+                "node capacity changed: node allocatable re-applied on the pods' cgroup"
+            ),
+            Err(e) => tracing::warn!(error = %e, "node allocatable not enforced"),
+        }
+    }
+
+    /// The writable layers of this agent's containers (ListContainerStats);
+    /// empty when the runtime does not answer.
+    async fn writable_layers(&self) -> Layers {
+        let ours = HashMap::from([(LABEL_MANAGED_BY.to_string(), self.parts.node_name.clone())]);
+        match tokio::time::timeout(
+            RUNTIME_TIMEOUT,
+            self.parts.runtime.list_container_stats(ours),
+        )
+        .await
+        {
+            Ok(Ok(list)) => Layers::from_stats(&list),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "writable layers not observed");
+                Layers::default()
+            }
+            Err(_) => {
+                tracing::debug!("writable layers not observed: the runtime did not answer");
+                Layers::default()
+            }
+        }
+    }
+}
+
+/// The writable layers of the agent's containers.
+#[derive(Debug, Default)]
+struct Layers {
+    /// By container id.
+    by_id: HashMap<String, Usage>,
+    /// By pod UID.
+    by_pod: HashMap<String, PodLayers>,
+}
+
+/// A pod's writable layers.
+#[derive(Debug, Default)]
+struct PodLayers {
+    /// Bytes by container name (every instance of it).
+    by_name: HashMap<String, i64>,
+    /// All of them.
+    total: Usage,
+}
+
+impl Layers {
+    fn from_stats(list: &[api::ContainerStats]) -> Self {
+        let mut out = Layers::default();
+        for s in list {
+            let (Some(attr), Some(layer)) = (s.attributes.as_ref(), s.writable_layer.as_ref())
+            else {
+                continue;
+            };
+            let u = Usage {
+                bytes: layer.used_bytes.as_ref().map_or(0, |v| v.value as i64),
+                inodes: layer.inodes_used.as_ref().map_or(0, |v| v.value as i64),
+            };
+            out.by_id.insert(attr.id.clone(), u);
+            let Some(uid) = attr.labels.get(LABEL_POD_UID) else {
+                continue;
+            };
+            let pod = out.by_pod.entry(uid.clone()).or_default();
+            pod.total = pod.total + u;
+            let name = attr
+                .labels
+                .get(LABEL_CONTAINER_NAME)
+                .cloned()
+                .or_else(|| attr.metadata.as_ref().map(|m| m.name.clone()))
+                .unwrap_or_default();
+            *pod.by_name.entry(name).or_default() += u.bytes;
+        }
+        out
+    }
+}
+
+/// The device of the filesystem holding `path`.
+fn device(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.dev())
+}
+
+/// Whether `a` and `b` are on one filesystem (true when unknown, which
+/// counts everything against the node's filesystem).
+fn same_device(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (device(a), device(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => true,
     }
 }
 

@@ -7,11 +7,18 @@
 //!   at which the signal's available amount reaches the eviction threshold,
 //!   `capacity − threshold + inactive_file`, so it is recomputed (and
 //!   re-registered) as the page cache moves.
-//! - cgroup v2: a PSI trigger on the cgroup's `memory.pressure` (or
-//!   `/proc/pressure/memory`), signalled with POLLPRI when memory stalls
-//!   pass the trigger's share of its window. Windows must be multiples of
-//!   2 s on kernels where the caller lacks CAP_SYS_RESOURCE.
+//! - cgroup v2: a PSI trigger on the node cgroup's `memory.pressure` in
+//!   the cgroup2 hierarchy (also the `unified` mount of a hybrid v1 host,
+//!   where PSI is accounted without the memory controller), or on
+//!   `/proc/pressure/memory` for the whole machine, signalled with POLLPRI
+//!   when memory stalls pass the trigger's share of its window. Windows
+//!   must be multiples of 2 s when the caller lacks CAP_SYS_RESOURCE, so
+//!   the window is rounded up to one.
+//! - cgroup v2 with the memory controller: `memory.events`, whose `high`,
+//!   `max`, `oom` and `oom_kill` counters the kernel announces through
+//!   kernfs (POLLPRI on the open file); a counter that grows wakes a pass.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -56,12 +63,17 @@ struct Watcher {
 }
 
 /// What a watched descriptor's event means.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Kind {
     /// An eventfd: readable, and its counter must be read.
     EventFd,
     /// A PSI trigger: POLLPRI.
     Psi,
+    /// A kernfs file of `key value` lines (`memory.events`,
+    /// `cgroup.events`): POLLPRI (with POLLERR) when the kernel announces
+    /// a change; the file is read again to re-arm, and `notify` is woken
+    /// only when one of `keys` changed.
+    Events { keys: &'static [&'static str] },
 }
 
 impl Watcher {
@@ -94,11 +106,42 @@ impl Drop for Watcher {
     }
 }
 
+/// The values of `keys` in a flat keyed file's text (`high 3`).
+pub fn parse_events(text: &str, keys: &[&str]) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            keys.contains(&k)
+                .then(|| Some((k.to_string(), v.trim().parse().ok()?)))?
+        })
+        .collect()
+}
+
+/// Reads the whole of a kernfs file from its start (which also re-arms
+/// its notification).
+fn read_from_start(fd: &OwnedFd) -> Option<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match rustix::io::pread(fd, &mut buf, out.len() as u64) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 fn watch(fd: OwnedFd, stop: OwnedFd, kind: Kind, notify: Arc<Notify>) {
     use rustix::event::{PollFd, PollFlags};
     let flags = match kind {
         Kind::EventFd => PollFlags::IN,
-        Kind::Psi => PollFlags::PRI,
+        Kind::Psi | Kind::Events { .. } => PollFlags::PRI,
+    };
+    let mut last = match &kind {
+        Kind::Events { keys } => read_from_start(&fd).map(|t| parse_events(&t, keys)),
+        _ => None,
     };
     loop {
         let mut fds = [PollFd::new(&fd, flags), PollFd::new(&stop, PollFlags::IN)];
@@ -114,6 +157,24 @@ fn watch(fd: OwnedFd, stop: OwnedFd, kind: Kind, notify: Arc<Notify>) {
             return;
         }
         let ev = fds[0].revents();
+        if let Kind::Events { keys } = &kind {
+            // kernfs flags a change with POLLPRI and POLLERR together.
+            if ev.intersects(PollFlags::NVAL) {
+                tracing::warn!("memory events descriptor failed; polling only");
+                return;
+            }
+            if ev.intersects(PollFlags::PRI | PollFlags::ERR) {
+                let Some(now) = read_from_start(&fd).map(|t| parse_events(&t, keys)) else {
+                    tracing::warn!("memory events file unreadable; polling only");
+                    return;
+                };
+                if last.as_ref() != Some(&now) {
+                    last = Some(now);
+                    notify.notify_one();
+                }
+            }
+            continue;
+        }
         if ev.intersects(PollFlags::ERR | PollFlags::NVAL) {
             tracing::warn!("memory notification descriptor failed; polling only");
             return;
@@ -166,15 +227,57 @@ pub fn memcg_threshold_notifier(
     })
 }
 
+/// The eviction manager's PSI trigger: 100 ms of memory stalls...
+pub const PSI_STALL_US: u64 = 100_000;
+/// ...within a 2 s window.
+pub const PSI_WINDOW_US: u64 = 2_000_000;
+/// The kernel's unit for the windows of callers without
+/// CAP_SYS_RESOURCE (any other window is EINVAL for them).
+const PSI_WINDOW_STEP_US: u64 = 2_000_000;
+/// The kernel's longest window.
+const PSI_WINDOW_MAX_US: u64 = 10_000_000;
+
+/// The trigger line the kernel accepts for `stall_us` in `window_us`
+/// from any caller: the window rounded up to a multiple of 2 s (at most
+/// 10 s), the stall within 1 µs and the window.
+pub fn psi_trigger_line(stall_us: u64, window_us: u64) -> String {
+    let window = window_us
+        .div_ceil(PSI_WINDOW_STEP_US)
+        .max(1)
+        .saturating_mul(PSI_WINDOW_STEP_US)
+        .min(PSI_WINDOW_MAX_US);
+    let stall = stall_us.clamp(1, window);
+    format!("some {stall} {window}")
+}
+
+/// The pressure file whose memory stalls stand for the node's: the node
+/// cgroup's `memory.pressure` in the cgroup2 hierarchy (v2, or the
+/// `unified` mount of a hybrid host) when it exists, else, without a node
+/// cgroup, the machine's `/proc/pressure/memory`. None when there is
+/// nothing to watch (a node cgroup absent from the cgroup2 hierarchy, a
+/// kernel without PSI).
+pub fn pressure_file(
+    cgroups: &petrel_oci::cgroups::Cgroups,
+    node_cgroup: Option<&str>,
+) -> Option<PathBuf> {
+    let path = match node_cgroup {
+        Some(cg) => cgroups.unified_dir(cg)?.join("memory.pressure"),
+        None => PathBuf::from("/proc/pressure/memory"),
+    };
+    path.exists().then_some(path)
+}
+
 /// A registered PSI trigger; dropping it removes it.
 #[derive(Debug)]
 pub struct PsiTrigger {
+    /// The trigger as written.
+    pub line: String,
     _watcher: Watcher,
 }
 
-/// Registers `some <stall_us> <window_us>` on the pressure file `path`
-/// (`<cgroup>/memory.pressure` or `/proc/pressure/memory`); each trigger
-/// wakes `notify`.
+/// Registers `some <stall_us> <window_us>` (as [`psi_trigger_line`] makes
+/// it valid) on the pressure file `path` (`<cgroup>/memory.pressure` or
+/// `/proc/pressure/memory`); each trigger wakes `notify`.
 pub fn psi_trigger(
     path: &Path,
     stall_us: u64,
@@ -186,16 +289,227 @@ pub fn psi_trigger(
         .write(true)
         .open(path)
         .map_err(err("open", path))?;
-    let line = format!("some {stall_us} {window_us}\0");
-    f.write_all(line.as_bytes()).map_err(err("write", path))?;
+    let line = psi_trigger_line(stall_us, window_us);
+    f.write_all(format!("{line}\0").as_bytes())
+        .map_err(err("write", path))?;
     Ok(PsiTrigger {
+        line,
         _watcher: Watcher::start(OwnedFd::from(f), Kind::Psi, notify, path)?,
     })
 }
 
+/// The counters of `memory.events` that mean the cgroup ran into its
+/// limits.
+pub const MEMORY_EVENTS: &[&str] = &["high", "max", "oom", "oom_kill"];
+
+/// A watch on a kernfs events file; dropping it ends it.
+#[derive(Debug)]
+pub struct EventsWatch {
+    _watcher: Watcher,
+}
+
+/// Watches the flat keyed kernfs file `path` (a v2 cgroup's
+/// `memory.events`, with [`MEMORY_EVENTS`]); `notify` is woken whenever
+/// one of `keys` changes.
+pub fn events_watch(
+    path: &Path,
+    keys: &'static [&'static str],
+    notify: Arc<Notify>,
+) -> Result<EventsWatch, NotifyError> {
+    let f = std::fs::File::open(path).map_err(err("open", path))?;
+    Ok(EventsWatch {
+        _watcher: Watcher::start(OwnedFd::from(f), Kind::Events { keys }, notify, path)?,
+    })
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn psi_windows_should_be_what_the_kernel_accepts_without_cap_sys_resource() {
+        assert_eq!(
+            psi_trigger_line(PSI_STALL_US, PSI_WINDOW_US),
+            "some 100000 2000000"
+        );
+        assert_eq!(psi_trigger_line(150_000, 1_000_000), "some 150000 2000000");
+        assert_eq!(psi_trigger_line(500_000, 3_000_000), "some 500000 4000000");
+        assert_eq!(psi_trigger_line(0, 0), "some 1 2000000");
+        assert_eq!(
+            psi_trigger_line(u64::MAX, 60_000_000),
+            "some 10000000 10000000"
+        );
+    }
+
+    #[test]
+    fn memory_events_should_parse_the_limit_counters() {
+        let text = "low 0\nhigh 3\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
+        let e = parse_events(text, MEMORY_EVENTS);
+        assert_eq!(e.len(), 4);
+        assert_eq!(e["max"], 12);
+        assert_eq!(e["high"], 3);
+        assert!(!e.contains_key("low"));
+        assert!(parse_events("populated x\n", &["populated"]).is_empty());
+    }
+
+    /// A cgroup made for a test in the cgroup2 hierarchy (and, on a hybrid
+    /// host, in the v1 memory hierarchy), with the processes it started;
+    /// all removed on drop, also when the test fails.
+    struct TestCgroup {
+        name: String,
+        dirs: Vec<PathBuf>,
+        children: Vec<std::process::Child>,
+    }
+
+    impl TestCgroup {
+        fn new(prefix: &str) -> Self {
+            let name = format!("/petrel-{prefix}-{}-{}", std::process::id(), rand_u32());
+            Self {
+                name,
+                dirs: Vec::new(),
+                children: Vec::new(),
+            }
+        }
+
+        fn make(&mut self, dir: PathBuf) -> PathBuf {
+            std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+            self.dirs.push(dir.clone());
+            dir
+        }
+    }
+
+    impl Drop for TestCgroup {
+        fn drop(&mut self) {
+            for c in &mut self.children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            for d in self.dirs.iter().rev() {
+                // A killed task leaves its cgroup a moment later.
+                for _ in 0..100 {
+                    if std::fs::remove_dir(d).is_ok() || !d.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    fn rand_u32() -> u32 {
+        rand::random()
+    }
+
+    /// The PSI path for real: a node cgroup in the cgroup2 hierarchy
+    /// (hybrid here: `/sys/fs/cgroup/unified`, no memory controller) and a
+    /// process in it thrashing its page cache under a small memory limit
+    /// (here set in the v1 memory hierarchy: memory stalls are accounted
+    /// per task, so they show in its cgroup2 group's memory.pressure). The
+    /// manager's own trigger (path, stall, window) must fire.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_psi_trigger_should_fire_when_the_node_cgroup_stalls_on_memory() {
+        let cgroups = petrel_oci::cgroups::Cgroups::detect().unwrap();
+        let mut cg = TestCgroup::new("psi");
+        let name = cg.name.clone();
+        let unified = cgroups
+            .unified_dir(&name)
+            .expect("a cgroup2 hierarchy (v2, or hybrid with a unified mount)");
+        let v2 = cgroups.version() == petrel_oci::cgroups::CgroupVersion::V2;
+        let unified = cg.make(unified);
+        // The limit: v2's own memory.max; v1's memory hierarchy.
+        let memcg = if v2 {
+            std::fs::write(unified.join("memory.max"), "16777216").unwrap();
+            unified.clone()
+        } else {
+            let d = cg.make(cgroups.dir("memory", &name).unwrap());
+            std::fs::write(d.join("memory.limit_in_bytes"), "16777216").unwrap();
+            d
+        };
+        let path = pressure_file(&cgroups, Some(&name)).expect("memory.pressure");
+        assert_eq!(path, unified.join("memory.pressure"));
+        assert!(pressure_file(&cgroups, Some("/petrel-no-such-cgroup-h28")).is_none());
+
+        let notify = Arc::new(Notify::new());
+        let trigger = psi_trigger(&path, PSI_STALL_US, PSI_WINDOW_US, Arc::clone(&notify))
+            .expect("the manager's PSI trigger is accepted");
+        assert_eq!(trigger.line, "some 100000 2000000");
+        // Quiet: no stalls, no trigger.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3), notify.notified())
+                .await
+                .is_err(),
+            "a trigger without stalls"
+        );
+
+        let scratch = tempfile::tempdir().unwrap();
+        let file = scratch.path().join("big");
+        let script = format!(
+            "echo $$ > {procs2}; echo $$ > {procs1}; head -c 67108864 /dev/urandom > {f}; \
+             while :; do cat {f} > /dev/null; done",
+            procs2 = unified.join("cgroup.procs").display(),
+            procs1 = memcg.join("cgroup.procs").display(),
+            f = file.display(),
+        );
+        cg.children.push(
+            std::process::Command::new("sh")
+                .args(["-c", &script])
+                .spawn()
+                .unwrap(),
+        );
+        let fired = tokio::time::timeout(Duration::from_secs(20), notify.notified()).await;
+        let pressure = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            fired.is_ok(),
+            "no PSI trigger; {}: {pressure}",
+            path.display()
+        );
+        drop(trigger);
+    }
+
+    /// kernfs events (the mechanism behind `memory.events`, which needs the
+    /// memory controller in the cgroup2 hierarchy): watched here on
+    /// `cgroup.events`, which every cgroup2 group has; `populated` moves
+    /// when a process joins and leaves.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_kernfs_events_watch_should_fire_when_a_counter_moves() {
+        let cgroups = petrel_oci::cgroups::Cgroups::detect().unwrap();
+        let mut cg = TestCgroup::new("events");
+        let dir = cg.make(cgroups.unified_dir(&cg.name.clone()).expect("cgroup2"));
+        let notify = Arc::new(Notify::new());
+        let watch = events_watch(
+            &dir.join("cgroup.events"),
+            &["populated"],
+            Arc::clone(&notify),
+        )
+        .unwrap();
+        // A write that changes nothing watched does not wake it.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), notify.notified())
+                .await
+                .is_err()
+        );
+        let child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        cg.children.push(child);
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), notify.notified())
+            .await
+            .expect("populated 1 announced");
+        for c in &mut cg.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        tokio::time::timeout(Duration::from_secs(5), notify.notified())
+            .await
+            .expect("populated 0 announced");
+        drop(watch);
+        assert!(events_watch(&dir.join("memory.no-such-file"), MEMORY_EVENTS, notify).is_err());
+    }
 
     #[test]
     fn the_threshold_should_be_where_available_meets_the_eviction_threshold() {

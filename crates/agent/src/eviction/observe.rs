@@ -46,6 +46,15 @@ impl MemoryStats {
     }
 }
 
+/// What node allocatable limits on the pods' cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatableLimits {
+    /// Memory limit, bytes (None: nothing reserved).
+    pub memory: Option<i64>,
+    /// Process-id limit (None: nothing reserved).
+    pub pids: Option<i64>,
+}
+
 /// One observation of the node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeStats {
@@ -351,35 +360,54 @@ impl NodeObserver {
         })
     }
 
-    /// Enforces node allocatable on the pods' cgroup, as kubelet does with
-    /// `--enforce-node-allocatable=pods`: its memory limit becomes the
-    /// node's capacity minus the kube and system reservations (and its
-    /// pids limit likewise when pids are reserved). Nothing is written
-    /// when nothing is reserved, so an agent without reservations leaves
-    /// the cgroup tree as it found it. Returns the memory limit written.
-    pub fn enforce_allocatable(&self) -> Result<Option<i64>, ObserveError> {
+    /// The limits node allocatable puts on the pods' cgroup for a node of
+    /// `memory_capacity` bytes and `pids_capacity` process ids, as kubelet
+    /// does with `--enforce-node-allocatable=pods`: the capacity minus the
+    /// kube and system reservations, for each resource with a reservation
+    /// (None for the others, whose limits are left as they are).
+    pub fn allocatable_limits(
+        &self,
+        memory_capacity: i64,
+        pids_capacity: i64,
+    ) -> AllocatableLimits {
+        AllocatableLimits {
+            memory: (self.reserved.memory > 0)
+                .then(|| (memory_capacity - self.reserved.memory).max(0)),
+            pids: (self.reserved.pid > 0).then(|| (pids_capacity - self.reserved.pid).max(1)),
+        }
+    }
+
+    /// The limits for the node as it is now.
+    pub fn current_allocatable_limits(&self) -> Result<AllocatableLimits, ObserveError> {
         if self.reserved.memory <= 0 && self.reserved.pid <= 0 {
-            return Ok(None);
+            return Ok(AllocatableLimits::default());
+        }
+        let memory = self.node_memory()?.capacity;
+        let (pids, _) = self.pids();
+        Ok(self.allocatable_limits(memory, pids))
+    }
+
+    /// Writes `limits` on the pods' cgroup. Nothing is written when
+    /// nothing is reserved, so an agent without reservations leaves the
+    /// cgroup tree as it found it.
+    pub fn enforce_allocatable(&self, limits: AllocatableLimits) -> Result<(), ObserveError> {
+        if limits == AllocatableLimits::default() {
+            return Ok(());
         }
         self.cgroups.ensure(&self.pods_cgroup)?;
-        let mut written = None;
-        if self.reserved.memory > 0 {
-            let limit = (self.node_memory()?.capacity - self.reserved.memory).max(0);
+        if let Some(limit) = limits.memory {
             let file = match self.version() {
                 CgroupVersion::V1 => "memory.limit_in_bytes",
                 CgroupVersion::V2 => "memory.max",
             };
             self.cgroups
                 .write("memory", &self.pods_cgroup, file, &limit.to_string())?;
-            written = Some(limit);
         }
-        if self.reserved.pid > 0 {
-            let (capacity, _) = self.pids();
-            let limit = (capacity - self.reserved.pid).max(1);
+        if let Some(limit) = limits.pids {
             self.cgroups
                 .write("pids", &self.pods_cgroup, "pids.max", &limit.to_string())?;
         }
-        Ok(written)
+        Ok(())
     }
 
     /// The cgroup version in use.
@@ -437,6 +465,28 @@ mod tests {
         assert_eq!(o[&Signal::NodeFsInodesFree].available, 5);
         assert_eq!(o[&Signal::ImageFsAvailable].capacity, 1000);
         assert_eq!(o[&Signal::PidAvailable].available, 10);
+    }
+
+    #[test]
+    fn allocatable_should_follow_the_capacity() {
+        let cgroups = petrel_oci::cgroups::Cgroups::v2_at("/nonexistent");
+        let reserved = Reserved {
+            memory: 100,
+            pid: 10,
+            ..Default::default()
+        };
+        let o = NodeObserver::new(cgroups.clone(), None, "/", "/".into(), reserved);
+        let l = o.allocatable_limits(1000, 50);
+        assert_eq!(l.memory, Some(900));
+        assert_eq!(l.pids, Some(40));
+        assert_eq!(o.allocatable_limits(1500, 50).memory, Some(1400));
+        assert_eq!(o.allocatable_limits(50, 5).memory, Some(0));
+        assert_eq!(o.allocatable_limits(50, 5).pids, Some(1));
+        let none = NodeObserver::new(cgroups, None, "/", "/".into(), Reserved::default());
+        assert_eq!(
+            none.allocatable_limits(1000, 50),
+            AllocatableLimits::default()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `GET /stats/summary` in kubelet's shape (stats/v1alpha1 `Summary`):
 //! the node and each pod with CPU, memory (working set included),
-//! filesystems and processes. Built by the eviction manager from the
+//! filesystems (each container's writable layer and logs, each pod's
+//! volumes and ephemeral storage) and processes. Built by the eviction manager from the
 //! cgroups once per pass and served from that cache, so requests never
 //! fan out to the runtime or the kernel.
 
@@ -106,24 +107,41 @@ pub struct MemoryStats {
     pub major_page_faults: Option<u64>,
 }
 
-/// kubelet's `FsStats`.
+/// kubelet's `FsStats`: for a filesystem, its own figures; for what
+/// lives on one (a writable layer, logs, a volume), what that uses, with
+/// the filesystem's capacity and free space when known.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FsSummary {
     /// When observed.
     pub time: Option<Time>,
     /// Free bytes for unprivileged users.
-    pub available_bytes: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_bytes: Option<i64>,
     /// Total bytes.
-    pub capacity_bytes: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<i64>,
     /// Bytes in use.
     pub used_bytes: i64,
     /// Free inodes.
-    pub inodes_free: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inodes_free: Option<i64>,
     /// Total inodes.
-    pub inodes: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<i64>,
     /// Inodes in use.
     pub inodes_used: i64,
+}
+
+/// kubelet's `VolumeStats`: a pod volume's usage and its filesystem.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStats {
+    /// The usage.
+    #[serde(flatten)]
+    pub fs: FsSummary,
+    /// The volume's name in the pod.
+    pub name: String,
 }
 
 /// A container's (or system container's) part.
@@ -136,6 +154,12 @@ pub struct ContainerSummary {
     pub cpu: CpuStats,
     /// Memory.
     pub memory: MemoryStats,
+    /// The writable layer (pod containers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<FsSummary>,
+    /// The container's logs (pod containers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logs: Option<FsSummary>,
 }
 
 /// kubelet's `PodReference`.
@@ -168,6 +192,12 @@ pub struct PodSummary {
     pub cpu: CpuStats,
     /// Memory of the pod cgroup.
     pub memory: MemoryStats,
+    /// The pod's volumes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volume: Vec<VolumeStats>,
+    /// Writable layers, logs and the volumes on the node's filesystem.
+    #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
+    pub ephemeral_storage: Option<FsSummary>,
     /// Processes (kubelet spells this key in snake case).
     #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
     pub process_stats: Option<ProcessStats>,
@@ -181,12 +211,26 @@ fn time(t: SystemTime) -> Option<Time> {
 pub fn fs_summary(fs: &FsStats, at: SystemTime) -> FsSummary {
     FsSummary {
         time: time(at),
-        available_bytes: fs.available,
-        capacity_bytes: fs.capacity,
+        available_bytes: Some(fs.available),
+        capacity_bytes: Some(fs.capacity),
         used_bytes: (fs.capacity - fs.available).max(0),
-        inodes_free: fs.inodes_free,
-        inodes: fs.inodes,
+        inodes_free: Some(fs.inodes_free),
+        inodes: Some(fs.inodes),
         inodes_used: (fs.inodes - fs.inodes_free).max(0),
+    }
+}
+
+/// What something on filesystem `fs` uses (`bytes`, `inodes`), in
+/// kubelet's shape.
+pub fn usage_summary(bytes: i64, inodes: i64, fs: Option<&FsStats>, at: SystemTime) -> FsSummary {
+    FsSummary {
+        time: time(at),
+        available_bytes: fs.map(|f| f.available),
+        capacity_bytes: fs.map(|f| f.capacity),
+        used_bytes: bytes,
+        inodes_free: fs.map(|f| f.inodes_free),
+        inodes: fs.map(|f| f.inodes),
+        inodes_used: inodes,
     }
 }
 
@@ -288,5 +332,14 @@ mod tests {
         assert!(v["time"].is_string());
         let p = ProcessStats { process_count: 3 };
         assert_eq!(serde_json::to_value(&p).unwrap()["process_count"], 3);
+        let v = serde_json::to_value(VolumeStats {
+            fs: usage_summary(5, 2, None, SystemTime::now()),
+            name: "scratch".into(),
+        })
+        .unwrap();
+        assert_eq!(v["name"], "scratch");
+        assert_eq!(v["usedBytes"], 5);
+        assert_eq!(v["inodesUsed"], 2);
+        assert!(v.get("capacityBytes").is_none(), "{v}");
     }
 }

@@ -1231,6 +1231,16 @@ impl RuntimeApi for FakeRuntime {
         Ok(api::ImageFsInfoResponse::default())
     }
 
+    async fn list_container_stats(
+        &self,
+        _labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>> {
+        self.enter("list_container_stats").await?;
+        self.leave("list_container_stats").await?;
+        // The fake's containers have no writable layers.
+        Ok(Vec::new())
+    }
+
     async fn list_images(&self) -> CriResult<Vec<api::Image>> {
         self.enter("list_images").await?;
         self.leave("list_images").await?;

@@ -537,7 +537,14 @@ impl PodWorkers {
             if state(c) == ContainerState::ContainerExited {
                 *n += 1;
                 if *n > KEEP_EXITED {
-                    if let Err(e) = self.runtime.remove_container(&c.id).await {
+                    // Its log goes with it, as kubelet's container GC does.
+                    let logs = self.config.root.join("logs");
+                    let removed = crate::eviction::local::remove_container_with_log(
+                        self.runtime.as_ref(),
+                        &c.id,
+                        &logs,
+                    );
+                    if let Err(e) = removed.await {
                         tracing::debug!(uid, id = %c.id, error = %e, "removing an old container failed");
                     }
                 }

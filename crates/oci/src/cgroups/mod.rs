@@ -196,6 +196,17 @@ impl Cgroups {
         }
     }
 
+    /// The directory of cgroup `path` in the cgroup2 hierarchy: the only one on v2, the
+    /// `unified` mount of a hybrid v1 host (where PSI files live without the memory
+    /// controller). None on a pure v1 host or for an invalid path.
+    pub fn unified_dir(&self, path: &str) -> Option<PathBuf> {
+        let comps = components(path).ok()?;
+        match &*self.layout {
+            Layout::V2 { root } => Some(join(root, &comps)),
+            Layout::V1 { unified, .. } => unified.as_deref().map(|u| join(u, &comps)),
+        }
+    }
+
     /// The directory of cgroup `path` in the hierarchy of `controller` (v2 ignores it).
     pub fn dir(&self, controller: &str, path: &str) -> Result<PathBuf, CgroupError> {
         let comps = components(path)?;
