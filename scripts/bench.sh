@@ -8,6 +8,7 @@
 #   scripts/bench.sh --only pull --out /tmp/P.md                # image pull and create (P14-P15)
 #   scripts/bench.sh --only net --out /tmp/N.md                 # CNI pods, exec and port-forward vs containerd (P16-P18)
 #   scripts/bench.sh --only nri --out /tmp/R.md                 # NRI: CreateContainer with plugins, Synchronize (P19-P20)
+#   scripts/bench.sh --only eviction --out /tmp/E.md            # eviction: memory crossing → stop call, idle CPU (P21-P22)
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
 # image (make image; IMAGES=dir overrides build/images); the pull figures also
@@ -69,7 +70,9 @@ sweep() {
         # work directory on its command line (agents first, then runtimes).
         local f pid
         for f in "$work/agent/agent.pid" "$work/containerd/agent/agent.pid" \
+            "$work/eviction/agent.pid" \
             "$work/runtime.pid" "$work/agent/runtime.pid" "$work/pull/node/runtime.pid" \
+            "$work/eviction/runtime.pid" \
             "$work/containerd/containerd.pid" "$work/pull/registry/registry.pid"; do
             [[ -f $f ]] || continue
             pid=$(<"$f")
@@ -89,6 +92,7 @@ sweep() {
         done
         local root c
         for root in "$work/state/runc" "$work/raw/runc-root" "$work/agent/state/runc" \
+            "$work/eviction/state/runc" \
             "$work/pull/node/state/runc" "$work/containerd/runc"; do
             [[ -d $root ]] || continue
             for c in $(runc --root "$root" list -q 2>/dev/null); do

@@ -351,7 +351,7 @@ async fn grow(
 
 /// Waits until `/pods` shows every pod of `names` with its `per_pod`
 /// containers running.
-async fn wait_pods_running(
+pub async fn wait_pods_running(
     agent: &AgentProc,
     names: &[String],
     per_pod: usize,
@@ -391,7 +391,7 @@ async fn wait_pods_running(
 
 /// Deletes the manifests of `names`; waits until `/pods` and the runtime
 /// show none of them.
-async fn delete_pods(
+pub async fn delete_pods(
     c: &mut Clients,
     agent: &AgentProc,
     names: &[String],

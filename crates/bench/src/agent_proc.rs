@@ -67,6 +67,10 @@ pub struct AgentProc {
     pub mode: Mode,
     /// Its last start: spawn → /healthz 200 and the PLEG's first relist.
     pub last_startup: Duration,
+    /// `--eviction-hard` of the next start.
+    pub eviction_hard: String,
+    /// More flags for the next start.
+    pub extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -99,6 +103,10 @@ impl AgentProc {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             mode: Mode::Events,
             last_startup: Duration::ZERO,
+            // The bench measures pods, not disk pressure: kubelet's default
+            // disk thresholds may hold on the bench machine's disk.
+            eviction_hard: "memory.available<100Mi".to_string(),
+            extra_args: vec![],
             child: None,
         })
     }
@@ -126,9 +134,8 @@ impl AgentProc {
             .args(["--node-name", &self.node])
             .args(["--cgroup-root", &self.cgroup_root])
             .args(["--pleg", mode.arg()])
-            // The bench measures pods, not disk pressure: kubelet's default
-            // disk thresholds may hold on the bench machine's disk.
-            .args(["--eviction-hard", "memory.available<100Mi"]);
+            .args(["--eviction-hard", &self.eviction_hard])
+            .args(&self.extra_args);
         if mode == Mode::Relist {
             cmd.args(["--relist-period", RELIST_PERIOD]);
         }
@@ -228,6 +235,11 @@ impl AgentProc {
     /// The agent's pid (0 when stopped).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// The agent's whole log (every start appends to it).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The last lines of the agent's log.

@@ -10,6 +10,8 @@ mod agent;
 mod agent_proc;
 mod agent_report;
 mod containerd;
+mod eviction;
+mod eviction_report;
 mod floor;
 mod http;
 mod large_image;
@@ -158,6 +160,19 @@ pub struct Args {
     /// P20: measured Synchronize runs.
     #[arg(long, default_value_t = 5)]
     pub nri_sync_rounds: usize,
+    /// P21: rounds of memory pressure with notifications.
+    #[arg(long, default_value_t = 20)]
+    pub eviction_rounds: usize,
+    /// P21: rounds of memory pressure with polling only (each waits up to
+    /// two 10 s periods).
+    #[arg(long, default_value_t = 5)]
+    pub eviction_polling_rounds: usize,
+    /// P22: idle windows (default settings, passes parked), in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub eviction_idle_seconds: u64,
+    /// P22: the window with a pass every 100 ms, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub eviction_pass_seconds: u64,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -172,9 +187,9 @@ pub struct Args {
     pub build_dir: PathBuf,
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
-    /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18) or
-    /// `nri` (P19-P20; these four print their partial report to standard
-    /// output unless --out is given).
+    /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18),
+    /// `nri` (P19-P20) or `eviction` (P21-P22; these five print their
+    /// partial report to standard output unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -203,6 +218,9 @@ pub enum Part {
     Net,
     /// NRI: CreateContainer with plugins, Synchronize (P19-P20).
     Nri,
+    /// The agent's eviction manager: reaction to memory pressure, idle
+    /// CPU (P21-P22).
+    Eviction,
 }
 
 /// The default report.
@@ -245,6 +263,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Nri {
         return run_nri_only(args);
+    }
+    if args.only == Part::Eviction {
+        return run_eviction_only(args);
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -370,6 +391,20 @@ fn run_nri_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only eviction`: the eviction manager's figures alone.
+fn run_eviction_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| eviction::measure(args, work, &progress).await,
+        report::render_eviction_only,
+    )?;
+    ensure!(
+        results.error.is_none(),
+        "the eviction figures are incomplete (see the report)"
+    );
+    Ok(())
+}
+
 /// One section run alone: its own work directory and cgroup, measured
 /// until done or interrupted, its report written to `--out` (or stdout).
 fn run_one_section<R>(
@@ -461,7 +496,13 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     // machine not yet busy with containers.
     let queue = match args.only {
         Part::All => Some(queue::measure(args.queue_seconds, progress).await?),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
+        Part::Runtime
+        | Part::Queue
+        | Part::Agent
+        | Part::Pull
+        | Part::Net
+        | Part::Nri
+        | Part::Eviction => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -592,19 +633,53 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
 
     let pull = match args.only {
         Part::All => Some(pull::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
+        Part::Runtime
+        | Part::Queue
+        | Part::Agent
+        | Part::Pull
+        | Part::Net
+        | Part::Nri
+        | Part::Eviction => None,
     };
     let net = match args.only {
         Part::All => Some(net::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
+        Part::Runtime
+        | Part::Queue
+        | Part::Agent
+        | Part::Pull
+        | Part::Net
+        | Part::Nri
+        | Part::Eviction => None,
     };
     let nri = match args.only {
         Part::All => Some(nri::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
+        Part::Runtime
+        | Part::Queue
+        | Part::Agent
+        | Part::Pull
+        | Part::Net
+        | Part::Nri
+        | Part::Eviction => None,
+    };
+    let eviction = match args.only {
+        Part::All => Some(eviction::measure(args, work, &progress).await),
+        Part::Runtime
+        | Part::Queue
+        | Part::Agent
+        | Part::Pull
+        | Part::Net
+        | Part::Nri
+        | Part::Eviction => None,
     };
     let agent = match args.only {
         Part::All => Some(agent::measure(args, work, &progress).await),
-        Part::Runtime | Part::Queue | Part::Agent | Part::Pull | Part::Net | Part::Nri => None,
+        Part::Runtime
+        | Part::Queue
+        | Part::Agent
+        | Part::Pull
+        | Part::Net
+        | Part::Nri
+        | Part::Eviction => None,
     };
     Ok(Results {
         fsync,
@@ -623,6 +698,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         agent,
         net,
         nri,
+        eviction,
     })
 }
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use crate::agent::AgentResults;
 use crate::agent_report;
+use crate::eviction::EvictionResults;
+use crate::eviction_report;
 use crate::machine::Machine;
 use crate::metrics::OpTotals;
 use crate::net::NetResults;
@@ -211,6 +213,8 @@ pub struct Results {
     pub net: Option<NetResults>,
     /// P19-P20, NRI (absent with `--only runtime`).
     pub nri: Option<NriResults>,
+    /// P21-P22, the agent's eviction manager (absent with `--only runtime`).
+    pub eviction: Option<EvictionResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -314,6 +318,15 @@ pub fn render_nri_only(m: &Machine, n: &NriResults) -> String {
         nri_report::summary_rows(o, n)?;
         writeln!(o)?;
         nri_report::sections(o, n)
+    })
+}
+
+/// Renders the eviction manager's figures alone (`--only eviction`).
+pub fn render_eviction_only(m: &Machine, e: &EvictionResults) -> String {
+    render_section_only(m, "the eviction manager only", |o| {
+        eviction_report::summary_rows(o, e)?;
+        writeln!(o)?;
+        eviction_report::sections(o, e)
     })
 }
 
@@ -501,6 +514,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     if let Some(n) = &r.nri {
         nri_report::summary_rows(o, n)?;
     }
+    if let Some(e) = &r.eviction {
+        eviction_report::summary_rows(o, e)?;
+    }
     writeln!(o)?;
 
     // ---- machine ------------------------------------------------------------
@@ -554,6 +570,16 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
             o,
             "| NRI parameters | {} rounds of {} creates per plugin count, Synchronize of {} containers {} times |",
             args.nri_rounds, args.nri_creates, args.nri_sync_containers, args.nri_sync_rounds
+        )?;
+    }
+    if r.eviction.is_some() {
+        writeln!(
+            o,
+            "| eviction parameters | {} rounds with notifications and {} polling only, {} s idle windows, {} s with a pass every 100 ms |",
+            args.eviction_rounds,
+            args.eviction_polling_rounds,
+            args.eviction_idle_seconds,
+            args.eviction_pass_seconds
         )?;
     }
     if r.pull.is_some() {
@@ -971,6 +997,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     }
     if let Some(n) = &r.nri {
         nri_report::sections(o, n)?;
+    }
+    if let Some(e) = &r.eviction {
+        eviction_report::sections(o, e)?;
     }
 
     // ---- hygiene, reproduce, noise ---------------------------------------------
