@@ -583,11 +583,15 @@ pub fn steady_manifest(name: &str) -> String {
 /// A Burstable pod (admitted under memory pressure, as a BestEffort one
 /// would not be) that allocates [`HOG`] bytes in one step: `dd` reads one
 /// block of that size from /dev/zero, touching every page, and holds it
-/// while it blocks writing to a pipe `sleep` never reads. Its shell ends
-/// at SIGTERM, so the eviction's grace period is not waited out.
+/// while it blocks writing to a pipe `sleep` never reads. It waits 1 s
+/// first, so that the agent knows the pod as running when the node
+/// crosses the threshold (as it would a pod that grows); a pod not yet
+/// in the agent's cache cannot be a candidate, and the crossing would
+/// be acted on only at the next periodic pass. Its shell ends at
+/// SIGTERM, so the eviction's grace period is not waited out.
 pub fn hog_manifest(name: &str) -> String {
     let script = format!(
-        "trap 'exit 0' TERM; dd if=/dev/zero bs={HOG} count=1 2>/dev/null | sleep 86400 & wait"
+        "trap 'exit 0' TERM; sleep 1; dd if=/dev/zero bs={HOG} count=1 2>/dev/null | sleep 86400 & wait"
     );
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: hog\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n    resources:\n      requests: {{memory: 1Mi}}\n"

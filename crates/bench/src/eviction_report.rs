@@ -157,9 +157,10 @@ pub fn sections(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
          `memory.available<{}Mi` (so a working set of {} MiB crosses it), {STEADY_PODS} \
          Guaranteed `sleep` pods running throughout. Each round, a Burstable pod (a \
          BestEffort one would be refused under the memory pressure the previous round left) \
-         allocates {} MiB in one step: busybox `dd` reads one block of that size from \
-         /dev/zero, touching every page, and holds it while blocked writing to a pipe that \
-         `sleep` never reads. The crossing is stamped by the kernel: before each round the \
+         allocates {} MiB in one step 1 s after it starts (so that the agent knows it as a \
+         running pod, as it would one that grows): busybox `dd` reads one block of that \
+         size from /dev/zero, touching every page, and holds it while blocked writing to a \
+         pipe that `sleep` never reads; its shell exits at SIGTERM. The crossing is stamped by the kernel: before each round the \
          bench registers its own cgroup v1 memory threshold (`cgroup.event_control`, an \
          eventfd, a thread blocked in poll) on the node cgroup's `memory.usage_in_bytes` at \
          the usage where the signal meets the threshold as the agent computes it (capacity − \
