@@ -95,6 +95,11 @@ pub struct EvictionResults {
     /// P21: the node cgroup's highest usage in any round, bytes (the
     /// hog's step and the other pods: it stayed short of the limit).
     pub hog_peak: Option<i64>,
+    /// P21: rounds whose crossing was stamped by a watcher at SCHED_FIFO.
+    pub realtime_stamps: usize,
+    /// P21: rounds whose stop call was logged before the bench's stamp of
+    /// the crossing (counted as 0).
+    pub early_stops: usize,
     /// P22: default settings (a pass every 10 s, notifications).
     pub idle: Option<CpuWindow>,
     /// P22 reference: passes parked (a 1 h period).
@@ -104,6 +109,12 @@ pub struct EvictionResults {
 }
 
 impl EvictionResults {
+    fn count(&mut self, r: &Round) {
+        self.hog_peak = self.hog_peak.max(Some(r.peak));
+        self.realtime_stamps += usize::from(r.realtime);
+        self.early_stops += usize::from(r.early);
+    }
+
     /// P22: the CPU of one pass, from the 100 ms window against the parked
     /// one (both scaled to their walls); None when not measured.
     pub fn per_pass(&self) -> Option<Duration> {
@@ -198,7 +209,7 @@ async fn measure_into(
             let r = round(&mut c, &agent, &node_dir, &format!("hog-n{i:02}"), GAP).await?;
             res.notified.push(r.stop);
             res.notified_decision.push(r.decision);
-            res.hog_peak = res.hog_peak.max(Some(r.peak));
+            res.count(&r);
         }
 
         agent.extra_args = [base.clone(), vec!["--eviction-notifications=false".into()]].concat();
@@ -214,7 +225,7 @@ async fn measure_into(
             let r = round(&mut c, &agent, &node_dir, &format!("hog-p{i:02}"), gap).await?;
             res.polled.push(r.stop);
             res.polled_decision.push(r.decision);
-            res.hog_peak = res.hog_peak.max(Some(r.peak));
+            res.count(&r);
         }
 
         let windows = [
@@ -274,6 +285,10 @@ struct Round {
     stop: Duration,
     /// Crossing → the eviction decision.
     decision: Duration,
+    /// The stop call was logged before the bench's stamp.
+    early: bool,
+    /// The crossing was stamped at SCHED_FIFO.
+    realtime: bool,
     /// The node cgroup's peak usage in the round.
     peak: i64,
 }
@@ -302,6 +317,7 @@ async fn round(
                 agent.log_tail()
             )
         })?;
+    let realtime = crossing.realtime;
     drop(crossing);
     let pod = wait_evicted(agent, name, Duration::from_secs(60)).await?;
     let uid = pod
@@ -316,6 +332,8 @@ async fn round(
     Ok(Round {
         stop: since(stopped),
         decision: since(decided),
+        early: stopped < crossed,
+        realtime,
         peak,
     })
 }
@@ -505,6 +523,8 @@ struct Crossing {
     rx: Option<tokio::sync::oneshot::Receiver<i64>>,
     stop: OwnedFd,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Whether the watcher runs at SCHED_FIFO.
+    realtime: bool,
     // Open as long as the registration.
     _usage: File,
 }
@@ -526,31 +546,50 @@ impl Crossing {
         let stop = rustix::event::eventfd(0, EventfdFlags::CLOEXEC).context("eventfd")?;
         let stop_wait = stop.try_clone().context("dup eventfd")?;
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("bench-crossing".into())
-            .spawn(move || loop {
-                let mut fds = [
-                    PollFd::new(&efd, PollFlags::IN),
-                    PollFd::new(&stop_wait, PollFlags::IN),
-                ];
-                match rustix::event::poll(&mut fds, None) {
-                    Ok(_) => {}
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => return,
+            .spawn(move || {
+                let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
+                loop {
+                    let mut fds = [
+                        PollFd::new(&efd, PollFlags::IN),
+                        PollFd::new(&stop_wait, PollFlags::IN),
+                    ];
+                    match rustix::event::poll(&mut fds, None) {
+                        Ok(_) => {}
+                        Err(rustix::io::Errno::INTR) => continue,
+                        Err(_) => return,
+                    }
+                    let at = now_ns();
+                    if !fds[0].revents().is_empty() {
+                        let _ = tx.send(at);
+                    }
+                    return;
                 }
-                let at = now_ns();
-                if !fds[0].revents().is_empty() {
-                    let _ = tx.send(at);
-                }
-                return;
             })
             .context("spawn the crossing watcher")?;
-        Ok(Crossing {
+        let mut c = Crossing {
             rx: Some(rx),
             stop,
             thread: Some(thread),
+            realtime: false,
             _usage: usage,
-        })
+        };
+        // The kernel wakes every waiter of the threshold together; at
+        // SCHED_FIFO the watcher runs at once (before the hog and the
+        // agent, on a busy 2-core machine), so its stamp is the crossing's
+        // to within its wake-up. rustix has no sched_setscheduler and the
+        // workspace has no unsafe code: chrt(1) sets it by thread id.
+        if let Ok(tid) = tid_rx.recv_timeout(Duration::from_secs(5)) {
+            c.realtime = std::process::Command::new("chrt")
+                .args(["--fifo", "--pid", "50", &tid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+        Ok(c)
     }
 
     /// The wall-clock nanoseconds of the first crossing.

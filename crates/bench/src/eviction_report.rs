@@ -162,7 +162,9 @@ pub fn sections(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
          size from /dev/zero, touching every page, and holds it while blocked writing to a \
          pipe that `sleep` never reads; its shell exits at SIGTERM. The crossing is stamped by the kernel: before each round the \
          bench registers its own cgroup v1 memory threshold (`cgroup.event_control`, an \
-         eventfd, a thread blocked in poll) on the node cgroup's `memory.usage_in_bytes` at \
+         eventfd, a thread blocked in poll and raised to SCHED_FIFO with `chrt`, so that its \
+         wake-up is not queued behind the hog and the agent on the 2 cores: in {} of {} \
+         rounds) on the node cgroup's `memory.usage_in_bytes` at \
          the usage where the signal meets the threshold as the agent computes it (capacity − \
          threshold + `total_inactive_file`). The stop call is stamped by the agent's log line \
          `stopping container … reason=\"pod evicted\"`, written just before its \
@@ -178,6 +180,8 @@ pub fn sections(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
         THRESHOLD >> 20,
         (NODE_MEMORY - THRESHOLD) >> 20,
         HOG >> 20,
+        r.realtime_stamps,
+        r.notified.len() + r.polled.len(),
         POLL_PERIOD.as_secs(),
         POLL_PERIOD.as_secs(),
         r.hog_peak
@@ -198,6 +202,13 @@ pub fn sections(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
         o,
         "polling only: crossing → eviction decided",
         &r.polled_decision,
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Rounds whose StopContainer call was logged before the bench's stamp of the crossing \
+         (each waiter is woken by the same kernel event; counted as 0): {}.",
+        r.early_stops
     )?;
     writeln!(o)?;
     writeln!(
