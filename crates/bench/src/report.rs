@@ -1044,6 +1044,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
         o,
         "scripts/bench.sh --only net --net-pods 10 --net-execs 20 --out /tmp/N.md   # P16-P18 alone, quick"
     )?;
+    writeln!(
+        o,
+        "scripts/bench.sh --only eviction --eviction-rounds 5 --eviction-polling-rounds 1 --eviction-idle-seconds 10 --out /tmp/E.md   # P21-P22 alone, quick"
+    )?;
     writeln!(o, "```")?;
     writeln!(o)?;
     writeln!(
@@ -1056,7 +1060,8 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          /petrel-bench-<id>` in a temporary directory, drives it over its socket with the CRI \
          clients of `petrel_cri`, and rewrites this file. It needs root, runc and the \
          busybox test image (`make image`); P14-P15 also Debian's docker-registry, skopeo \
-         and umoci (`make deps`). It touches nothing it did not create."
+         and umoci (`make deps`); P21-P22 a cgroup v1 memory controller and `chrt`. It \
+         touches nothing it did not create."
     )?;
     writeln!(o)?;
     writeln!(o, "## Noise")?;
