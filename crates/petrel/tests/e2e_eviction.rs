@@ -517,26 +517,11 @@ fn restart_count(pod: &Value) -> i64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before_evicting() {
-    let node = Node::start_with_busybox().await;
-    let root = node.dir.path().join("agent-root");
-    small_fs(&root, "32m");
-    let agent = Agent::for_node_at(
-        &node,
-        &root,
-        &[
-            "--eviction-hard",
-            "nodefs.available<40%",
-            "--eviction-monitoring-interval",
-            "1s",
-            "--eviction-pressure-transition-period",
-            "5s",
-        ],
-    );
-    // Its first instance writes 14 MB of logs and fails; the second (an
-    // emptyDir remembers the first) sleeps. The dead first instance and
-    // its log stay (the newest exited instance is kept).
+/// Starts pod `chatty`: its first instance writes 14 MB of logs and fails;
+/// the second (an emptyDir remembers the first) sleeps. The dead first
+/// instance and its log stay (the newest exited instance is kept). Returns
+/// the directory of its container's logs.
+async fn start_chatty(agent: &Agent, node: &Node) -> std::path::PathBuf {
     let line = "x".repeat(999);
     let script = format!(
         "if [ -e /state/done ]; then exec sleep 3600; fi; touch /state/done; yes {line} | head -c 14000000; exit 1"
@@ -558,23 +543,46 @@ async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before
         "restarted",
         |p| running(p, "main") && restart_count(p) >= 1,
     );
-    let logs = log_dir(&agent, &p).join("main");
+    let logs = log_dir(agent, &p).join("main");
     let first_log = logs.join("0.log");
     let size = std::fs::metadata(&first_log)
         .map(|m| m.len())
         .unwrap_or_else(|e| panic!("{}: {e}", first_log.display()));
     assert!(size > 13_000_000, "the first instance's log: {size} bytes");
     assert!(logs.join("1.log").exists());
-    let dead = |cs: &[petrel_cri::api::Container]| {
-        cs.iter()
-            .filter(|c| c.state == petrel_cri::api::ContainerState::ContainerExited as i32)
-            .count()
-    };
-    assert_eq!(dead(&agent.runtime_containers(&node).await), 1);
+    assert_eq!(dead(&agent.runtime_containers(node).await), 1);
     assert_eq!(
-        node_condition(&agent, "DiskPressure").as_deref(),
+        node_condition(agent, "DiskPressure").as_deref(),
         Some("False")
     );
+    logs
+}
+
+fn dead(cs: &[petrel_cri::api::Container]) -> usize {
+    cs.iter()
+        .filter(|c| c.state == petrel_cri::api::ContainerState::ContainerExited as i32)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before_evicting() {
+    let node = Node::start_with_busybox().await;
+    let root = node.dir.path().join("agent-root");
+    small_fs(&root, "32m");
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<40%",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "5s",
+        ],
+    );
+    let logs = start_chatty(&agent, &node).await;
+    let first_log = logs.join("0.log");
 
     // The node fills up (8 MB the test writes): past the threshold, only
     // the dead container's log can make room.
@@ -612,6 +620,59 @@ async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before
     assert!(
         logs.join("1.log").exists(),
         "the live container's log stays"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn minimum_reclaim_should_evict_when_node_level_reclaim_frees_too_little() {
+    let node = Node::start_with_busybox().await;
+    let root = node.dir.path().join("agent-root");
+    small_fs(&root, "32m");
+    // Threshold 40 % of 32 MiB (12.8 MiB available); with the minimum
+    // reclaim, pressure ends only above 24.8 MiB available.
+    let agent = Agent::for_node_at(
+        &node,
+        &root,
+        &[
+            "--eviction-hard",
+            "nodefs.available<40%",
+            "--eviction-minimum-reclaim",
+            "nodefs.available=12Mi",
+            "--eviction-monitoring-interval",
+            "1s",
+            "--eviction-pressure-transition-period",
+            "5s",
+        ],
+    );
+    let logs = start_chatty(&agent, &node).await;
+    let first_log = logs.join("0.log");
+
+    // 8 MiB of ballast: past the threshold. Reclaiming the dead container's
+    // 14 MB log brings the node back above 40 % but not above 40 % plus the
+    // minimum reclaim, so a pod is evicted after the reclaim.
+    std::fs::write(root.join("ballast"), vec![1u8; 8 << 20]).expect("ballast");
+    let p = agent.wait_pod(
+        "default",
+        "chatty",
+        Duration::from_secs(60),
+        "evicted",
+        |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted",
+    );
+    assert!(
+        !first_log.exists(),
+        "reclaim removed the dead instance's log"
+    );
+    let message = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nodefs.available"), "{message}");
+    let log = agent.log();
+    assert!(
+        !log.contains("node-level reclaim relieved the pressure"),
+        "{log}"
+    );
+    let evict = log.find("evicting pod").expect("an eviction in the log");
+    assert!(
+        log[..evict].contains("removed_containers=1"),
+        "no reclaim of the dead container before the eviction:\n{log}"
     );
 }
 
