@@ -48,22 +48,26 @@ impl<H: NriHost> Nri<H> {
         pod: &api::PodSandbox,
         ctr: api::Container,
     ) -> Result<CreateResult, HookError> {
+        let t0 = Instant::now();
         let recorded = self.owners_snapshot();
         let req = api::CreateContainerRequest {
             pod: Some(pod.clone()),
             container: Some(ctr),
         };
         let mut merger = CreateMerger::new(req).with_recorded_owners(&recorded);
+        let prepared = t0.elapsed();
+        let mut calls = std::time::Duration::ZERO;
         for p in self.registry.all() {
             let who = api::PluginInstance::from(p.conn.registration());
             if !p.conn.subscribed(Event::CreateContainer) {
                 merger.note_plugin(&who);
                 continue;
             }
-            let t0 = Instant::now();
+            let t_call = Instant::now();
             let r = p.conn.create_container(merger.request()).await;
+            calls += t_call.elapsed();
             if let Some(resp) = self
-                .settle(&p, Event::CreateContainer, Veto::Allowed, t0, r)
+                .settle(&p, Event::CreateContainer, Veto::Allowed, t_call, r)
                 .await?
             {
                 merger.apply(&who, resp)?;
@@ -71,6 +75,12 @@ impl<H: NriHost> Nri<H> {
         }
         let result = merger.finish();
         self.validate(&result).await?;
+        tracing::debug!(
+            prepare_us = prepared.as_micros() as u64,
+            calls_us = calls.as_micros() as u64,
+            rest_us = (t0.elapsed() - prepared - calls).as_micros() as u64,
+            "nri: CreateContainer hooks"
+        );
         Ok(result)
     }
 
