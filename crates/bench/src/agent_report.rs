@@ -9,7 +9,7 @@ use crate::agent::{
 };
 use crate::agent_proc::{Mode, ObserveMethod, POLL_EVERY, RELIST_PERIOD};
 use crate::procfs::{self, Cpu};
-use crate::stats::{ms, ratio, verdict, Samples};
+use crate::stats::{ms, one_line, ratio, verdict, Samples};
 
 /// Goal of P10: how much less CPU event mode uses than relist mode.
 const IDLE_REDUCTION_GOAL: f64 = 0.90;
@@ -78,11 +78,6 @@ fn not_measured(o: &mut String, n: &str, what: &str, why: &str) -> std::fmt::Res
         "| {n} | {what} | — | not measured | — | — | not measured: {} |",
         one_line(why)
     )
-}
-
-fn one_line(s: &str) -> String {
-    let first = s.lines().next().unwrap_or("").replace('|', "\\|");
-    first.chars().take(240).collect()
 }
 
 fn why_missing(run: &TargetRun) -> String {

@@ -7,7 +7,7 @@ use crate::eviction::{
     passes_in, CpuWindow, EvictionResults, FAST_PERIOD, HOG, NODE_MEMORY, POLL_PERIOD, STEADY_PODS,
     THRESHOLD,
 };
-use crate::stats::{ms, ratio, samples_row, verdict};
+use crate::stats::{ms, ratio, samples_row, verdict, why_cell};
 
 /// Goal of P21: crossing → stop call with notifications, at p99.
 const REACTION_GOAL: Duration = Duration::from_millis(200);
@@ -18,12 +18,7 @@ const IDLE_GOAL: Duration = Duration::from_millis(60);
 const MINUTE: f64 = 60.0;
 
 fn why(r: &EvictionResults) -> String {
-    let text = r
-        .error
-        .as_deref()
-        .unwrap_or("the run stopped before this figure");
-    let first = text.lines().next().unwrap_or("").replace('|', "\\|");
-    first.chars().take(240).collect()
+    why_cell(r.error.as_deref())
 }
 
 fn us(d: Duration) -> String {

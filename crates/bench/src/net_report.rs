@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::net::{NetResults, CNI_BIN};
-use crate::stats::{ms, ratio, samples_row, verdict, within, Samples};
+use crate::stats::{ms, ratio, samples_row, verdict, why_cell, within, Samples};
 
 /// Goal of P16 and P17: Petrel over containerd 1.7, at p50.
 const RATIO_GOAL: f64 = 1.0;
@@ -11,13 +11,7 @@ const RATIO_GOAL: f64 = 1.0;
 const FORWARD_GOAL_GBPS: f64 = 1.0;
 
 fn why(r: &NetResults) -> String {
-    let text = r
-        .containerd_missing
-        .as_deref()
-        .or(r.error.as_deref())
-        .unwrap_or("the run stopped before this figure");
-    let first = text.lines().next().unwrap_or("").replace('|', "\\|");
-    first.chars().take(240).collect()
+    why_cell(r.containerd_missing.as_deref().or(r.error.as_deref()))
 }
 
 /// One summary row comparing `petrel` with `containerd` at p50 and p99.

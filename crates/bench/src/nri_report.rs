@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::nri::{NriResults, FLOOR_GAP, PLUGIN_COUNTS};
-use crate::stats::{ms, ratio, samples_row, verdict};
+use crate::stats::{ms, ratio, samples_row, verdict, why_cell};
 
 /// Goal of P19: time added per subscribed plugin at p50.
 const PER_PLUGIN_GOAL: Duration = Duration::from_micros(100);
@@ -12,12 +12,7 @@ const PER_PLUGIN_GOAL: Duration = Duration::from_micros(100);
 const SYNC_GOAL: Duration = Duration::from_millis(50);
 
 fn why(r: &NriResults) -> String {
-    let text = r
-        .error
-        .as_deref()
-        .unwrap_or("the run stopped before this figure");
-    let first = text.lines().next().unwrap_or("").replace('|', "\\|");
-    first.chars().take(240).collect()
+    why_cell(r.error.as_deref())
 }
 
 fn us(d: Duration) -> String {

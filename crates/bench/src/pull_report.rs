@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::pull::PullResults;
-use crate::stats::{ms, ratio, verdict, within, Samples};
+use crate::stats::{ms, one_line, ratio, verdict, why_cell, within, Samples};
 
 /// Goal of P14: Petrel's pull over skopeo copy + umoci unpack, at p50.
 const PULL_RATIO_GOAL: f64 = 1.0;
@@ -21,17 +21,8 @@ fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
-fn one_line(s: &str) -> String {
-    let first = s.lines().next().unwrap_or("").replace('|', "\\|");
-    first.chars().take(240).collect()
-}
-
 fn why(r: &PullResults) -> String {
-    one_line(
-        r.error
-            .as_deref()
-            .unwrap_or("the run stopped before this figure"),
-    )
+    why_cell(r.error.as_deref())
 }
 
 fn what_image(r: &PullResults) -> String {

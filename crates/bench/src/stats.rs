@@ -111,6 +111,18 @@ pub fn ratio(a: Duration, b: Duration) -> String {
     format!("{:.2}", a.as_secs_f64() / b.as_secs_f64())
 }
 
+/// The first line of an error, fit for a table cell (no `|`, at most 240
+/// characters).
+pub fn one_line(s: &str) -> String {
+    let first = s.lines().next().unwrap_or("").replace('|', "\\|");
+    first.chars().take(240).collect()
+}
+
+/// Why a section's figure is missing, for its table cell.
+pub fn why_cell(error: Option<&str>) -> String {
+    one_line(error.unwrap_or("the run stopped before this figure"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +170,12 @@ mod tests {
             "1.50"
         );
         assert_eq!(ratio(Duration::from_millis(3), Duration::ZERO), "n/a");
+    }
+
+    #[test]
+    fn why_cell_takes_the_first_line_and_escapes_pipes() {
+        assert_eq!(why_cell(Some("a | b\nsecond")), "a \\| b");
+        assert_eq!(why_cell(None), "the run stopped before this figure");
+        assert_eq!(one_line(&"x".repeat(300)).len(), 240);
     }
 }
