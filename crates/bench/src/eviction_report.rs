@@ -7,7 +7,7 @@ use crate::eviction::{
     passes_in, CpuWindow, EvictionResults, FAST_PERIOD, HOG, NODE_MEMORY, POLL_PERIOD, STEADY_PODS,
     THRESHOLD,
 };
-use crate::stats::{ms, ratio, samples_row, verdict, why_cell};
+use crate::stats::{ms, ratio, samples_row, stopped_early, verdict, why_cell};
 
 /// Goal of P21: crossing → stop call with notifications, at p99.
 const REACTION_GOAL: Duration = Duration::from_millis(200);
@@ -259,15 +259,7 @@ pub fn sections(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
     window_row(o, "passes parked (1 h period)", r.parked)?;
     window_row(o, "a pass every 100 ms", r.fast)?;
     writeln!(o)?;
-    if let Some(e) = &r.error {
-        writeln!(o, "The section stopped early: `{}`.", why_line(e))?;
-        writeln!(o)?;
-    }
-    Ok(())
-}
-
-fn why_line(e: &str) -> String {
-    e.lines().next().unwrap_or("").replace('`', "'")
+    stopped_early(o, r.error.as_deref())
 }
 
 #[cfg(test)]

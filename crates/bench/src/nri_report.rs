@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::nri::{NriResults, FLOOR_GAP, PLUGIN_COUNTS};
-use crate::stats::{ms, ratio, samples_row, verdict, why_cell};
+use crate::stats::{ms, ratio, samples_row, stopped_early, verdict, why_cell};
 
 /// Goal of P19: time added per subscribed plugin at p50.
 const PER_PLUGIN_GOAL: Duration = Duration::from_micros(100);
@@ -173,13 +173,5 @@ pub fn sections(o: &mut String, r: &NriResults) -> std::fmt::Result {
     samples_row(o, "Synchronize (Configure → handler)", &r.sync)?;
     samples_row(o, "ListPodSandbox + ListContainers", &r.list)?;
     writeln!(o)?;
-    if let Some(e) = &r.error {
-        writeln!(o, "The section stopped early: `{}`.", why_line(e))?;
-        writeln!(o)?;
-    }
-    Ok(())
-}
-
-fn why_line(e: &str) -> String {
-    e.lines().next().unwrap_or("").replace('`', "'")
+    stopped_early(o, r.error.as_deref())
 }

@@ -118,6 +118,18 @@ pub fn one_line(s: &str) -> String {
     first.chars().take(240).collect()
 }
 
+/// The closing line of a section that stopped early: the error's first line
+/// (backticks made quotes, so the code span holds); nothing otherwise.
+pub fn stopped_early(o: &mut String, error: Option<&str>) -> std::fmt::Result {
+    use std::fmt::Write;
+    if let Some(e) = error {
+        let first = e.lines().next().unwrap_or("").replace('`', "'");
+        writeln!(o, "The section stopped early: `{first}`.")?;
+        writeln!(o)?;
+    }
+    Ok(())
+}
+
 /// Why a section's figure is missing, for its table cell.
 pub fn why_cell(error: Option<&str>) -> String {
     one_line(error.unwrap_or("the run stopped before this figure"))
@@ -177,5 +189,14 @@ mod tests {
         assert_eq!(why_cell(Some("a | b\nsecond")), "a \\| b");
         assert_eq!(why_cell(None), "the run stopped before this figure");
         assert_eq!(one_line(&"x".repeat(300)).len(), 240);
+    }
+
+    #[test]
+    fn stopped_early_writes_the_first_line_only_when_there_is_an_error() {
+        let mut o = String::new();
+        assert!(stopped_early(&mut o, None).is_ok());
+        assert!(o.is_empty());
+        assert!(stopped_early(&mut o, Some("bad `x`\nmore")).is_ok());
+        assert_eq!(o, "The section stopped early: `bad 'x'`.\n\n");
     }
 }
