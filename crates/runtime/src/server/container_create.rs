@@ -309,24 +309,41 @@ impl Runtime {
         rec: &ContainerRecord,
         runc_deleted: bool,
     ) -> Result<()> {
-        let mut first: Option<RuntimeError> = None;
-        if !runc_deleted {
-            if let Err(e) = self.runc.delete(&rec.id, true).await {
-                first.get_or_insert(e.into());
+        let t0 = std::time::Instant::now();
+        let runc = async {
+            if runc_deleted {
+                return Ok(());
             }
-        }
-        if let Err(e) = rootfs::unmount(&rec.bundle.join("rootfs")) {
-            first.get_or_insert(e);
-        }
-        for d in [&rec.bundle, &rec.layer_dir] {
-            if let Err(e) = crate::server::sandbox_run::remove_dir(d) {
-                first.get_or_insert(e);
-            }
-        }
+            self.runc
+                .delete(&rec.id, true)
+                .await
+                .map_err(RuntimeError::from)
+        };
+        let (bundle, layer) = (rec.bundle.clone(), rec.layer_dir.clone());
+        let (runc, files) = if rec.state == ContainerState::Exited {
+            // Its init is dead, so runc's record and the files are
+            // independent: `runc delete` (a process of its own) and the
+            // unmount and removal of the rootfs run side by side.
+            let files =
+                tokio::task::spawn_blocking(move || remove_container_files(&bundle, &layer));
+            let (runc, files) = tokio::join!(runc, files);
+            let files =
+                files.unwrap_or_else(|e| Err(RuntimeError::internal("remove container files", e)));
+            (runc, files)
+        } else {
+            // A live init is killed first: its files go once it is dead.
+            let runc = runc.await;
+            (runc, remove_container_files(&bundle, &layer))
+        };
         // runc removes the container's own cgroup; a container that never
         // reached runc may still have left an empty one.
         let _ = self.cgroups.remove(&rec.cgroup_path);
-        first.map_or(Ok(()), Err)
+        tracing::debug!(
+            container.id = %rec.id,
+            teardown_us = t0.elapsed().as_micros() as u64,
+            "container torn down"
+        );
+        runc.and(files)
     }
 
     /// The sandbox a container belongs to (it always exists while the
@@ -334,6 +351,15 @@ impl Runtime {
     pub(crate) fn sandbox_of(&self, c: &Container) -> Option<Arc<Sandbox>> {
         self.state.sandbox(&c.with(|r| r.sandbox_id.clone()))
     }
+}
+
+/// Unmounts a container's rootfs and removes its bundle and writable layer;
+/// every step runs, the first error is returned.
+fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> {
+    let unmounted = rootfs::unmount(&bundle.join("rootfs"));
+    let bundle_removed = crate::server::sandbox_run::remove_dir(bundle);
+    let layer_removed = crate::server::sandbox_run::remove_dir(layer);
+    unmounted.and(bundle_removed).and(layer_removed)
 }
 
 #[cfg(test)]

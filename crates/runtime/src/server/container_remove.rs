@@ -27,8 +27,10 @@ impl Runtime {
     }
 
     pub(crate) async fn remove_container_inner(self: &Arc<Self>, c: &Arc<Container>) -> Result<()> {
+        let t0 = std::time::Instant::now();
         self.stop_container_inner(c, 0).await?;
         let _op = c.op.lock().await;
+        let t_stopped = t0.elapsed();
         if !self
             .state
             .container(&c.id)
@@ -38,10 +40,20 @@ impl Runtime {
         }
         let rec = c.record();
         let mut deleted = c.runc_deleted.lock().await;
+        let t_locked = t0.elapsed();
         self.teardown_container(&rec, *deleted).await?;
         *deleted = true;
         drop(deleted);
+        let t_torn = t0.elapsed();
         self.store.delete(Table::Containers, &rec.id)?;
+        tracing::debug!(
+            container.id = %rec.id,
+            stop_us = t_stopped.as_micros() as u64,
+            wait_cleanup_us = (t_locked - t_stopped).as_micros() as u64,
+            teardown_us = (t_torn - t_locked).as_micros() as u64,
+            commit_us = (t0.elapsed() - t_torn).as_micros() as u64,
+            "container removed"
+        );
         let sb = self.sandbox_of(c);
         if let Some(sb) = &sb {
             sb.remove_container(&rec.id);

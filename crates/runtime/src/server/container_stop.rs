@@ -151,7 +151,7 @@ impl Runtime {
     }
 
     /// Records a container's exit: reads the shim's exit record, decides the
-    /// reason, commits, publishes STOPPED, then cleans runc's state.
+    /// reason, publishes STOPPED, commits, then cleans runc's state.
     pub(crate) async fn handle_exit(self: &Arc<Self>, c: &Arc<Container>) {
         let _op = c.op.lock().await;
         // Removed meanwhile (a created container deleted by force).
@@ -215,6 +215,10 @@ impl Runtime {
         if let Some(sb) = self.sandbox_of(c) {
             self.publish(&c.id, api::ContainerEventType::ContainerStoppedEvent, &sb);
         }
+        // Let the event leave before the commit waits for the disk: tokio
+        // runs the subscribers' streams woken here on this same thread, but
+        // only once this task yields.
+        tokio::task::yield_now().await;
         if let Err(e) = self
             .store
             .put(petrel_store::Table::Containers, &rec.id, &rec)
