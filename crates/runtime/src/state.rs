@@ -7,7 +7,8 @@
 //! exit handling, remove), while reads take only a short std lock.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use tokio::sync::watch;
 
@@ -132,6 +133,9 @@ pub struct Container {
     /// it, so that exit handling and removal never both run `runc delete`.
     pub runc_deleted: tokio::sync::Mutex<bool>,
     listing: Listing,
+    /// The container generation of the [`State`] holding this container
+    /// (set when it is inserted), bumped after each record change.
+    generation: OnceLock<Arc<AtomicU64>>,
 }
 
 impl Container {
@@ -146,6 +150,7 @@ impl Container {
             cpu_sample: Mutex::new(None),
             runc_deleted: tokio::sync::Mutex::new(false),
             listing: Listing::default(),
+            generation: OnceLock::new(),
         }
     }
 
@@ -178,6 +183,11 @@ impl Container {
         // `Listing::get_or_build`).
         *lock(&self.record) = record;
         self.listing.clear();
+        // After the record and its entry changed: a whole listing built
+        // from the old record carries an older generation.
+        if let Some(g) = self.generation.get() {
+            g.fetch_add(1, Ordering::AcqRel);
+        }
         if exited {
             self.exited.send_replace(true);
         }
@@ -200,6 +210,11 @@ pub struct State {
     sandboxes: RwLock<HashMap<String, Arc<Sandbox>>>,
     containers: RwLock<HashMap<String, Arc<Container>>>,
     names: Mutex<HashMap<String, String>>,
+    /// Bumped after every change of a container: insertion, removal, record.
+    containers_generation: Arc<AtomicU64>,
+    /// The encoded unfiltered ListContainers answer and the generation it
+    /// was built at.
+    all_containers: Mutex<Option<(u64, bytes::Bytes)>>,
 }
 
 fn resolve<T>(map: &HashMap<String, Arc<T>>, id: &str) -> Option<Arc<T>> {
@@ -278,10 +293,12 @@ impl State {
 
     /// Adds a container.
     pub fn insert_container(&self, c: Arc<Container>) {
+        let _ = c.generation.set(self.containers_generation.clone());
         self.containers
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(c.id.clone(), c);
+        self.containers_generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Removes a container.
@@ -290,6 +307,24 @@ impl State {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        self.containers_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The encoded answer to an unfiltered ListContainers (a kubelet relist
+    /// asks for exactly that every second): rebuilt by `build` only when a
+    /// container was added, removed or changed since it was last built.
+    pub fn all_containers_listing(&self, build: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
+        // Read before building: a change during the build bumps the
+        // generation past the one stored with the answer.
+        let generation = self.containers_generation.load(Ordering::Acquire);
+        if let Some((g, b)) = lock(&self.all_containers).as_ref() {
+            if *g == generation {
+                return b.clone();
+            }
+        }
+        let b = build();
+        *lock(&self.all_containers) = Some((generation, b.clone()));
+        b
     }
 
     /// Finds a container by id or unique id prefix.

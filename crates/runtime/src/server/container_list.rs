@@ -112,11 +112,18 @@ pub(crate) fn select_containers(
 /// messages.
 pub(crate) fn list_containers_encoded(state: &State, req: &api::ListContainersRequest) -> Bytes {
     let filter = req.filter.clone().unwrap_or_default();
-    let parts: Vec<Bytes> = select_containers(state, &filter)
-        .iter()
-        .map(|c| c.listing(encode_container))
-        .collect();
-    encoded_list(&parts)
+    let build = || {
+        let parts: Vec<Bytes> = select_containers(state, &filter)
+            .iter()
+            .map(|c| c.listing(encode_container))
+            .collect();
+        encoded_list(&parts)
+    };
+    if filter == api::ContainerFilter::default() {
+        state.all_containers_listing(build)
+    } else {
+        build()
+    }
 }
 
 /// The encoding of a container's listing entry.
@@ -333,5 +340,37 @@ mod tests {
         s.remove_container("c3");
         assert_eq!(listed(&s, running), ["c4"]);
         assert_eq!(listed(&s, Default::default()), ["c1", "c2", "c4"]);
+    }
+
+    #[test]
+    fn unfiltered_listing_should_be_cached_until_a_container_changes() {
+        let s = state();
+        let all = || list_containers_encoded(&s, &api::ListContainersRequest { filter: None });
+        let first = all();
+        // The same bytes, not a rebuilt copy: the whole answer was cached.
+        assert_eq!(all().as_ptr(), first.as_ptr());
+        assert_eq!(listed(&s, Default::default()), ["c1", "c2", "c3"]);
+
+        // A record change, an insertion and a removal each rebuild it.
+        let c = s.container("c1").expect("inserted");
+        let mut r = c.record();
+        r.state = ContainerState::Exited;
+        c.set(r);
+        let changed = all();
+        assert_ne!(changed.as_ptr(), first.as_ptr());
+        let decoded: api::ListContainersResponse =
+            prost::Message::decode(changed.clone()).unwrap_or_default();
+        assert_eq!(
+            decoded.containers[0].state,
+            api::ContainerState::ContainerExited as i32
+        );
+        let mut r = record("c5", 50);
+        r.sandbox_id = "pod1-sandbox".into();
+        s.insert_container(Arc::new(Container::new(r)));
+        assert_eq!(listed(&s, Default::default()), ["c1", "c2", "c3", "c5"]);
+        s.remove_container("c2");
+        assert_eq!(listed(&s, Default::default()), ["c1", "c3", "c5"]);
+        let settled = all();
+        assert_eq!(all().as_ptr(), settled.as_ptr());
     }
 }
