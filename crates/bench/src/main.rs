@@ -631,55 +631,32 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     node.shutdown();
     raw.sweep();
 
-    let pull = match args.only {
-        Part::All => Some(pull::measure(args, work, &progress).await),
-        Part::Runtime
-        | Part::Queue
-        | Part::Agent
-        | Part::Pull
-        | Part::Net
-        | Part::Nri
-        | Part::Eviction => None,
+    // The other sections run after the runtime's only in a whole run.
+    let whole = args.only == Part::All;
+    let pull = if whole {
+        Some(pull::measure(args, work, &progress).await)
+    } else {
+        None
     };
-    let net = match args.only {
-        Part::All => Some(net::measure(args, work, &progress).await),
-        Part::Runtime
-        | Part::Queue
-        | Part::Agent
-        | Part::Pull
-        | Part::Net
-        | Part::Nri
-        | Part::Eviction => None,
+    let net = if whole {
+        Some(net::measure(args, work, &progress).await)
+    } else {
+        None
     };
-    let nri = match args.only {
-        Part::All => Some(nri::measure(args, work, &progress).await),
-        Part::Runtime
-        | Part::Queue
-        | Part::Agent
-        | Part::Pull
-        | Part::Net
-        | Part::Nri
-        | Part::Eviction => None,
+    let nri = if whole {
+        Some(nri::measure(args, work, &progress).await)
+    } else {
+        None
     };
-    let eviction = match args.only {
-        Part::All => Some(eviction::measure(args, work, &progress).await),
-        Part::Runtime
-        | Part::Queue
-        | Part::Agent
-        | Part::Pull
-        | Part::Net
-        | Part::Nri
-        | Part::Eviction => None,
+    let eviction = if whole {
+        Some(eviction::measure(args, work, &progress).await)
+    } else {
+        None
     };
-    let agent = match args.only {
-        Part::All => Some(agent::measure(args, work, &progress).await),
-        Part::Runtime
-        | Part::Queue
-        | Part::Agent
-        | Part::Pull
-        | Part::Net
-        | Part::Nri
-        | Part::Eviction => None,
+    let agent = if whole {
+        Some(agent::measure(args, work, &progress).await)
+    } else {
+        None
     };
     Ok(Results {
         fsync,
