@@ -4,6 +4,8 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 CARGO ?= cargo
+# One-off builds (CI) gain nothing from incremental caches but their disk use.
+export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
 	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables
