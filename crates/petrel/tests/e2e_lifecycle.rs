@@ -667,3 +667,65 @@ async fn exited_containers_should_leave_no_page_cache_charged_to_their_cgroups()
     c.remove(&id).await.unwrap();
     c.remove_pod(&pod).await.unwrap();
 }
+
+/// How many of `pid`'s open files are the namespace `ns` (a `mnt:[…]` link).
+fn fds_on(pid: u32, ns: &std::path::Path) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l == ns)
+        .count()
+}
+
+#[tokio::test]
+async fn the_runtime_should_hold_a_containers_mount_namespace_until_its_exit_is_handled_even_after_a_restart(
+) {
+    let mut node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("mntns");
+    let pod = c.run_pod(pc.clone()).await;
+    for (name, removed_at_once) in [("exits", false), ("removed", true)] {
+        let id = c.run(&pod, &pc, sh_container(name, "sleep 1000")).await;
+        let info =
+            c.rt.container_status(api::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let v: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
+        let pid = v["pid"].as_u64().unwrap();
+        let ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+        assert_ne!(ns, std::fs::read_link("/proc/self/ns/mnt").unwrap());
+        assert_eq!(
+            fds_on(node.pid(), &ns),
+            1,
+            "{name}: the runtime does not hold the mount namespace {ns:?}"
+        );
+        if !removed_at_once {
+            // A restarted runtime holds it again.
+            node.kill9();
+            node.restart();
+            c = node.clients().await;
+            assert!(
+                eventually(Duration::from_secs(5), || fds_on(node.pid(), &ns) == 1).await,
+                "{name}: the restarted runtime does not hold the mount namespace {ns:?}"
+            );
+        }
+        // Removed right after the stop, the removal lets go of it; else the
+        // exit handling does, shortly after the exit.
+        c.stop(&id, 0).await.unwrap();
+        if removed_at_once {
+            c.remove(&id).await.unwrap();
+        }
+        assert!(
+            eventually(Duration::from_secs(5), || fds_on(node.pid(), &ns) == 0).await,
+            "{name}: the mount namespace {ns:?} is still held"
+        );
+        if !removed_at_once {
+            c.remove(&id).await.unwrap();
+        }
+    }
+}

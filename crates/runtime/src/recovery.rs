@@ -95,7 +95,7 @@ impl Runtime {
                 .filter(|s| s.id == rec.sandbox_id);
             if rec.state == ContainerState::Creating || sb.is_none() {
                 tracing::warn!(container.id = %rec.id, "undoing a container left by an interrupted create or removal");
-                let _ = self.teardown_container(&rec, false).await;
+                let _ = self.teardown_container(&rec, false, None).await;
                 self.store.delete(Table::Containers, &rec.id)?;
                 continue;
             }

@@ -136,6 +136,9 @@ pub struct Container {
     /// The container generation of the [`State`] holding this container
     /// (set when it is inserted), bumped after each record change.
     generation: OnceLock<Arc<AtomicU64>>,
+    /// The init's mount namespace, held open while the container runs (see
+    /// [`Container::hold_mount_namespace`]).
+    mount_ns: Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl Container {
@@ -151,7 +154,23 @@ impl Container {
             runc_deleted: tokio::sync::Mutex::new(false),
             listing: Listing::default(),
             generation: OnceLock::new(),
+            mount_ns: Mutex::new(None),
         }
+    }
+
+    /// Keeps the init's mount namespace alive past the init's death, so
+    /// that the kernel tears it down (unmounting the container's proc, its
+    /// rootfs and the rest, an RCU grace period or more) when the runtime
+    /// lets go of it, off the exit's path, instead of before the shim learns
+    /// of the exit. Best effort: without it the kernel does it at the exit.
+    pub fn hold_mount_namespace(&self, fd: std::os::fd::OwnedFd) {
+        *lock(&self.mount_ns) = Some(fd);
+    }
+
+    /// Takes the held mount namespace, to be closed where the teardown may
+    /// block (a blocking thread).
+    pub fn release_mount_namespace(&self) -> Option<std::os::fd::OwnedFd> {
+        lock(&self.mount_ns).take()
     }
 
     /// The container's encoded listing entry, built by `build` when the

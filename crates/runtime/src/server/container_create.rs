@@ -1,6 +1,7 @@
 //! CreateContainer: overlay rootfs, OCI spec, shim + `runc create`.
 //! All or nothing: a failure undoes every step and releases the name.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -152,7 +153,7 @@ impl Runtime {
         let (pidfd, adjusted) = match made {
             Ok(made) => made,
             Err(e) => {
-                if let Err(undo) = self.teardown_container(&rec, false).await {
+                if let Err(undo) = self.teardown_container(&rec, false, None).await {
                     tracing::error!(container.id = %id, error = %undo, "rollback of a failed CreateContainer incomplete");
                 }
                 let _ = self.store.delete(Table::Containers, &id);
@@ -164,7 +165,7 @@ impl Runtime {
         };
         if let Err(e) = self.save_container(&c, rec.clone()) {
             // The container exists in runc but could not be recorded: undo it.
-            let _ = self.teardown_container(&rec, false).await;
+            let _ = self.teardown_container(&rec, false, None).await;
             let _ = self.store.delete(Table::Containers, &id);
             sb.remove_container(&id);
             self.state.remove_container(&id);
@@ -308,6 +309,7 @@ impl Runtime {
         &self,
         rec: &ContainerRecord,
         runc_deleted: bool,
+        mount_ns: Option<OwnedFd>,
     ) -> Result<()> {
         let t0 = std::time::Instant::now();
         let runc = async {
@@ -324,8 +326,12 @@ impl Runtime {
             // Its init is dead, so runc's record and the files are
             // independent: `runc delete` (a process of its own) and the
             // unmount and removal of the rootfs run side by side.
-            let files =
-                tokio::task::spawn_blocking(move || remove_container_files(&bundle, &layer));
+            let files = tokio::task::spawn_blocking(move || {
+                // The namespace's teardown (its copy of the rootfs mount
+                // among the rest) comes before the rootfs is removed.
+                drop(mount_ns);
+                remove_container_files(&bundle, &layer)
+            });
             let (runc, files) = tokio::join!(runc, files);
             let files =
                 files.unwrap_or_else(|e| Err(RuntimeError::internal("remove container files", e)));
@@ -333,6 +339,7 @@ impl Runtime {
         } else {
             // A live init is killed first: its files go once it is dead.
             let runc = runc.await;
+            drop(mount_ns);
             (runc, remove_container_files(&bundle, &layer))
         };
         // runc removes the container's own cgroup; a container that never

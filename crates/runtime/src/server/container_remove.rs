@@ -41,7 +41,8 @@ impl Runtime {
         let rec = c.record();
         let mut deleted = c.runc_deleted.lock().await;
         let t_locked = t0.elapsed();
-        self.teardown_container(&rec, *deleted).await?;
+        self.teardown_container(&rec, *deleted, c.release_mount_namespace())
+            .await?;
         *deleted = true;
         drop(deleted);
         let t_torn = t0.elapsed();

@@ -140,6 +140,13 @@ impl Runtime {
 
     /// Watches a container's shim and records the exit when it comes.
     pub(crate) fn watch_exit(self: &Arc<Self>, c: Arc<Container>, pidfd: OwnedFd) {
+        let (pid, start_time) = c.with(|r| (r.pid, r.init_start_time));
+        match util::open_mount_namespace(pid, start_time) {
+            Ok(ns) => c.hold_mount_namespace(ns),
+            Err(e) => {
+                tracing::debug!(container.id = %c.id, error = %e, "mount namespace not held")
+            }
+        }
         let rt = self.clone();
         tokio::spawn(async move {
             if let Err(e) = shim::wait_exit(pidfd).await {
@@ -247,7 +254,10 @@ impl Runtime {
             }
             let cgroups = rt.cgroups.clone();
             let id = c.id.clone();
+            let mount_ns = c.release_mount_namespace();
             let _ = tokio::task::spawn_blocking(move || {
+                // The kernel tears the namespace down here.
+                drop(mount_ns);
                 if let Err(e) = cgroups.release_memory(&cgroup) {
                     tracing::debug!(container.id = %id, error = %e, "container memory not released");
                 }
