@@ -448,16 +448,7 @@ async fn pods_should_support_host_network_and_a_shared_pid_namespace() {
     let id = c.run(&pod, &pc, sh_container("h", "sleep 1000")).await;
     let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
     let st = c.status(&id).await;
-    let info =
-        c.rt.container_status(api::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let pid: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
-    let pid = pid["pid"].as_u64().unwrap();
+    let pid = c.init_pid(&id).await;
     assert_eq!(
         std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap(),
         host_net
@@ -565,16 +556,7 @@ async fn pods_should_share_host_ipc_and_pid_namespaces_when_asked() {
         },
     );
     let id = c.run(&pod, &pc, cfg).await;
-    let info =
-        c.rt.container_status(api::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let v: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
-    let pid = v["pid"].as_u64().unwrap();
+    let pid = c.init_pid(&id).await;
     for ns in ["pid", "ipc"] {
         assert_eq!(
             std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap(),
@@ -687,16 +669,7 @@ async fn the_runtime_should_hold_a_containers_mount_namespace_until_its_exit_is_
     let pod = c.run_pod(pc.clone()).await;
     for (name, removed_at_once) in [("exits", false), ("removed", true)] {
         let id = c.run(&pod, &pc, sh_container(name, "sleep 1000")).await;
-        let info =
-            c.rt.container_status(api::ContainerStatusRequest {
-                container_id: id.clone(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let v: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
-        let pid = v["pid"].as_u64().unwrap();
+        let pid = c.init_pid(&id).await;
         let ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
         assert_ne!(ns, std::fs::read_link("/proc/self/ns/mnt").unwrap());
         assert_eq!(

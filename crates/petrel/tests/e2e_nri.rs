@@ -138,16 +138,7 @@ async fn exec(c: &mut Clients, id: &str, script: &str) -> String {
 
 /// The OCI spec the container was created with (from verbose status).
 async fn runtime_spec(c: &mut Clients, id: &str) -> serde_json::Value {
-    let r =
-        c.rt.container_status(api::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let info: serde_json::Value = serde_json::from_str(&r.info["info"]).unwrap();
-    info["runtimeSpec"].clone()
+    c.verbose_info(id).await["runtimeSpec"].clone()
 }
 
 fn cgroup_file(node: &Node, pod: &str, id: &str, controller: &str, file: &str) -> String {

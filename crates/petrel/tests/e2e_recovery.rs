@@ -35,18 +35,7 @@ async fn restart_after_kill9_should_lose_nothing_and_see_exits_while_down() {
         Duration::from_secs(5),
     )
     .await;
-    let runner_pid = {
-        let r =
-            c.rt.container_status(api::ContainerStatusRequest {
-                container_id: runner.clone(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let v: serde_json::Value = serde_json::from_str(&r.info["info"]).unwrap();
-        v["pid"].as_u64().unwrap() as i32
-    };
+    let runner_pid = c.init_pid(&runner).await as i32;
 
     node.kill9();
     // While the runtime is down, `dies` exits and `runner` keeps running.

@@ -563,6 +563,27 @@ impl Clients {
             .map(drop)
     }
 
+    /// The `info` of a verbose ContainerStatus (pid, runtime spec, ...).
+    pub async fn verbose_info(&mut self, id: &str) -> serde_json::Value {
+        let r = self
+            .rt
+            .container_status(api::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: true,
+            })
+            .await
+            .expect("ContainerStatus")
+            .into_inner();
+        serde_json::from_str(&r.info["info"]).expect("verbose info is JSON")
+    }
+
+    /// The pid of a running container's init (from its verbose status).
+    pub async fn init_pid(&mut self, id: &str) -> u64 {
+        self.verbose_info(id).await["pid"]
+            .as_u64()
+            .expect("pid in verbose info")
+    }
+
     pub async fn status(&mut self, id: &str) -> api::ContainerStatus {
         self.rt
             .container_status(api::ContainerStatusRequest {
