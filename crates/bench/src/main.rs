@@ -632,31 +632,17 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     raw.sweep();
 
     // The other sections run after the runtime's only in a whole run.
-    let whole = args.only == Part::All;
-    let pull = if whole {
-        Some(pull::measure(args, work, &progress).await)
+    let (pull, net, nri, eviction, agent) = if args.only == Part::All {
+        // In this order: the tuple's elements are awaited one after another.
+        (
+            Some(pull::measure(args, work, &progress).await),
+            Some(net::measure(args, work, &progress).await),
+            Some(nri::measure(args, work, &progress).await),
+            Some(eviction::measure(args, work, &progress).await),
+            Some(agent::measure(args, work, &progress).await),
+        )
     } else {
-        None
-    };
-    let net = if whole {
-        Some(net::measure(args, work, &progress).await)
-    } else {
-        None
-    };
-    let nri = if whole {
-        Some(nri::measure(args, work, &progress).await)
-    } else {
-        None
-    };
-    let eviction = if whole {
-        Some(eviction::measure(args, work, &progress).await)
-    } else {
-        None
-    };
-    let agent = if whole {
-        Some(agent::measure(args, work, &progress).await)
-    } else {
-        None
+        (None, None, None, None, None)
     };
     Ok(Results {
         fsync,
