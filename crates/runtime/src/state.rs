@@ -138,7 +138,7 @@ pub struct Container {
     generation: OnceLock<Arc<AtomicU64>>,
     /// The init's mount namespace, held open while the container runs (see
     /// [`Container::hold_mount_namespace`]).
-    mount_ns: Mutex<Option<std::os::fd::OwnedFd>>,
+    mount_ns: Mutex<Option<crate::container::mount_ns::HeldNamespace>>,
 }
 
 impl Container {
@@ -163,13 +163,13 @@ impl Container {
     /// rootfs and the rest, an RCU grace period or more) when the runtime
     /// lets go of it, off the exit's path, instead of before the shim learns
     /// of the exit. Best effort: without it the kernel does it at the exit.
-    pub fn hold_mount_namespace(&self, fd: std::os::fd::OwnedFd) {
-        *lock(&self.mount_ns) = Some(fd);
+    pub fn hold_mount_namespace(&self, ns: crate::container::mount_ns::HeldNamespace) {
+        *lock(&self.mount_ns) = Some(ns);
     }
 
     /// Takes the held mount namespace, to be closed where the teardown may
     /// block (a blocking thread).
-    pub fn release_mount_namespace(&self) -> Option<std::os::fd::OwnedFd> {
+    pub fn release_mount_namespace(&self) -> Option<crate::container::mount_ns::HeldNamespace> {
         lock(&self.mount_ns).take()
     }
 

@@ -1,3 +1,4 @@
 //! What a container is made of on the host: its rootfs and its shim.
+pub mod mount_ns;
 pub mod rootfs;
 pub mod shim;

@@ -1,7 +1,6 @@
 //! CreateContainer: overlay rootfs, OCI spec, shim + `runc create`.
 //! All or nothing: a failure undoes every step and releases the name.
 
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +10,7 @@ use petrel_nri::adaptation::CreateResult;
 use petrel_oci::spec::{self, ContainerSpecInput, NamespaceRef, SandboxContext};
 use petrel_store::Table;
 
+use crate::container::mount_ns::HeldNamespace;
 use crate::container::rootfs::{self, WritableLayer};
 use crate::container::shim::{self, ShimOptions};
 use crate::error::{non_empty, required, Result, RuntimeError};
@@ -309,7 +309,7 @@ impl Runtime {
         &self,
         rec: &ContainerRecord,
         runc_deleted: bool,
-        mount_ns: Option<OwnedFd>,
+        mount_ns: Option<HeldNamespace>,
     ) -> Result<()> {
         let t0 = std::time::Instant::now();
         let runc = async {

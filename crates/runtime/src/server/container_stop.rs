@@ -141,7 +141,7 @@ impl Runtime {
     /// Watches a container's shim and records the exit when it comes.
     pub(crate) fn watch_exit(self: &Arc<Self>, c: Arc<Container>, pidfd: OwnedFd) {
         let (pid, start_time) = c.with(|r| (r.pid, r.init_start_time));
-        match util::open_mount_namespace(pid, start_time) {
+        match crate::container::mount_ns::hold(pid, start_time) {
             Ok(ns) => c.hold_mount_namespace(ns),
             Err(e) => {
                 tracing::debug!(container.id = %c.id, error = %e, "mount namespace not held")
