@@ -84,18 +84,6 @@ pub fn signal_process(pid: u32, start_time: u64, signal: i32) -> io::Result<bool
     }
 }
 
-/// Opens the mount namespace of the process `pid` if it is still the one
-/// that started at `start_time`. The identity is checked after the open:
-/// a pid is never reused while its process lives, so a match proves the
-/// namespace is that process's.
-pub fn open_mount_namespace(pid: u32, start_time: u64) -> io::Result<OwnedFd> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))?;
-    if start_time == 0 || process_start_time(pid) != Some(start_time) {
-        return Err(io::Error::from_raw_os_error(libc::ESRCH));
-    }
-    Ok(ns.into())
-}
-
 /// Reaps `pid` if it is our child and has exited; ignores anything else
 /// (a shim adopted after a restart is not our child).
 pub fn reap(pid: u32) {

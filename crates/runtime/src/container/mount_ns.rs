@@ -39,13 +39,25 @@ pub fn hold(pid: u32, start_time: u64) -> io::Result<HeldNamespace> {
             "{budget} mount namespaces are held already (1/{BUDGET_DIVISOR} of RLIMIT_NOFILE)"
         )));
     }
-    match util::open_mount_namespace(pid, start_time) {
+    match open(pid, start_time) {
         Ok(fd) => Ok(HeldNamespace { _fd: fd }),
         Err(e) => {
             HELD.fetch_sub(1, Ordering::AcqRel);
             Err(e)
         }
     }
+}
+
+/// Opens the mount namespace of the process `pid` if it is still the one
+/// that started at `start_time`. The identity is checked after the open:
+/// a pid is never reused while its process lives, so a match proves the
+/// namespace is that process's.
+fn open(pid: u32, start_time: u64) -> io::Result<OwnedFd> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))?;
+    if start_time == 0 || util::process_start_time(pid) != Some(start_time) {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(ns.into())
 }
 
 fn budget() -> usize {
