@@ -74,6 +74,8 @@ pub struct Runtime {
     pub(crate) puller: Puller,
     pub(crate) runc: Runc,
     pub(crate) cgroups: Cgroups,
+    /// Warms the cgroup migration lock at the start of each create.
+    pub(crate) migration_warmup: Arc<crate::container::migration_warmup::MigrationWarmup>,
     pub(crate) host: HostLimits,
     pub(crate) events: Mailbox<api::ContainerEventResponse>,
     pub(crate) metrics: Metrics,
@@ -211,6 +213,9 @@ impl Runtime {
             images,
             puller,
             runc,
+            migration_warmup: Arc::new(crate::container::migration_warmup::MigrationWarmup::new(
+                &cgroups,
+            )),
             cgroups,
             host,
             events,

@@ -185,6 +185,8 @@ impl Runtime {
         image: &petrel_image::Image,
     ) -> Result<(std::os::fd::OwnedFd, Option<CreateResult>)> {
         let t0 = std::time::Instant::now();
+        // runc's move of the init into its cgroup is seconds away at most.
+        self.migration_warmup.start();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
         std::fs::DirBuilder::new()
