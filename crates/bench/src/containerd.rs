@@ -30,6 +30,8 @@ pub struct Containerd {
     pub runc_root: PathBuf,
     /// `containerd --version`.
     pub version: String,
+    /// containerd's volatile state directory (a tmpfs).
+    state: PathBuf,
     bin_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -80,6 +82,10 @@ impl Containerd {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let socket = dir.join("c.sock");
         let runc_root = dir.join("runc");
+        // Volatile state on tmpfs, as Petrel's (see `sweep::volatile_dir`).
+        let state = dir.join("state");
+        crate::sweep::volatile_dir(&state)?;
+        crate::sweep::volatile_dir(&runc_root)?;
         let config = dir.join("config.toml");
         let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
         let text = format!(
@@ -94,7 +100,7 @@ impl Containerd {
              [{cri}.containerd.runtimes.runc.options]\n  SystemdCgroup = false\n  Root = {runc_root:?}\n\
              [{cri}.cni]\n  conf_dir = {cni:?}\n  bin_dir = {cni_bin:?}\n  max_conf_num = 1\n",
             root = dir.join("root"),
-            state = dir.join("state"),
+            state = state,
             opt = dir.join("opt"),
             nri = dir.join("nri.sock"),
             cni = cni_conf_dir,
@@ -133,6 +139,7 @@ impl Containerd {
             socket,
             runc_root,
             version,
+            state,
             bin_dir: bin_dir.to_path_buf(),
             log,
             child: Some(child),
@@ -285,6 +292,10 @@ impl Containerd {
             std::thread::sleep(Duration::from_millis(20));
         }
         crate::sweep::reap_orphans();
+        if self.shims().is_empty() {
+            crate::sweep::unmount_under(&self.runc_root);
+            crate::sweep::unmount_under(&self.state);
+        }
     }
 }
 

@@ -21,7 +21,8 @@ pub const BUSYBOX: &str = "docker.io/petrel/busybox:latest";
 pub struct Node {
     /// `<work>/root`: persistent data (on the same disk as /var/lib).
     pub root: PathBuf,
-    /// `<work>/state`: volatile state; the socket is `<state>/petrel.sock`.
+    /// `<work>/state`: volatile state, on a tmpfs as `/run` is on a standard
+    /// host; the socket is `<state>/petrel.sock`.
     pub state: PathBuf,
     /// The runtime's log file.
     pub log: PathBuf,
@@ -58,6 +59,7 @@ impl Node {
     ) -> Result<Node> {
         let root = work.join("root");
         let state = work.join("state");
+        crate::sweep::volatile_dir(&state)?;
         let log = work.join("runtime.log");
         let log_file = OpenOptions::new()
             .create(true)
@@ -176,6 +178,11 @@ impl Node {
         // Our own child, by its handle: a no-op if it already exited.
         let _ = child.kill();
         let _ = child.wait();
+        // The state tmpfs goes with the runtime, unless shims still use it
+        // (then the work directory's sweep takes it at the end).
+        if crate::procfs::shims_of(&self.state).is_ok_and(|s| s.is_empty()) {
+            crate::sweep::unmount_under(&self.state);
+        }
     }
 }
 

@@ -70,9 +70,12 @@ impl RawRunc {
                 rootfs.display()
             );
         }
+        // runc's state on tmpfs, as its default /run/runc is on a standard host.
+        let root = dir.join("runc-root");
+        crate::sweep::volatile_dir(&root)?;
         Ok(RawRunc {
             runc: runc.to_path_buf(),
-            root: dir.join("runc-root"),
+            root,
             dir: dir.to_path_buf(),
             rootfs,
             cgroup_base: cgroup_base.to_string(),

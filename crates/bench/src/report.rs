@@ -618,8 +618,12 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          copy of the same unpacked layer, with a `runc spec`-like config (pid, network, ipc, \
          uts and mount namespaces, read-only rootfs), a private `--root` and cgroups path \
          `/petrel-bench-<id>/raw/<id>`: *up* is `runc create` + `runc start`, *down* is \
-         `runc kill KILL` + waiting for the init to exit (pidfd) + `runc delete`. Petrel and \
-         runc alternate, pod by pod, so that both meet the same moments of the machine. One \
+         `runc kill KILL` + waiting for the init to exit (pidfd) + `runc delete`. Volatile \
+         state is on a tmpfs for both, as `/run` is on a standard host (this VM's `/run` is \
+         a directory of its ext4 disk): Petrel's `--state` (bundles, shim files, runc's \
+         state, pod namespace files) and raw runc's `--root`; persistent data (Petrel's \
+         `--root`: its redb store, image layers, containers' writable layers) and the \
+         containers' log files stay on the disk. Petrel and runc alternate, pod by pod, so that both meet the same moments of the machine. One \
          unmeasured warm-up of each comes first. Petrel's figure is the sum of its CRI calls \
          as the client sees them; the runtime-side mean is the runtime's own \
          `operations_duration_seconds` histogram over the same calls (the handler alone, \

@@ -55,8 +55,32 @@ impl Drop for Work {
     }
 }
 
+/// Makes `dir` a tmpfs (created if missing; left as it is when already a
+/// mount point), for a runtime's volatile state: on a standard host `/run`
+/// is a tmpfs, where runc, containerd and Petrel keep theirs, while this
+/// VM's `/run` sits on its ext4 disk. The work directory's sweep unmounts it.
+pub fn volatile_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("resolve {}", dir.display()))?;
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(&*dir.to_string_lossy()));
+    if mounted {
+        return Ok(());
+    }
+    rustix::mount::mount(
+        "petrel-bench",
+        &dir,
+        "tmpfs",
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        c"mode=0700,size=1g",
+    )
+    .with_context(|| format!("mount a tmpfs at {}", dir.display()))
+}
+
 /// Detaches every mount at or below `dir`, deepest first.
-fn unmount_under(dir: &Path) {
+pub fn unmount_under(dir: &Path) {
     let prefix = dir.display().to_string();
     let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
