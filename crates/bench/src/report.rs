@@ -698,10 +698,13 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          UTS namespaces (an `unshare` thread, pinned by bind mounts), the pod cgroup, \
          hostname/hosts/resolv.conf and a /dev/shm tmpfs, and commits the record to redb with \
          fsync (its `Creating` intent record is written without one). CreateContainer records \
-         a `Creating` intent (no fsync), mounts the overlay rootfs, builds and writes the OCI \
-         spec, starts `petrel-shim` which runs `runc create` and answers with the init's pid, \
-         then commits `Created` (fsync). StartContainer runs `runc start` and commits \
-         `Running` (fsync, floor above). StopContainer signals the init directly by pidfd; \
+         a `Creating` intent (no fsync), starts a no-op cgroup move of itself (so that the \
+         kernel's grace period for cgroup migrations is not waited for by runc's move of the \
+         init), mounts the overlay rootfs, builds and writes the OCI spec, starts `petrel-shim` \
+         which runs `runc create` and answers with the init's pid, then commits `Created` \
+         (fsync). StartContainer does what `runc start` does without starting runc (opens and \
+         reads the container's exec FIFO in runc's state directory, waits for the init to \
+         close it on exec, removes it) and commits `Running` (fsync, floor above). StopContainer signals the init directly by pidfd; \
          RemoveContainer runs the one `runc delete`."
     )?;
     writeln!(o)?;

@@ -1,5 +1,6 @@
 //! OCI plumbing for Petrel.
 pub mod cgroups;
+pub mod exec_fifo;
 pub mod runc;
 pub mod spec;
 pub mod user;

@@ -5,6 +5,7 @@
 //! not here: the shim runs `runc create` so that it becomes the parent (as a
 //! subreaper) of the container's init process and holds its stdio.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -97,6 +98,22 @@ pub struct ExecOutput {
 pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
+    /// Start containers through their exec FIFO (`exec_fifo`), not `start`.
+    fifo_start: bool,
+}
+
+/// How long a start through the exec FIFO waits for the init.
+const FIFO_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// True when `binary --version` says it is runc, whose `start` is nothing
+/// but the exec FIFO hand-over (see `exec_fifo`).
+pub fn is_runc(binary: &Path) -> bool {
+    std::process::Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"runc version"))
 }
 
 impl Runc {
@@ -105,7 +122,15 @@ impl Runc {
         Self {
             binary: binary.into(),
             root: root.into(),
+            fifo_start: false,
         }
+    }
+
+    /// Starts containers through their exec FIFO instead of running
+    /// `start` (only for runc: see `is_runc`).
+    pub fn with_fifo_start(mut self, on: bool) -> Self {
+        self.fifo_start = on;
+        self
     }
 
     /// The runc binary.
@@ -150,8 +175,34 @@ impl Runc {
         })
     }
 
-    /// Starts a created container (`runc start`).
-    pub async fn start(&self, id: &str) -> Result<(), RuncError> {
+    /// Starts a created container: through its exec FIFO when enabled and
+    /// `init` (a pidfd on the container's init) is given, else, or when
+    /// there is no FIFO, with `runc start`.
+    pub async fn start(&self, id: &str, init: Option<OwnedFd>) -> Result<(), RuncError> {
+        if let (true, Some(init)) = (self.fifo_start, init) {
+            let dir = self.root.join(id);
+            let started = tokio::task::spawn_blocking(move || {
+                crate::exec_fifo::start(&dir, &init, FIFO_START_TIMEOUT)
+            })
+            .await
+            .map_err(|e| RuncError::Failed {
+                command: "start",
+                id: id.to_string(),
+                message: format!("exec fifo task: {e}"),
+            })?;
+            match started {
+                Ok(()) => return Ok(()),
+                // runc itself says why (unknown container, already started).
+                Err(crate::exec_fifo::FifoStartError::NoFifo(_)) => {}
+                Err(e) => {
+                    return Err(RuncError::Failed {
+                        command: "start",
+                        id: id.to_string(),
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
         let mut c = self.command();
         c.arg("start").arg(id);
         self.run("start", id, c).await.map(drop)

@@ -702,3 +702,98 @@ async fn the_runtime_should_hold_a_containers_mount_namespace_until_its_exit_is_
         }
     }
 }
+
+#[tokio::test]
+async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it_runs() {
+    // runc behind a wrapper that refuses `start`: every start below goes
+    // through the exec FIFO or fails.
+    let bin = tempfile::tempdir().unwrap();
+    let wrapper = bin.path().join("runc");
+    let runc = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v runc"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = start ] && {{ echo 'start refused by the test' >&2; exit 1; }}; done\nexec {} \"$@\"\n",
+            runc.trim()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let node = Node::start_with(&format!("runtime_binary = {wrapper:?}"));
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("fifo");
+    let pod = c.run_pod(pc.clone()).await;
+    let runc_state = |id: &str| {
+        let out = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(node.state.join("runc"))
+            .args(["state", id])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "runc state {id}: {out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    // Started: the init runs the container's command, runc calls it running
+    // and its exec FIFO is gone.
+    let id = c
+        .create(&pod, &pc, sh_container("ok", "echo started; sleep 1000"))
+        .await
+        .unwrap();
+    let fifo = node.state.join("runc").join(&id).join("exec.fifo");
+    assert!(fifo.exists(), "runc create leaves {fifo:?}");
+    assert_eq!(runc_state(&id), "created");
+    c.start(&id).await.unwrap();
+    assert!(!fifo.exists(), "{fifo:?} outlived the start");
+    assert_eq!(runc_state(&id), "running");
+    assert!(
+        eventually(Duration::from_secs(5), || read_log(&node, "fifo", "ok")
+            .contains("started"))
+        .await
+    );
+    // Started again: refused, as by runc.
+    assert!(c.start(&id).await.is_err());
+
+    // An init that died before its start: the start fails at once, without
+    // waiting for a hand-over that cannot come.
+    let dead = c
+        .create(&pod, &pc, sh_container("dead", "sleep 1000"))
+        .await
+        .unwrap();
+    let pid = c.init_pid(&dead).await;
+    // SAFETY: kill(2) on the container's init, a process this test made.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let t = Instant::now();
+    let r = c.start(&dead).await;
+    assert!(r.is_err(), "a dead init was started");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let st = c
+        .wait_state(
+            &dead,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(5),
+        )
+        .await;
+    assert_eq!(st.started_at, 0, "{st:?}");
+
+    for id in [&id, &dead] {
+        c.stop(id, 0).await.unwrap();
+        c.remove(id).await.unwrap();
+    }
+    c.remove_pod(&pod).await.unwrap();
+}

@@ -49,19 +49,31 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A pidfd on process `pid` if it is still the one that started at
+/// `start_time` (clock ticks since boot); None when it is gone, was
+/// replaced, or its start time is unknown (0).
+pub fn pidfd_of(pid: u32, start_time: u64) -> io::Result<Option<OwnedFd>> {
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // Checked after opening: the pidfd names the process whose start time
+    // is read, even if the pid is reused afterwards.
+    if start_time == 0 || process_start_time(pid) != Some(start_time) {
+        return Ok(None);
+    }
+    Ok(Some(fd))
+}
+
 /// Sends `signal` to the process `pid` if it is still the one that started
 /// at `start_time`. Returns `Ok(false)` when that process is gone. The
 /// pidfd pins the process between the identity check and the signal, so a
 /// reused pid is never signalled.
 pub fn signal_process(pid: u32, start_time: u64, signal: i32) -> io::Result<bool> {
-    let fd = match pidfd_open(pid) {
-        Ok(fd) => fd,
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if start_time == 0 || process_start_time(pid) != Some(start_time) {
+    let Some(fd) = pidfd_of(pid, start_time)? else {
         return Ok(false);
-    }
+    };
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     // SAFETY: pidfd_send_signal on a pidfd we own, no siginfo, no flags.
     let r = unsafe {

@@ -31,7 +31,9 @@ impl Runtime {
             RuntimeError::Internal(format!("container {} has no sandbox", rec.id))
         })?;
         self.nri_start(&rec, &sb).await?;
-        self.runc.start(&rec.id).await?;
+        // A pidfd on the init lets the start skip `runc start` (exec FIFO).
+        let init = util::pidfd_of(rec.pid, rec.init_start_time).ok().flatten();
+        self.runc.start(&rec.id, init).await?;
         rec.state = ContainerState::Running;
         rec.started_at = util::now_ns();
         self.save_container(&c, rec)?;
