@@ -705,9 +705,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          (fsync). StartContainer does what `runc start` does without starting runc (opens and \
          reads the container's exec FIFO in runc's state directory, waits for the init to \
          close it on exec, removes it) and commits `Running` (fsync, floor above). StopContainer signals the init directly by pidfd; \
-         RemoveContainer runs the one `runc delete` and commits the record's removal; the \
-         rootfs unmount and the removal of the container's directories run on a thread the \
-         call does not wait for."
+         RemoveContainer runs the one `runc delete`."
     )?;
     writeln!(o)?;
     if r.scale.create.len() > 0 {

@@ -91,19 +91,6 @@ pub struct Runtime {
     calls_done: Notify,
 }
 
-/// Work that outlives the call which started it (a removed container's
-/// files): counted with the calls, so that a graceful shutdown waits for it.
-#[derive(Debug)]
-pub(crate) struct BackgroundGuard(Arc<Runtime>);
-
-impl Drop for BackgroundGuard {
-    fn drop(&mut self) {
-        if self.0.calls.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.calls_done.notify_waiters();
-        }
-    }
-}
-
 /// A CRI call under way; dropping it marks the call finished.
 #[derive(Debug)]
 pub(crate) struct CallGuard<'a>(&'a Runtime);
@@ -266,13 +253,6 @@ impl Runtime {
             return None;
         }
         Some(CallGuard(self))
-    }
-
-    /// Counts work that continues after its call returned (see
-    /// [`BackgroundGuard`]); unlike a call it is admitted during shutdown.
-    pub(crate) fn enter_background(self: &Arc<Self>) -> BackgroundGuard {
-        self.calls.fetch_add(1, Ordering::AcqRel);
-        BackgroundGuard(self.clone())
     }
 
     /// Refuses every new call from now on.

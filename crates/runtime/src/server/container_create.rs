@@ -364,7 +364,7 @@ impl Runtime {
 
 /// Unmounts a container's rootfs and removes its bundle and writable layer;
 /// every step runs, the first error is returned.
-pub(crate) fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> {
+fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> {
     let unmounted = rootfs::unmount(&bundle.join("rootfs"));
     let bundle_removed = crate::server::sandbox_run::remove_dir(bundle);
     let layer_removed = crate::server::sandbox_run::remove_dir(layer);

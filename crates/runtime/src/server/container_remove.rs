@@ -6,10 +6,7 @@ use std::sync::Arc;
 use petrel_cri::api;
 use petrel_store::Table;
 
-use crate::container::mount_ns::HeldNamespace;
 use crate::error::{Result, RuntimeError};
-use crate::records::{ContainerRecord, ContainerState};
-use crate::server::container_create::remove_container_files;
 use crate::service::Runtime;
 use crate::state::Container;
 
@@ -44,13 +41,8 @@ impl Runtime {
         let rec = c.record();
         let mut deleted = c.runc_deleted.lock().await;
         let t_locked = t0.elapsed();
-        if rec.state == ContainerState::Exited {
-            self.remove_exited(&rec, *deleted, c.release_mount_namespace())
-                .await?;
-        } else {
-            self.teardown_container(&rec, *deleted, c.release_mount_namespace())
-                .await?;
-        }
+        self.teardown_container(&rec, *deleted, c.release_mount_namespace())
+            .await?;
         *deleted = true;
         drop(deleted);
         let t_torn = t0.elapsed();
@@ -74,41 +66,6 @@ impl Runtime {
         }
         drop(_op);
         self.nri_removed(&rec, sb.as_deref()).await;
-        Ok(())
-    }
-
-    /// Removes an exited container from runc, and its cgroup, before the
-    /// call returns; its rootfs and directories go on a blocking thread
-    /// that the call does not wait for. Unmounting an overlay syncs the
-    /// file system under its upper directory, and removing the writable
-    /// layer is more disk work: together 2 ms at the median and over 10 ms
-    /// in the tail here, work no client waits on. The container is dead and
-    /// its id is never reused; a crash before the files are gone leaves
-    /// unnamed directories that start-up's sweep removes, and a graceful
-    /// shutdown waits for them (`enter_background`).
-    async fn remove_exited(
-        self: &Arc<Self>,
-        rec: &ContainerRecord,
-        runc_deleted: bool,
-        mount_ns: Option<HeldNamespace>,
-    ) -> Result<()> {
-        let guard = self.enter_background();
-        let (id, bundle, layer) = (rec.id.clone(), rec.bundle.clone(), rec.layer_dir.clone());
-        tokio::task::spawn_blocking(move || {
-            // The namespace's teardown (its copy of the rootfs mount among
-            // the rest) comes before the rootfs is removed.
-            drop(mount_ns);
-            if let Err(e) = remove_container_files(&bundle, &layer) {
-                tracing::error!(container.id = %id, error = %e, "files of a removed container not removed; start-up's sweep will retry");
-            }
-            drop(guard);
-        });
-        if !runc_deleted {
-            self.runc.delete(&rec.id, true).await?;
-        }
-        // runc removes the container's own cgroup; a container that never
-        // reached runc may still have left an empty one.
-        let _ = self.cgroups.remove(&rec.cgroup_path);
         Ok(())
     }
 }
