@@ -700,12 +700,16 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          fsync (its `Creating` intent record is written without one). CreateContainer records \
          a `Creating` intent (no fsync), starts a no-op cgroup move of itself (so that the \
          kernel's grace period for cgroup migrations is not waited for by runc's move of the \
-         init), mounts the overlay rootfs, builds and writes the OCI spec, starts `petrel-shim` \
+         init), mounts the overlay rootfs (`volatile`: overlayfs does not sync the disk under \
+         it), builds and writes the OCI spec, starts `petrel-shim` \
          which runs `runc create` and answers with the init's pid, then commits `Created` \
          (fsync). StartContainer does what `runc start` does without starting runc (opens and \
          reads the container's exec FIFO in runc's state directory, waits for the init to \
          close it on exec, removes it) and commits `Running` (fsync, floor above). StopContainer signals the init directly by pidfd; \
-         RemoveContainer runs the one `runc delete`."
+         RemoveContainer does what `runc delete` does for a stopped container with its own PID \
+         namespace and no hooks, without starting runc (removes the cgroups runc recorded and \
+         runc's state directory), while a blocking thread unmounts the rootfs and removes the \
+         bundle and writable layer."
     )?;
     writeln!(o)?;
     if r.scale.create.len() > 0 {
@@ -884,7 +888,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          ContainerStatus, takes the time, sends SIGKILL to that pid with kill(2), and takes \
          the time again when the STOPPED event for that container id arrives; one container \
          at a time, after {} ms of quiet each (so that the runtime's clean-up of the \
-         previous exit, a `runc delete`, is not charged to the next one). The path: the init dies → its shim (subreaper) reaps it, writes the exit \
+         previous exit, runc's delete, is not charged to the next one). The path: the init dies → its shim (subreaper) reaps it, writes the exit \
          record (write, rename), flushes the log and exits → the runtime's pidfd on \
          the shim turns readable → it reads the record and publishes the event with the \
          pod's statuses, then commits `Exited` (the exit file is the durable record until \

@@ -3,4 +3,5 @@ pub mod cgroups;
 pub mod exec_fifo;
 pub mod runc;
 pub mod spec;
+pub mod stopped_delete;
 pub mod user;

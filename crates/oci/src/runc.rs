@@ -98,15 +98,17 @@ pub struct ExecOutput {
 pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
-    /// Start containers through their exec FIFO (`exec_fifo`), not `start`.
-    fifo_start: bool,
+    /// runc's start and its delete of stopped containers are done by the
+    /// runtime itself (`exec_fifo`, `stopped_delete`).
+    in_process: bool,
 }
 
 /// How long a start through the exec FIFO waits for the init.
 const FIFO_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// True when `binary --version` says it is runc, whose `start` is nothing
-/// but the exec FIFO hand-over (see `exec_fifo`).
+/// but the exec FIFO hand-over (see `exec_fifo`) and whose `delete` of a
+/// stopped container is mostly removals (see `stopped_delete`).
 pub fn is_runc(binary: &Path) -> bool {
     std::process::Command::new(binary)
         .arg("--version")
@@ -122,14 +124,15 @@ impl Runc {
         Self {
             binary: binary.into(),
             root: root.into(),
-            fifo_start: false,
+            in_process: false,
         }
     }
 
     /// Starts containers through their exec FIFO instead of running
-    /// `start` (only for runc: see `is_runc`).
-    pub fn with_fifo_start(mut self, on: bool) -> Self {
-        self.fifo_start = on;
+    /// `start`, and deletes stopped containers without running `delete`
+    /// where that is all runc would do (only for runc: see `is_runc`).
+    pub fn with_in_process(mut self, on: bool) -> Self {
+        self.in_process = on;
         self
     }
 
@@ -179,7 +182,7 @@ impl Runc {
     /// `init` (a pidfd on the container's init) is given, else, or when
     /// there is no FIFO, with `runc start`.
     pub async fn start(&self, id: &str, init: Option<OwnedFd>) -> Result<(), RuncError> {
-        if let (true, Some(init)) = (self.fifo_start, init) {
+        if let (true, Some(init)) = (self.in_process, init) {
             let dir = self.root.join(id);
             let started = tokio::task::spawn_blocking(move || {
                 crate::exec_fifo::start(&dir, &init, FIFO_START_TIMEOUT)
@@ -223,6 +226,29 @@ impl Runc {
     /// Deletes the container from runc (`--force` kills it first). A
     /// container runc does not know is already deleted: not an error.
     pub async fn delete(&self, id: &str, force: bool) -> Result<(), RuncError> {
+        if self.in_process {
+            let dir = self.root.join(id);
+            let task_dir = dir.clone();
+            let deleted =
+                tokio::task::spawn_blocking(move || crate::stopped_delete::delete(&task_dir))
+                    .await
+                    .map_err(|e| RuncError::Failed {
+                        command: "delete",
+                        id: id.to_string(),
+                        message: format!("delete task: {e}"),
+                    })?;
+            match deleted {
+                Ok(crate::stopped_delete::Deleted::Done) => return Ok(()),
+                Ok(crate::stopped_delete::Deleted::LeftToRunc) => {}
+                Err(source) => {
+                    return Err(RuncError::Io {
+                        op: "delete",
+                        path: dir,
+                        source,
+                    })
+                }
+            }
+        }
         let mut c = self.command();
         c.arg("delete");
         if force {

@@ -703,12 +703,11 @@ async fn the_runtime_should_hold_a_containers_mount_namespace_until_its_exit_is_
     }
 }
 
-#[tokio::test]
-async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it_runs() {
-    // runc behind a wrapper that refuses `start`: every start below goes
-    // through the exec FIFO or fails.
-    let bin = tempfile::tempdir().unwrap();
-    let wrapper = bin.path().join("runc");
+/// A wrapper around runc in `dir` that refuses the subcommand `command`
+/// (exit 1, "<command> refused by the test") while the shell test `when`
+/// holds, and runs runc for everything else.
+fn runc_refusing(dir: &std::path::Path, command: &str, when: &str) -> std::path::PathBuf {
+    let wrapper = dir.join("runc");
     let runc = String::from_utf8(
         std::process::Command::new("sh")
             .args(["-c", "command -v runc"])
@@ -720,7 +719,7 @@ async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = start ] && {{ echo 'start refused by the test' >&2; exit 1; }}; done\nexec {} \"$@\"\n",
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = {command} ] && {when} && {{ echo '{command} refused by the test' >&2; exit 1; }}; done\nexec {} \"$@\"\n",
             runc.trim()
         ),
     )
@@ -730,6 +729,15 @@ async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
+    wrapper
+}
+
+#[tokio::test]
+async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it_runs() {
+    // runc behind a wrapper that refuses `start`: every start below goes
+    // through the exec FIFO or fails.
+    let bin = tempfile::tempdir().unwrap();
+    let wrapper = runc_refusing(bin.path(), "start", "true");
     let node = Node::start_with(&format!("runtime_binary = {wrapper:?}"));
     let mut c = node.clients().await;
     node.import_busybox(&mut c).await;
@@ -796,4 +804,141 @@ async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it
         c.remove(id).await.unwrap();
     }
     c.remove_pod(&pod).await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_of_a_stopped_container_should_remove_runcs_state_and_cgroups_without_runc() {
+    // runc behind a wrapper that refuses `delete` while `refuse` exists:
+    // a container with its own PID namespace is deleted without runc.
+    let bin = tempfile::tempdir().unwrap();
+    let refuse = bin.path().join("refuse");
+    std::fs::write(&refuse, b"").unwrap();
+    let wrapper = runc_refusing(bin.path(), "delete", &format!("[ -e {refuse:?} ]"));
+    let node = Node::start_with(&format!("runtime_binary = {wrapper:?}"));
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("del");
+    let pod = c.run_pod(pc.clone()).await;
+    let runc_dir = |id: &str| node.state.join("runc").join(id);
+    // runc's record of the container's cgroups, one per hierarchy.
+    let cgroups_of = |id: &str| -> Vec<std::path::PathBuf> {
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(runc_dir(id).join("state.json")).unwrap())
+                .unwrap();
+        let paths: Vec<_> = state["cgroup_paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|p| std::path::PathBuf::from(p.as_str().unwrap()))
+            .collect();
+        assert!(paths.iter().any(|p| p.exists()), "{paths:?}");
+        paths
+    };
+
+    // Removed at once after its stop: RemoveContainer deletes it.
+    let id = c.run(&pod, &pc, sh_container("now", "sleep 1000")).await;
+    let cgroups = cgroups_of(&id);
+    c.stop(&id, 0).await.unwrap();
+    c.remove(&id).await.unwrap();
+    assert!(!runc_dir(&id).exists());
+    for p in &cgroups {
+        assert!(!p.exists(), "{p:?} outlived the removal");
+    }
+
+    // Left alone after its exit: the exit handling deletes it, and the
+    // removal later finds nothing left to do.
+    let id = c.run(&pod, &pc, sh_container("later", "exit 3")).await;
+    let cgroups = cgroups_of(&id);
+    c.wait_state(
+        &id,
+        api::ContainerState::ContainerExited,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || !runc_dir(&id).exists()).await,
+        "runc still knows the exited container"
+    );
+    for p in &cgroups {
+        assert!(!p.exists(), "{p:?} outlived the exit handling");
+    }
+    assert_eq!(c.status(&id).await.exit_code, 3);
+    c.remove(&id).await.unwrap();
+
+    // A container sharing the pod's PID namespace may leave processes
+    // behind its init: that delete is runc's (refused here), until allowed.
+    let mut pc = node.pod_config("delshared");
+    pod_namespaces(&mut pc).pid = api::NamespaceMode::Pod as i32;
+    let pod2 = c.run_pod(pc.clone()).await;
+    let shared = with_namespaces(
+        sh_container("shared", "sleep 1000"),
+        api::NamespaceOption {
+            pid: api::NamespaceMode::Pod as i32,
+            ..Default::default()
+        },
+    );
+    let id = c.run(&pod2, &pc, shared).await;
+    c.stop(&id, 0).await.unwrap();
+    let e = c.remove(&id).await.unwrap_err();
+    assert!(e.message().contains("delete refused by the test"), "{e:?}");
+    assert!(runc_dir(&id).exists());
+    std::fs::remove_file(&refuse).unwrap();
+    c.remove(&id).await.unwrap();
+    assert!(!runc_dir(&id).exists());
+    c.remove_pod(&pod2).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+}
+
+#[tokio::test]
+async fn container_rootfs_should_be_a_volatile_overlay_whose_writes_work() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("volatile");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c
+        .run(
+            &pod,
+            &pc,
+            sh_container("w", "echo kept > /data && sync && sleep 1000"),
+        )
+        .await;
+    let rootfs = node.state.join("containers").join(&id).join("rootfs");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(rootfs.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("no mount at {rootfs:?}"));
+    // Super options follow the " - overlay overlay " separator.
+    let (_, sb) = line.split_once(" - ").unwrap();
+    assert!(sb.starts_with("overlay "), "{line}");
+    // `volatile`, or `fsync=volatile` since Linux 6.x.
+    assert!(
+        sb.split(',')
+            .any(|o| o == "volatile" || o == "fsync=volatile"),
+        "{line}"
+    );
+    // A write and a sync inside the container go through.
+    let r =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sh".into(), "-c".into(), "sync && cat /data".into()],
+            timeout: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "kept");
+    c.stop(&id, 0).await.unwrap();
+    c.remove(&id).await.unwrap();
+    assert!(!mountinfo_has(&rootfs));
+    c.remove_pod(&pod).await.unwrap();
+}
+
+fn mountinfo_has(path: &std::path::Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == std::path::Path::new(path).to_str())
 }

@@ -201,8 +201,8 @@ impl Runtime {
             &images,
         );
         crate::sandbox::pid_holder::become_subreaper();
-        let fifo_start = petrel_oci::runc::is_runc(&runc_binary);
-        let runc = Runc::new(runc_binary, layout.runc_root()).with_fifo_start(fifo_start);
+        let in_process = petrel_oci::runc::is_runc(&runc_binary);
+        let runc = Runc::new(runc_binary, layout.runc_root()).with_in_process(in_process);
         let metrics = Metrics::new();
         let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
         let networks = crate::sandbox::network::PodNetworks::new(&config);
