@@ -29,6 +29,8 @@ use crate::Args;
 
 /// The runtime's histogram of the time NRI adds to CreateContainer.
 const HOOK_METRIC: &str = "petrel_runtime_nri_create_container_duration_seconds";
+/// The runtime's histogram of the time NRI adds to CreateContainer.
+const WAIT_METRIC: &str = "petrel_runtime_nri_create_container_wait_seconds";
 
 /// The median of one series of a Prometheus histogram in the text format
 /// (linear within the bucket it falls in), and its count.
@@ -97,9 +99,13 @@ pub struct NriResults {
     pub create: [Samples; 3],
     /// P19: the runtime's mean time per CreateContainer plugin call.
     pub call_mean: Option<Duration>,
-    /// P19: the time NRI adds inside the runtime's CreateContainer (its
+    /// P19: the time NRI's part of the runtime's CreateContainer takes (its
     /// histogram's median, interpolated), with 1 and 3 plugins.
     pub hook_p50: [Option<Duration>; 2],
+    /// P19: the time NRI adds to the runtime's CreateContainer (NRI's span
+    /// after the rootfs is mounted; median, interpolated), with 1 and 3
+    /// plugins.
+    pub wait_p50: [Option<Duration>; 2],
     /// P19: how many creates that histogram holds, with 1 and 3 plugins.
     pub hook_count: [u64; 2],
     /// P19 reference: the machine's floor for a call to another process, a
@@ -267,6 +273,9 @@ async fn measure_create(
         if let Some((p50, count)) = histogram_median(&text, HOOK_METRIC, "plugins", n) {
             res.hook_p50[i] = Some(p50);
             res.hook_count[i] = count;
+        }
+        if let Some((p50, _)) = histogram_median(&text, WAIT_METRIC, "plugins", n) {
+            res.wait_p50[i] = Some(p50);
         }
     }
     res.call_mean = calls.1.checked_div(calls.0).map(Duration::from_micros);

@@ -141,6 +141,7 @@ fn run(
         sandbox_config,
         image_config: None,
         rootfs: &b.rootfs,
+        users: None,
         sandbox: &sb,
         host: &host,
     })

@@ -176,13 +176,7 @@ async fn a_stalled_subscriber_should_not_slow_lifecycle_operations() {
     }
     let status = ended.expect("stalled stream must end with an error");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-    let m = c
-        .admin
-        .metrics(petrel_cri::admin::MetricsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .text;
+    let m = c.metrics().await;
     assert!(
         m.lines()
             .any(|l| l.starts_with("petrel_runtime_event_subscriber_overflows_total 1")),

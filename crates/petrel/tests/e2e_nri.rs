@@ -180,6 +180,30 @@ fn no_container_left(node: &Node, pod_cgroup: &str) -> bool {
     bundles == 0 && layers == 0 && cgroups == 0
 }
 
+/// An answer to CreateContainer that sets `WHO=<value>`.
+fn sets_who(value: &str) -> nri::CreateContainerResponse {
+    let mut adjust = nri::ContainerAdjustment::default();
+    adjust.env.push(nri::KeyValue {
+        key: "WHO".into(),
+        value: value.into(),
+    });
+    nri::CreateContainerResponse {
+        adjust: Some(adjust),
+        ..Default::default()
+    }
+}
+
+/// Mounts at or below `dir`.
+fn mounts_under(dir: &std::path::Path) -> usize {
+    let dir = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&dir))
+        .count()
+}
+
 /// Adds env, an annotation, a mount, a memory limit and a cpuset.
 async fn adjuster(
     mount_src: Arc<PathBuf>,
@@ -292,13 +316,7 @@ async fn adjustments_should_be_visible_in_the_running_container() {
         "index order"
     );
     assert!(ps.iter().all(|p| p.calls >= 1 && p.errors == 0), "{ps:?}");
-    let metrics = c
-        .admin
-        .metrics(petrel_cri::admin::MetricsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .text;
+    let metrics = c.metrics().await;
     assert!(
         metrics.contains("petrel_runtime_nri_plugin_call_duration_seconds_count{plugin=\"50-adjuster\",event=\"CREATE_CONTAINER\"} 1"),
         "{metrics}"
@@ -315,17 +333,7 @@ async fn conflicting_adjustments_should_fail_the_create_and_leave_nothing() {
     let mut c = node.clients().await;
     node.import_busybox(&mut c).await;
     let env = |value: &'static str| {
-        move |_: Arc<()>, _req: nri::CreateContainerRequest| async move {
-            let mut adjust = nri::ContainerAdjustment::default();
-            adjust.env.push(nri::KeyValue {
-                key: "WHO".into(),
-                value: value.into(),
-            });
-            Ok(nri::CreateContainerResponse {
-                adjust: Some(adjust),
-                ..Default::default()
-            })
-        }
+        move |_: Arc<()>, _req: nri::CreateContainerRequest| async move { Ok(sets_who(value)) }
     };
     let first = plugin(&node, "10", "first", ())
         .on_create_container(env("first"))
@@ -362,6 +370,16 @@ async fn conflicting_adjustments_should_fail_the_create_and_leave_nothing() {
     assert!(listed.is_empty(), "{listed:?}");
     let pod_cg = format!("{}/conflict", node.cgroup_parent);
     assert!(no_container_left(&node, &pod_cg), "debris left");
+    // Again, now that the image is known: its rootfs is mounted while the
+    // plugins are asked, and the failure must still leave nothing, no
+    // mount either.
+    let e = c
+        .create(&pod, &pc, sh_container("app", "sleep 1000"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(no_container_left(&node, &pod_cg), "debris left");
+    assert_eq!(mounts_under(&node.state.join("containers")), 0);
 
     // Without the second plugin the same name is free and the create works.
     second.stop();
@@ -1015,4 +1033,58 @@ async fn bad_plugins_should_be_refused_and_the_runtime_should_keep_serving() {
     ));
     // CRI goes on.
     c.rt.version(api::VersionRequest::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_images_rootfs_should_be_mounted_while_plugins_are_asked() {
+    let node = start_node("", |_| {});
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let who = plugin(&node, "10", "who", ())
+        .on_create_container(|_: Arc<()>, _req| async move { Ok(sets_who("plugin")) })
+        .build()
+        .unwrap();
+    run(&mut c, who).await;
+    let pc = node.pod_config("known");
+    let pod = c.run_pod(pc.clone()).await;
+    let as_user = |name: &str, user: &str| {
+        let mut cfg = sh_container(name, "sleep 1000");
+        cfg.linux = Some(api::LinuxContainerConfig {
+            security_context: Some(api::LinuxContainerSecurityContext {
+                run_as_username: user.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        cfg
+    };
+    // The image's first container: mounted first, its users read from it.
+    // The second: the users are known, the mount runs while the plugin is
+    // asked. Both run as the image's `nobody`, with the plugin's change.
+    for name in ["first", "second"] {
+        let id = c.run(&pod, &pc, as_user(name, "nobody")).await;
+        assert_eq!(exec(&mut c, &id, "id -u").await, "65534", "{name}");
+        assert_eq!(exec(&mut c, &id, "echo $WHO").await, "plugin", "{name}");
+    }
+    // A user the image does not have: refused, naming the field, and the
+    // rootfs mounted meanwhile is gone again.
+    let e = c
+        .create(&pod, &pc, as_user("ghost", "nosuchuser"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("run_as_username"), "{}", e.message());
+    let bundles = std::fs::read_dir(node.state.join("containers"))
+        .unwrap()
+        .count();
+    assert_eq!(bundles, 2);
+    assert_eq!(mounts_under(&node.state.join("containers")), 2);
+    // The runtime tells what NRI added to each create apart from what it took.
+    let text = c.metrics().await;
+    for metric in [
+        "petrel_runtime_nri_create_container_wait_seconds_count{plugins=\"1\"} 2",
+        "petrel_runtime_nri_create_container_duration_seconds_count{plugins=\"1\"} 2",
+    ] {
+        assert!(text.contains(metric), "{metric} not in:\n{text}");
+    }
 }

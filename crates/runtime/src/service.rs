@@ -74,6 +74,8 @@ pub struct Runtime {
     pub(crate) puller: Puller,
     pub(crate) runc: Runc,
     pub(crate) cgroups: Cgroups,
+    /// The user and group databases of images, read from their first container.
+    pub(crate) image_users: crate::container::image_users::ImageUsers,
     /// Warms the cgroup migration lock at the start of each create.
     pub(crate) migration_warmup: Arc<crate::container::migration_warmup::MigrationWarmup>,
     pub(crate) host: HostLimits,
@@ -214,6 +216,7 @@ impl Runtime {
             images,
             puller,
             runc,
+            image_users: Default::default(),
             migration_warmup: Arc::new(crate::container::migration_warmup::MigrationWarmup::new(
                 &cgroups,
             )),

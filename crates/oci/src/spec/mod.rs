@@ -189,8 +189,12 @@ pub struct ContainerSpecInput<'a> {
     pub sandbox_config: &'a api::PodSandboxConfig,
     /// The image's config, if known.
     pub image_config: Option<&'a oci_spec::image::Config>,
-    /// The container's root filesystem, already mounted.
+    /// The container's root filesystem: mounted already, unless `users` is given.
     pub rootfs: &'a Path,
+    /// The user and group databases of the rootfs when the caller holds them (they are
+    /// the image's, as a new container's writable layer is empty); `None`: read from the
+    /// mounted `rootfs`.
+    pub users: Option<&'a crate::user::UserDb>,
     /// What the sandbox provides.
     pub sandbox: &'a SandboxContext,
     /// What the host allows.
@@ -262,7 +266,7 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
 
     // Process.
     let image = input.image_config;
-    let user = process::user(sc, image, input.rootfs)?;
+    let user = process::user(sc, image, input.rootfs, input.users)?;
     let mut oci_user = User::default();
     oci_user
         .set_uid(user.uid)

@@ -6,7 +6,7 @@ use oci_spec::image::Config as ImageConfig;
 use petrel_cri::api;
 
 use super::{invalid, SpecError};
-use crate::user::{resolve_user, GroupsPolicy, ResolvedUser, UserError};
+use crate::user::{resolve_user, GroupsPolicy, ResolvedUser, UserDb, UserError};
 
 /// `PATH` when neither the image nor the CRI sets one.
 pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -116,6 +116,7 @@ pub(super) fn user(
     sc: Option<&api::LinuxContainerSecurityContext>,
     image: Option<&ImageConfig>,
     rootfs: &Path,
+    users: Option<&UserDb>,
 ) -> Result<ResolvedUser, SpecError> {
     const SC: &str = "linux.security_context";
     let id = |v: i64, field: &str| {
@@ -157,7 +158,11 @@ pub(super) fn user(
             .unwrap_or_default()
             .to_string();
     }
-    resolve_user(rootfs, &user, &supplemental, policy).map_err(|e| match e {
+    match users {
+        Some(db) => db.resolve(&user, &supplemental, policy),
+        None => resolve_user(rootfs, &user, &supplemental, policy),
+    }
+    .map_err(|e| match e {
         UserError::Io { .. } => SpecError::User(e),
         other => invalid(field, other.to_string()),
     })
@@ -331,7 +336,7 @@ mod tests {
     #[test]
     fn user_should_default_to_root() {
         let r = rootfs();
-        let u = user(None, None, r.path()).expect("user");
+        let u = user(None, None, r.path(), None).expect("user");
         assert_eq!((u.uid, u.gid, u.additional_gids), (0, 0, vec![0]));
     }
 
@@ -342,7 +347,7 @@ mod tests {
             .user("app".to_string())
             .build()
             .expect("image config");
-        let u = user(None, Some(&img), r.path()).expect("user");
+        let u = user(None, Some(&img), r.path(), None).expect("user");
         assert_eq!(
             (u.uid, u.gid, u.additional_gids),
             (1000, 1000, vec![1000, 50])
@@ -360,7 +365,7 @@ mod tests {
         s.run_as_user = Some(api::Int64Value { value: 1000 });
         s.run_as_group = Some(api::Int64Value { value: 3000 });
         s.supplemental_groups = vec![44, 2000];
-        let u = user(Some(&s), Some(&img), r.path()).expect("user");
+        let u = user(Some(&s), Some(&img), r.path(), None).expect("user");
         assert_eq!((u.uid, u.gid), (1000, 3000));
         assert_eq!(u.additional_gids, [3000, 50, 44, 2000]);
     }
@@ -371,7 +376,7 @@ mod tests {
         let mut s = sc();
         s.run_as_username = "app".into();
         s.run_as_user = Some(api::Int64Value { value: 5 });
-        let u = user(Some(&s), None, r.path()).expect("user");
+        let u = user(Some(&s), None, r.path(), None).expect("user");
         assert_eq!((u.uid, u.gid), (1000, 1000));
     }
 
@@ -380,7 +385,7 @@ mod tests {
         let r = rootfs();
         let mut s = sc();
         s.run_as_username = "ghost".into();
-        let err = user(Some(&s), None, r.path()).expect_err("should fail");
+        let err = user(Some(&s), None, r.path(), None).expect_err("should fail");
         assert!(
             matches!(&err, SpecError::Invalid { field, reason }
                 if field == "linux.security_context.run_as_username" && reason.contains("ghost")),
@@ -393,7 +398,7 @@ mod tests {
         let r = rootfs();
         let mut s = sc();
         s.run_as_group = Some(api::Int64Value { value: 5 });
-        let err = user(Some(&s), None, r.path()).expect_err("should fail");
+        let err = user(Some(&s), None, r.path(), None).expect_err("should fail");
         assert!(
             matches!(&err, SpecError::Invalid { field, .. } if field == "linux.security_context.run_as_group"),
             "{err}"
@@ -406,13 +411,13 @@ mod tests {
         let mut s = sc();
         s.run_as_user = Some(api::Int64Value { value: -1 });
         assert!(matches!(
-            user(Some(&s), None, r.path()),
+            user(Some(&s), None, r.path(), None),
             Err(SpecError::Invalid { .. })
         ));
         let mut s = sc();
         s.run_as_user = Some(api::Int64Value { value: 1 });
         s.supplemental_groups = vec![1, -2];
-        let err = user(Some(&s), None, r.path()).expect_err("should fail");
+        let err = user(Some(&s), None, r.path(), None).expect_err("should fail");
         assert!(err.to_string().contains("supplemental_groups[1]"), "{err}");
     }
 
@@ -422,7 +427,7 @@ mod tests {
         let mut s = sc();
         s.run_as_user = Some(api::Int64Value { value: 1000 });
         s.supplemental_groups_policy = api::SupplementalGroupsPolicy::Strict as i32;
-        let u = user(Some(&s), None, r.path()).expect("user");
+        let u = user(Some(&s), None, r.path(), None).expect("user");
         assert_eq!(u.additional_gids, [1000]);
     }
 }

@@ -91,6 +91,7 @@ impl Fixture {
             sandbox_config: &self.sandbox_config,
             image_config: Some(&self.image),
             rootfs: self.rootfs.path(),
+            users: None,
             sandbox: &self.sandbox,
             host: &self.host,
         })

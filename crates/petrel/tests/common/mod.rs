@@ -509,6 +509,16 @@ pub fn sh_container(name: &str, script: &str) -> api::ContainerConfig {
 }
 
 impl Clients {
+    /// The runtime's metrics in the Prometheus text format (Admin.Metrics).
+    pub async fn metrics(&mut self) -> String {
+        self.admin
+            .metrics(petrel_cri::admin::MetricsRequest {})
+            .await
+            .expect("Metrics")
+            .into_inner()
+            .text
+    }
+
     /// RunPodSandbox, returning the id.
     pub async fn run_pod(&mut self, config: api::PodSandboxConfig) -> String {
         self.rt

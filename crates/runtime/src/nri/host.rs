@@ -154,6 +154,22 @@ impl Runtime {
         }
     }
 
+    /// True when CreateContainer goes through NRI.
+    pub(crate) fn nri_wants_create(&self) -> bool {
+        self.nri().is_some_and(|n| n.wants_create())
+    }
+
+    /// Records the time NRI added to a CreateContainer (see
+    /// `make_container`).
+    pub(crate) fn nri_observe_create_wait(&self, waited: std::time::Duration) {
+        if let Some(n) = self.nri() {
+            n.metrics().observe_create_wait(
+                n.registry().subscribed(Event::CreateContainer).len(),
+                waited,
+            );
+        }
+    }
+
     /// CreateContainer: shows the plugins the container about to be created,
     /// merges and validates their answers and applies the adjustment to
     /// `oci` (and to the record: resources, cgroup). The result is for

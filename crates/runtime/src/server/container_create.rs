@@ -4,10 +4,12 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use petrel_cri::api;
 use petrel_nri::adaptation::CreateResult;
 use petrel_oci::spec::{self, ContainerSpecInput, NamespaceRef, SandboxContext};
+use petrel_oci::user::UserDb;
 use petrel_store::Table;
 
 use crate::container::mount_ns::HeldNamespace;
@@ -21,6 +23,13 @@ use crate::server::sandbox_run::namespace_mode;
 use crate::service::{Ns, Runtime};
 use crate::state::{Container, Sandbox};
 use crate::util;
+
+/// A container's spec, NRI's result and when NRI began and ended, if it ran.
+type PreparedSpec = (
+    oci_spec::runtime::Spec,
+    Option<CreateResult>,
+    Option<(Instant, Instant)>,
+);
 
 /// A log path relative to the pod's log directory, without `..`.
 fn validate_log_path(p: &str) -> Result<()> {
@@ -199,9 +208,106 @@ impl Runtime {
             .layer_paths(image)
             .map_err(|e| RuntimeError::internal(format!("layers of {}", image.id), e))?;
         let rootfs_dir = rec.bundle.join("rootfs");
-        rootfs::mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
+        let known_users = self.image_users.get(&image.id);
+        // With the image's user databases known, nothing before runc needs
+        // the rootfs mounted: when there are NRI plugins to ask, the mount
+        // runs on a blocking thread while they are asked.
+        let mounting = if known_users.is_some() && self.nri_wants_create() {
+            let (lower, layer) = (lower.clone(), layer.clone());
+            let (empty, target) = (self.layout.empty_lower(), rootfs_dir.clone());
+            Some(tokio::task::spawn_blocking(move || {
+                rootfs::mount(&lower, &layer, &empty, &target).map(|()| Instant::now())
+            }))
+        } else {
+            rootfs::mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
+            None
+        };
         let t_rootfs = t0.elapsed();
+        let prepared = self
+            .prepare_spec(rec, sbrec, image, &rootfs_dir, known_users)
+            .await;
+        // Never return while the mount may still be running: a rollback
+        // would race it.
+        let mounted = match mounting {
+            Some(task) => Some(
+                task.await
+                    .unwrap_or_else(|e| Err(RuntimeError::internal("mount rootfs", e))),
+            ),
+            None => None,
+        };
+        let (oci, adjusted, nri_span) = prepared?;
+        if let Some(mounted) = mounted {
+            let done = mounted?;
+            // What NRI added to the create: the part of its span after the
+            // mount was done.
+            if let Some((start, end)) = nri_span {
+                self.nri_observe_create_wait(end.saturating_duration_since(done.max(start)));
+            }
+        } else if let Some((start, end)) = nri_span {
+            self.nri_observe_create_wait(end - start);
+        }
+        let json = serde_json::to_vec(&oci)
+            .map_err(|e| RuntimeError::internal("encode config.json", e))?;
+        let cfg_path = rec.bundle.join("config.json");
+        std::fs::write(&cfg_path, json)
+            .map_err(|e| RuntimeError::internal(format!("write {}", cfg_path.display()), e))?;
 
+        if let Some(log) = &rec.log_path {
+            if let Some(dir) = log.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    RuntimeError::internal(format!("create log directory {}", dir.display()), e)
+                })?;
+            }
+        }
+        let t_spec = t0.elapsed();
+        let started = shim::start(&ShimOptions {
+            binary: self.shim_binary.clone(),
+            id: rec.id.clone(),
+            bundle: rec.bundle.clone(),
+            runc: self.runc.binary().to_path_buf(),
+            runc_root: self.runc.root().to_path_buf(),
+            log_path: rec.log_path.clone(),
+            tty: rec.config.tty,
+            stdin: rec.config.stdin,
+            stdin_once: rec.config.stdin_once,
+        })
+        .await?;
+        tracing::debug!(
+            container.id = %rec.id,
+            rootfs_us = t_rootfs.as_micros() as u64,
+            spec_us = (t_spec - t_rootfs).as_micros() as u64,
+            shim_us = (t0.elapsed() - t_spec).as_micros() as u64,
+            "container made"
+        );
+        rec.pid = started.init_pid;
+        rec.init_start_time = util::process_start_time(started.init_pid).unwrap_or(0);
+        rec.shim = Some(started.shim);
+        rec.state = ContainerState::Created;
+        Ok((started.pidfd, adjusted))
+    }
+
+    /// Builds the container's OCI spec and lets the NRI plugins adjust it.
+    /// The rootfs is read only when `known_users` is `None` (the image's
+    /// first container; its databases are then remembered), and must be
+    /// mounted then. Returns the spec, NRI's result and when NRI began and
+    /// ended, if it ran.
+    async fn prepare_spec(
+        self: &Arc<Self>,
+        rec: &mut ContainerRecord,
+        sbrec: &SandboxRecord,
+        image: &petrel_image::Image,
+        rootfs_dir: &Path,
+        known_users: Option<Arc<UserDb>>,
+    ) -> Result<PreparedSpec> {
+        let users = match known_users {
+            Some(users) => users,
+            None => {
+                let users =
+                    Arc::new(UserDb::load(rootfs_dir).map_err(petrel_oci::spec::SpecError::User)?);
+                self.image_users.insert(&image.id, users.clone());
+                users
+            }
+        };
         let files = SandboxFiles::new(&sbrec.dir);
         let (pid_mode, target) = container_pid_mode(&rec.config, &sbrec.config);
         let pid = match pid_mode {
@@ -257,50 +363,16 @@ impl Runtime {
             config: &rec.config,
             sandbox_config: &sbrec.config,
             image_config: image_config.as_ref(),
-            rootfs: &rootfs_dir,
+            rootfs: rootfs_dir,
+            users: Some(&users),
             sandbox: &ctx,
             host: &self.host,
         };
         let mut oci = spec::build_container_spec(&input)?;
+        let nri_start = Instant::now();
         let adjusted = self.nri_adjust(sbrec, rec, &mut oci).await?;
-        let json = serde_json::to_vec(&oci)
-            .map_err(|e| RuntimeError::internal("encode config.json", e))?;
-        let cfg_path = rec.bundle.join("config.json");
-        std::fs::write(&cfg_path, json)
-            .map_err(|e| RuntimeError::internal(format!("write {}", cfg_path.display()), e))?;
-
-        if let Some(log) = &rec.log_path {
-            if let Some(dir) = log.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    RuntimeError::internal(format!("create log directory {}", dir.display()), e)
-                })?;
-            }
-        }
-        let t_spec = t0.elapsed();
-        let started = shim::start(&ShimOptions {
-            binary: self.shim_binary.clone(),
-            id: rec.id.clone(),
-            bundle: rec.bundle.clone(),
-            runc: self.runc.binary().to_path_buf(),
-            runc_root: self.runc.root().to_path_buf(),
-            log_path: rec.log_path.clone(),
-            tty: rec.config.tty,
-            stdin: rec.config.stdin,
-            stdin_once: rec.config.stdin_once,
-        })
-        .await?;
-        tracing::debug!(
-            container.id = %rec.id,
-            rootfs_us = t_rootfs.as_micros() as u64,
-            spec_us = (t_spec - t_rootfs).as_micros() as u64,
-            shim_us = (t0.elapsed() - t_spec).as_micros() as u64,
-            "container made"
-        );
-        rec.pid = started.init_pid;
-        rec.init_start_time = util::process_start_time(started.init_pid).unwrap_or(0);
-        rec.shim = Some(started.shim);
-        rec.state = ContainerState::Created;
-        Ok((started.pidfd, adjusted))
+        let nri_span = adjusted.is_some().then(|| (nri_start, Instant::now()));
+        Ok((oci, adjusted, nri_span))
     }
 
     /// Undoes whatever a container has on the host: runc state (killing

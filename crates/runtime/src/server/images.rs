@@ -181,6 +181,7 @@ impl Runtime {
                     users.join(", ")
                 )));
             }
+            self.image_users.remove(image_id);
         }
         let rt = self.clone();
         tokio::task::spawn_blocking(move || rt.images.apply_removal(&removal))
