@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{eventually, sh_container, Clients, Node};
+use common::{eventually, mounts_under, sh_container, Clients, Node};
 use petrel_cri::admin::{NriPlugin, NriPluginsRequest};
 use petrel_cri::api;
 use petrel_nri::api as nri;
@@ -191,17 +191,6 @@ fn sets_who(value: &str) -> nri::CreateContainerResponse {
         adjust: Some(adjust),
         ..Default::default()
     }
-}
-
-/// Mounts at or below `dir`.
-fn mounts_under(dir: &std::path::Path) -> usize {
-    let dir = dir.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&dir))
-        .count()
 }
 
 /// Adds env, an annotation, a mount, a memory limit and a cpuset.
@@ -379,7 +368,7 @@ async fn conflicting_adjustments_should_fail_the_create_and_leave_nothing() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(no_container_left(&node, &pod_cg), "debris left");
-    assert_eq!(mounts_under(&node.state.join("containers")), 0);
+    assert_eq!(mounts_under(&node.state.join("containers")).len(), 0);
 
     // Without the second plugin the same name is free and the create works.
     second.stop();
@@ -1078,7 +1067,7 @@ async fn a_known_images_rootfs_should_be_mounted_while_plugins_are_asked() {
         .unwrap()
         .count();
     assert_eq!(bundles, 2);
-    assert_eq!(mounts_under(&node.state.join("containers")), 2);
+    assert_eq!(mounts_under(&node.state.join("containers")).len(), 2);
     // The runtime tells what NRI added to each create apart from what it took.
     let text = c.metrics().await;
     for metric in [

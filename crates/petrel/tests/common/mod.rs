@@ -418,19 +418,25 @@ impl Node {
                     .output();
             }
         }
-        let prefix = self.dir.path().display().to_string();
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|m| m.starts_with(&prefix))
-            .collect();
+        let mut mounts = mounts_under(self.dir.path());
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in mounts {
             let _ = rustix_umount(&m);
         }
         remove_cgroup_tree(&self.cgroup_parent);
     }
+}
+
+/// Mount points at or below `dir` (by path prefix), from /proc/self/mountinfo.
+pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let prefix = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
 }
 
 fn rustix_umount(path: &str) -> std::io::Result<()> {
