@@ -57,6 +57,11 @@ impl Samples {
         self.values.iter().sum::<Duration>() / self.values.len() as u32
     }
 
+    /// How many samples are longer than `limit`.
+    pub fn count_over(&self, limit: Duration) -> usize {
+        self.values.iter().filter(|v| **v > limit).count()
+    }
+
     /// The smallest sample.
     pub fn min(&self) -> Duration {
         self.values.iter().copied().min().unwrap_or_default()
@@ -173,6 +178,16 @@ mod tests {
     #[test]
     fn percentile_of_nothing_should_be_zero() {
         assert_eq!(Samples::default().p99(), Duration::ZERO);
+    }
+
+    #[test]
+    fn count_over_should_count_only_longer_samples() {
+        let mut s = Samples::default();
+        for ms in [1, 5, 6, 9] {
+            s.push(Duration::from_millis(ms));
+        }
+        assert_eq!(s.count_over(Duration::from_millis(5)), 2);
+        assert_eq!(Samples::default().count_over(Duration::ZERO), 0);
     }
 
     #[test]
