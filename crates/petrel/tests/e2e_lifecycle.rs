@@ -935,3 +935,77 @@ async fn container_rootfs_should_be_a_volatile_overlay_whose_writes_work() {
     assert!(mounts_under(&rootfs).is_empty());
     c.remove_pod(&pod).await.unwrap();
 }
+
+/// `Max open files` soft and hard from a /proc/<pid>/limits.
+fn open_file_limits(limits: &str) -> (String, String) {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files line");
+    let mut f = line["Max open files".len()..].split_whitespace();
+    (
+        f.next().expect("soft").to_string(),
+        f.next().expect("hard").to_string(),
+    )
+}
+
+#[tokio::test]
+async fn the_runtime_should_raise_its_open_file_limit_while_containers_keep_the_one_it_started_with(
+) {
+    let mut node = Node::prepare_with("", "");
+    let hard = open_file_limits(&std::fs::read_to_string("/proc/self/limits").expect("limits")).1;
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .expect("nr_open")
+        .trim()
+        .parse()
+        .expect("number");
+    let hard_n: u64 = hard.parse().unwrap_or(u64::MAX);
+    assert!(
+        hard_n > 777,
+        "the hard open-file limit {hard} leaves nothing to raise"
+    );
+    node.spawn_with_open_file_limit(777);
+
+    // The runtime itself: soft raised to the hard limit (or the kernel's ceiling).
+    let rt = std::fs::read_to_string(format!("/proc/{}/limits", node.pid())).expect("limits");
+    assert_eq!(
+        open_file_limits(&rt),
+        (hard_n.min(nr_open).to_string(), hard.clone())
+    );
+
+    // Its containers keep the limit it started with.
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("nofile");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("box", "sleep 1000")).await;
+    let init = std::fs::read_to_string(format!("/proc/{}/limits", c.init_pid(&id).await))
+        .expect("init limits");
+    assert_eq!(open_file_limits(&init), ("777".to_string(), hard.clone()));
+    let r =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sh".into(), "-c".into(), "ulimit -n; ulimit -Hn".into()],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+        .into_inner();
+    let hard_shown = if hard_n == u64::MAX {
+        "unlimited".to_string()
+    } else {
+        hard.clone()
+    };
+    // The spec's limit reaches exec'd processes too, except through a runc
+    // built with Go 1.19+ before 1.1.12 (Debian's 1.1.5 here): its `runc init`
+    // raises its own soft limit as every Go program does and passes that on.
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(
+        out == format!("777\n{hard_shown}\n") || out == format!("{hard_shown}\n{hard_shown}\n"),
+        "exec'd ulimit -n, -Hn: {out:?}, stderr: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    c.stop(&id, 0).await.expect("stop");
+    c.remove(&id).await.expect("remove");
+    c.remove_pod(&pod).await.expect("remove pod");
+}

@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod metrics;
 pub mod nri;
+pub mod open_files;
 pub mod records;
 pub mod sandbox;
 pub mod server;

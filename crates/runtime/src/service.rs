@@ -177,7 +177,9 @@ impl Runtime {
         let shim_binary = find_shim(config.shim_binary.as_deref())?;
         let runc_binary = find_runc(&config.runtime_binary)?;
         let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
-        let host = HostLimits::detect()?;
+        let mut host = HostLimits::detect()?;
+        // Before anything holds descriptors; containers get what we started with.
+        host.open_files = Some(crate::open_files::raise_once());
         let layout = Layout {
             root: config.root.clone(),
             state: config.state.clone(),

@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{Linux, LinuxNamespace, LinuxNamespaceType, Process, Root, Spec, User};
+use oci_spec::runtime::{
+    Linux, LinuxNamespace, LinuxNamespaceType, PosixRlimit, PosixRlimitBuilder, PosixRlimitType,
+    Process, Root, Spec, User,
+};
 use petrel_cri::api;
 
 use crate::user::UserError;
@@ -144,10 +147,34 @@ pub struct HostLimits {
     pub bounding_caps: Vec<String>,
     /// Our own `oom_score_adj`: without `CAP_SYS_RESOURCE` nothing lower can be set.
     pub min_oom_score_adj: i32,
+    /// The open-file limit containers get (`RLIMIT_NOFILE`); `None`: they inherit
+    /// runc's. The runtime raises its own soft limit and passes the one it started with.
+    pub open_files: Option<OpenFileLimit>,
+}
+
+/// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    /// The limit in force.
+    pub soft: u64,
+    /// The ceiling the soft limit may be raised to.
+    pub hard: u64,
+}
+
+impl OpenFileLimit {
+    /// This process's limit now.
+    pub fn current() -> Self {
+        let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        Self {
+            soft: l.current.unwrap_or(u64::MAX),
+            hard: l.maximum.unwrap_or(u64::MAX),
+        }
+    }
 }
 
 impl HostLimits {
-    /// Reads `CapBnd` from `/proc/self/status` and `/proc/self/oom_score_adj`.
+    /// Reads `CapBnd` from `/proc/self/status`, `/proc/self/oom_score_adj` and the
+    /// open-file limit.
     pub fn detect() -> Result<Self, SpecError> {
         let read = |p: &str| {
             std::fs::read_to_string(p).map_err(|e| SpecError::Io {
@@ -174,6 +201,7 @@ impl HostLimits {
         Ok(Self {
             bounding_caps: caps_from_mask(mask),
             min_oom_score_adj,
+            open_files: Some(OpenFileLimit::current()),
         })
     }
 }
@@ -279,7 +307,7 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_env(Some(process::env(config, image, &hostname)?))
         .set_cwd(process::cwd(config, image)?)
         .set_capabilities(Some(caps::capabilities(sc, input.host)?))
-        .set_rlimits(None)
+        .set_rlimits(open_file_rlimits(input.host.open_files)?)
         .set_no_new_privileges(Some(sc.is_some_and(|s| s.no_new_privs)))
         .set_apparmor_profile(None)
         .set_selinux_label(None)
@@ -338,6 +366,21 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_annotations(Some(spec_annotations(input)))
         .set_linux(Some(linux));
     Ok(spec)
+}
+
+/// `RLIMIT_NOFILE` of the container's process (and of exec'd ones, whose process is
+/// the spec's with other arguments).
+fn open_file_rlimits(limit: Option<OpenFileLimit>) -> Result<Option<Vec<PosixRlimit>>, SpecError> {
+    let Some(l) = limit else {
+        return Ok(None);
+    };
+    let rlimit = PosixRlimitBuilder::default()
+        .typ(PosixRlimitType::RlimitNofile)
+        .soft(l.soft)
+        .hard(l.hard)
+        .build()
+        .map_err(|e| invalid("process.rlimits", e.to_string()))?;
+    Ok(Some(vec![rlimit]))
 }
 
 /// The requested `oom_score_adj`, raised to what we may set; `None` without resources.

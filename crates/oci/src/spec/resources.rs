@@ -177,6 +177,7 @@ mod tests {
         HostLimits {
             bounding_caps: vec![],
             min_oom_score_adj: 0,
+            open_files: None,
         }
     }
 

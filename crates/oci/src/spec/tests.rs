@@ -64,6 +64,7 @@ impl Fixture {
             host: HostLimits {
                 bounding_caps: caps_from_mask(0x0000_01ff_feff_ffff),
                 min_oom_score_adj: -500,
+                open_files: None,
             },
         }
     }
@@ -244,6 +245,22 @@ fn build_container_spec_should_clamp_oom_score_adj_to_ours() {
     assert_eq!(process(&spec).oom_score_adj(), Some(1000));
     f.resources().oom_score_adj = 1001;
     assert!(matches!(f.build(), Err(SpecError::Invalid { .. })));
+}
+
+#[test]
+fn build_container_spec_should_give_the_process_the_hosts_open_file_limit() {
+    let mut f = Fixture::new();
+    let spec = f.build().expect("spec");
+    assert_eq!(process(&spec).rlimits(), &None);
+    f.host.open_files = Some(OpenFileLimit {
+        soft: 1024,
+        hard: 524_288,
+    });
+    let spec = f.build().expect("spec");
+    let limits = process(&spec).rlimits().clone().expect("rlimits");
+    assert_eq!(limits.len(), 1);
+    assert_eq!(limits[0].typ(), PosixRlimitType::RlimitNofile);
+    assert_eq!((limits[0].soft(), limits[0].hard()), (1024, 524_288));
 }
 
 #[test]
@@ -443,4 +460,7 @@ fn host_limits_should_detect_this_process() {
         .parse()
         .expect("number");
     assert_eq!(h.min_oom_score_adj, own);
+    assert_eq!(h.open_files, Some(OpenFileLimit::current()));
+    let l = OpenFileLimit::current();
+    assert!(l.soft > 0 && l.soft <= l.hard, "{l:?}");
 }

@@ -185,12 +185,41 @@ impl Node {
 
     /// Starts the prepared runtime and waits until it serves.
     pub fn spawn(&mut self) {
+        self.spawn_command(Command::new(petrel_bin()));
+    }
+
+    /// Starts the prepared runtime with a soft open-file limit of `soft`
+    /// (the hard one stays), as a service manager would.
+    pub fn spawn_with_open_file_limit(&mut self, soft: u64) {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(petrel_bin());
+        // SAFETY: only setrlimit(2), async-signal-safe, runs in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut l = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                l.rlim_cur = soft;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        self.spawn_command(cmd);
+    }
+
+    fn spawn_command(&mut self, mut cmd: Command) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("runtime.log"))
             .expect("runtime log");
-        let child = Command::new(petrel_bin())
+        let child = cmd
             .args(["runtime", "--config"])
             .arg(&self.config_file)
             .args(["--log-level", "debug"])
