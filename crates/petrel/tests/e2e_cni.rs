@@ -16,15 +16,7 @@ use common::*;
 use petrel_cri::api;
 
 async fn exec(c: &mut Clients, id: &str, script: &str) -> (i32, String) {
-    let r =
-        c.rt.exec_sync(api::ExecSyncRequest {
-            container_id: id.to_string(),
-            cmd: vec!["sh".into(), "-c".into(), script.to_string()],
-            timeout: 20,
-        })
-        .await
-        .expect("ExecSync")
-        .into_inner();
+    let r = c.exec_sh(id, script, 20).await;
     (
         r.exit_code,
         format!(

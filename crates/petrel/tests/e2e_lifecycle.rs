@@ -919,15 +919,7 @@ async fn container_rootfs_should_be_a_volatile_overlay_whose_writes_work() {
         "{line}"
     );
     // A write and a sync inside the container go through.
-    let r =
-        c.rt.exec_sync(api::ExecSyncRequest {
-            container_id: id.clone(),
-            cmd: vec!["sh".into(), "-c".into(), "sync && cat /data".into()],
-            timeout: 5,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = c.exec_sh(&id, "sync && cat /data", 5).await;
     assert_eq!(r.exit_code, 0, "{r:?}");
     assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "kept");
     c.stop(&id, 0).await.unwrap();
@@ -982,15 +974,7 @@ async fn the_runtime_should_raise_its_open_file_limit_while_containers_keep_the_
     let init = std::fs::read_to_string(format!("/proc/{}/limits", c.init_pid(&id).await))
         .expect("init limits");
     assert_eq!(open_file_limits(&init), ("777".to_string(), hard.clone()));
-    let r =
-        c.rt.exec_sync(api::ExecSyncRequest {
-            container_id: id.clone(),
-            cmd: vec!["sh".into(), "-c".into(), "ulimit -n; ulimit -Hn".into()],
-            timeout: 10,
-        })
-        .await
-        .expect("ExecSync")
-        .into_inner();
+    let r = c.exec_sh(&id, "ulimit -n; ulimit -Hn", 10).await;
     let hard_shown = if hard_n == u64::MAX {
         "unlimited".to_string()
     } else {

@@ -118,15 +118,7 @@ async fn wait_connected(c: &mut Clients, qualified: &str) -> NriPlugin {
 }
 
 async fn exec(c: &mut Clients, id: &str, script: &str) -> String {
-    let r =
-        c.rt.exec_sync(api::ExecSyncRequest {
-            container_id: id.to_string(),
-            cmd: vec!["sh".into(), "-c".into(), script.into()],
-            timeout: 10,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = c.exec_sh(id, script, 10).await;
     assert_eq!(
         r.exit_code,
         0,

@@ -176,15 +176,7 @@ async fn runtime_spec(c: &mut Clients, id: &str) -> serde_json::Value {
 
 /// ExecSync `sh -c script` in container `id`, returning stdout.
 async fn exec(c: &mut Clients, id: &str, script: &str) -> String {
-    let r =
-        c.rt.exec_sync(api::ExecSyncRequest {
-            container_id: id.to_string(),
-            cmd: vec!["sh".into(), "-c".into(), script.into()],
-            timeout: 10,
-        })
-        .await
-        .expect("ExecSync")
-        .into_inner();
+    let r = c.exec_sh(id, script, 10).await;
     assert_eq!(
         r.exit_code,
         0,

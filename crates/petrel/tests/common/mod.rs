@@ -554,6 +554,20 @@ impl Clients {
             .text
     }
 
+    /// ExecSync of `sh -c script` in container `id` with a timeout in
+    /// seconds; the call itself must succeed (the script may fail).
+    pub async fn exec_sh(&mut self, id: &str, script: &str, timeout: i64) -> api::ExecSyncResponse {
+        self.rt
+            .exec_sync(api::ExecSyncRequest {
+                container_id: id.to_string(),
+                cmd: vec!["sh".into(), "-c".into(), script.into()],
+                timeout,
+            })
+            .await
+            .expect("ExecSync")
+            .into_inner()
+    }
+
     /// RunPodSandbox, returning the id.
     pub async fn run_pod(&mut self, config: api::PodSandboxConfig) -> String {
         self.rt
