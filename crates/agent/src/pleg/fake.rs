@@ -184,6 +184,8 @@ pub(crate) struct FakeRuntime {
     scripts: Mutex<VecDeque<Script>>,
     inflight: AtomicUsize,
     max_inflight: AtomicUsize,
+    /// Creates of a container that had run before (attempt above 0).
+    recreates: AtomicUsize,
     /// Subscribe `container_events` to the fake's own events when no
     /// stream is scripted.
     live_events: AtomicBool,
@@ -208,6 +210,7 @@ impl Default for FakeRuntime {
             scripts: Mutex::default(),
             inflight: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(0),
+            recreates: AtomicUsize::new(0),
             live_events: AtomicBool::new(false),
             subscribers: Mutex::default(),
             faults: Mutex::default(),
@@ -430,6 +433,11 @@ impl FakeRuntime {
     /// Calls of `op` so far.
     pub(crate) fn calls(&self, op: &str) -> usize {
         lock(&self.calls).get(op).copied().unwrap_or(0)
+    }
+
+    /// How many creates were of a container that had run before.
+    pub(crate) fn recreates(&self) -> usize {
+        self.recreates.load(Ordering::SeqCst)
     }
 
     /// Calls of every operation so far.
@@ -1066,6 +1074,9 @@ impl RuntimeApi for FakeRuntime {
                 .annotations
                 .get(ANNOTATION_CONTAINER_KIND)
                 .is_some_and(|k| k == "init");
+            if metadata.attempt > 0 {
+                self.recreates.fetch_add(1, Ordering::SeqCst);
+            }
             let id = s.next_id("c");
             let created_at = s.stamp();
             let c = Container {

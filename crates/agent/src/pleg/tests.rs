@@ -271,16 +271,11 @@ async fn relist_should_bound_concurrent_inspections() {
     }
     h.rt.delay("container_status", Duration::from_millis(30));
     h.rt.delay("podsandbox_status", Duration::from_millis(30));
-    let start = Instant::now();
     assert!(h.pleg.relist().await);
     assert_eq!(h.cache.uids().len(), 12);
-    // Concurrent (faster than 24 serial calls), never above the bound.
+    // Concurrent (three in flight at once), never above the bound. A wall
+    // clock bound would say the same and fail on a stalled machine.
     assert_eq!(h.rt.max_inflight_status(), 3);
-    assert!(
-        start.elapsed() < Duration::from_millis(24 * 30),
-        "{:?}",
-        start.elapsed()
-    );
 }
 
 #[tokio::test]
