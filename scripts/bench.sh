@@ -76,22 +76,21 @@ sweep() {
     set +e
     if [[ -d $work ]]; then
         echo "bench: sweeping what the bench left in $work" >&2
-        # The runtimes, agent, containerd and registry the bench started:
-        # pid files in the work directory, each process checked to name the
-        # work directory on its command line (agents first, then runtimes).
-        local f pid
-        for f in "$work/agent/agent.pid" "$work/containerd/agent/agent.pid" \
-            "$work/eviction/agent.pid" \
-            "$work/runtime.pid" "$work/agent/runtime.pid" "$work/pull/node/runtime.pid" \
-            "$work/eviction/runtime.pid" \
-            "$work/containerd/containerd.pid" "$work/pull/registry/registry.pid"; do
-            [[ -f $f ]] || continue
-            pid=$(<"$f")
-            if [[ -r /proc/$pid/cmdline ]] &&
-                tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$work/"; then
-                kill -TERM "$pid"
-                for _ in $(seq 1 150); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
-            fi
+        # The agents, runtimes, containerd and registries the bench started:
+        # every pid file under the work directory (agents first, so none
+        # restarts what the sweep stops), each process checked to name the
+        # work directory on its command line.
+        local name f pid
+        for name in agent.pid runtime.pid containerd.pid registry.pid; do
+            while IFS= read -r f; do
+                pid=$(<"$f")
+                [[ $pid =~ ^[0-9]+$ ]] || continue
+                if [[ -r /proc/$pid/cmdline ]] &&
+                    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$work/"; then
+                    kill -TERM "$pid"
+                    for _ in $(seq 1 150); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
+                fi
+            done < <(find "$work" -maxdepth 4 -name "$name" -type f 2>/dev/null)
         done
         # containerd's shims, named by their -address in the work directory.
         local p
@@ -101,15 +100,14 @@ sweep() {
                 kill -KILL "${p#/proc/}" 2>/dev/null
             fi
         done
+        # runc state roots: each runtime's state/runc, containerd's runc and
+        # the raw runc measurement's runc-root.
         local root c
-        for root in "$work/state/runc" "$work/raw/runc-root" "$work/agent/state/runc" \
-            "$work/eviction/state/runc" \
-            "$work/pull/node/state/runc" "$work/containerd/runc"; do
-            [[ -d $root ]] || continue
+        while IFS= read -r root; do
             for c in $(runc --root "$root" list -q 2>/dev/null); do
                 runc --root "$root" delete --force "$c" >/dev/null 2>&1
             done
-        done
+        done < <(find "$work" -maxdepth 4 -type d \( -path '*/state/runc' -o -path "$work/containerd/runc" -o -name runc-root \) 2>/dev/null)
         awk -v w="$work" '$5 == w || index($5, w "/") == 1 { print $5 }' /proc/self/mountinfo |
             sort -r | while read -r m; do umount -l "$m"; done
         local d
