@@ -5,12 +5,14 @@
 //! not here: the shim runs `runc create` so that it becomes the parent (as a
 //! subreaper) of the container's init process and holds its stdio.
 
+mod exec;
+
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use oci_spec::runtime::{LinuxResources, Process};
+use oci_spec::runtime::LinuxResources;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -331,131 +333,6 @@ impl Runc {
             id: id.to_string(),
             message,
         })
-    }
-
-    /// Runs `process` inside the container and collects its output.
-    ///
-    /// `work_dir` holds the call's process file and pid file (removed
-    /// afterwards). On timeout the exec'd process itself is killed (not only
-    /// runc), waited for, and [`RuncError::Timeout`] is returned, so no
-    /// zombie or stray process is left to block a later stop.
-    pub async fn exec(
-        &self,
-        id: &str,
-        process: &Process,
-        work_dir: &Path,
-        timeout: Option<Duration>,
-    ) -> Result<ExecOutput, RuncError> {
-        let tag = unique_tag();
-        let process_file = work_dir.join(format!("exec-{tag}.json"));
-        let pid_file = work_dir.join(format!("exec-{tag}.pid"));
-        let json = serde_json::to_vec(process).map_err(|e| RuncError::Output {
-            command: "exec",
-            reason: e.to_string(),
-        })?;
-        tokio::fs::write(&process_file, json)
-            .await
-            .map_err(|source| RuncError::Io {
-                op: "write",
-                path: process_file.clone(),
-                source,
-            })?;
-        let result = self.exec_inner(id, &process_file, &pid_file, timeout).await;
-        let _ = tokio::fs::remove_file(&process_file).await;
-        let _ = tokio::fs::remove_file(&pid_file).await;
-        result
-    }
-
-    async fn exec_inner(
-        &self,
-        id: &str,
-        process_file: &Path,
-        pid_file: &Path,
-        timeout: Option<Duration>,
-    ) -> Result<ExecOutput, RuncError> {
-        let mut c = self.command();
-        c.arg("exec")
-            .arg("--process")
-            .arg(process_file)
-            .arg("--pid-file")
-            .arg(pid_file)
-            .arg(id)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = c.spawn().map_err(|source| RuncError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
-        let waited = match timeout {
-            Some(t) => tokio::time::timeout(t, child.wait_with_output()).await,
-            None => Ok(child.wait_with_output().await),
-        };
-        let out = match waited {
-            Ok(r) => r.map_err(|source| RuncError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?,
-            Err(_) => {
-                // The future owning the child was dropped: kill_on_drop kills
-                // runc and tokio reaps it in the background. Kill the exec'd
-                // process too, by the pid runc wrote, or it would live on.
-                if let Ok(s) = tokio::fs::read_to_string(pid_file).await {
-                    if let Ok(pid) = s.trim().parse::<i32>() {
-                        if pid > 0 {
-                            // SAFETY: kill(2) with a pid runc reported for this exec.
-                            unsafe { libc::kill(pid, libc::SIGKILL) };
-                            reap_orphan(pid).await;
-                        }
-                    }
-                }
-                return Err(RuncError::Timeout {
-                    id: id.to_string(),
-                    timeout: timeout.unwrap_or_default(),
-                });
-            }
-        };
-        // runc exec exits with the process's exit code; runc's own failures
-        // (e.g. the binary is missing) also come back as a code with a message
-        // on stderr, as with containerd and CRI-O.
-        let exit_code = match out.status.code() {
-            Some(c) => c,
-            None => {
-                use std::os::unix::process::ExitStatusExt;
-                128 + out.status.signal().unwrap_or(0)
-            }
-        };
-        if exit_code != 0 && out.stdout.is_empty() {
-            let msg = error_message(&out.stderr);
-            if msg.contains("does not exist") || msg.contains("cannot exec in a stopped") {
-                return Err(RuncError::Failed {
-                    command: "exec",
-                    id: id.to_string(),
-                    message: msg,
-                });
-            }
-        }
-        Ok(ExecOutput {
-            exit_code,
-            stdout: out.stdout,
-            stderr: out.stderr,
-        })
-    }
-}
-
-/// Reaps `pid` if it becomes our child (a caller that is a child subreaper
-/// inherits the exec'd process once runc is gone); gives up after a second.
-async fn reap_orphan(pid: i32) {
-    for _ in 0..100 {
-        let mut status = 0;
-        // SAFETY: non-blocking waitpid on one pid.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        // SAFETY: signal 0 only checks whether the pid exists.
-        let exists = unsafe { libc::kill(pid, 0) } == 0;
-        if r > 0 || (r < 0 && !exists) {
-            return; // reaped, or gone and never ours
-        }
-        // Still running, or still the child of a dying runc: wait a little.
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -196,16 +196,20 @@ async fn agent_should_act_on_exec_probes() {
     let agent = Agent::for_node(&node, &[]);
     let c = format!(
         "{}    readinessProbe:\n      exec: {{command: [\"test\", \"-f\", \"/tmp/ready\"]}}\n      periodSeconds: 1\n      failureThreshold: 1\n{}    livenessProbe:\n      exec: {{command: [\"sh\", \"-c\", \"test ! -f /tmp/dead\"]}}\n      periodSeconds: 1\n      failureThreshold: 2\n",
-        sh("ready", "sleep 2; touch /tmp/ready; exec sleep 3600"),
+        sh("ready", "sleep 4; touch /tmp/ready; exec sleep 3600"),
         sh("live", "sleep 2; touch /tmp/dead; exec sleep 3600"),
     );
     agent.write_manifest(
         "probe.yaml",
         &pod_yaml("probe", "  terminationGracePeriodSeconds: 1\n", &c),
     );
-    let pod = agent.wait_pod("default", "probe", T, "running", |p| running(p, "ready"));
-    assert_eq!(container_status(&pod, "ready").unwrap()["ready"], false);
-    assert!(!condition(&pod, "Ready"));
+    // Not ready while its probe fails (a loaded machine may take a while to
+    // show the container running, hence the wait rather than one look).
+    agent.wait_pod("default", "probe", T, "running, not ready", |p| {
+        running(p, "ready")
+            && container_status(p, "ready").is_some_and(|c| c["ready"] == false)
+            && !condition(p, "Ready")
+    });
     agent.wait_pod("default", "probe", T, "ready", |p| {
         container_status(p, "ready").is_some_and(|c| c["ready"] == true)
     });

@@ -363,6 +363,38 @@ async fn exec_sync_should_return_output_exit_code_and_honour_timeouts() {
     let out = String::from_utf8_lossy(&ps.stdout);
     assert!(!out.contains("sleep 60"), "{out}");
 
+    // A call its client gives up on (no timeout of its own) has its command
+    // killed as well, in the background.
+    let mut req = tonic::Request::new(api::ExecSyncRequest {
+        container_id: id.clone(),
+        cmd: vec!["sleep".into(), "61".into()],
+        timeout: 0,
+    });
+    req.set_timeout(Duration::from_millis(500));
+    assert!(c.rt.exec_sync(req).await.is_err());
+    let t = Instant::now();
+    loop {
+        let ps =
+            c.rt.exec_sync(api::ExecSyncRequest {
+                container_id: id.clone(),
+                cmd: vec!["ps".into()],
+                timeout: 5,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let out = String::from_utf8_lossy(&ps.stdout).to_string();
+        if !out.contains("sleep 61") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // runc was left to reap what it started: nothing was orphaned to the
+    // runtime (a zombie in the container's PID namespace would keep its
+    // init from ever finishing its exit).
+    node.assert_no_zombie_children();
+
     // A timed-out exec does not block the stop.
     let t = Instant::now();
     c.stop(&id, 0).await.unwrap();

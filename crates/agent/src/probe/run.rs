@@ -18,6 +18,21 @@ pub enum Outcome {
     Failure(String),
 }
 
+/// Why an exec probe failed: its exit code and, like kubelet, its output
+/// (stderr when stdout is empty: a runc failure's message is only there).
+fn exec_failure(out: &crate::cri::ExecOutput) -> String {
+    let text = if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        &out.stderr
+    } else {
+        &out.stdout
+    };
+    format!(
+        "command exited with {}: {}",
+        out.exit_code,
+        String::from_utf8_lossy(text).trim()
+    )
+}
+
 /// Runs `probe` once against the container `container_id` (exec) or the
 /// address `host` (HTTP, TCP).
 pub async fn probe_once(
@@ -35,11 +50,7 @@ pub async fn probe_once(
             .await
         {
             Ok(out) if out.exit_code == 0 => Outcome::Success,
-            Ok(out) => Outcome::Failure(format!(
-                "command exited with {}: {}",
-                out.exit_code,
-                String::from_utf8_lossy(&out.stdout).trim()
-            )),
+            Ok(out) => Outcome::Failure(exec_failure(&out)),
             Err(e) => Outcome::Failure(format!("exec failed: {e}")),
         };
     }
@@ -185,6 +196,27 @@ mod tests {
         assert_eq!(http_get("127.0.0.1", port, "/", &[]).await?, 503);
         server.abort();
         Ok(())
+    }
+
+    #[test]
+    fn exec_failures_should_say_the_exit_code_and_the_output() {
+        let out = |stdout: &str, stderr: &str| crate::cri::ExecOutput {
+            exit_code: 1,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        assert_eq!(
+            exec_failure(&out("not yet\n", "")),
+            "command exited with 1: not yet"
+        );
+        assert_eq!(
+            exec_failure(&out("\n", "exec failed: no such file\n")),
+            "command exited with 1: exec failed: no such file"
+        );
+        assert_eq!(
+            exec_failure(&out("out", "err")),
+            "command exited with 1: out"
+        );
     }
 
     #[test]

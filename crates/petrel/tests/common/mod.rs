@@ -258,6 +258,43 @@ impl Node {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// The runtime's children that are zombies (pid and name): an orphan
+    /// it adopted as a child subreaper and never reaped.
+    pub fn zombie_children(&self) -> Vec<String> {
+        let me = self.pid().to_string();
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let Some(close) = stat.rfind(')') else {
+                continue;
+            };
+            let mut f = stat[close + 1..].split_whitespace();
+            if f.next() == Some("Z") && f.next() == Some(me.as_str()) {
+                found.push(stat[..=close].to_string());
+            }
+        }
+        found
+    }
+
+    /// Waits up to 5 s for the runtime to have no zombie children (a
+    /// child's exit is reaped a moment after it happens).
+    pub fn assert_no_zombie_children(&self) {
+        let start = Instant::now();
+        loop {
+            let z = self.zombie_children();
+            if z.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the runtime left zombies: {z:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `kill -9` the runtime (containers keep running under their shims).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -202,7 +202,12 @@ impl CriServer {
         let start = Instant::now();
         let rt = self.rt.clone();
         let req = req.into_inner();
-        let res = match tokio::spawn(async move { f(rt, req).await }).await {
+        let task = tokio::spawn(async move { f(rt, req).await });
+        // Calls run to completion when their client goes away (a half-made
+        // change is worse than an unwanted one), except ExecSync: its
+        // command is killed when nobody waits for its output any more.
+        let _abort = (op == "ExecSync").then(|| AbortOnDrop(task.abort_handle()));
+        let res = match task.await {
             Ok(r) => r,
             Err(e) => Err(RuntimeError::Internal(format!(
                 "{op} failed unexpectedly: {e}"
@@ -220,6 +225,15 @@ impl CriServer {
             Ok(_) => tracing::trace!(op, "call done"),
         }
         res.map(Response::new).map_err(Status::from)
+    }
+}
+
+/// Aborts a call's task when the call is dropped (its client went away).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
