@@ -374,15 +374,7 @@ async fn exec_sync_should_return_output_exit_code_and_honour_timeouts() {
     assert!(c.rt.exec_sync(req).await.is_err());
     let t = Instant::now();
     loop {
-        let ps =
-            c.rt.exec_sync(api::ExecSyncRequest {
-                container_id: id.clone(),
-                cmd: vec!["ps".into()],
-                timeout: 5,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let ps = c.exec_sh(&id, "ps", 5).await;
         let out = String::from_utf8_lossy(&ps.stdout).to_string();
         if !out.contains("sleep 61") {
             break;
