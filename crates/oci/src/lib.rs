@@ -1,6 +1,7 @@
 //! OCI plumbing for Petrel.
 pub mod cgroups;
 pub mod exec_fifo;
+pub mod proc_stat;
 pub mod runc;
 pub mod spec;
 pub mod stopped_delete;

@@ -141,23 +141,8 @@ pub fn delete(state_dir: &Path) -> io::Result<Deleted> {
 /// recorded start time and is neither a zombie nor dead (runc's own test).
 fn init_alive(pid: u32, start: u64) -> bool {
     pid != 0
-        && proc_stat(pid)
-            .is_some_and(|(state, started)| started == start && !matches!(state, "Z" | "X"))
-}
-
-/// The state letter and start time (in clock ticks after boot) of `pid`.
-fn proc_stat(pid: u32) -> Option<(&'static str, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: the fields that
-    // follow start after its last ')', with the state (field 3) first.
-    let mut fields = stat[stat.rfind(')')? + 1..].split_ascii_whitespace();
-    let state = match fields.next()? {
-        "Z" => "Z",
-        "X" | "x" => "X",
-        _ => "",
-    };
-    let started = fields.nth(18)?.parse().ok()?;
-    Some((state, started))
+        && crate::proc_stat::read(pid)
+            .is_some_and(|s| s.start_time == start && !matches!(s.state, 'Z' | 'X' | 'x'))
 }
 
 /// Removes each cgroup directory with any sub-cgroups, retrying (10, 20,
@@ -252,7 +237,7 @@ mod tests {
     }
 
     fn my_start_time() -> u64 {
-        proc_stat(std::process::id()).map_or(0, |(_, t)| t)
+        crate::proc_stat::read(std::process::id()).map_or(0, |s| s.start_time)
     }
 
     #[test]

@@ -21,12 +21,7 @@ pub fn now_ns() -> i64 {
 /// A process's start time in clock ticks since boot (field 22 of
 /// `/proc/<pid>/stat`), or `None` when the process does not exist.
 pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: the
-    // remaining fields start after its last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // rest starts with field 3 (state); start time is field 22.
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+    petrel_oci::proc_stat::read(pid).map(|s| s.start_time)
 }
 
 /// Whether the process `pid` still exists with the given start time
