@@ -385,7 +385,7 @@ async fn exec_sync_should_return_output_exit_code_and_honour_timeouts() {
     // runc was left to reap what it started: nothing was orphaned to the
     // runtime (a zombie in the container's PID namespace would keep its
     // init from ever finishing its exit).
-    node.assert_no_zombie_children();
+    node.assert_no_zombie_children(Duration::from_secs(5));
 
     // A timed-out exec does not block the stop.
     let t = Instant::now();

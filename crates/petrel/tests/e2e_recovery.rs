@@ -119,3 +119,43 @@ async fn sigterm_should_stop_the_runtime_and_leave_containers_running() {
         api::ContainerState::ContainerRunning as i32
     );
 }
+
+#[tokio::test]
+async fn a_killed_shim_should_end_its_container_and_leave_no_zombie() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("shimkill");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("victim", "sleep 1000")).await;
+    let init = c.init_pid(&id).await as i32;
+    let shim = c.verbose_info(&id).await["shimPid"]
+        .as_i64()
+        .expect("shimPid in the verbose info") as i32;
+
+    // SAFETY: signalling the shim the runtime started for this test.
+    assert_eq!(unsafe { libc::kill(shim, libc::SIGKILL) }, 0);
+    let st = c
+        .wait_state(
+            &id,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(20),
+        )
+        .await;
+    assert_eq!(st.reason, "Unknown", "{st:?}");
+    // The container's init, orphaned to the runtime (a child subreaper)
+    // when its shim died, was killed and is reaped as an orphan: no zombie.
+    let within = petrel_runtime::orphans::GRACE * 2 + Duration::from_secs(10);
+    node.assert_no_zombie_children(within);
+    assert!(
+        eventually(Duration::from_secs(1), || {
+            // SAFETY: signal 0 only checks existence (a zombie exists).
+            let exists = unsafe { libc::kill(init, 0) } == 0;
+            !exists
+        })
+        .await,
+        "the container's init {init} is still there"
+    );
+    c.remove(&id).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+}

@@ -13,6 +13,7 @@ pub mod events;
 pub mod metrics;
 pub mod nri;
 pub mod open_files;
+pub mod orphans;
 pub mod records;
 pub mod sandbox;
 pub mod server;

@@ -278,19 +278,17 @@ impl Node {
         found
     }
 
-    /// Waits up to 5 s for the runtime to have no zombie children (a
-    /// child's exit is reaped a moment after it happens).
-    pub fn assert_no_zombie_children(&self) {
+    /// Waits up to `within` for the runtime to have no zombie children (its
+    /// own children are reaped a moment after they exit, adopted orphans
+    /// within `petrel_runtime::orphans::GRACE` twice).
+    pub fn assert_no_zombie_children(&self, within: Duration) {
         let start = Instant::now();
         loop {
             let z = self.zombie_children();
             if z.is_empty() {
                 return;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "the runtime left zombies: {z:?}"
-            );
+            assert!(start.elapsed() < within, "the runtime left zombies: {z:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
     }

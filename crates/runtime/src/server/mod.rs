@@ -87,6 +87,8 @@ pub async fn serve_runtime(
 ) -> Result<(), ServeError> {
     let socket = rt.config.socket_path();
     let mode = rt.config.socket_mode;
+    // Ended with this function, whichever way it returns.
+    let _reaper = AbortOnDrop(tokio::spawn(crate::orphans::reap_orphans()).abort_handle());
     rt.recover().await?;
     let streams = petrel_stream::StreamServer::bind(
         petrel_stream::StreamConfig {
