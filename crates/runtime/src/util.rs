@@ -91,17 +91,6 @@ pub fn signal_process(pid: u32, start_time: u64, signal: i32) -> io::Result<bool
     }
 }
 
-/// Reaps `pid` if it is our child and has exited; ignores anything else
-/// (a shim adopted after a restart is not our child).
-pub fn reap(pid: u32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    let mut status = 0;
-    // SAFETY: waitpid with WNOHANG on a specific pid; no memory is shared.
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

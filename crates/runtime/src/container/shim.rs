@@ -163,13 +163,16 @@ fn log_tail(path: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
-/// Waits until the process behind `pidfd` has exited.
+/// Waits until the process behind `pidfd` has exited, and reaps it when it
+/// is our child (a shim this runtime started; one adopted after a restart
+/// is not). Reaping through the pidfd cannot hit a reused pid.
 pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
     // SAFETY: OwnedFd is a valid open descriptor that AsyncFd owns (and so
     // keeps open and unchanged) for its whole lifetime.
     let fd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into_parts().1)?;
     let _guard = fd.readable().await?;
+    let _ = crate::streaming::fd::try_reap(fd.get_ref());
     Ok(())
 }
 

@@ -173,9 +173,6 @@ impl Runtime {
         if rec.state == ContainerState::Exited {
             return;
         }
-        if let Some(s) = &rec.shim {
-            util::reap(s.pid);
-        }
         // An eviction's reason outlives the exit it causes.
         let evicted = (rec.reason == crate::nri::host::EVICTED_REASON)
             .then(|| std::mem::take(&mut rec.message));
