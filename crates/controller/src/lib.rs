@@ -88,8 +88,16 @@
 //!         }
 //!     }
 //! }));
-//! // Let the delayed resync item come due, then stop gracefully.
-//! tokio::time::sleep(Duration::from_millis(100)).await;
+//! // Let the delayed resync item come due and be handled (however long a
+//! // busy machine makes that), then stop gracefully: a shutdown drops items
+//! // whose time has not come.
+//! tokio::time::timeout(Duration::from_secs(60), async {
+//!     while seen.lock().expect("not poisoned").len() < 2 {
+//!         tokio::time::sleep(Duration::from_millis(10)).await;
+//!     }
+//! })
+//! .await
+//! .expect("the resync item was handled");
 //! queue.shut_down_with_drain().await;
 //! workers.await.expect("workers ran");
 //! let mut seen = seen.lock().expect("not poisoned").clone();
