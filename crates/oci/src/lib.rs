@@ -1,5 +1,6 @@
 //! OCI plumbing for Petrel.
 pub mod cgroups;
+pub mod dir_usage;
 pub mod exec_fifo;
 pub mod proc_stat;
 pub mod runc;

@@ -10,9 +10,9 @@ use petrel_image::registry::{decode_auth_field, Credentials, ProgressReporter};
 use petrel_image::{Image, Removal};
 
 use crate::error::{non_empty, Result, RuntimeError};
-use crate::server::stats::dir_usage;
 use crate::service::Runtime;
 use crate::util;
+use petrel_oci::dir_usage::{dir_usage, DirUsage};
 
 /// The CRI view of an image.
 pub(crate) fn cri_image(img: &Image) -> api::Image {
@@ -218,7 +218,7 @@ impl Runtime {
         let u = self.images.fs_usage();
         let ts = util::now_ns();
         let containers_dir = self.layout.root.join("containers");
-        let (bytes, inodes) = dir_usage(&containers_dir);
+        let DirUsage { bytes, inodes } = dir_usage(&containers_dir);
         Ok(api::ImageFsInfoResponse {
             image_filesystems: vec![api::FilesystemUsage {
                 timestamp: ts,

@@ -2,10 +2,10 @@
 //! read from the cgroups and the writable layers when asked, never sampled
 //! in the background.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use petrel_cri::api;
+use petrel_oci::dir_usage::dir_usage;
 
 use crate::error::Result;
 use crate::records::ContainerState;
@@ -16,35 +16,6 @@ use crate::util;
 
 fn u64v(v: u64) -> Option<api::UInt64Value> {
     Some(api::UInt64Value { value: v })
-}
-
-/// Bytes (allocated blocks) and inodes under `dir`, not following symlinks
-/// nor crossing into other filesystems.
-pub(crate) fn dir_usage(dir: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(root) = std::fs::symlink_metadata(dir) else {
-        return (0, 0);
-    };
-    let dev = root.dev();
-    let (mut bytes, mut inodes) = (root.blocks() * 512, 1u64);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.dev() != dev {
-                continue;
-            }
-            bytes += m.blocks() * 512;
-            inodes += 1;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    (bytes, inodes)
 }
 
 /// CPU and memory usage of a cgroup, with the CPU rate since `prev`.
@@ -103,7 +74,7 @@ impl Runtime {
         } else {
             (None, None, None)
         };
-        let (bytes, inodes) = dir_usage(&upper);
+        let petrel_oci::dir_usage::DirUsage { bytes, inodes } = dir_usage(&upper);
         api::ContainerStats {
             attributes: Some(attributes),
             cpu,
