@@ -499,18 +499,23 @@ async fn hung_plugin_costs_at_most_the_timeout() {
             .unwrap_err();
         let took = started.elapsed();
         assert!(err.is_timeout(), "{err:?}");
+        // Not the plugin's 30 s: the timeout, plus whatever a busy host adds.
         assert!(
-            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
             "{took:?}"
         );
 
-        // Still connected; the next call is answered.
-        conn.stop_container(&api::StopContainerRequest {
+        // Still connected; the next call is answered. (A host that stalls
+        // longer than the 300 ms timeout may time it out too: asked again.)
+        let stop = api::StopContainerRequest {
             pod: Some(pod("p")),
             container: Some(container("c1", "p")),
-        })
-        .await
-        .unwrap();
+        };
+        let mut attempts = 0;
+        while let Err(e) = conn.stop_container(&stop).await {
+            attempts += 1;
+            assert!(e.is_timeout() && attempts < 20, "{e:?}");
+        }
         assert_eq!(events.recv().await.unwrap(), "create slow");
         assert_eq!(events.recv().await.unwrap(), "stop c1");
         conn.close().await;
