@@ -1,7 +1,7 @@
 //! Small helpers: ids, clocks, process identity, pidfds.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// A new random 64-hex-character id (like containerd's and Docker's).
 pub fn new_id() -> Result<String, io::Error> {
@@ -42,6 +42,41 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
     // SAFETY: the kernel returned a new, owned file descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reaps the child behind `pidfd` if it has exited.
+pub fn try_reap(pidfd: &OwnedFd) -> io::Result<Option<i32>> {
+    // SAFETY: siginfo_t is plain data; waitid fills it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waitid on a pidfd we own, writing into `info`.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // SAFETY: after a successful waitid the pid and status fields are set
+    // (pid 0: the child has not exited yet).
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(if info.si_code == libc::CLD_EXITED {
+        status
+    } else {
+        128 + status
+    }))
 }
 
 /// A pidfd on process `pid` if it is still the one that started at

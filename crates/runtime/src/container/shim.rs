@@ -172,7 +172,7 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
     let fd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into_parts().1)?;
     let _guard = fd.readable().await?;
-    let _ = crate::streaming::fd::try_reap(fd.get_ref());
+    let _ = crate::util::try_reap(fd.get_ref());
     Ok(())
 }
 

@@ -139,7 +139,7 @@ impl Drop for ExecProcess {
 /// Waits for the killed process without a runtime to wait with.
 fn reap_blocking(pidfd: &OwnedFd) {
     for _ in 0..500 {
-        match fd::try_reap(pidfd) {
+        match crate::util::try_reap(pidfd) {
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
             _ => return,
         }

@@ -50,46 +50,11 @@ pub async fn connect_in(dir: &Path, name: &str) -> io::Result<tokio::net::UnixSt
 pub async fn wait_child(pidfd: &AsyncFd<OwnedFd>) -> io::Result<i32> {
     loop {
         let mut guard = pidfd.readable().await?;
-        if let Some(code) = try_reap(pidfd.get_ref())? {
+        if let Some(code) = crate::util::try_reap(pidfd.get_ref())? {
             return Ok(code);
         }
         guard.clear_ready();
     }
-}
-
-/// Reaps the child behind `pidfd` if it has exited.
-pub fn try_reap(pidfd: &OwnedFd) -> io::Result<Option<i32>> {
-    // SAFETY: siginfo_t is plain data; waitid fills it.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: waitid on a pidfd we own, writing into `info`.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PIDFD,
-                pidfd.as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG,
-            )
-        };
-        if r == 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    // SAFETY: after a successful waitid the pid and status fields are set
-    // (pid 0: the child has not exited yet).
-    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
-    if pid == 0 {
-        return Ok(None);
-    }
-    Ok(Some(if info.si_code == libc::CLD_EXITED {
-        status
-    } else {
-        128 + status
-    }))
 }
 
 /// Registers a descriptor with tokio.
@@ -219,7 +184,7 @@ mod tests {
 
             let sleeper = std::process::Command::new("sleep").arg("100").spawn()?;
             let fd = async_pidfd(crate::util::pidfd_open(sleeper.id())?)?;
-            assert_eq!(try_reap(fd.get_ref())?, None);
+            assert_eq!(crate::util::try_reap(fd.get_ref())?, None);
             kill(fd.get_ref());
             assert_eq!(wait_child(&fd).await?, 128 + libc::SIGKILL);
             Ok(())

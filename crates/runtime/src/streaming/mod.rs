@@ -18,7 +18,7 @@
 
 mod attach;
 mod exec;
-pub(crate) mod fd;
+mod fd;
 mod port_forward;
 
 use std::sync::{Arc, Weak};
