@@ -12,7 +12,8 @@
 //! `LIST_PERF_ONLY` (a substring of the client variants to run). Client and
 //! server in separate processes, as agent and runtime are: one test binary
 //! with `LIST_PERF_SERVE=<seconds>` (it prints its socket), another with
-//! `LIST_PERF_SOCKET=<path>`. Wall times on a shared 2-vCPU machine move by
+//! `LIST_PERF_SOCKET=<path>`; the server stops at SIGINT/SIGTERM or when
+//! its time is up, removing its temporary root. Wall times on a shared 2-vCPU machine move by
 //! tens of percent; the client's instruction count does not:
 //! `valgrind --tool=cachegrind --cache-sim=no` on the client with two round
 //! counts, the difference divided by the rounds' difference.
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use petrel_cri::api;
 use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
+use tokio::signal::unix::{signal, SignalKind};
 use tonic::codegen::http;
 
 use crate::config::RuntimeConfig;
@@ -423,7 +425,17 @@ fn list_perf() {
     let served = serve(pods);
     println!("{pods} pods served on {}", served.socket.display());
     if let Ok(secs) = std::env::var("LIST_PERF_SERVE") {
-        std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(60)));
+        // Until the time is up or SIGINT/SIGTERM: either way the temporary
+        // root is dropped below, not left behind.
+        let secs = Duration::from_secs(secs.parse().unwrap_or(60));
+        client.block_on(async {
+            let mut term = signal(SignalKind::terminate()).unwrap();
+            tokio::select! {
+                _ = tokio::time::sleep(secs) => {}
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        });
     } else {
         client.block_on(async {
             in_process(&served.rt, rounds).await;
