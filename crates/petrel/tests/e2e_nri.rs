@@ -529,6 +529,56 @@ async fn a_crashed_plugin_should_be_relaunched_and_serve_again() {
     )));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_whose_launcher_exits_should_be_reaped_at_once_and_keep_serving() {
+    use std::os::unix::fs::PermissionsExt;
+    // The launched file is a shell that starts the plugin in the background
+    // and exits; the plugin keeps the inherited connection.
+    let node = start_node("", |n| {
+        let dir = n.nri_dir().join("plugins");
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("10-ulimit-adjuster");
+        let real = sample_plugin("ulimit-adjuster");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\n'{}' \"$@\" &\nexit 0\n", real.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    });
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    wait_connected(&mut c, "10-ulimit-adjuster").await;
+    // The shell is waited for when it exits, not left a zombie until the
+    // orphan reaper's two looks (its pid could be reused by then).
+    node.assert_no_zombie_children(Duration::from_secs(3));
+    let log = node.log();
+    assert!(
+        log.contains("nri: plugin process exited") && !log.contains("reaped an orphaned process"),
+        "{}",
+        &log[log.len().saturating_sub(3000)..]
+    );
+    let pc = pod_with_annotations(
+        &node,
+        "wrapped",
+        &[(
+            "ulimits.noderesource.dev/pod",
+            "- {type: nofile, soft: 555, hard: 555}\n",
+        )],
+    );
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("app", "sleep 1000")).await;
+    assert_eq!(
+        exec(
+            &mut c,
+            &id,
+            "grep 'Max open files' /proc/1/limits | tr -s ' ' | cut -d' ' -f4,5"
+        )
+        .await,
+        "555 555"
+    );
+}
+
 /// True if the pod's cgroup has no container cgroup in it.
 fn pod_cgroup_empty(pod_cgroup: &str) -> bool {
     std::fs::read_dir(Node::cgroup_dir("memory", pod_cgroup))

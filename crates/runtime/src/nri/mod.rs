@@ -387,14 +387,26 @@ impl<H: NriHost> Nri<H> {
                             None
                         }
                     };
+                    // The process is waited for as soon as it exits, also
+                    // while a child it left holds the connection open: a
+                    // zombie left waiting would be reaped by the runtime's
+                    // orphan reaper and its pid could be reused before the
+                    // kill below.
+                    let mut exited = false;
                     problem = if let Some(plugin) = admitted {
                         self.note_launch(&file, false, "");
-                        let lost = tokio::select! {
-                            cause = plugin.conn.closed() => {
-                                tracing::warn!(plugin = %file.qualified_name(), cause = %cause, "nri: plugin connection lost");
-                                format!("connection lost: {cause}")
+                        let lost = loop {
+                            tokio::select! {
+                                cause = plugin.conn.closed() => {
+                                    tracing::warn!(plugin = %file.qualified_name(), cause = %cause, "nri: plugin connection lost");
+                                    break format!("connection lost: {cause}");
+                                }
+                                _ = self.stop.cancelled() => break String::new(),
+                                status = child.wait(), if !exited => {
+                                    exited = true;
+                                    tracing::info!(plugin = %file.qualified_name(), status = ?status.ok(), "nri: plugin process exited; its connection is still open");
+                                }
                             }
-                            _ = self.stop.cancelled() => String::new(),
                         };
                         self.remove_plugin(&plugin);
                         lost
@@ -402,8 +414,10 @@ impl<H: NriHost> Nri<H> {
                         "did not register, configure or synchronize".to_string()
                     };
                     // A plugin whose connection is gone is done; make sure.
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    if !exited {
+                        let _ = child.start_kill();
+                        let _ = child.wait().await;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(plugin = %file.qualified_name(), path = %file.path.display(), error = %e, "nri: plugin could not be launched");
