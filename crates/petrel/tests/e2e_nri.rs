@@ -485,25 +485,7 @@ async fn a_crashed_plugin_should_be_relaunched_and_serve_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(after.relaunches, 1, "{after:?}");
-    let pc = pod_with_annotations(
-        &node,
-        "relaunched",
-        &[(
-            "ulimits.noderesource.dev/pod",
-            "- {type: nofile, soft: 777, hard: 777}\n",
-        )],
-    );
-    let pod = c.run_pod(pc.clone()).await;
-    let id = c.run(&pod, &pc, sh_container("app", "sleep 1000")).await;
-    assert_eq!(
-        exec(
-            &mut c,
-            &id,
-            "grep 'Max open files' /proc/1/limits | tr -s ' ' | cut -d' ' -f4,5"
-        )
-        .await,
-        "777 777"
-    );
+    assert_open_files_adjusted(&node, &mut c, "relaunched", 777).await;
     // A bad annotation fails the create with the plugin's message, nothing left.
     let bad = pod_with_annotations(
         &node,
@@ -558,25 +540,29 @@ async fn a_plugin_whose_launcher_exits_should_be_reaped_at_once_and_keep_serving
         "{}",
         &log[log.len().saturating_sub(3000)..]
     );
+    assert_open_files_adjusted(&node, &mut c, "wrapped", 555).await;
+}
+
+/// Runs pod `name` asking the ulimit adjuster for an open-files limit of
+/// `n`, and checks that its container got it.
+async fn assert_open_files_adjusted(node: &Node, c: &mut Clients, name: &str, n: u32) {
     let pc = pod_with_annotations(
-        &node,
-        "wrapped",
+        node,
+        name,
         &[(
             "ulimits.noderesource.dev/pod",
-            "- {type: nofile, soft: 555, hard: 555}\n",
+            &format!("- {{type: nofile, soft: {n}, hard: {n}}}\n"),
         )],
     );
     let pod = c.run_pod(pc.clone()).await;
     let id = c.run(&pod, &pc, sh_container("app", "sleep 1000")).await;
-    assert_eq!(
-        exec(
-            &mut c,
-            &id,
-            "grep 'Max open files' /proc/1/limits | tr -s ' ' | cut -d' ' -f4,5"
-        )
-        .await,
-        "555 555"
-    );
+    let limits = exec(
+        c,
+        &id,
+        "grep 'Max open files' /proc/1/limits | tr -s ' ' | cut -d' ' -f4,5",
+    )
+    .await;
+    assert_eq!(limits, format!("{n} {n}"));
 }
 
 /// True if the pod's cgroup has no container cgroup in it.
