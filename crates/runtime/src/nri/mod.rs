@@ -404,7 +404,7 @@ impl<H: NriHost> Nri<H> {
                                 _ = self.stop.cancelled() => break String::new(),
                                 status = child.wait(), if !exited => {
                                     exited = true;
-                                    tracing::info!(plugin = %file.qualified_name(), status = ?status.ok(), "nri: plugin process exited; its connection is still open");
+                                    tracing::info!(plugin = %file.qualified_name(), status = ?status.ok(), "nri: plugin process exited");
                                 }
                             }
                         };
