@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use petrel_cri::api;
+use tokio::sync::watch;
 
 use crate::container::shim;
 use crate::error::{Result, RuntimeError};
@@ -17,6 +18,21 @@ use crate::util;
 /// reported as failed (it is uninterruptible in the kernel, or its shim is
 /// gone).
 const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits for a container sent SIGKILL to exit, up to [`KILL_WAIT`].
+async fn await_kill(c: &Container, mut exited: watch::Receiver<bool>) -> Result<()> {
+    if tokio::time::timeout(KILL_WAIT, exited.wait_for(|v| *v))
+        .await
+        .is_ok()
+    {
+        Ok(())
+    } else {
+        Err(RuntimeError::DeadlineExceeded(format!(
+            "container {} did not exit within {KILL_WAIT:?} of SIGKILL",
+            c.id
+        )))
+    }
+}
 
 /// How long after an exit runc's record of the container is deleted.
 const CLEANUP_DELAY: Duration = Duration::from_millis(20);
@@ -96,17 +112,25 @@ impl Runtime {
             tracing::info!(container.id = %c.id, timeout, "container ignored its stop signal; killing it");
         }
         self.kill_all(c).await;
-        let died = tokio::time::timeout(KILL_WAIT, exited.wait_for(|v| *v))
-            .await
-            .is_ok();
-        if died {
-            Ok(())
-        } else {
-            Err(RuntimeError::DeadlineExceeded(format!(
-                "container {} did not exit within {KILL_WAIT:?} of SIGKILL",
-                c.id
-            )))
+        await_kill(c, exited).await
+    }
+
+    /// Stops containers with SIGKILL, as a pod stop does: every one is
+    /// killed before any is waited for, so that their exits overlap.
+    pub(crate) async fn kill_containers(&self, containers: &[Arc<Container>]) -> Result<()> {
+        let mut killed = Vec::with_capacity(containers.len());
+        for c in containers {
+            let exited = c.exit_watch();
+            if c.state() == ContainerState::Exited || *exited.borrow() {
+                continue;
+            }
+            self.kill_all(c).await;
+            killed.push((c, exited));
         }
+        for (c, exited) in killed {
+            await_kill(c, exited).await?;
+        }
+        Ok(())
     }
 
     /// Sends `signal` to the container's init. Directly by pidfd when its

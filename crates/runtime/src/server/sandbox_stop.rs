@@ -27,11 +27,12 @@ impl Runtime {
     pub(crate) async fn stop_sandbox(self: &Arc<Self>, sb: &Arc<Sandbox>) -> Result<()> {
         let _op = sb.op.write().await;
         // Containers first: they die with SIGKILL, as CRI asks of a pod stop.
-        for id in sb.container_ids() {
-            if let Some(c) = self.state.container(&id) {
-                self.stop_container_inner(&c, 0).await?;
-            }
-        }
+        let containers: Vec<_> = sb
+            .container_ids()
+            .iter()
+            .filter_map(|id| self.state.container(id))
+            .collect();
+        self.kill_containers(&containers).await?;
         let mut rec = sb.record();
         if let Some(h) = rec.pid_holder.take() {
             pid_holder::kill(&h);
