@@ -19,6 +19,9 @@ use crate::util;
 /// gone).
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after an exit runc's record of the container is deleted.
+const CLEANUP_DELAY: Duration = Duration::from_millis(20);
+
 /// Waits for a container sent SIGKILL to exit, up to [`KILL_WAIT`].
 async fn await_kill(c: &Container, mut exited: watch::Receiver<bool>) -> Result<()> {
     if tokio::time::timeout(KILL_WAIT, exited.wait_for(|v| *v))
@@ -33,9 +36,6 @@ async fn await_kill(c: &Container, mut exited: watch::Receiver<bool>) -> Result<
         )))
     }
 }
-
-/// How long after an exit runc's record of the container is deleted.
-const CLEANUP_DELAY: Duration = Duration::from_millis(20);
 
 /// Parses an image's StopSignal ("SIGTERM", "TERM", "15"); SIGTERM by default.
 pub(crate) fn parse_signal(s: &str) -> Option<i32> {
