@@ -105,6 +105,107 @@ async fn two_subscribers_should_receive_the_same_events_in_order() {
 }
 
 #[tokio::test]
+async fn removing_a_pod_should_stop_and_delete_each_of_its_containers_once_and_leave_nothing() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let mut s = subscribe(&mut c).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let pc = node.pod_config("many");
+    let pod = c.run_pod(pc.clone()).await;
+    let mut running = vec![];
+    for i in 0..6 {
+        let cfg = sh_container(&format!("run{i}"), "sleep 1000");
+        running.push(c.run(&pod, &pc, cfg).await);
+    }
+    let exited = c.run(&pod, &pc, sh_container("done", "exit 3")).await;
+    c.wait_state(
+        &exited,
+        api::ContainerState::ContainerExited,
+        Duration::from_secs(5),
+    )
+    .await;
+    let created = c
+        .create(&pod, &pc, sh_container("idle", "true"))
+        .await
+        .unwrap();
+    for id in &running {
+        c.wait_state(
+            id,
+            api::ContainerState::ContainerRunning,
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    // Up to here: the pod's CREATED and STARTED, CREATED and STARTED of the
+    // seven started containers, STOPPED of the one that exited, CREATED of
+    // the one never started.
+    let before = take(&mut s, 2 + 2 * 7 + 1 + 1).await;
+    assert_eq!(before.len(), 18);
+
+    // No StopPodSandbox or RemoveContainer first: RemovePodSandbox does it all.
+    c.remove_pod(&pod).await.unwrap();
+    let mut all = running.clone();
+    all.extend([exited.clone(), created.clone()]);
+    let list =
+        c.rt.list_containers(api::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(list.containers.is_empty(), "{:?}", list.containers);
+    for id in &all {
+        let err =
+            c.rt.container_status(api::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{id}");
+    }
+
+    // Each running container STOPPED once and then DELETED once, the pod
+    // STOPPED after its running containers and DELETED last. (The container
+    // never started is killed in its created state: STOPPED at most once.)
+    let mut after = vec![];
+    let pod_deleted = (pod.clone(), E::ContainerDeletedEvent as i32);
+    while after.last() != Some(&pod_deleted) {
+        let ev = take(&mut s, 1).await;
+        assert_eq!(ev.len(), 1, "pod's DELETED not seen: {after:?}");
+        after.extend(kinds(&ev));
+    }
+    let count = |id: &str, k: E| {
+        after
+            .iter()
+            .filter(|e| **e == (id.to_string(), k as i32))
+            .count()
+    };
+    let position = |id: &str, k: E| {
+        after
+            .iter()
+            .position(|e| *e == (id.to_string(), k as i32))
+            .unwrap_or_else(|| panic!("{id}: no {k:?} in {after:?}"))
+    };
+    let pod_stopped = position(&pod, E::ContainerStoppedEvent);
+    for id in &running {
+        assert_eq!(count(id, E::ContainerStoppedEvent), 1, "{id}: {after:?}");
+        assert!(position(id, E::ContainerStoppedEvent) < pod_stopped);
+        assert!(pod_stopped < position(id, E::ContainerDeletedEvent));
+    }
+    for id in &all {
+        assert_eq!(count(id, E::ContainerDeletedEvent), 1, "{id}: {after:?}");
+    }
+    assert_eq!(count(&exited, E::ContainerStoppedEvent), 0, "{after:?}");
+    assert!(count(&created, E::ContainerStoppedEvent) <= 1, "{after:?}");
+    assert_eq!(count(&pod, E::ContainerStoppedEvent), 1, "{after:?}");
+    assert!(tokio::time::timeout(Duration::from_millis(300), s.next())
+        .await
+        .is_err());
+    node.assert_no_debris("many");
+}
+
+#[tokio::test]
 async fn a_stalled_subscriber_should_not_slow_lifecycle_operations() {
     // A small queue makes the stalled subscriber overflow quickly.
     let node = Node::start_with("event_queue_capacity = 8");

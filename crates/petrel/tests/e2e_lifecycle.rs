@@ -103,12 +103,6 @@ async fn lifecycle_should_run_log_stop_and_remove_without_debris() {
         "{log}"
     );
     assert!(st.finished_at >= st.started_at);
-    // The unterminated last line is flushed as a partial record at exit.
-    let log = read_log(&node, "life", "main");
-    assert!(
-        log.lines().any(|l| re_ok(l, "stdout", "P", "partial")),
-        "{log}"
-    );
 
     c.remove(&id).await.unwrap();
     // Removing twice is fine (CRI idempotency).
@@ -136,22 +130,7 @@ async fn lifecycle_should_run_log_stop_and_remove_without_debris() {
     c.remove_pod(&pod).await.unwrap();
 
     // Nothing left: bundles, layers, sandbox dirs, mounts, runc state, cgroups.
-    for d in ["state/containers", "state/sandboxes", "root/containers"] {
-        let n = std::fs::read_dir(node.dir.path().join(d))
-            .map(|it| it.count())
-            .unwrap_or(0);
-        assert_eq!(n, 0, "{d} not empty");
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains(&node.dir.path().display().to_string()),
-        "mounts left"
-    );
-    let pod_cg = format!("{}/life", node.cgroup_parent);
-    assert!(
-        !Node::cgroup_dir("memory", &pod_cg).exists(),
-        "pod cgroup left"
-    );
+    node.assert_no_debris("life");
 }
 
 #[tokio::test]

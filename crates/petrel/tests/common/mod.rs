@@ -418,6 +418,28 @@ impl Node {
         PathBuf::from(format!("/sys/fs/cgroup/{controller}{path}"))
     }
 
+    /// Asserts that no pod or container of this node left anything: bundles,
+    /// writable layers, sandbox directories, mounts, and the cgroup of the
+    /// pod named `pod` (its containers' cgroups are inside it).
+    pub fn assert_no_debris(&self, pod: &str) {
+        for d in ["state/containers", "state/sandboxes", "root/containers"] {
+            let n = std::fs::read_dir(self.dir.path().join(d))
+                .map(|it| it.count())
+                .unwrap_or(0);
+            assert_eq!(n, 0, "{d} not empty");
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert!(
+            !mounts.contains(&self.dir.path().display().to_string()),
+            "mounts left"
+        );
+        let pod_cg = format!("{}/{pod}", self.cgroup_parent);
+        assert!(
+            !Node::cgroup_dir("memory", &pod_cg).exists(),
+            "pod cgroup {pod_cg} left"
+        );
+    }
+
     fn cleanup(&mut self) {
         // 1. Through the runtime: it knows every pod it made.
         if self.child.is_none() && self.root.join("meta.redb").exists() {

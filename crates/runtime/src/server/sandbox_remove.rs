@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use futures_util::future::join_all;
+
 use petrel_cri::api;
 use petrel_store::Table;
 
@@ -30,11 +32,19 @@ impl Runtime {
                 .await;
         }
         let _op = sb.op.write().await;
-        for id in sb.container_ids() {
-            if let Some(c) = self.state.container(&id) {
-                self.remove_container_inner(&c).await?;
-            }
-        }
+        // The stop above killed every container, so what is left is teardown
+        // (runc delete, unmounts, cgroups) that overlaps well: all at once,
+        // each to its end, the first failure reported.
+        let containers: Vec<_> = sb
+            .container_ids()
+            .iter()
+            .filter_map(|id| self.state.container(id))
+            .collect();
+        let removals = containers.iter().map(|c| self.remove_container_inner(c));
+        join_all(removals)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>>>()?;
         let rec = sb.record();
         self.teardown_sandbox(&rec).await?;
         self.store.delete(Table::Sandboxes, &rec.id)?;
