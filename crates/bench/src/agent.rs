@@ -22,6 +22,7 @@ use crate::agent_proc::{
     all_running, container_id, manifest, terminated_code, AgentProc, Mode, ObserveMethod, Observer,
 };
 use crate::containerd::Containerd;
+use crate::cpugroup::CpuGroup;
 use crate::node::{pod_config, sleep_container, Clients, Node};
 use crate::procfs::{self, Cpu};
 use crate::stats::Samples;
@@ -75,6 +76,9 @@ pub struct IdleWindow {
     /// Relists in the window and their total seconds (the agent's
     /// kubelet_pleg_relist_duration_seconds count and sum), if exported.
     pub relists: Option<(u64, f64)>,
+    /// Runtime + shims + agent by their cgroup's CPU accounting
+    /// (nanoseconds, children included), when the cgroup could be made.
+    pub accounted: Option<Duration>,
 }
 
 impl IdleWindow {
@@ -485,6 +489,8 @@ async fn idle_window(
     let m0 = relist_totals(agent).await;
     let shims = rt.shims()?;
     let (rt_pid, agent_pid) = (rt.pid(), agent.pid());
+    let group = idle_cpu_group(agent, rt_pid, agent_pid, &shims);
+    let g0 = group.as_ref().and_then(|g| g.usage().ok());
     let r0 = procfs::cpu(rt_pid)?;
     let a0 = procfs::cpu(agent_pid)?;
     let s0 = sum_cpu(&shims);
@@ -494,6 +500,10 @@ async fn idle_window(
     let r1 = procfs::cpu(rt_pid)?;
     let a1 = procfs::cpu(agent_pid)?;
     let s1 = sum_cpu(&shims);
+    let g1 = group.as_ref().and_then(|g| g.usage().ok());
+    if let Some(g) = group {
+        g.leave()?;
+    }
     let shims_after = rt.shims()?;
     ensure!(
         shims == shims_after,
@@ -514,7 +524,32 @@ async fn idle_window(
         shims: s1.since(s0),
         shim_count: shims.len(),
         relists,
+        accounted: g0.zip(g1).map(|(a, b)| b.saturating_sub(a)),
     })
+}
+
+/// The runtime, the agent and the shims moved into a cpuacct group of
+/// their own for an idle window, or None (said on stderr) where that fails:
+/// the window is then judged on clock ticks alone.
+fn idle_cpu_group(
+    agent: &AgentProc,
+    rt_pid: u32,
+    agent_pid: u32,
+    shims: &[u32],
+) -> Option<CpuGroup> {
+    let mut pids = vec![rt_pid, agent_pid];
+    pids.extend_from_slice(shims);
+    let made = CpuGroup::create(&format!("{}-idle-cpu", agent.cgroup_root)).and_then(|mut g| {
+        g.enter(&pids)?;
+        Ok(g)
+    });
+    match made {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("petrel-bench: no cgroup CPU accounting for the idle window: {e:#}");
+            None
+        }
+    }
 }
 
 /// What the agent's exit figure is compared with.

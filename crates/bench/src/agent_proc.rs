@@ -58,7 +58,8 @@ pub struct AgentProc {
     root: PathBuf,
     /// `--node-name`: the label value on everything it creates.
     pub node: String,
-    cgroup_root: String,
+    /// `--cgroup-root`: the cgroup parent of its pods.
+    pub cgroup_root: String,
     log: PathBuf,
     pid_file: PathBuf,
     /// Where it serves HTTP.

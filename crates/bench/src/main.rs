@@ -10,6 +10,7 @@ mod agent;
 mod agent_proc;
 mod agent_report;
 mod containerd;
+mod cpugroup;
 mod eviction;
 mod eviction_report;
 mod floor;
