@@ -861,8 +861,10 @@ fn output_held_open_should_delay_the_exit_at_most_a_second() -> Result {
     let mut holder = OpenOptions::new()
         .write(true)
         .open(format!("/proc/{init_pid}/fd/1"))?;
-    fx.runc_ok(&["kill", &fx.id, "KILL"])?;
+    // Timed from before the kill: init may die well before a slow `runc
+    // kill` returns, and the shim's drain second starts at the death.
     let killed = Instant::now();
+    fx.runc_ok(&["kill", &fx.id, "KILL"])?;
     // Output after init's death is still logged while the shim drains.
     std::thread::sleep(Duration::from_millis(100));
     holder.write_all(b"late line\nunterminated")?;
