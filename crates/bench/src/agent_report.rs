@@ -53,9 +53,14 @@ fn totals_ms(p: &IdlePoint) -> (f64, f64) {
     }
 }
 
+/// Whether both windows at `p` have the cgroup's accounting.
+fn both_accounted(p: &IdlePoint) -> bool {
+    p.events.accounted.is_some() && p.relist.accounted.is_some()
+}
+
 /// The measure [`totals_ms`] used at `p`.
 fn measure_name(p: &IdlePoint) -> &'static str {
-    if p.events.accounted.is_some() && p.relist.accounted.is_some() {
+    if both_accounted(p) {
         "cgroup CPU accounting"
     } else {
         "clock ticks"
@@ -348,10 +353,10 @@ fn idle_table(o: &mut String, run: &TargetRun) -> std::fmt::Result {
             red_text(reduction(p.events.runtime_side(), p.relist.runtime_side())),
             red_text(reduction(p.events.agent, p.relist.agent)),
             red_text(reduction(p.events.total(), p.relist.total())),
-            if measure_name(p) == "clock ticks" {
-                "—".to_string()
-            } else {
+            if both_accounted(p) {
                 red_text(point_reduction(p))
+            } else {
+                "—".to_string()
             },
             seed.map(|s| format!("−{} %", s.1))
                 .unwrap_or_else(|| "—".into()),

@@ -155,14 +155,7 @@ async fn removing_a_pod_should_stop_and_delete_each_of_its_containers_once_and_l
             .into_inner();
     assert!(list.containers.is_empty(), "{:?}", list.containers);
     for id in &all {
-        let err =
-            c.rt.container_status(api::ContainerStatusRequest {
-                container_id: id.clone(),
-                verbose: false,
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::NotFound, "{id}");
+        c.assert_container_gone(id).await;
     }
 
     // Each running container STOPPED once and then DELETED once, the pod

@@ -107,14 +107,7 @@ async fn lifecycle_should_run_log_stop_and_remove_without_debris() {
     c.remove(&id).await.unwrap();
     // Removing twice is fine (CRI idempotency).
     c.remove(&id).await.unwrap();
-    let err =
-        c.rt.container_status(api::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::NotFound);
+    c.assert_container_gone(&id).await;
 
     c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
         pod_sandbox_id: pod.clone(),

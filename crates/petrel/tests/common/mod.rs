@@ -700,6 +700,19 @@ impl Clients {
             .expect("pid in verbose info")
     }
 
+    /// Asserts that ContainerStatus of `id` answers NOT_FOUND.
+    pub async fn assert_container_gone(&mut self, id: &str) {
+        let err = self
+            .rt
+            .container_status(api::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            })
+            .await
+            .expect_err("ContainerStatus of a removed container");
+        assert_eq!(err.code(), tonic::Code::NotFound, "{id}");
+    }
+
     pub async fn status(&mut self, id: &str) -> api::ContainerStatus {
         self.rt
             .container_status(api::ContainerStatusRequest {
