@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 use common::*;
 use petrel_cri::api;
@@ -210,6 +211,9 @@ async fn a_create_failing_in_runc_should_roll_back_everything() {
         .map(|it| it.flatten().filter(|e| e.path().is_dir()).count())
         .unwrap_or(0);
     assert_eq!(children, 0, "container cgroup left");
+    // The failed shim was reaped by the create itself (sooner than the
+    // orphan sweep's grace period).
+    node.assert_no_zombie_children(Duration::from_secs(2));
     // The name was released.
     c.run(&pod, &pc, sh_container("doomed", "sleep 100")).await;
 }

@@ -104,7 +104,13 @@ pub fn signal_process(pid: u32, start_time: u64, signal: i32) -> io::Result<bool
     let Some(fd) = pidfd_of(pid, start_time)? else {
         return Ok(false);
     };
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    pidfd_signal(&fd, signal)
+}
+
+/// Sends `signal` to the process behind `pidfd`. Returns `Ok(false)` when
+/// it has exited already.
+pub fn pidfd_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<bool> {
+    let raw = pidfd.as_raw_fd();
     // SAFETY: pidfd_send_signal on a pidfd we own, no siginfo, no flags.
     let r = unsafe {
         libc::syscall(

@@ -59,7 +59,14 @@ pub struct StartedShim {
 }
 
 /// Starts the shim, which runs `runc create`. On error the shim has already
-/// removed the container from runc.
+/// removed the container from runc, or has been killed (no answer in time)
+/// and reaped.
+///
+/// The shim is spawned with `std::process`, not tokio's: tokio reaps a
+/// child whose handle is dropped by calling wait4 on every such child at
+/// each SIGCHLD, which would make every container exit cost the runtime one
+/// syscall per running container. The runtime reaps each shim itself,
+/// through its pidfd ([`wait_exit`]).
 pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -68,7 +75,7 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
         .map_err(|e| {
             RuntimeError::internal(format!("open {}", opts.bundle.join(SHIM_LOG).display()), e)
         })?;
-    let mut cmd = tokio::process::Command::new(&opts.binary);
+    let mut cmd = std::process::Command::new(&opts.binary);
     cmd.arg("--id")
         .arg(&opts.id)
         .arg("--bundle")
@@ -90,23 +97,41 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(false);
+        .stderr(Stdio::from(log));
     let mut child = cmd
         .spawn()
         .map_err(|e| RuntimeError::internal(format!("start shim {}", opts.binary.display()), e))?;
-    let shim_pid = child
-        .id()
-        .ok_or_else(|| RuntimeError::Internal("shim exited before it could be watched".into()))?;
-    // Opened while the shim is certainly alive (it cannot be reaped before
-    // `child` is dropped), so the pidfd names the right process.
-    let pidfd =
-        util::pidfd_open(shim_pid).map_err(|e| RuntimeError::internal("pidfd_open shim", e))?;
+    let shim_pid = child.id();
+    // Opened before anything can reap the shim, so the pidfd names the
+    // right process.
+    let pidfd = match util::pidfd_open(shim_pid) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+            return Err(RuntimeError::internal("pidfd_open shim", e));
+        }
+    };
+    // From here on the guard kills and reaps the shim unless it is kept.
+    let mut shim = Unanswered(Some(pidfd));
+    let stdout = child.stdout.take();
+    // A std Child does nothing when dropped: the guard and, once the shim
+    // runs the container, `wait_exit` do the reaping.
+    drop(child);
     let start_time = util::process_start_time(shim_pid).unwrap_or_default();
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| RuntimeError::Internal("shim stdout missing".into()))?;
+    let stdout = stdout
+        .ok_or_else(|| RuntimeError::Internal("shim stdout missing".into()))
+        .and_then(|out| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(out))
+                .map_err(|e| RuntimeError::internal("watch shim stdout", e))
+        });
+    let stdout = match stdout {
+        Ok(s) => s,
+        Err(e) => {
+            shim.kill_and_reap().await;
+            return Err(e);
+        }
+    };
     let mut line = String::new();
     let read = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
@@ -115,9 +140,12 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
     .await;
     let handshake = match read {
         Ok(Ok(_)) => Handshake::parse(&line),
-        Ok(Err(e)) => return Err(RuntimeError::internal("read shim handshake", e)),
+        Ok(Err(e)) => {
+            shim.kill_and_reap().await;
+            return Err(RuntimeError::internal("read shim handshake", e));
+        }
         Err(_) => {
-            let _ = child.start_kill();
+            shim.kill_and_reap().await;
             return Err(RuntimeError::DeadlineExceeded(format!(
                 "container {} was not created within {HANDSHAKE_TIMEOUT:?}",
                 opts.id
@@ -125,34 +153,79 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
         }
     };
     match handshake {
-        Some(Handshake::Ok { init_pid }) => {
-            // Dropping the handle leaves the shim running; tokio reaps it in
-            // the background when it exits, and our pidfd still reports it.
-            drop(child);
-            Ok(StartedShim {
-                shim: ProcessRef {
-                    pid: shim_pid,
-                    start_time,
-                },
-                init_pid,
-                pidfd,
-            })
-        }
+        Some(Handshake::Ok { init_pid }) => Ok(StartedShim {
+            shim: ProcessRef {
+                pid: shim_pid,
+                start_time,
+            },
+            init_pid,
+            pidfd: shim.keep()?,
+        }),
         Some(Handshake::Error(msg)) => {
-            let _ = child.wait().await;
+            shim.reap().await;
             Err(RuntimeError::Internal(format!(
                 "create container {}: {msg}",
                 opts.id
             )))
         }
         None => {
-            let _ = child.wait().await;
+            shim.reap().await;
             let tail = log_tail(&opts.bundle.join(SHIM_LOG));
             Err(RuntimeError::Internal(format!(
                 "shim for {} failed without a handshake ({:?}): {tail}",
                 opts.id,
                 line.trim()
             )))
+        }
+    }
+}
+
+/// A started shim that has not answered yet, by its pidfd. Dropped while
+/// it still holds it (the start abandoned half-way), it kills the shim and
+/// reaps it in the background, so no zombie is left behind.
+struct Unanswered(Option<OwnedFd>);
+
+impl Unanswered {
+    /// The shim is running the container: its pidfd goes to the caller,
+    /// which watches (and eventually reaps) it.
+    fn keep(&mut self) -> Result<OwnedFd> {
+        self.0
+            .take()
+            .ok_or_else(|| RuntimeError::Internal("shim pidfd taken twice".into()))
+    }
+
+    /// Waits for the shim to exit by itself (it has answered with an error
+    /// and is cleaning up) and reaps it.
+    async fn reap(&mut self) {
+        if let Some(fd) = self.0.take() {
+            if let Err(e) = wait_exit(fd).await {
+                tracing::warn!(error = %e, "cannot wait for a failed shim");
+            }
+        }
+    }
+
+    /// Kills the shim and reaps it.
+    async fn kill_and_reap(&mut self) {
+        if let Some(fd) = &self.0 {
+            let _ = util::pidfd_signal(fd, libc::SIGKILL);
+        }
+        self.reap().await;
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let Some(fd) = self.0.take() else {
+            return;
+        };
+        let _ = util::pidfd_signal(&fd, libc::SIGKILL);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let _ = wait_exit(fd).await;
+                });
+            }
+            Err(_) => tracing::warn!("a killed shim is left unreaped (no runtime to wait on)"),
         }
     }
 }
