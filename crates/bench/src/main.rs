@@ -81,14 +81,15 @@ pub struct Args {
     /// Containers added to every pod for the scale figures (100 pods × (1 + 9) = 1000).
     #[arg(long, default_value_t = 9)]
     pub extra_per_pod: usize,
-    /// Calls of each List RPC per round. 1000 so that p99 is the
-    /// tenth-largest sample, not set by two or three hiccups of the VM
+    /// Calls of each List RPC per round. 1000 so that ten samples lie above
+    /// p99 (nearest rank), which two or three hiccups of the VM do not set
     /// (each call takes about a millisecond, so this costs seconds).
     #[arg(long, default_value_t = 1000)]
     pub list_calls: usize,
     /// Container exits timed for the event latency (at most the added
-    /// containers). 500 so that p99 is the fifth-largest sample: with 100 it
-    /// is the second-largest, set by any two scheduling hiccups of the VM.
+    /// containers). 500 so that five samples lie above p99 (nearest rank):
+    /// with 100 it is the second-largest, set by any two scheduling hiccups
+    /// of the VM.
     #[arg(long, default_value_t = 500)]
     pub exits: usize,
     /// Length of the idle CPU window, in seconds.
