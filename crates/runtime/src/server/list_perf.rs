@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Environment: `LIST_PERF_PODS` (1000), `LIST_PERF_ROUNDS` (30),
-//! `LIST_PERF_ONLY` (a substring of the client variants to run). Client and
+//! `LIST_PERF_ONLY` (a substring of the client variants to run),
+//! `LIST_PERF_SHAPE=bench` (the records and calls of `make bench`'s P3:
+//! 10 containers per pod without labels or annotations, unfiltered calls). Client and
 //! server in separate processes, as agent and runtime are: one test binary
 //! with `LIST_PERF_SERVE=<seconds>` (it prints its socket), another with
 //! `LIST_PERF_SOCKET=<path>`; the server stops at SIGINT/SIGTERM or when
@@ -145,11 +147,36 @@ pub(crate) fn container_record(pod: usize, c: usize) -> ContainerRecord {
     }
 }
 
+/// Whether the records and calls are those of `make bench`'s P3.
+fn bench_shape() -> bool {
+    std::env::var("LIST_PERF_SHAPE").is_ok_and(|s| s == "bench")
+}
+
+/// Container `c` of pod `pod` as the bench makes it: no labels or
+/// annotations, the image as named in the config.
+fn bench_container_record(pod: usize, c: usize) -> ContainerRecord {
+    let mut rec = container_record(pod, c);
+    rec.config.labels.clear();
+    rec.config.annotations.clear();
+    rec.config.metadata = Some(api::ContainerMetadata {
+        name: format!("extra-{c}"),
+        attempt: 0,
+    });
+    if let Some(image) = rec.config.image.as_mut() {
+        image.user_specified_image.clear();
+    }
+    rec
+}
+
 fn fill(rt: &Runtime, pods: usize, per_pod: usize) {
     for p in 0..pods {
         let sb = Arc::new(Sandbox::new(sandbox_record(p)));
         for c in 0..per_pod {
-            let rec = container_record(p, c);
+            let rec = if bench_shape() {
+                bench_container_record(p, c)
+            } else {
+                container_record(p, c)
+            };
             sb.add_container(&rec.id);
             rt.state.insert_container(Arc::new(Container::new(rec)));
         }
@@ -162,6 +189,9 @@ fn selector() -> HashMap<String, String> {
 }
 
 fn sandbox_request() -> api::ListPodSandboxRequest {
+    if bench_shape() {
+        return api::ListPodSandboxRequest::default();
+    }
     api::ListPodSandboxRequest {
         filter: Some(api::PodSandboxFilter {
             label_selector: selector(),
@@ -171,6 +201,9 @@ fn sandbox_request() -> api::ListPodSandboxRequest {
 }
 
 fn container_request() -> api::ListContainersRequest {
+    if bench_shape() {
+        return api::ListContainersRequest::default();
+    }
     api::ListContainersRequest {
         filter: Some(api::ContainerFilter {
             label_selector: selector(),
@@ -194,7 +227,7 @@ fn process_cpu() -> Duration {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
-/// Mean, p50 and min of the wall times, and CPU time per round.
+/// Mean, p50, p99 and min of the wall times, and CPU time per round.
 fn summary(s: Samples) -> String {
     let mut w = s.wall;
     w.sort();
@@ -202,9 +235,12 @@ fn summary(s: Samples) -> String {
     let mean = w.iter().sum::<Duration>() / n as u32;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "mean {:>7.3} ms  p50 {:>7.3} ms  min {:>7.3} ms  cpu {:>7.3} ms",
+        "mean {:>7.3} ms  p50 {:>7.3} ms  p99 {:>7.3} ms  min {:>7.3} ms  cpu {:>7.3} ms",
         ms(mean),
         ms(w.get(n / 2).copied().unwrap_or_default()),
+        ms(w.get((n * 99).div_ceil(100).saturating_sub(1))
+            .copied()
+            .unwrap_or_default()),
         ms(w.first().copied().unwrap_or_default()),
         ms(s.cpu / n as u32),
     )
@@ -265,7 +301,7 @@ fn serve(pods: usize) -> Served {
     };
     let socket = config.socket_path();
     let rt = Runtime::open(config).unwrap();
-    fill(&rt, pods, 5);
+    fill(&rt, pods, if bench_shape() { 10 } else { 5 });
     rt.set_initialized();
     let threads = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -346,6 +382,16 @@ async fn over_grpc(socket: &std::path::Path, rounds: usize) {
     let generated = RuntimeServiceClient::new(ch.clone()).max_decoding_message_size(64 << 20);
     let list = petrel_cri::ListClient::new(ch.clone()).max_decoding_message_size(64 << 20);
     let raw = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
+    if wanted("generated Version") {
+        let s = time(rounds, || {
+            let mut c = generated.clone();
+            async move {
+                c.version(api::VersionRequest::default()).await.unwrap();
+            }
+        })
+        .await;
+        println!("generated Version                    {}", summary(s));
+    }
     if wanted("generated ListPodSandbox") {
         let s = time(rounds, || {
             let mut c = generated.clone();
@@ -412,11 +458,19 @@ async fn over_grpc(socket: &std::path::Path, rounds: usize) {
 fn list_perf() {
     let pods = env_usize("LIST_PERF_PODS", 1000);
     let rounds = env_usize("LIST_PERF_ROUNDS", 30);
-    let client = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // `LIST_PERF_CLIENT=current`: the client on one thread, as `petrel ctl`.
+    let client = if std::env::var("LIST_PERF_CLIENT").is_ok_and(|c| c == "current") {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     if let Ok(socket) = std::env::var("LIST_PERF_SOCKET") {
         println!("client of {socket}");
         client.block_on(over_grpc(socket.as_ref(), rounds));
