@@ -11,7 +11,8 @@
 //! Environment: `LIST_PERF_PODS` (1000), `LIST_PERF_ROUNDS` (30),
 //! `LIST_PERF_ONLY` (a substring of the client variants to run),
 //! `LIST_PERF_SHAPE=bench` (the records and calls of `make bench`'s P3:
-//! 10 containers per pod without labels or annotations, unfiltered calls). Client and
+//! 10 containers per pod without labels or annotations, unfiltered calls),
+//! `LIST_PERF_CLIENT=current` (the client on one thread, as `petrel ctl`). Client and
 //! server in separate processes, as agent and runtime are: one test binary
 //! with `LIST_PERF_SERVE=<seconds>` (it prints its socket), another with
 //! `LIST_PERF_SOCKET=<path>`; the server stops at SIGINT/SIGTERM or when
@@ -147,9 +148,11 @@ pub(crate) fn container_record(pod: usize, c: usize) -> ContainerRecord {
     }
 }
 
-/// Whether the records and calls are those of `make bench`'s P3.
+/// Whether the records and calls are those of `make bench`'s P3 (read
+/// once: the requests are built inside the timed calls).
 fn bench_shape() -> bool {
-    std::env::var("LIST_PERF_SHAPE").is_ok_and(|s| s == "bench")
+    static SHAPE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| std::env::var("LIST_PERF_SHAPE").is_ok_and(|s| s == "bench"))
 }
 
 /// Container `c` of pod `pod` as the bench makes it: no labels or
