@@ -593,6 +593,76 @@ async fn default_pod_cgroups_should_leave_nothing_when_the_pods_go() {
     );
 }
 
+/// The v1 hierarchies (and cgroup2 mount) under /sys/fs/cgroup, each once
+/// (`cpu` and `cpuacct` are links to one `cpu,cpuacct` hierarchy).
+fn cgroup_hierarchies() -> Vec<std::path::PathBuf> {
+    let mut out: Vec<std::path::PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_cgroup_parent_found_should_outlive_its_pod_and_one_made_should_not() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let all = cgroup_hierarchies();
+    let partly = ["memory", "cpu", "pids"];
+    let dir = |h: &std::path::Path, path: &str| h.join(path.trim_start_matches('/'));
+    // As kubelet does: its pod cgroup made before the pod, empty, in every
+    // hierarchy; and one made in memory, cpu and pids only.
+    let everywhere = format!("{}/kubelet-made", node.cgroup_parent);
+    let some = format!("{}/partly-made", node.cgroup_parent);
+    for h in &all {
+        std::fs::create_dir_all(dir(h, &everywhere)).unwrap();
+    }
+    for ctrl in partly {
+        std::fs::create_dir_all(Node::cgroup_dir(ctrl, &some)).unwrap();
+    }
+    let ours = format!("{}/runtime-made", node.cgroup_parent);
+    let mut pods = Vec::new();
+    for (name, parent) in [("found", &everywhere), ("partly", &some), ("made", &ours)] {
+        let mut pc = node.pod_config(name);
+        pc.linux.as_mut().unwrap().cgroup_parent = parent.clone();
+        let pod = c.run_pod(pc.clone()).await;
+        let id = c.run(&pod, &pc, sh_container("s", "sleep 1000")).await;
+        assert!(Node::cgroup_dir("memory", &format!("{parent}/{id}")).is_dir());
+        pods.push((pod, parent.clone(), id));
+    }
+    for (pod, _, _) in &pods {
+        c.remove_pod(pod).await.unwrap();
+    }
+    for (_, parent, id) in &pods {
+        for h in &all {
+            let own = dir(h, &format!("{parent}/{id}"));
+            assert!(!own.exists(), "container cgroup {} left", own.display());
+        }
+    }
+    // Found everywhere: kept everywhere.
+    for h in &all {
+        let d = dir(h, &everywhere);
+        assert!(d.is_dir(), "pre-existing {} was removed", d.display());
+    }
+    // Found in three hierarchies: kept there, removed where it was made.
+    for h in &all {
+        let d = dir(h, &some);
+        let found = partly.iter().any(|c| {
+            std::fs::canonicalize(Node::cgroup_dir(c, "/")).ok() == std::fs::canonicalize(h).ok()
+        });
+        assert_eq!(d.is_dir(), found, "{}", d.display());
+    }
+    // Made by the runtime: gone everywhere.
+    for h in &all {
+        let d = dir(h, &ours);
+        assert!(!d.exists(), "{} left", d.display());
+    }
+}
+
 /// Bytes of `file` in the page cache, by fincore(1).
 fn resident_bytes(file: &std::path::Path) -> u64 {
     let out = std::process::Command::new("fincore")

@@ -71,9 +71,19 @@ pub struct SandboxRecord {
     pub shm_mounted: bool,
     /// The pod's cgroup.
     pub cgroup_parent: String,
-    /// Cgroup directories the runtime created for this pod (removed with it).
+    /// Cgroup paths the runtime created for this pod, as written by
+    /// versions before `created_cgroup_dirs` (a path counted as created when
+    /// it was made in any hierarchy); removed with the pod. New records
+    /// leave it empty.
     #[serde(default)]
     pub created_cgroups: Vec<String>,
+    /// The cgroup directories the runtime created for this pod, each in its
+    /// own hierarchy, parents first: removed with the pod, or kept (and
+    /// their ownership moved to the store's `CgroupDirs` table) while
+    /// another pod's cgroup is at or below them. A directory it found is
+    /// never listed, so never removed (`sandbox::cgroup_owner`).
+    #[serde(default)]
+    pub created_cgroup_dirs: Vec<PathBuf>,
     /// The pod's CNI network, from just before ADD until DEL succeeded.
     #[serde(default)]
     pub network: Option<NetworkRecord>,

@@ -79,6 +79,9 @@ pub struct Runtime {
     /// Warms the cgroup migration lock at the start of each create.
     pub(crate) migration_warmup: Arc<crate::container::migration_warmup::MigrationWarmup>,
     pub(crate) host: HostLimits,
+    /// Serialises the making and the removal of pod cgroup directories
+    /// (`sandbox::cgroup_owner`).
+    pub(crate) cgroup_owners: std::sync::Mutex<()>,
     pub(crate) events: Mailbox<api::ContainerEventResponse>,
     pub(crate) metrics: Metrics,
     pub(crate) shim_binary: PathBuf,
@@ -224,6 +227,7 @@ impl Runtime {
             )),
             cgroups,
             host,
+            cgroup_owners: std::sync::Mutex::new(()),
             events,
             metrics,
             shim_binary,

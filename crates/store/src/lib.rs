@@ -25,6 +25,9 @@ pub enum Table {
     Images,
     /// Unpacked layers, keyed by diff id.
     Layers,
+    /// Cgroup directories the runtime created that outlived the pod that
+    /// created them (other pods live below), keyed by directory.
+    CgroupDirs,
 }
 
 impl Table {
@@ -34,14 +37,16 @@ impl Table {
             Self::Containers => "containers",
             Self::Images => "images",
             Self::Layers => "layers",
+            Self::CgroupDirs => "cgroup_dirs",
         })
     }
 
-    const ALL: [Table; 4] = [
+    const ALL: [Table; 5] = [
         Table::Sandboxes,
         Table::Containers,
         Table::Images,
         Table::Layers,
+        Table::CgroupDirs,
     ];
 }
 

@@ -236,21 +236,102 @@ impl Cgroups {
     /// exactly those (in reverse). On error, what it created is removed again.
     pub fn ensure(&self, path: &str) -> Result<Vec<String>, CgroupError> {
         let comps = components(path)?;
-        let mut created_dirs: Vec<PathBuf> = Vec::new();
-        let mut created_depths: Vec<usize> = Vec::new();
-        let res = self.ensure_inner(&comps, &mut created_dirs, &mut created_depths);
-        if let Err(e) = res {
-            for dir in created_dirs.iter().rev() {
-                let _ = std::fs::remove_dir(dir);
-            }
-            return Err(e);
-        }
+        let (_, mut created_depths) = self.ensure_comps(&comps)?;
         created_depths.sort_unstable();
         created_depths.dedup();
         Ok(created_depths
             .into_iter()
             .map(|d| cgroup_path(&comps[..d]))
             .collect())
+    }
+
+    /// Like [`Cgroups::ensure`], but returns the directories it created, each
+    /// in its own hierarchy, parents first: a cgroup that already existed in
+    /// some hierarchies and not in others is reported only where it was made,
+    /// so that [`Cgroups::remove_created`] never removes one that was found.
+    pub fn ensure_dirs(&self, path: &str) -> Result<Vec<PathBuf>, CgroupError> {
+        let comps = components(path)?;
+        self.ensure_comps(&comps).map(|(dirs, _)| dirs)
+    }
+
+    fn ensure_comps(&self, comps: &[&str]) -> Result<(Vec<PathBuf>, Vec<usize>), CgroupError> {
+        let mut created_dirs: Vec<PathBuf> = Vec::new();
+        let mut created_depths: Vec<usize> = Vec::new();
+        let res = self.ensure_inner(comps, &mut created_dirs, &mut created_depths);
+        if let Err(e) = res {
+            for dir in created_dirs.iter().rev() {
+                let _ = std::fs::remove_dir(dir);
+            }
+            return Err(e);
+        }
+        Ok((created_dirs, created_depths))
+    }
+
+    /// The cgroup path of `dir`, a directory in one of the host's
+    /// hierarchies (`/sys/fs/cgroup/memory/a/b` → `/a/b`); `None` for a
+    /// directory outside them or a hierarchy's root.
+    pub fn cgroup_of_dir(&self, dir: &Path) -> Option<String> {
+        self.all_roots().iter().find_map(|r| {
+            let rel = dir
+                .strip_prefix(r)
+                .ok()
+                .filter(|rel| is_plain_relative(rel))?;
+            let comps: Vec<&str> = rel
+                .components()
+                .map(|c| c.as_os_str().to_str())
+                .collect::<Option<_>>()?;
+            Some(cgroup_path(&comps))
+        })
+    }
+
+    /// Removes cgroup directories reported by [`Cgroups::ensure_dirs`],
+    /// deepest first, and nothing else: a directory outside the host's
+    /// cgroup hierarchies (or a hierarchy's root) is refused. A directory
+    /// already gone is fine. Returns the directories that are still there
+    /// (busy: processes or child cgroups), with the first error.
+    pub fn remove_created(&self, dirs: &[PathBuf]) -> Result<(), (Vec<PathBuf>, CgroupError)> {
+        let roots = self.all_roots();
+        let mut ordered: Vec<&PathBuf> = dirs.iter().collect();
+        // Children before their parents, whatever the hierarchy.
+        ordered.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        let mut left = Vec::new();
+        let mut first_err = None;
+        for dir in ordered {
+            let inside = roots
+                .iter()
+                .any(|r| dir.strip_prefix(r).is_ok_and(is_plain_relative));
+            if !inside {
+                first_err.get_or_insert(CgroupError::InvalidPath {
+                    path: dir.display().to_string(),
+                    reason: "not a cgroup directory below a hierarchy's root",
+                });
+                continue;
+            }
+            match std::fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let busy = matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOTEMPTY));
+                    first_err.get_or_insert(if busy {
+                        CgroupError::Busy {
+                            path: dir.display().to_string(),
+                            dir: dir.clone(),
+                        }
+                    } else {
+                        CgroupError::Io {
+                            op: "remove",
+                            path: dir.clone(),
+                            source: e,
+                        }
+                    });
+                    left.push(dir.clone());
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err((left, e)),
+        }
     }
 
     fn ensure_inner(
@@ -545,6 +626,14 @@ fn join(base: &Path, comps: &[&str]) -> PathBuf {
     p
 }
 
+/// A non-empty relative path of plain components (no `.`, `..` or root).
+fn is_plain_relative(rel: &Path) -> bool {
+    rel.components().next().is_some()
+        && rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
 fn cgroup_path(comps: &[&str]) -> String {
     format!("/{}", comps.join("/"))
 }
@@ -750,6 +839,88 @@ mod tests {
             cg.remove("/"),
             Err(CgroupError::InvalidPath { .. })
         ));
+    }
+
+    #[test]
+    fn ensure_dirs_should_report_each_hierarchy_where_it_created() {
+        let (tmp, cg) = fake_v1();
+        fs::create_dir(tmp.path().join("memory/pre")).expect("mkdir");
+        let created = cg.ensure_dirs("/pre/a").expect("ensure");
+        // /pre was found in memory: reported only where it was made.
+        assert!(!created.contains(&tmp.path().join("memory/pre")));
+        for c in ["cpuset", "cpuacct", "unified"] {
+            assert!(created.contains(&tmp.path().join(c).join("pre")), "{c}");
+        }
+        for c in ["cpuset", "memory", "cpuacct", "unified"] {
+            assert!(created.contains(&tmp.path().join(c).join("pre/a")), "{c}");
+        }
+        assert_eq!(created.len(), 7, "{created:?}");
+        assert!(cg.ensure_dirs("/pre/a").expect("ensure").is_empty());
+    }
+
+    #[test]
+    fn remove_created_should_leave_every_cgroup_it_found() {
+        let (tmp, cg) = fake_v1();
+        fs::create_dir(tmp.path().join("memory/pre")).expect("mkdir");
+        fs::create_dir(tmp.path().join("cpuacct/pre")).expect("mkdir");
+        let created = cg.ensure_dirs("/pre/pod").expect("ensure");
+        // The fake cpuset dirs hold the copied files: empty them as cgroupfs would.
+        for d in ["cpuset/pre", "cpuset/pre/pod"] {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                fs::remove_file(tmp.path().join(d).join(f)).expect("rm");
+            }
+        }
+        cg.remove_created(&created).expect("remove");
+        for c in ["cpuset", "memory", "cpuacct", "unified"] {
+            assert!(!tmp.path().join(c).join("pre/pod").exists(), "{c}");
+        }
+        assert!(tmp.path().join("memory/pre").is_dir());
+        assert!(tmp.path().join("cpuacct/pre").is_dir());
+        assert!(!tmp.path().join("cpuset/pre").exists());
+        assert!(!tmp.path().join("unified/pre").exists());
+        // Gone already is fine.
+        cg.remove_created(&created).expect("remove again");
+    }
+
+    #[test]
+    fn cgroup_of_dir_should_name_the_cgroup_in_any_hierarchy() {
+        let (tmp, cg) = fake_v1();
+        let p = tmp.path();
+        assert_eq!(
+            cg.cgroup_of_dir(&p.join("memory/a/b")).as_deref(),
+            Some("/a/b")
+        );
+        assert_eq!(
+            cg.cgroup_of_dir(&p.join("unified/a")).as_deref(),
+            Some("/a")
+        );
+        assert_eq!(cg.cgroup_of_dir(&p.join("memory")), None);
+        assert_eq!(cg.cgroup_of_dir(&p.join("elsewhere/a")), None);
+        assert_eq!(cg.cgroup_of_dir(&p.join("memory/../x")), None);
+    }
+
+    #[test]
+    fn remove_created_should_refuse_foreign_dirs_and_return_busy_ones() {
+        let (tmp, cg) = fake_v1();
+        let outside = tmp.path().join("elsewhere");
+        fs::create_dir(&outside).expect("mkdir");
+        let root = tmp.path().join("memory");
+        let dotted = tmp.path().join("memory/../elsewhere");
+        for bad in [&outside, &root, &dotted] {
+            let r = cg.remove_created(std::slice::from_ref(bad));
+            assert!(
+                matches!(&r, Err((left, CgroupError::InvalidPath { .. })) if left.is_empty()),
+                "{bad:?}: {r:?}"
+            );
+        }
+        assert!(outside.is_dir() && root.is_dir());
+        let created = cg.ensure_dirs("/busy").expect("ensure");
+        fs::create_dir(tmp.path().join("memory/busy/child")).expect("mkdir");
+        let Err((left, e)) = cg.remove_created(&created) else {
+            panic!("a cgroup with a child should stay");
+        };
+        assert!(left.contains(&tmp.path().join("memory/busy")), "{left:?}");
+        assert!(matches!(e, CgroupError::Busy { .. }), "{e}");
     }
 
     #[test]

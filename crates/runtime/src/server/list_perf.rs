@@ -83,6 +83,7 @@ pub(crate) fn sandbox_record(pod: usize) -> SandboxRecord {
         shm_mounted: true,
         cgroup_parent: "/petrel-bench/agent/pod".into(),
         created_cgroups: Vec::new(),
+        created_cgroup_dirs: Vec::new(),
         network: None,
     }
 }

@@ -213,6 +213,7 @@ pub(crate) mod tests {
             shm_mounted: false,
             cgroup_parent: "/p".into(),
             created_cgroups: Vec::new(),
+            created_cgroup_dirs: Vec::new(),
             network: None,
         }
     }

@@ -142,6 +142,7 @@ impl Runtime {
             shm_mounted: false,
             cgroup_parent,
             created_cgroups: Vec::new(),
+            created_cgroup_dirs: Vec::new(),
             network: None,
         };
         // Recorded before anything is made, so that a crash midway is undone
@@ -268,9 +269,7 @@ impl Runtime {
             files::mount_shm(&f.shm, self.config.shm_size)?;
             rec.shm_mounted = true;
         }
-        rec.created_cgroups = self.cgroups.ensure(&rec.cgroup_parent).map_err(|e| {
-            RuntimeError::internal(format!("create pod cgroup {}", rec.cgroup_parent), e)
-        })?;
+        rec.created_cgroup_dirs = self.make_pod_cgroup(&rec.cgroup_parent)?;
         Ok(())
     }
 
@@ -299,19 +298,9 @@ impl Runtime {
             note(namespaces::unpin(&p).map_err(|e| RuntimeError::internal("release namespace", e)));
         }
         note(files::unmount(&dir.join("shm")));
-        for cg in rec.created_cgroups.iter().rev() {
-            if let Err(e) = self.cgroups.remove(cg) {
-                tracing::debug!(sandbox.id = %rec.id, cgroup = %cg, error = %e, "pod cgroup not removed");
-            }
-        }
-        // The runtime's own parent of default pod cgroups goes when its last
-        // pod does (whichever pod happened to create it); while other pods
-        // live under it, removing it fails harmlessly.
-        let default_parent = self.config.default_cgroup_parent.trim_end_matches('/');
-        if rec.cgroup_parent == format!("{default_parent}/{}", rec.id) && !default_parent.is_empty()
-        {
-            let _ = self.cgroups.remove(default_parent);
-        }
+        // Only what this pod made, and not what other pods still live in
+        // (the runtime's default parent among them): see `cgroup_owner`.
+        note(self.release_pod_cgroups(rec));
         note(remove_dir(dir));
         first.map_or(Ok(()), Err)
     }
