@@ -70,15 +70,23 @@ fn main() {
         Ok(args) => args,
         Err(e) => {
             eprintln!("petrel-shim: {e}\n{}", args::USAGE);
-            handshake(&Handshake::Error(format!("invalid arguments: {e}")));
+            let _ = handshake(&Handshake::Error(format!("invalid arguments: {e}")));
             std::process::exit(2);
         }
     };
     let code = match start(args) {
         Ok(shim) => {
-            handshake(&Handshake::Ok {
+            let answered = handshake(&Handshake::Ok {
                 init_pid: shim.init_pid.unsigned_abs(),
             });
+            if answered.is_err() {
+                // The runtime that asked is gone (killed before it read
+                // the answer): no record will ever name this container, so
+                // it is undone rather than kept for nobody. A restarted
+                // runtime waits for this before it sweeps the bundle.
+                shim.abandon();
+                std::process::exit(1);
+            }
             // The runtime reads the handshake to its end.
             match sys::open_raw(Path::new("/dev/null"), libc::O_WRONLY) {
                 Ok(null) => {
@@ -93,7 +101,7 @@ fn main() {
         }
         Err(msg) => {
             diag!("{msg}");
-            handshake(&Handshake::Error(msg));
+            let _ = handshake(&Handshake::Error(msg));
             1
         }
     };
@@ -101,10 +109,12 @@ fn main() {
 }
 
 /// Writes the handshake line to standard output.
-fn handshake(h: &Handshake) {
-    if let Err(e) = sys::write_all_fd(libc::STDOUT_FILENO, h.to_string().as_bytes()) {
+fn handshake(h: &Handshake) -> io::Result<()> {
+    let written = sys::write_all_fd(libc::STDOUT_FILENO, h.to_string().as_bytes());
+    if let Err(e) = &written {
         diag!("write handshake: {e}");
     }
+    written
 }
 
 /// One output stream of the container being copied into the log.
@@ -216,9 +226,18 @@ impl Input {
     }
 }
 
+/// What undoing the create needs: runc and the container's id.
+struct CreatedBy {
+    runc_bin: PathBuf,
+    runc_root: PathBuf,
+    log: PathBuf,
+    id: std::ffi::OsString,
+}
+
 /// The shim once the container is created.
 struct Shim {
     init_pid: libc::pid_t,
+    created_by: CreatedBy,
     log: Option<LogFile>,
     sigfd: File,
     ctl: File,
@@ -445,6 +464,12 @@ fn start(args: Args) -> Result<Shim, String> {
 
     Ok(Shim {
         init_pid,
+        created_by: CreatedBy {
+            runc_bin: runc_bin.clone(),
+            runc_root: runc_root.clone(),
+            log: runc.log.clone(),
+            id: args.id.clone(),
+        },
         log,
         sigfd,
         ctl,
@@ -491,6 +516,18 @@ fn undo_create(runc: &Runc<'_>, id: &std::ffi::OsStr, msg: String) -> String {
 }
 
 impl Shim {
+    /// Undoes the create (`runc delete --force`, the init reaped) because
+    /// nobody received the handshake; no exit is recorded.
+    fn abandon(self) {
+        let by = &self.created_by;
+        let runc = Runc {
+            bin: &by.runc_bin,
+            root: &by.runc_root,
+            log: by.log.clone(),
+        };
+        undo_create(&runc, &by.id, String::new());
+    }
+
     /// Runs until the container's init has exited and its output is drained;
     /// records the exit and returns the shim's exit code.
     fn serve(mut self) -> i32 {

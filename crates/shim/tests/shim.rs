@@ -728,6 +728,25 @@ fn failed_create_should_answer_error_and_leave_nothing() -> Result {
 }
 
 #[test]
+fn a_shim_whose_runtime_is_gone_should_undo_the_create_and_exit() -> Result {
+    let mut fx = Fixture::new(Spec::new(&["sleep", "1000"]))?;
+    // The runtime dies before it reads the answer: the read end is closed
+    // while runc create runs.
+    let mut child = fx.shim_command()?.spawn()?;
+    drop(child.stdout.take());
+    fx.shim = Some(child);
+    let status = fx.wait_shim(WAIT)?;
+    assert_eq!(status.code(), Some(1), "{}", fx.shim_log());
+    assert!(
+        fx.shim_log().contains("write handshake"),
+        "{}",
+        fx.shim_log()
+    );
+    assert!(!fx.bundle.join(EXIT_FILE).exists(), "no exit is recorded");
+    assert_nothing_left(&fx)
+}
+
+#[test]
 fn bad_config_should_answer_error_and_leave_nothing() -> Result {
     let mut fx = Fixture::new(Spec::new(&["true"]))?;
     fs::write(fx.bundle.join("config.json"), "{ not json")?;
