@@ -59,6 +59,14 @@ pub enum RuncError {
         /// The error.
         source: std::io::Error,
     },
+    /// A start did not finish within its bound.
+    #[error("start {id}: the container's init did not take the start within {within:?}")]
+    StartTimeout {
+        /// The container id.
+        id: String,
+        /// How long was waited.
+        within: Duration,
+    },
     /// An exec did not finish within its timeout; its process was killed.
     #[error("exec in {id} timed out after {timeout:?}")]
     Timeout {
@@ -105,8 +113,10 @@ pub struct Runc {
     in_process: bool,
 }
 
-/// How long a start through the exec FIFO waits for the init.
-const FIFO_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a start waits for the init to take it, through the exec FIFO
+/// or `runc start` (which would wait for ever on a FIFO that no init will
+/// open again).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// True when `binary --version` says it is runc, whose `start` is nothing
 /// but the exec FIFO hand-over (see `exec_fifo`) and whose `delete` of a
@@ -181,13 +191,14 @@ impl Runc {
     }
 
     /// Starts a created container: through its exec FIFO when enabled and
-    /// `init` (a pidfd on the container's init) is given, else, or when
-    /// there is no FIFO, with `runc start`.
-    pub async fn start(&self, id: &str, init: Option<OwnedFd>) -> Result<(), RuncError> {
-        if let (true, Some(init)) = (self.in_process, init) {
+    /// `init` (a pidfd on the container's init, and its pid) is given, else,
+    /// or when there is no FIFO, with `runc start`. Either way bounded by
+    /// [`START_TIMEOUT`].
+    pub async fn start(&self, id: &str, init: Option<(OwnedFd, u32)>) -> Result<(), RuncError> {
+        if let (true, Some((init, init_pid))) = (self.in_process, init) {
             let dir = self.root.join(id);
             let started = tokio::task::spawn_blocking(move || {
-                crate::exec_fifo::start(&dir, &init, FIFO_START_TIMEOUT)
+                crate::exec_fifo::start(&dir, &init, init_pid, START_TIMEOUT)
             })
             .await
             .map_err(|e| RuncError::Failed {
@@ -199,6 +210,12 @@ impl Runc {
                 Ok(()) => return Ok(()),
                 // runc itself says why (unknown container, already started).
                 Err(crate::exec_fifo::FifoStartError::NoFifo(_)) => {}
+                Err(crate::exec_fifo::FifoStartError::Timeout { within, .. }) => {
+                    return Err(RuncError::StartTimeout {
+                        id: id.to_string(),
+                        within,
+                    })
+                }
                 Err(e) => {
                     return Err(RuncError::Failed {
                         command: "start",
@@ -210,7 +227,14 @@ impl Runc {
         }
         let mut c = self.command();
         c.arg("start").arg(id);
-        self.run("start", id, c).await.map(drop)
+        // runc is killed (kill_on_drop) when the bound passes.
+        match tokio::time::timeout(START_TIMEOUT, self.run("start", id, c)).await {
+            Ok(done) => done.map(drop),
+            Err(_) => Err(RuncError::StartTimeout {
+                id: id.to_string(),
+                within: START_TIMEOUT,
+            }),
+        }
     }
 
     /// Sends `signal` to the container's init process, or to every process of

@@ -116,7 +116,12 @@ impl From<petrel_oci::spec::SpecError> for RuntimeError {
 
 impl From<petrel_oci::runc::RuncError> for RuntimeError {
     fn from(e: petrel_oci::runc::RuncError) -> Self {
-        Self::Internal(e.to_string())
+        match e {
+            petrel_oci::runc::RuncError::StartTimeout { .. } => {
+                Self::DeadlineExceeded(e.to_string())
+            }
+            e => Self::Internal(e.to_string()),
+        }
     }
 }
 

@@ -32,7 +32,10 @@ impl Runtime {
         })?;
         self.nri_start(&rec, &sb).await?;
         // A pidfd on the init lets the start skip `runc start` (exec FIFO).
-        let init = util::pidfd_of(rec.pid, rec.init_start_time).ok().flatten();
+        let init = util::pidfd_of(rec.pid, rec.init_start_time)
+            .ok()
+            .flatten()
+            .map(|fd| (fd, rec.pid));
         self.runc.start(&rec.id, init).await?;
         rec.state = ContainerState::Running;
         rec.started_at = util::now_ns();
