@@ -293,6 +293,60 @@ impl Node {
         }
     }
 
+    /// runc's containers in this runtime's runc root: id → status
+    /// (`created`, `running`, `stopped`...).
+    pub fn runc_list(&self) -> HashMap<String, String> {
+        let out = Command::new("runc")
+            .arg("--root")
+            .arg(self.state.join("runc"))
+            .args(["list", "--format", "json"])
+            .output()
+            .expect("runc list");
+        assert!(out.status.success(), "runc list: {out:?}");
+        let list: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                Some((
+                    c["id"].as_str()?.to_string(),
+                    c["status"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The live shims of this runtime's containers: container id → pid,
+    /// recognised by the bundle their command line names (zombies have
+    /// none).
+    pub fn live_shims(&self) -> HashMap<String, u32> {
+        let containers = self.state.join("containers");
+        let mut found = HashMap::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let Some(i) = args.iter().position(|a| *a == b"--bundle") else {
+                continue;
+            };
+            let Some(bundle) = args.get(i + 1).and_then(|b| std::str::from_utf8(b).ok()) else {
+                continue;
+            };
+            let bundle = Path::new(bundle);
+            if bundle.parent() == Some(containers.as_path()) {
+                if let Some(id) = bundle.file_name().and_then(|n| n.to_str()) {
+                    found.insert(id.to_string(), pid);
+                }
+            }
+        }
+        found
+    }
+
     /// `kill -9` the runtime (containers keep running under their shims).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

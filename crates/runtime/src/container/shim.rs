@@ -249,6 +249,22 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether the process behind `pidfd` exits within `within` (it is not
+/// reaped: for processes that are not our children, such as the shims of a
+/// runtime that died).
+pub async fn exited_within(pidfd: &OwnedFd, within: Duration) -> bool {
+    let Ok(dup) = pidfd.try_clone() else {
+        return false;
+    };
+    // SAFETY: `dup` is a valid open descriptor that AsyncFd owns (and so
+    // keeps open and unchanged) for its whole lifetime.
+    let Ok(fd) = (unsafe { AsyncFd::register_with_interest(dup, tokio::io::Interest::READABLE) })
+    else {
+        return false;
+    };
+    matches!(tokio::time::timeout(within, fd.readable()).await, Ok(Ok(_)))
+}
+
 /// Reads the container's exit record, if the shim wrote one.
 pub fn read_exit(bundle: &Path) -> Option<ExitRecord> {
     std::fs::read_to_string(bundle.join(EXIT_FILE))

@@ -1,8 +1,16 @@
 //! Start-up reconciliation of the store with the host.
 //!
 //! The store is the truth about what exists; shims, runc and the
-//! directories are reconciled with it:
-//! - a record left in `Creating` is a create that crashed midway: undone;
+//! directories are reconciled with it (the decision for each container is
+//! [`decide::decide`]):
+//! - a container no client was answered for (a record left in `Creating`,
+//!   or no record at all: a bundle, writable layer, runc container or shim
+//!   named by an id alone) is a create that crashed midway: once no shim is
+//!   inside its create any more (bounded wait), it is removed completely
+//!   ([`leftovers`]), which frees its name for the client's retry;
+//! - a `Created` container whose init took its start (a StartContainer
+//!   interrupted after the hand-over) is recorded `Running`, with the start
+//!   time the exec FIFO tells, and the FIFO removed;
 //! - a container whose shim still runs is watched again (pidfd);
 //! - a container whose shim is gone exited while the runtime was down: its
 //!   exit record (written by the shim) is read and committed;
@@ -10,6 +18,9 @@
 //! - runc containers and per-object directories of ours that no record
 //!   names are reported and removed. Only ids in our own directories are
 //!   considered: nothing else on the host is touched.
+
+mod decide;
+mod leftovers;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -25,9 +36,8 @@ use crate::service::Runtime;
 use crate::state::{Container, Sandbox};
 use crate::util;
 
-fn is_id(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
-}
+use decide::{decide, Action, InitSeen, Seen, ShimSeen};
+use leftovers::{is_id, Leftovers};
 
 fn ids_in(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -44,6 +54,7 @@ impl Runtime {
     /// Reconciles the store with the host. Runs before serving.
     pub(crate) async fn recover(self: &Arc<Self>) -> Result<()> {
         let mut sandboxes = 0usize;
+        let mut interrupted_pods = Vec::new();
         for (key, rec) in self.store.list::<SandboxRecord>(Table::Sandboxes)? {
             let mut rec = match rec {
                 Ok(r) => r,
@@ -53,9 +64,9 @@ impl Runtime {
                 }
             };
             if rec.state == SandboxState::Creating {
-                tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");
-                let _ = self.teardown_sandbox(&rec).await;
-                self.store.delete(Table::Sandboxes, &rec.id)?;
+                // Undone once every pod is known (its cgroups may be shared)
+                // and its containers are gone.
+                interrupted_pods.push(rec);
                 continue;
             }
             if rec.state == SandboxState::Ready && !sandbox_intact(&rec) {
@@ -81,6 +92,7 @@ impl Runtime {
         }
 
         let mut containers = 0usize;
+        let mut leftovers = Leftovers::new();
         for (key, rec) in self.store.list::<ContainerRecord>(Table::Containers)? {
             let rec = match rec {
                 Ok(r) => r,
@@ -93,24 +105,43 @@ impl Runtime {
                 .state
                 .sandbox(&rec.sandbox_id)
                 .filter(|s| s.id == rec.sandbox_id);
-            if rec.state == ContainerState::Creating || sb.is_none() {
-                tracing::warn!(container.id = %rec.id, "undoing a container left by an interrupted create or removal");
-                let _ = self.teardown_container(&rec, false, None).await;
-                self.store.delete(Table::Containers, &rec.id)?;
+            let Some(sb) = sb.filter(|_| rec.state != ContainerState::Creating) else {
+                tracing::warn!(container.id = %rec.id, state = ?rec.state, "container left by an interrupted create or removal");
+                leftovers.insert(rec.id.clone(), Some(rec));
                 continue;
-            }
+            };
             let c = Arc::new(Container::new(rec.clone()));
             let _ = self.state.reserve_name(&rec.name, &rec.id);
             self.state.insert_container(c.clone());
-            if let Some(sb) = sb {
-                sb.add_container(&rec.id);
-            }
+            sb.add_container(&rec.id);
             containers += 1;
             if matches!(rec.state, ContainerState::Created | ContainerState::Running) {
                 self.readopt(&c, &rec).await;
             }
         }
+        // What a create can leave without a record, found by its id alone.
+        let unrecorded = ids_in(&self.layout.state.join("containers"))
+            .into_iter()
+            .chain(ids_in(&self.layout.root.join("containers")));
+        let in_runc = match self.runc.list().await {
+            Ok(list) => list.into_iter().map(|st| st.id).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list runc containers");
+                Vec::new()
+            }
+        };
+        for id in unrecorded.chain(in_runc) {
+            if self.state.container(&id).is_none() {
+                leftovers.entry(id).or_insert(None);
+            }
+        }
+        self.remove_leftovers(leftovers).await;
 
+        for rec in interrupted_pods {
+            tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");
+            let _ = self.teardown_sandbox(&rec).await;
+            self.store.delete(Table::Sandboxes, &rec.id)?;
+        }
         self.remove_orphans().await;
         tracing::info!(sandboxes, containers, "state recovered");
         Ok(())
@@ -134,13 +165,35 @@ impl Runtime {
         });
     }
 
-    /// Watches a live container's shim again, or records the exit that
-    /// happened while the runtime was down.
+    /// Watches a live container's shim again, records the exit that
+    /// happened while the runtime was down, or records the start that a
+    /// crash interrupted after the init had taken it.
     async fn readopt(self: &Arc<Self>, c: &Arc<Container>, rec: &ContainerRecord) {
-        if let Some(shim) = rec
+        let shim = rec
             .shim
-            .filter(|s| util::process_alive(s.pid, s.start_time))
-        {
+            .filter(|s| util::process_alive(s.pid, s.start_time));
+        let runc_dir = self.runc.root().join(&rec.id);
+        let seen = Seen {
+            record: Some(rec.state),
+            pod_known: true,
+            shim: if shim.is_some() {
+                ShimSeen::Serving
+            } else {
+                ShimSeen::Gone
+            },
+            init: init_seen(rec, &runc_dir),
+            fifo: runc_dir.join(petrel_oci::exec_fifo::EXEC_FIFO).exists(),
+        };
+        match decide(&seen) {
+            Action::MarkRunning { remove_fifo } => self.record_started(c, &runc_dir, remove_fifo),
+            Action::Watch => {}
+            Action::RecordExit | Action::Keep | Action::Remove | Action::WaitForShim => {
+                // The shim is gone: the exit happened while we were down.
+                self.handle_exit(c).await;
+                return;
+            }
+        }
+        if let Some(shim) = shim {
             match util::pidfd_open(shim.pid) {
                 Ok(pidfd) => {
                     self.watch_exit(c.clone(), pidfd);
@@ -149,13 +202,40 @@ impl Runtime {
                 Err(e) => tracing::warn!(container.id = %rec.id, error = %e, "cannot watch shim"),
             }
         }
-        // The shim is gone: the exit happened while we were down.
         self.handle_exit(c).await;
     }
 
-    /// Removes runc containers and per-object directories that no record
-    /// names. They can only come from a crash between a teardown and the
-    /// deletion of its record, or from a store restored from backup.
+    /// Records `Running` a container whose init took its start while the
+    /// runtime died in StartContainer; removes the FIFO runc still sees.
+    fn record_started(&self, c: &Container, runc_dir: &Path, remove_fifo: bool) {
+        let mut rec = c.record();
+        // Read before the FIFO goes: the init's write is its start.
+        let at = petrel_oci::exec_fifo::started_at(runc_dir)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| i64::try_from(d.as_nanos()).ok())
+            .unwrap_or_else(util::now_ns);
+        if remove_fifo {
+            let fifo = runc_dir.join(petrel_oci::exec_fifo::EXEC_FIFO);
+            if let Err(e) = std::fs::remove_file(&fifo) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(container.id = %rec.id, error = %e, "exec fifo of a started container not removed");
+                }
+            }
+        }
+        if rec.state == ContainerState::Created {
+            tracing::warn!(container.id = %rec.id, "a StartContainer interrupted by a crash had started the container: recorded running");
+            rec.state = ContainerState::Running;
+            rec.started_at = at;
+            if let Err(e) = self.save_container(c, rec) {
+                tracing::error!(container.id = %c.id, error = %e, "start of a container not recorded");
+            }
+        }
+    }
+
+    /// Removes runc containers and sandbox directories that no record
+    /// names, after the leftovers of interrupted creates are gone. They can
+    /// only come from a crash between a teardown and the deletion of its
+    /// record, or from a store restored from backup.
     async fn remove_orphans(&self) {
         let known_c: HashSet<String> = self
             .state
@@ -180,20 +260,6 @@ impl Runtime {
             }
             Err(e) => tracing::warn!(error = %e, "cannot list runc containers"),
         }
-        for id in ids_in(&self.layout.state.join("containers")) {
-            if !known_c.contains(&id) {
-                let bundle = self.layout.bundle(&id);
-                tracing::warn!(container.id = %id, "removing orphan bundle");
-                let _ = crate::container::rootfs::unmount(&bundle.join("rootfs"));
-                let _ = remove_dir(&bundle);
-            }
-        }
-        for id in ids_in(&self.layout.root.join("containers")) {
-            if !known_c.contains(&id) {
-                tracing::warn!(container.id = %id, "removing orphan writable layer");
-                let _ = remove_dir(&self.layout.container_layer(&id));
-            }
-        }
         for id in ids_in(&self.layout.state.join("sandboxes")) {
             if !known_s.contains(&id) {
                 let dir = self.layout.sandbox_dir(&id);
@@ -211,6 +277,22 @@ impl Runtime {
                 let _ = self.cgroups.remove(&cg);
             }
         }
+    }
+}
+
+/// The init of a container that has a record: started, waiting for its
+/// start (holding runc's exec FIFO), or gone.
+fn init_seen(rec: &ContainerRecord, runc_dir: &Path) -> InitSeen {
+    if !util::process_alive(rec.pid, rec.init_start_time) {
+        return InitSeen::Gone;
+    }
+    if rec.state != ContainerState::Created {
+        return InitSeen::Started;
+    }
+    match petrel_oci::exec_fifo::init_awaits_start(rec.pid, runc_dir) {
+        Ok(false) => InitSeen::Started,
+        // Unreadable: assume what the record says.
+        Ok(true) | Err(_) => InitSeen::AwaitingStart,
     }
 }
 

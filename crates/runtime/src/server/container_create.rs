@@ -147,9 +147,10 @@ impl Runtime {
         };
         rec.resources = rec.config.linux.as_ref().and_then(|l| l.resources.clone());
         // Recorded before anything is made, so that a crash midway is undone
-        // at the next start. Without an fsync: if the crash also loses this
-        // intent, recovery's sweep of unnamed bundles, layers and runc
-        // containers removes what was made; the final record is durable.
+        // at the next start. Without an fsync: everything made below is
+        // named by the id alone (layer, bundle, mount, shim, runc, cgroup),
+        // so recovery finds and removes it whether or not this intent
+        // survived (`recovery::leftovers`); the final record is durable.
         if let Err(e) = self.store.put_unsynced(Table::Containers, &id, &rec) {
             self.state.release_name(&name, &id);
             return Err(e.into());
@@ -436,7 +437,7 @@ impl Runtime {
 
 /// Unmounts a container's rootfs and removes its bundle and writable layer;
 /// every step runs, the first error is returned.
-fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> {
+pub(crate) fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> {
     let unmounted = rootfs::unmount(&bundle.join("rootfs"));
     let bundle_removed = crate::server::sandbox_run::remove_dir(bundle);
     let layer_removed = crate::server::sandbox_run::remove_dir(layer);
