@@ -144,6 +144,13 @@ fn check_host_path(path: &str, kind: &str, field: &str) -> Result<(), ConvertErr
             format!("{path:?} is not absolute"),
         ));
     }
+    // The API server's rule: a hostPath never climbs with "..".
+    if path.split('/').any(|c| c == "..") {
+        return Err(ConvertError::invalid(
+            format!("{field}.hostPath.path"),
+            format!("{path:?} must not contain '..'"),
+        ));
+    }
     let md = fs::metadata(p);
     let wrong = |what: &str| {
         ConvertError::invalid(
@@ -401,6 +408,8 @@ mod tests {
         }
         assert!(tmp.path().join("new/dir").is_dir());
         assert!(tmp.path().join("newer/file").is_file());
+        // A '..' is refused before anything is made.
+        assert!(!tmp.path().join("etc").exists());
         let bad = [
             (
                 format!("{{path: {base}/file, type: Directory}}"),
@@ -418,6 +427,11 @@ mod tests {
             ),
             (format!("{{path: {base}, type: Weird}}"), "hostPath.type"),
             ("{path: relative}".to_string(), "not absolute"),
+            (
+                format!("{{path: {base}/new/../../etc, type: DirectoryOrCreate}}"),
+                "spec.volumes[h].hostPath.path: \"",
+            ),
+            ("{path: /var/..}".to_string(), "must not contain '..'"),
         ];
         for (hp, needle) in bad {
             let pod = desired(&format!("metadata: {{name: p}}\nspec:\n  volumes: [{{name: h, hostPath: {hp}}}]\n  containers: []\n"));
