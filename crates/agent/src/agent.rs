@@ -80,6 +80,9 @@ pub async fn run(
         path: config.root.clone(),
         source,
     })?;
+    // subPath binds live only while a container is made: any found now
+    // were left by a killed agent.
+    crate::subpath::sweep(&config.root);
     let metrics = AgentMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);

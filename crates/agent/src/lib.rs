@@ -8,6 +8,8 @@
 //!   runtime's event stream as hints), and keeps [`cache`] fresh;
 //! - [`worker`]: reconciles each pod through the controller kit's work queue;
 //! - [`status`]: computes and publishes Kubernetes pod statuses;
+//! - [`subpath`]: subPath mounts opened beneath their volume and bound by
+//!   file descriptor, so a container's symlinks cannot lead them out;
 //! - [`eviction`]: node-pressure eviction (kubelet's signals, thresholds
 //!   and ranking);
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
@@ -28,6 +30,7 @@ pub mod quantity;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod subpath;
 pub mod types;
 pub mod worker;
 

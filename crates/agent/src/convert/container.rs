@@ -12,7 +12,7 @@ use super::qos::qos_class;
 use super::resources::{linux_resources, node_memory_bytes};
 use super::sandbox::{pod_labels, spec_of};
 use super::security::{namespace_options, profile, supplemental_groups};
-use super::volumes::container_mounts;
+use super::volumes::{container_mounts, SubPathMount};
 use super::{ConvertContext, ConvertError};
 use crate::types::{
     DesiredPod, ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND, ANNOTATION_PRE_STOP,
@@ -28,8 +28,18 @@ pub const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 30;
 /// Kubernetes' default termination message path.
 const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 
-/// The CRI container config of one container of a pod. `restart_count` is
-/// both the attempt and the log file's name.
+/// The CRI container config of one container of a pod, and the subPaths
+/// to bind before it is created.
+#[derive(Debug, Clone)]
+pub struct ContainerPlan {
+    /// The config; a subPath mount's `host_path` is its mount point.
+    pub config: api::ContainerConfig,
+    /// The subPaths, in the order of the container's volumeMounts.
+    pub sub_paths: Vec<SubPathMount>,
+}
+
+/// The CRI container config of one container of a pod (see
+/// [`container_plan`]).
 pub fn container_config(
     pod: &DesiredPod,
     container: &Container,
@@ -37,6 +47,18 @@ pub fn container_config(
     restart_count: i32,
     ctx: &ConvertContext,
 ) -> Result<api::ContainerConfig, ConvertError> {
+    container_plan(pod, container, init, restart_count, ctx).map(|p| p.config)
+}
+
+/// The CRI container config of one container of a pod and its subPaths.
+/// `restart_count` is both the attempt and the log file's name.
+pub fn container_plan(
+    pod: &DesiredPod,
+    container: &Container,
+    init: bool,
+    restart_count: i32,
+    ctx: &ConvertContext,
+) -> Result<ContainerPlan, ConvertError> {
     let spec = spec_of(pod)?;
     let cfield = container_field(container, init);
     let image = container
@@ -49,7 +71,7 @@ pub fn container_config(
     let expand_all = |list: &Option<Vec<String>>| -> Vec<String> {
         list.iter().flatten().map(|s| expand(s, &lookup)).collect()
     };
-    let mounts = container_mounts(pod, container, init, &env, ctx)?;
+    let (mounts, sub_paths) = container_mounts(pod, container, init, &env, ctx)?;
 
     let mut labels = pod_labels(pod, ctx);
     labels.insert(LABEL_CONTAINER_NAME.to_string(), container.name.clone());
@@ -97,7 +119,7 @@ pub fn container_config(
 
     let qos = qos_class(spec);
     let security = security_context(spec, container, &cfield)?;
-    Ok(api::ContainerConfig {
+    let config = api::ContainerConfig {
         metadata: Some(api::ContainerMetadata {
             name: container.name.clone(),
             attempt: u32::try_from(restart_count).unwrap_or(0),
@@ -129,7 +151,8 @@ pub fn container_config(
             security_context: Some(security),
         }),
         ..Default::default()
-    })
+    };
+    Ok(ContainerPlan { config, sub_paths })
 }
 
 /// The container's security settings: its own securityContext over the
@@ -388,10 +411,11 @@ spec:
     }
 
     #[test]
-    fn container_config_should_mount_volumes() {
+    fn container_plan_should_mount_volumes_and_bind_sub_paths() {
         let pod = desired(POD);
-        let cfg = container_config(&pod, &app(&pod), false, 0, &ctx()).unwrap();
-        let m: Vec<_> = cfg
+        let plan = container_plan(&pod, &app(&pod), false, 0, &ctx()).unwrap();
+        let m: Vec<_> = plan
+            .config
             .mounts
             .iter()
             .map(|m| {
@@ -404,20 +428,62 @@ spec:
             })
             .collect();
         let dir = "/var/lib/petrel/pods/uid/volumes/kubernetes.io~empty-dir/data";
+        // subPaths are bound on the agent's own mount points, named by
+        // volume, container and the volumeMount's index.
+        let points = "/var/lib/petrel/volume-subpaths/uid/data/app";
         let private = api::MountPropagation::PropagationPrivate as i32;
         assert_eq!(
             m,
             vec![
                 ("/data", dir, false, private),
-                ("/cache", &*format!("{dir}/cache/app"), false, private),
+                ("/cache", &*format!("{points}/1"), false, private),
                 (
                     "/host-logs",
                     "/var/log",
                     true,
                     api::MountPropagation::PropagationHostToContainer as i32
                 ),
-                ("/per-pod", &*format!("{dir}/logs/web"), false, private),
+                ("/per-pod", &*format!("{points}/3"), false, private),
             ]
+        );
+        let subs: Vec<_> = plan
+            .sub_paths
+            .iter()
+            .map(|s| {
+                (
+                    s.volume.as_str(),
+                    s.container.as_str(),
+                    s.sub_path.as_str(),
+                    s.volume_dir.to_str().unwrap(),
+                    s.relative.to_str().unwrap(),
+                    s.mount_point.to_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            subs,
+            vec![
+                (
+                    "data",
+                    "app",
+                    "cache/app",
+                    dir,
+                    "cache/app",
+                    &*format!("{points}/1")
+                ),
+                (
+                    "data",
+                    "app",
+                    "logs/web",
+                    dir,
+                    "logs/web",
+                    &*format!("{points}/3")
+                ),
+            ]
+        );
+        assert_eq!(
+            container_config(&pod, &app(&pod), false, 0, &ctx()).unwrap(),
+            plan.config
         );
     }
 

@@ -4,8 +4,10 @@
 //!
 //! Everything here is a pure function of the pod and a [`ConvertContext`]
 //! (except [`prepare_volumes`] and [`remove_pod_dir`], which touch only the
-//! pod's own directory), so the pod workers stay thin and this stays
-//! testable.
+//! pod's own directories), so the pod workers stay thin and this stays
+//! testable. A container's subPaths come out as [`SubPathMount`]s: the
+//! worker binds them (see [`crate::subpath`]) just before it creates the
+//! container.
 
 mod container;
 mod env;
@@ -19,14 +21,15 @@ mod volumes;
 use std::path::PathBuf;
 
 pub use container::{
-    container_config, ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
+    container_config, container_plan, ContainerPlan, ANNOTATION_TERMINATION_MESSAGE_PATH,
+    DEFAULT_TERMINATION_GRACE_SECONDS,
 };
 pub use hash::{container_hash, sandbox_hash};
 pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;
-pub use volumes::{prepare_volumes, remove_pod_dir};
+pub use volumes::{prepare_volumes, remove_pod_dir, SubPathMount};
 
 /// What a conversion needs to know about the node and the pod's place on
 /// it, beyond the pod itself.
@@ -38,6 +41,8 @@ pub struct ConvertContext {
     pub cgroup_root: String,
     /// The pod's directory, `<agent root>/pods/<uid>` (emptyDir volumes).
     pub pod_dir: PathBuf,
+    /// The pod's subPath mount points, `<agent root>/volume-subpaths/<uid>`.
+    pub sub_path_dir: PathBuf,
     /// The pod's log directory, `<agent root>/logs/<ns>_<name>_<uid>`.
     pub log_dir: PathBuf,
     /// The pod's IPs when known (status.podIP(s) fieldRefs).
@@ -139,6 +144,7 @@ pub(crate) mod test_support {
             node_name: "node-1".to_string(),
             cgroup_root: "/petrel".to_string(),
             pod_dir: PathBuf::from("/var/lib/petrel/pods/uid"),
+            sub_path_dir: PathBuf::from("/var/lib/petrel/volume-subpaths/uid"),
             log_dir: PathBuf::from("/var/lib/petrel/logs/ns_name_uid"),
             pod_ips: vec!["10.0.0.5".to_string(), "fd00::5".to_string()],
             host_ip: "192.168.1.10".to_string(),

@@ -42,6 +42,9 @@ fn check_volume_name(name: &str, field: &str) -> Result<(), ConvertError> {
 /// Creates the pod's emptyDir directories (mode 0777, so containers
 /// running as any user can write, like kubelet's) and checks or creates
 /// its hostPaths by their declared type. Other volume types are refused.
+/// subPaths are made when their container is created (see
+/// [`crate::subpath`]), not here: a path checked now could be a symlink
+/// by then.
 pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), ConvertError> {
     let Some(spec) = pod.pod.spec.as_ref() else {
         return Ok(());
@@ -64,32 +67,6 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
             return Err(unsupported_volume(v, &field));
         }
     }
-    // subPaths inside emptyDirs must exist before the runtime binds them.
-    for (c, init) in spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| (c, true))
-        .chain(spec.containers.iter().map(|c| (c, false)))
-    {
-        for m in c.volume_mounts.iter().flatten() {
-            let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) else {
-                continue;
-            };
-            let field = format!(
-                "{}.volumeMounts[{}].subPath",
-                container_field(c, init),
-                m.name
-            );
-            let rel = safe_sub_path(sub, &field)?;
-            let Some(v) = spec.volumes.iter().flatten().find(|v| v.name == m.name) else {
-                continue; // reported by container_config
-            };
-            if v.empty_dir.is_some() {
-                create_inside(&empty_dir_path(ctx, &v.name), &rel)?;
-            }
-        }
-    }
     Ok(())
 }
 
@@ -108,32 +85,6 @@ fn unsupported_volume(v: &Volume, field: &str) -> ConvertError {
     )
 }
 
-/// Creates `rel` (already checked to be relative and free of `..`) as
-/// directories under `base`, one component at a time, refusing to pass
-/// through a symlink a container may have planted to escape its volume.
-fn create_inside(base: &Path, rel: &Path) -> Result<(), ConvertError> {
-    let mut cur = base.to_path_buf();
-    for comp in rel.components() {
-        cur.push(comp);
-        match fs::symlink_metadata(&cur) {
-            Ok(md) if md.file_type().is_symlink() => {
-                return Err(ConvertError::invalid(
-                    "subPath",
-                    format!("{} is a symlink", cur.display()),
-                ))
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                fs::create_dir(&cur).map_err(io_err("create subPath", &cur))?;
-                fs::set_permissions(&cur, fs::Permissions::from_mode(0o777))
-                    .map_err(io_err("chmod subPath", &cur))?;
-            }
-            Err(e) => return Err(io_err("stat subPath", &cur)(e)),
-        }
-    }
-    Ok(())
-}
-
 /// Checks a hostPath against its declared type, creating it for the
 /// `...OrCreate` types.
 fn check_host_path(path: &str, kind: &str, field: &str) -> Result<(), ConvertError> {
@@ -142,6 +93,13 @@ fn check_host_path(path: &str, kind: &str, field: &str) -> Result<(), ConvertErr
         return Err(ConvertError::invalid(
             format!("{field}.hostPath.path"),
             format!("{path:?} is not absolute"),
+        ));
+    }
+    // The API server's rule: a hostPath never climbs with "..".
+    if path.split('/').any(|c| c == "..") {
+        return Err(ConvertError::invalid(
+            format!("{field}.hostPath.path"),
+            format!("{path:?} must not contain '..'"),
         ));
     }
     let md = fs::metadata(p);
@@ -251,15 +209,36 @@ fn propagation(m: &VolumeMount, privileged: bool, field: &str) -> Result<i32, Co
     } as i32)
 }
 
-/// The container's CRI mounts from its volumeMounts. `env` expands
-/// subPathExpr.
+/// A volumeMount with a subPath: what must be bound before the container
+/// is created, and where. The CRI mount's `host_path` is `mount_point`,
+/// which holds nothing until [`crate::subpath`] binds the subPath opened
+/// beneath `volume_dir` there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubPathMount {
+    /// The volumeMount's (and volume's) name.
+    pub volume: String,
+    /// The container's name.
+    pub container: String,
+    /// The subPath as the spec gives it (subPathExpr expanded).
+    pub sub_path: String,
+    /// The volume's host directory.
+    pub volume_dir: PathBuf,
+    /// The subPath as normal components, relative to `volume_dir`.
+    pub relative: PathBuf,
+    /// The agent's mount point: `<sub_path_dir>/<volume>/<container>/<index
+    /// of the volumeMount>`.
+    pub mount_point: PathBuf,
+}
+
+/// The container's CRI mounts from its volumeMounts, and the subPaths to
+/// bind for them. `env` expands subPathExpr.
 pub(crate) fn container_mounts(
     pod: &DesiredPod,
     container: &Container,
     init: bool,
     env: &[(String, String)],
     ctx: &ConvertContext,
-) -> Result<Vec<api::Mount>, ConvertError> {
+) -> Result<(Vec<api::Mount>, Vec<SubPathMount>), ConvertError> {
     let volumes: &[Volume] = pod
         .pod
         .spec
@@ -273,13 +252,14 @@ pub(crate) fn container_mounts(
         .unwrap_or(false);
     let cfield = container_field(container, init);
     let mut mounts = Vec::new();
-    for m in container.volume_mounts.iter().flatten() {
+    let mut sub_paths = Vec::new();
+    for (index, m) in container.volume_mounts.iter().flatten().enumerate() {
         let field = format!("{cfield}.volumeMounts[{}]", m.name);
         let v = volumes.iter().find(|v| v.name == m.name).ok_or_else(|| {
             ConvertError::invalid(&field, format!("no volume named {:?}", m.name))
         })?;
         check_volume_name(&v.name, &field)?;
-        let mut host = if v.empty_dir.is_some() {
+        let volume_dir = if v.empty_dir.is_some() {
             empty_dir_path(ctx, &v.name)
         } else if let Some(hp) = &v.host_path {
             PathBuf::from(&hp.path)
@@ -302,9 +282,28 @@ pub(crate) fn container_mounts(
             }
             _ => None,
         };
-        if let Some((s, name)) = sub {
-            host.push(safe_sub_path(&s, &format!("{field}.{name}"))?);
-        }
+        let host = match sub {
+            Some((s, name)) => {
+                let relative = safe_sub_path(&s, &format!("{field}.{name}"))?;
+                // Container names are DNS labels and volume names single
+                // components (checked above): safe as path components.
+                let mount_point = ctx
+                    .sub_path_dir
+                    .join(&v.name)
+                    .join(&container.name)
+                    .join(index.to_string());
+                sub_paths.push(SubPathMount {
+                    volume: v.name.clone(),
+                    container: container.name.clone(),
+                    sub_path: s,
+                    volume_dir,
+                    relative,
+                    mount_point: mount_point.clone(),
+                });
+                mount_point
+            }
+            None => volume_dir,
+        };
         let readonly = m.read_only.unwrap_or(false);
         mounts.push(api::Mount {
             container_path: m.mount_path.clone(),
@@ -315,13 +314,20 @@ pub(crate) fn container_mounts(
             ..Default::default()
         });
     }
-    Ok(mounts)
+    Ok((mounts, sub_paths))
 }
 
-/// Removes the pod's directory and everything in it (its emptyDirs). The
-/// removal never follows symlinks, so a link a container left in an
-/// emptyDir cannot make it delete anything outside the pod's directory.
+/// Removes the pod's subPath mount points (unmounted first) and its
+/// directory with everything in it (its emptyDirs). The removal never
+/// follows symlinks, so a link a container left in an emptyDir cannot make
+/// it delete anything outside the pod's directory.
 pub fn remove_pod_dir(ctx: &ConvertContext) -> std::io::Result<()> {
+    let mounts = crate::subpath::remove_pod(&ctx.sub_path_dir);
+    let dir = remove_dir_only(ctx);
+    mounts.and(dir)
+}
+
+fn remove_dir_only(ctx: &ConvertContext) -> std::io::Result<()> {
     match fs::symlink_metadata(&ctx.pod_dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
@@ -341,12 +347,13 @@ mod tests {
     fn ctx_in(dir: &Path) -> ConvertContext {
         ConvertContext {
             pod_dir: dir.join("pods/uid"),
+            sub_path_dir: dir.join("volume-subpaths/uid"),
             ..ctx()
         }
     }
 
     #[test]
-    fn prepare_volumes_should_create_empty_dirs_and_sub_paths() {
+    fn prepare_volumes_should_create_empty_dirs_but_not_sub_paths() {
         let tmp = tempfile::tempdir().unwrap();
         let c = ctx_in(tmp.path());
         let pod = desired(
@@ -360,25 +367,10 @@ mod tests {
             0o777
         );
         assert!(empty_dir_path(&c, "m").is_dir());
-        assert!(d.join("x/y").is_dir());
+        // subPaths are made safely when their container is created.
+        assert!(!d.join("x").exists());
         // Idempotent.
         prepare_volumes(&pod, &c).unwrap();
-    }
-
-    #[test]
-    fn prepare_volumes_should_not_follow_symlinks_in_sub_paths() {
-        let tmp = tempfile::tempdir().unwrap();
-        let c = ctx_in(tmp.path());
-        let outside = tmp.path().join("outside");
-        fs::create_dir(&outside).unwrap();
-        let pod = desired(
-            "metadata: {name: p}\nspec:\n  volumes: [{name: d, emptyDir: {}}]\n  containers: [{name: a, image: x, volumeMounts: [{name: d, mountPath: /m, subPath: evil/inner}]}]\n",
-        );
-        fs::create_dir_all(empty_dir_path(&c, "d")).unwrap();
-        std::os::unix::fs::symlink(&outside, empty_dir_path(&c, "d").join("evil")).unwrap();
-        let err = prepare_volumes(&pod, &c).unwrap_err().to_string();
-        assert!(err.contains("symlink"), "{err}");
-        assert!(!outside.join("inner").exists());
     }
 
     #[test]
@@ -401,6 +393,8 @@ mod tests {
         }
         assert!(tmp.path().join("new/dir").is_dir());
         assert!(tmp.path().join("newer/file").is_file());
+        // A '..' is refused before anything is made.
+        assert!(!tmp.path().join("etc").exists());
         let bad = [
             (
                 format!("{{path: {base}/file, type: Directory}}"),
@@ -418,6 +412,11 @@ mod tests {
             ),
             (format!("{{path: {base}, type: Weird}}"), "hostPath.type"),
             ("{path: relative}".to_string(), "not absolute"),
+            (
+                format!("{{path: {base}/new/../../etc, type: DirectoryOrCreate}}"),
+                "spec.volumes[h].hostPath.path: \"",
+            ),
+            ("{path: /var/..}".to_string(), "must not contain '..'"),
         ];
         for (hp, needle) in bad {
             let pod = desired(&format!("metadata: {{name: p}}\nspec:\n  volumes: [{{name: h, hostPath: {hp}}}]\n  containers: []\n"));
@@ -469,8 +468,17 @@ mod tests {
         let d = empty_dir_path(&c, "d");
         fs::write(d.join("file"), b"x").unwrap();
         std::os::unix::fs::symlink(&outside, d.join("link")).unwrap();
+        // A subPath bind a killed agent left behind: unmounted, and what
+        // it showed (the outside directory) untouched.
+        let mut binds = crate::subpath::Binds::new();
+        let fd = crate::subpath::open_beneath(&outside, Path::new(""), ".").unwrap();
+        binds
+            .bind(std::os::fd::AsFd::as_fd(&fd), &c.sub_path_dir.join("d/a/0"))
+            .unwrap();
+        std::mem::forget(binds);
         remove_pod_dir(&c).unwrap();
         assert!(!c.pod_dir.exists());
+        assert!(!c.sub_path_dir.exists());
         assert!(outside.join("keep").exists(), "symlink target untouched");
         remove_pod_dir(&c).unwrap(); // already gone: fine
                                      // A symlink in place of the pod dir: only the link goes.

@@ -119,6 +119,12 @@ fn volume(errs: &mut Vec<String>, i: usize, v: &Volume, names: &mut HashSet<Stri
                 &hp.path,
                 "must be an absolute path",
             ));
+        } else if has_backstep(&hp.path) {
+            errs.push(invalid(
+                &format!("{path}.hostPath.path"),
+                &hp.path,
+                "must not contain '..'",
+            ));
         }
     }
 }
@@ -165,6 +171,31 @@ fn container(
         }
         if m.mount_path.is_empty() {
             errs.push(format!("{mp}.mountPath: Required value"));
+        }
+        let sub = m.sub_path.as_deref().filter(|s| !s.is_empty());
+        let expr = m.sub_path_expr.as_deref().filter(|s| !s.is_empty());
+        if let (Some(_), Some(e)) = (sub, expr) {
+            errs.push(invalid(
+                &format!("{mp}.subPathExpr"),
+                e,
+                "subPathExpr and subPath are mutually exclusive",
+            ));
+        }
+        for (field, value) in [("subPath", sub), ("subPathExpr", expr)] {
+            let Some(v) = value else { continue };
+            if v.starts_with('/') {
+                errs.push(invalid(
+                    &format!("{mp}.{field}"),
+                    v,
+                    "must be a relative path",
+                ));
+            } else if has_backstep(v) {
+                errs.push(invalid(
+                    &format!("{mp}.{field}"),
+                    v,
+                    "must not contain '..'",
+                ));
+            }
         }
     }
     for (j, p) in c.ports.iter().flatten().enumerate() {
@@ -300,6 +331,11 @@ fn resources(
             }
         }
     }
+}
+
+/// A path with a `..` component (the API server splits on '/').
+fn has_backstep(path: &str) -> bool {
+    path.split('/').any(|c| c == "..")
 }
 
 fn check_enum(errs: &mut Vec<String>, path: &str, value: &str, allowed: &[&str]) {
@@ -477,6 +513,27 @@ spec:
         assert_eq!(
             one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}], containers: [{name: a, image: i, volumeMounts: [{name: d, mountPath: /d}, {name: e, mountPath: /e}]}]}"),
             r#"spec.containers[0].volumeMounts[1].name: Not found: "e""#
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {volumes: [{name: d, hostPath: {path: /var/lib/../../etc}}], containers: [{name: a, image: i}]}"),
+            r#"spec.volumes[0].hostPath.path: Invalid value: "/var/lib/../../etc": must not contain '..'"#
+        );
+        // '..' as part of a name is fine.
+        assert_eq!(
+            errors("metadata: {name: a}\nspec: {volumes: [{name: d, hostPath: {path: /srv/..data/x..}}], containers: [{name: a, image: i}]}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}], containers: [{name: a, image: i, volumeMounts: [{name: d, mountPath: /d, subPath: a/../..}]}]}"),
+            r#"spec.containers[0].volumeMounts[0].subPath: Invalid value: "a/../..": must not contain '..'"#
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}], containers: [{name: a, image: i, volumeMounts: [{name: d, mountPath: /d, subPathExpr: /etc}]}]}"),
+            r#"spec.containers[0].volumeMounts[0].subPathExpr: Invalid value: "/etc": must be a relative path"#
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}], containers: [{name: a, image: i, volumeMounts: [{name: d, mountPath: /d, subPath: x, subPathExpr: y}]}]}"),
+            r#"spec.containers[0].volumeMounts[0].subPathExpr: Invalid value: "y": subPathExpr and subPath are mutually exclusive"#
         );
     }
 

@@ -247,6 +247,7 @@ impl PodWorkers {
             node_name: self.config.node_name.clone(),
             cgroup_root: self.config.cgroup_root.clone(),
             pod_dir: self.config.root.join("pods").join(&pod.uid),
+            sub_path_dir: crate::subpath::pod_dir(&self.config.root, &pod.uid),
             log_dir: self
                 .config
                 .root

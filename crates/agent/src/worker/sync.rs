@@ -10,7 +10,10 @@ use petrel_cri::api::{ContainerState, PodSandboxState};
 
 use super::hooks::{exec_command, grace_seconds};
 use super::{PodWorkers, WorkerError};
-use crate::convert::{container_config, container_hash, prepare_volumes, sandbox_config};
+use crate::convert::{
+    container_hash, container_plan, prepare_volumes, sandbox_config, SubPathMount,
+};
+use crate::subpath::Binds;
 use crate::types::{DesiredPod, PodRuntimeStatus, ANNOTATION_SANDBOX_HASH};
 
 /// How long to wait before looking again for an image that is not
@@ -22,6 +25,12 @@ const IMAGE_BACKOFF_SHOWN: Duration = Duration::from_secs(1);
 /// kubelet's image pull backoff: start and cap.
 pub(super) const IMAGE_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 pub(super) const IMAGE_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// How soon a container whose subPath was refused is tried again (the
+/// volume may change: a link removed, a directory made): the crash-loop
+/// backoff's start (kubelet retries a failed pod sync after 10 s), within
+/// these bounds.
+const SUB_PATH_RETRY_MIN: Duration = Duration::from_secs(1);
+const SUB_PATH_RETRY_MAX: Duration = Duration::from_secs(10);
 /// Exited instances kept per container name (the newest is the status's
 /// lastState; older ones are removed).
 const KEEP_EXITED: usize = 1;
@@ -176,7 +185,7 @@ impl PodWorkers {
                     break;
                 }
                 Some((i, ContainerState::ContainerCreated)) => {
-                    self.start_created(uid, i).await?;
+                    note(self.start_created(pod, c, true, i, &sandbox).await?);
                     initialized = false;
                     break;
                 }
@@ -222,8 +231,7 @@ impl PodWorkers {
                             .await?
                     }
                     Some((i, ContainerState::ContainerCreated)) => {
-                        self.start_created(uid, i).await?;
-                        Step::Nothing
+                        self.start_created(pod, c, false, i, &sandbox).await?
                     }
                     Some((i, ContainerState::ContainerRunning)) => {
                         self.check_running(pod, spec, c, i, status, &sandbox)
@@ -305,11 +313,70 @@ impl PodWorkers {
     }
 
     /// StartContainer for a container left created (e.g. the agent died
-    /// between create and start).
-    async fn start_created(&self, uid: &str, c: &api::ContainerStatus) -> Result<(), WorkerError> {
-        let r = self.runtime.start_container(&c.id).await;
+    /// between create and start). Its subPaths are bound again first: a
+    /// runtime that makes the mounts at start (containerd) needs them.
+    async fn start_created(
+        &self,
+        pod: &DesiredPod,
+        c: &Container,
+        init: bool,
+        inst: &api::ContainerStatus,
+        sandbox: &Sandbox,
+    ) -> Result<Step, WorkerError> {
+        let uid = pod.uid.as_str();
+        let ctx = self.convert_context(pod, sandbox.ips.clone());
+        // A spec that no longer converts made this container earlier: it
+        // starts as it was made.
+        let subs =
+            container_plan(pod, c, init, 0, &ctx).map_or_else(|_| Vec::new(), |p| p.sub_paths);
+        let Some(binds) = self.bind_sub_paths(uid, &subs) else {
+            return Ok(Step::RetryAfter(self.sub_path_retry()));
+        };
+        let r = self.runtime.start_container(&inst.id).await;
+        drop(binds);
         self.acted(uid);
-        r.map_err(Into::into)
+        r?;
+        Ok(Step::Nothing)
+    }
+
+    fn sub_path_retry(&self) -> Duration {
+        self.config
+            .backoff_initial
+            .clamp(SUB_PATH_RETRY_MIN, SUB_PATH_RETRY_MAX)
+    }
+
+    /// Binds each subPath of a container about to be created (or
+    /// started) on its mount point; None, with the container waiting in
+    /// CreateContainerConfigError (kubelet's reason), when one cannot be:
+    /// it leads outside its volume, or the volume cannot be opened.
+    fn bind_sub_paths(&self, uid: &str, subs: &[SubPathMount]) -> Option<Binds> {
+        let mut binds = Binds::new();
+        for s in subs {
+            let bound = crate::subpath::open_beneath(&s.volume_dir, &s.relative, &s.sub_path)
+                .and_then(|fd| binds.bind(std::os::fd::AsFd::as_fd(&fd), &s.mount_point));
+            if let Err(e) = bound {
+                tracing::warn!(uid, container = %s.container, volume = %s.volume, error = %e, "subPath refused");
+                // Host paths stay out of the status (kubelet's caution);
+                // the log has them.
+                let why = match &e {
+                    crate::subpath::SubPathError::Io { op, source, .. } => {
+                        format!("{op}: {source}")
+                    }
+                    other => other.to_string(),
+                };
+                self.set_waiting(
+                    uid,
+                    &s.container,
+                    "CreateContainerConfigError",
+                    format!(
+                        "failed to prepare subPath for volumeMount {:?} of container {:?}: {why}",
+                        s.volume, s.container
+                    ),
+                );
+                return None;
+            }
+        }
+        Some(binds)
     }
 
     /// A running container: restart it if its spec changed or a liveness
@@ -463,18 +530,24 @@ impl PodWorkers {
             }
         }
         let ctx = self.convert_context(pod, sandbox.ips.clone());
-        let config = match container_config(pod, c, init, restart_count, &ctx) {
-            Ok(cfg) => cfg,
+        let plan = match container_plan(pod, c, init, restart_count, &ctx) {
+            Ok(plan) => plan,
             Err(e) => {
                 // A spec problem: retrying cannot help until it changes.
                 self.set_waiting(uid, &c.name, "CreateContainerConfigError", e.to_string());
                 return Ok(Step::Nothing);
             }
         };
+        // The subPaths are bound just before the runtime needs them, and
+        // unbound once it made its own mounts (create, or start for
+        // runtimes that mount then).
+        let Some(binds) = self.bind_sub_paths(uid, &plan.sub_paths) else {
+            return Ok(Step::RetryAfter(self.sub_path_retry()));
+        };
         tracing::info!(uid, container = %c.name, restart_count, "creating container");
         let created = self
             .runtime
-            .create_container(&sandbox.id, config, sandbox.config.clone())
+            .create_container(&sandbox.id, plan.config, sandbox.config.clone())
             .await;
         self.acted(uid);
         let id = match created {
@@ -485,6 +558,7 @@ impl PodWorkers {
             }
         };
         let started = self.runtime.start_container(&id).await;
+        drop(binds);
         self.acted(uid);
         if let Err(e) = started {
             self.set_waiting(uid, &c.name, "RunContainerError", e.message.clone());

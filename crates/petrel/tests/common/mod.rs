@@ -56,7 +56,7 @@ pub fn images_dir() -> PathBuf {
     out
 }
 
-fn random_suffix() -> String {
+pub fn random_suffix() -> String {
     let mut b = [0u8; 6];
     getrandom::getrandom(&mut b).expect("random");
     hex::encode(b)
