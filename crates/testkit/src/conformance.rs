@@ -83,6 +83,8 @@ pub fn run(target: &Target, out: &Path) -> Result<RunResult, KitError> {
             hint: "apt-get install runc, or set PETREL_CONFORMANCE_RUNC".into(),
         });
     }
+    // Absolute: critest runs in the output directory.
+    let out = &std::path::absolute(out).map_err(|e| KitError::io("resolve", out, e))?;
     std::fs::create_dir_all(out).map_err(|e| KitError::io("create directory", out, e))?;
     let name = target.name();
     let _lock = CritestLock::acquire()?;

@@ -120,8 +120,8 @@ impl CritestRun {
         let _ = std::fs::remove_file(&self.report);
         let mut cmd = self.command();
         // critest writes nothing of its own there; its cwd is kept apart all
-        // the same.
-        if let Some(parent) = self.report.parent() {
+        // the same (a relative report path would then miss).
+        if let Some(parent) = self.report.parent().filter(|_| self.report.is_absolute()) {
             cmd.current_dir(parent);
         }
         let command = describe(&cmd);
