@@ -8,9 +8,13 @@ CARGO ?= cargo
 export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
-	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables
+	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
+	gcc libc6-dev binutils python3
+# critest's results against Petrel's runtime are held against this list.
+CONFORMANCE_EXPECTED := crates/testkit/conformance/petrel.expected
 
-.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd
+.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd \
+	conformance-images conformance
 
 all: build
 
@@ -42,6 +46,19 @@ image: deps
 containerd: deps
 	scripts/containerd.sh build
 
+## conformance-images: substitutes for every image critest pulls, built from
+## Debian packages into a registry storage cached by the script's hash under
+## /var/cache/petrel/conformance (a second run does nothing)
+conformance-images: deps
+	scripts/conformance-images.sh >/dev/null
+
+## conformance: critest against Petrel's runtime and containerd 2.x (both from
+## `make peers`), side by side in build/conformance/summary.md; Petrel's
+## results held against $(CONFORMANCE_EXPECTED)
+conformance: build conformance-images
+	$(CARGO) run -q -p petrel-testkit --bin petrel-conformance -- \
+	  --petrel target/debug/petrel --out build/conformance --expected $(CONFORMANCE_EXPECTED)
+
 ## lint: formatting and clippy, warnings are errors
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -51,7 +68,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build image containerd lint
+test: deps build image containerd conformance-images lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
