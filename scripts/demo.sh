@@ -19,8 +19,12 @@ IMAGE=${PETREL_IMAGES:-build/images}/busybox-oci.tar
 WORK=$(mktemp -d /tmp/petrel-demo.XXXXXX)
 SOCK=$WORK/state/petrel.sock
 PORT=${PETREL_DEMO_PORT:-10355}
-SERVER=http://127.0.0.1:$PORT
+# The agent's API is on its unix socket (root only); its TCP port serves
+# /healthz and /metrics.
+AGENT_SOCK=$WORK/agent/agent.sock
+HEALTH=http://127.0.0.1:$PORT
 export PETREL_ENDPOINT=unix://$SOCK
+export PETREL_AGENT=unix://$AGENT_SOCK
 NODE_PID=""
 WATCH_PID=""
 REGISTRY_PID=""
@@ -117,7 +121,7 @@ ln -s "$(realpath "$BIN/petrel-nri-ulimit-adjuster")" "$WORK/nri/plugins/10-ulim
 # free) may hold on a development machine's disk and would refuse the pods.
 say "starting petrel node (runtime + agent; root $WORK/root, manifests $WORK/manifests)"
 $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /petrel-demo \
-  --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --log-level info \
+  --manifests "$WORK/manifests" --listen "127.0.0.1:$PORT" --agent-socket "$AGENT_SOCK" --log-level info \
   --registry-config-dir "$WORK/certs.d" --cni-conf-dir examples/cni \
   --nri-socket "$WORK/nri/nri.sock" --nri-plugin-path "$WORK/nri/plugins" \
   --nri-plugin-config-path "$WORK/nri/conf.d" \
@@ -134,7 +138,7 @@ $PETREL ctl pull "$DEMO_IMAGE"
 $PETREL ctl images
 
 say "watching pods (petrel get pods -w) while manifests arrive"
-$PETREL get pods -A -w --server "$SERVER" &
+$PETREL get pods -A -w &
 WATCH_PID=$!
 sleep 0.5
 say "copying examples/manifests/*.yaml into the manifest directory"
@@ -144,13 +148,13 @@ kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null || true
 WATCH_PID=""
 
 say "petrel get pods -A -o wide (pod IPs from the CNI network)"
-$PETREL get pods -A -o wide --server "$SERVER"
-WEB_IP=$($PETREL get pods web -n demo -o json --server "$SERVER" | sed -n 's/.*"podIP": *"\([^"]*\)".*/\1/p' | head -n 1)
+$PETREL get pods -A -o wide
+WEB_IP=$($PETREL get pods web -n demo -o json | sed -n 's/.*"podIP": *"\([^"]*\)".*/\1/p' | head -n 1)
 say "HTTP to the web pod at its IP $WEB_IP:8080, and through host port 18080 (portmap)"
 curl -s --max-time 5 "http://$WEB_IP:8080/index.html" || echo "(no answer from $WEB_IP)"
 curl -s --max-time 5 "http://127.0.0.1:18080/index.html" || echo "(no answer on 127.0.0.1:18080)"
 say "the crasher's status: restarts with backoff (CrashLoopBackOff between them)"
-$PETREL get pods crasher -n demo -o json --server "$SERVER" \
+$PETREL get pods crasher -n demo -o json \
   | grep -E '"(restartCount|reason|exitCode|message)"' || true
 say "petrel ctl ps -a (the runtime's view)"
 $PETREL ctl ps -a
@@ -161,7 +165,7 @@ say "petrel ctl nri (the runtime's NRI plugins: the ulimit adjuster set the gree
 $PETREL ctl nri
 
 say "deleting web.yaml: the pod is terminated gracefully"
-$PETREL get pods -A -w --server "$SERVER" &
+$PETREL get pods -A -w &
 WATCH_PID=$!
 sleep 0.3
 rm "$WORK/manifests/web.yaml"
@@ -169,12 +173,13 @@ sleep 5
 kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null || true
 WATCH_PID=""
 say "petrel get pods -A"
-$PETREL get pods -A --server "$SERVER"
+$PETREL get pods -A
 
-say "agent health and a few metrics"
-curl -s "$SERVER/healthz" 2>/dev/null || $PETREL get pods -A --server "$SERVER" >/dev/null
+say "agent health and a few metrics (its TCP port; pods, logs and exec only on its socket $AGENT_SOCK)"
+curl -s "$HEALTH/healthz" 2>/dev/null || true
 echo
-curl -s "$SERVER/metrics" 2>/dev/null | grep -E '^kubelet_(running_pods|running_containers|evented_pleg_connection_success)' || true
+curl -s -o /dev/null -w 'GET /pods on the TCP port: %{http_code}\n' "$HEALTH/pods" 2>/dev/null || true
+curl -s "$HEALTH/metrics" 2>/dev/null | grep -E '^kubelet_(running_pods|running_containers|evented_pleg_connection_success)' || true
 
 say "done: stopping the node (pods are removed first); last lines of its log:"
 tail -n 8 "$WORK/node.log"

@@ -56,14 +56,15 @@ pub enum AgentError {
     /// The eviction settings or the node cgroup are invalid.
     #[error(transparent)]
     Config(#[from] crate::eviction::EvictionConfigError),
-    /// The agent's root directory could not be created.
-    #[error("create {path}: {source}")]
-    Root {
-        /// The directory.
-        path: std::path::PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
+    /// The agent's root directory could not be created or made private.
+    #[error("agent root: {0}")]
+    Root(#[from] petrel_fs::DirError),
+    /// The unix socket could not be set up.
+    #[error(transparent)]
+    Socket(#[from] crate::server::socket::SocketError),
+    /// `socket_group` names no group.
+    #[error("--agent-socket-group: {0}")]
+    SocketGroup(String),
 }
 
 /// Runs the agent until `shutdown` completes. Pods keep running after it
@@ -76,10 +77,20 @@ pub async fn run(
     config.validate()?;
     // Before anything else: a server that may not run is a start-up error.
     let tls = crate::server::tls::server_tls(config.listen, &config.tls_files())?;
-    std::fs::create_dir_all(&config.root).map_err(|source| AgentError::Root {
-        path: config.root.clone(),
-        source,
-    })?;
+    let socket_group = match &config.socket_group {
+        Some(g) => Some(
+            crate::server::peer::resolve_group(
+                g,
+                &std::fs::read_to_string("/etc/group").unwrap_or_default(),
+            )
+            .map_err(AgentError::SocketGroup)?,
+        ),
+        None => None,
+    };
+    // The agent's own directory (pod volumes, evictions): 0700, narrowed
+    // if it exists wider. Under `petrel node` it is <runtime root>/agent,
+    // and whichever of the two creates <runtime root> makes it 0700.
+    petrel_fs::ensure_private_root(&config.root, petrel_fs::PRIVATE, None)?;
     // subPath binds live only while a container is made: any found now
     // were left by a killed agent.
     crate::subpath::sweep(&config.root);
@@ -126,9 +137,15 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let server = tokio::spawn(crate::server::serve_with(
-        listener,
-        tls,
+    let socket = crate::server::socket::bind(&config.socket, socket_group)?;
+    let names = server_names(&node_name, tls.is_some().then(|| config.tls_files()));
+    let server = tokio::spawn(crate::server::serve(
+        crate::server::Listeners {
+            tcp: listener,
+            tls,
+            names,
+            unix: Some(socket),
+        },
         crate::server::ServerState {
             store: Arc::clone(&store),
             health: Arc::clone(&health),
@@ -140,7 +157,7 @@ pub async fn run(
         },
         server_stop,
     ));
-    tracing::info!(listen = %config.listen, manifests = %config.manifests.display(), node = %node_name, "agent serving");
+    tracing::info!(listen = %config.listen, socket = %config.socket.display(), manifests = %config.manifests.display(), node = %node_name, "agent serving");
 
     let mut tasks = JoinSet::new();
     let (pleg, pleg_events) = Pleg::new(
@@ -426,4 +443,18 @@ fn host_ip() -> String {
         .filter(|ip| !ip.is_unspecified())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]))
         .to_string()
+}
+
+/// The names a TCP request's `Host` may carry besides IP literals and
+/// `localhost`: the host name, the node name and, with TLS, every name
+/// the server certificate is valid for.
+fn server_names(
+    node_name: &str,
+    tls: Option<crate::server::tls::TlsFiles>,
+) -> petrel_stream::origin::ServerNames {
+    let names = petrel_stream::origin::ServerNames::new([node_name]).with_host_name();
+    match tls.and_then(|f| crate::server::tls::certificate_names(&f)) {
+        Some(matcher) => names.with_matcher(matcher),
+        None => names,
+    }
 }

@@ -43,10 +43,20 @@ pub struct AgentConfig {
     pub runtime_endpoint: String,
     /// The directory of pod manifests.
     pub manifests: PathBuf,
-    /// Address of the HTTP server (/healthz, /metrics, /pods, container
-    /// logs, exec, attach, port-forward). A non-loopback address needs the
-    /// three TLS files below (client-certificate authentication).
+    /// Address of the TCP server. In plain HTTP (loopback only) it serves
+    /// `/healthz` and `/metrics`, like kubelet's read-only port without
+    /// the pods; with the three TLS files below (client-certificate
+    /// authentication, required on a non-loopback address) it serves the
+    /// whole API.
     pub listen: SocketAddr,
+    /// The unix socket that serves the whole API (/pods, container logs,
+    /// exec, attach, port-forward) to root and `socket_group`. Default
+    /// `/run/petrel-agent/agent.sock`, in a directory of its own.
+    pub socket: PathBuf,
+    /// A group (name in /etc/group, or gid) whose members may use the
+    /// socket too: the socket becomes root:<group> 0660 and its directory
+    /// root:<group> 0750. None: root only.
+    pub socket_group: Option<String>,
     /// The server's certificate (PEM): serve HTTPS.
     pub tls_cert_file: Option<PathBuf>,
     /// The server certificate's private key (PEM).
@@ -102,6 +112,8 @@ impl Default for AgentConfig {
             runtime_endpoint: "unix:///run/petrel/petrel.sock".to_string(),
             manifests: PathBuf::from("/etc/petrel/manifests"),
             listen: SocketAddr::from(([127, 0, 0, 1], 10255)),
+            socket: PathBuf::from(crate::server::socket::DEFAULT_SOCKET),
+            socket_group: None,
             tls_cert_file: None,
             tls_private_key_file: None,
             client_ca_file: None,

@@ -5,15 +5,23 @@
 //! `/exec/...`, `/attach/...`, `/portForward/...` (`stream_routes`,
 //! proxied to the runtime's streaming server by `proxy`).
 //!
-//! Exposure ([`tls`]): plain HTTP on loopback; on any other address only
-//! TLS with client certificates.
+//! Exposure ([`guard`]): the full API on a unix socket for root and a
+//! configured group ([`socket`], [`peer`]), and on TCP only with TLS and
+//! client certificates ([`tls`]); plain HTTP on loopback serves
+//! `/healthz` and `/metrics` alone. `Host` (TCP) and `Origin` are checked
+//! against DNS rebinding and cross-origin WebSockets.
 
+mod guard;
 mod logs;
 mod params;
+pub mod peer;
 mod proxy;
 mod resolve;
+pub mod socket;
 mod stream_routes;
 pub mod tls;
+
+pub use guard::Access;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -65,26 +73,29 @@ struct AppState {
     stopping: watch::Receiver<bool>,
 }
 
-/// Serves plain HTTP on `listener` until `shutdown` completes; open
-/// watches and log streams end then.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: ServerState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    serve_with(listener, None, state, shutdown).await
+/// Where the server listens ([`guard`] says what each serves).
+#[derive(Debug)]
+pub struct Listeners {
+    /// TCP: `/healthz` and `/metrics` in plain HTTP, or everything over
+    /// TLS with client certificates when `tls` is given.
+    pub tcp: tokio::net::TcpListener,
+    /// The TLS configuration of `tcp` (see [`tls`]).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The names a request on `tcp` may carry as `Host`, besides IP
+    /// literals and `localhost`.
+    pub names: petrel_stream::origin::ServerNames,
+    /// The unix socket with the full API (see [`socket`]).
+    pub unix: Option<socket::AgentSocket>,
 }
 
-/// Serves on `listener`, over TLS when `tls` is given (see [`tls`]),
-/// until `shutdown` completes.
-pub async fn serve_with(
-    listener: tokio::net::TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+/// Serves on `listeners` until `shutdown` completes; open watches and log
+/// streams end then, and open connections close gracefully.
+pub async fn serve(
+    listeners: Listeners,
     state: ServerState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stopping) = watch::channel(false);
-    let mut stopped = stopping.clone();
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -96,31 +107,83 @@ pub async fn serve_with(
         shared: state,
         stopping: stopping.clone(),
     });
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, tls = tls.is_some(), "agent server listening");
+    let hint: Arc<str> = match &listeners.unix {
+        Some(u) => format!("the agent's unix socket {}", u.path.display()).into(),
+        None => "the agent's unix socket (disabled here)".into(),
+    };
+    let tls = listeners.tls.is_some();
+    let tcp_app = app.clone().layer(axum::middleware::from_fn_with_state(
+        guard::Guard {
+            access: if tls { Access::Full } else { Access::ReadOnly },
+            names: Some(Arc::new(listeners.names)),
+            tls,
+            full_api_hint: hint.clone(),
+        },
+        guard::check,
+    ));
+    if let Ok(addr) = listeners.tcp.local_addr() {
+        tracing::info!(%addr, tls, "agent server listening");
     }
-    match tls {
-        Some(cfg) => serve_tls(listener, cfg, app, stopping).await,
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }
-    }
+    let tcp = serve_tcp(listeners.tcp, listeners.tls, tcp_app, stopping.clone());
+    let unix = async {
+        let Some(sock) = listeners.unix else {
+            return Ok(());
+        };
+        tracing::info!(path = %sock.path.display(), group = ?sock.policy.group, "agent socket listening");
+        let unix_app = app.layer(axum::middleware::from_fn_with_state(
+            guard::Guard {
+                access: Access::Full,
+                names: None,
+                tls: false,
+                full_api_hint: hint,
+            },
+            guard::check,
+        ));
+        serve_unix(sock, unix_app, stopping.clone()).await
+    };
+    let (a, b) = tokio::join!(tcp, unix);
+    a.and(b)
 }
 
-/// The TLS accept loop: each connection's handshake (which verifies the
-/// client's certificate) and HTTP/1.1 with upgrades in a task of its own.
-/// At shutdown, accepting stops and open connections close gracefully.
-async fn serve_tls(
+/// Waits a little after a failed accept (out of descriptors and the
+/// like) rather than spinning.
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
+/// HTTP/1.1 with upgrades on one connection until it ends; at shutdown
+/// it is closed gracefully.
+async fn serve_connection<I>(io: I, app: Router, mut stop: watch::Receiver<bool>, peer: &str)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper_util::service::TowerToHyperService::new(app);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(%peer, error = %e, "connection ended");
+            }
+            return;
+        }
+        _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+    }
+    let _ = conn.await;
+}
+
+/// The TCP accept loop: plain, or each connection's TLS handshake (which
+/// verifies the client's certificate) first, in a task of its own.
+async fn serve_tcp(
     listener: tokio::net::TcpListener,
-    cfg: Arc<rustls::ServerConfig>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     app: Router,
     mut stopping: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -130,48 +193,100 @@ async fn serve_tls(
         let (tcp, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
-                // Out of descriptors and the like: pause rather than spin.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                accept_failed(e).await;
                 continue;
             }
         };
-        let (acceptor, app, mut stop) = (acceptor.clone(), app.clone(), stopping.clone());
+        let (acceptor, app, stop) = (acceptor.clone(), app.clone(), stopping.clone());
         conns.spawn(async move {
+            let peer = peer.to_string();
+            let Some(acceptor) = acceptor else {
+                return serve_connection(tcp, app, stop, &peer).await;
+            };
             let handshake =
                 tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
-            let tls = match handshake.await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake refused");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let svc = hyper_util::service::TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "connection ended");
-                    }
-                    return;
-                }
-                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+            match handshake.await {
+                Ok(Ok(s)) => serve_connection(s, app, stop, &peer).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
-            let _ = conn.await;
         });
         // Reap finished connections as we go.
         while conns.try_join_next().is_some() {}
     }
     while conns.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The unix socket's accept loop: each peer's credentials are checked
+/// ([`peer`]); a peer that is neither root nor of the socket's group is
+/// answered 403 whatever it asks.
+async fn serve_unix(
+    sock: socket::AgentSocket,
+    app: Router,
+    mut stopping: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = sock.listener.accept() => a,
+            _ = stopping.wait_for(|s| *s) => break,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                accept_failed(e).await;
+                continue;
+            }
+        };
+        let (app, refusal) = match peer::peer_of(&stream) {
+            Ok(p) => match sock.policy.refusal(&p) {
+                None => (app.clone(), String::new()),
+                Some(why) => {
+                    tracing::warn!(
+                        uid = p.uid,
+                        gid = p.gid,
+                        pid = p.pid,
+                        "agent socket: peer refused"
+                    );
+                    (refuse_all(why.clone()), why)
+                }
+            },
+            Err(e) => {
+                let why = format!("forbidden: the peer's credentials cannot be read: {e}");
+                (refuse_all(why.clone()), why)
+            }
+        };
+        let stop = stopping.clone();
+        conns.spawn(async move {
+            let peer = if refusal.is_empty() {
+                "unix"
+            } else {
+                "unix (refused)"
+            };
+            serve_connection(stream, app, stop, peer).await
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    while conns.join_next().await.is_some() {}
+    // The socket file goes with the server (a stale one is replaced at
+    // the next start anyway).
+    let _ = std::fs::remove_file(&sock.path);
+    Ok(())
+}
+
+/// A router that answers 403 with `why` to everything.
+fn refuse_all(why: String) -> Router {
+    Router::new().fallback(move || {
+        let why = why.clone();
+        async move {
+            (
+                StatusCode::FORBIDDEN,
+                [(header::CONTENT_TYPE, TEXT)],
+                format!("{why}\n"),
+            )
+        }
+    })
 }
 
 fn router(state: AppState) -> Router {

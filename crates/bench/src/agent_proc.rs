@@ -62,8 +62,10 @@ pub struct AgentProc {
     pub cgroup_root: String,
     log: PathBuf,
     pid_file: PathBuf,
-    /// Where it serves HTTP.
+    /// Its TCP port: /healthz and /metrics.
     pub addr: SocketAddr,
+    /// Its unix socket: pods and the rest of the API.
+    pub socket: PathBuf,
     /// The mode it runs in.
     pub mode: Mode,
     /// Its last start: spawn → /healthz 200 and the PLEG's first relist.
@@ -102,6 +104,7 @@ impl AgentProc {
             log: dir.join("agent.log"),
             pid_file: dir.join("agent.pid"),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            socket: dir.join("agent-sock/agent.sock"),
             mode: Mode::Events,
             last_startup: Duration::ZERO,
             // The bench measures pods, not disk pressure: kubelet's default
@@ -132,6 +135,8 @@ impl AgentProc {
             .arg("--root")
             .arg(&self.root)
             .args(["--listen", &self.addr.to_string()])
+            .arg("--agent-socket")
+            .arg(&self.socket)
             .args(["--node-name", &self.node])
             .args(["--cgroup-root", &self.cgroup_root])
             .args(["--pleg", mode.arg()])
@@ -277,9 +282,14 @@ impl AgentProc {
         std::fs::remove_file(&p).with_context(|| format!("remove {}", p.display()))
     }
 
-    /// GET `path`, status 200 required.
+    /// The unix socket, as an HTTP endpoint.
+    pub fn api(&self) -> http::Endpoint {
+        http::Endpoint::Unix(self.socket.clone())
+    }
+
+    /// GET `path` on the socket, status 200 required.
     pub async fn get(&self, path: &str) -> Result<Vec<u8>> {
-        let r = http::get(self.addr, path, Duration::from_secs(30)).await?;
+        let r = http::get(self.api(), path, Duration::from_secs(30)).await?;
         if r.status != 200 {
             bail!(
                 "GET {path}: status {}: {}",
@@ -417,7 +427,7 @@ pub const POLL_EVERY: Duration = Duration::from_millis(2);
 
 /// The bench's view of the agent's pods.
 pub struct Observer {
-    addr: SocketAddr,
+    addr: http::Endpoint,
     rx: Option<mpsc::UnboundedReceiver<http::Line>>,
     /// The latest version of each pod seen, by `ns/name`.
     latest: HashMap<String, Value>,
@@ -429,12 +439,12 @@ impl Observer {
     /// Opens a watch on `agent`, or falls back to polling.
     pub async fn open(agent: &AgentProc) -> Observer {
         let mut o = Observer {
-            addr: agent.addr,
+            addr: agent.api(),
             rx: None,
             latest: HashMap::new(),
             watch_error: None,
         };
-        match http::stream_lines(agent.addr, "/pods?watch=true").await {
+        match http::stream_lines(agent.api(), "/pods?watch=true").await {
             Ok(rx) => o.rx = Some(rx),
             Err(e) => o.watch_error = Some(format!("{e:#}")),
         }
@@ -501,7 +511,7 @@ impl Observer {
         if self.rx.is_none() {
             let path = format!("/pods/{NAMESPACE}/{name}");
             while Instant::now() < deadline {
-                let r = http::get(self.addr, &path, Duration::from_secs(10)).await?;
+                let r = http::get(self.addr.clone(), &path, Duration::from_secs(10)).await?;
                 let at = Instant::now();
                 if r.status == 200 {
                     if let Ok(pod) = serde_json::from_slice::<Value>(&r.body) {
@@ -606,7 +616,7 @@ mod tests {
     #[test]
     fn observer_should_apply_watch_events() {
         let mut o = Observer {
-            addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+            addr: http::Endpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], 1))),
             rx: None,
             latest: HashMap::new(),
             watch_error: None,

@@ -403,7 +403,7 @@ async fn wait_evicted(agent: &AgentProc, name: &str, timeout: Duration) -> Resul
     let t0 = Instant::now();
     let mut last = Value::Null;
     while t0.elapsed() < timeout {
-        if let Ok(r) = crate::http::get(agent.addr, &path, Duration::from_secs(10)).await {
+        if let Ok(r) = crate::http::get(agent.api(), &path, Duration::from_secs(10)).await {
             if r.status == 200 {
                 if let Ok(p) = serde_json::from_slice::<Value>(&r.body) {
                     let phase = p.pointer("/status/phase").and_then(Value::as_str);

@@ -1,15 +1,62 @@
 //! A minimal HTTP/1.1 client for the agent's endpoints: one-shot GETs
 //! (`Connection: close`) and the `/pods?watch=true` stream of
 //! newline-delimited JSON events, each stamped with the moment its last
-//! byte was read. Enough for a server on loopback; not a general client.
+//! byte was read. Enough for a server on loopback or a unix socket (the
+//! agent's pods are served only there); not a general client.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// TCP (the agent's: /healthz and /metrics).
+    Tcp(SocketAddr),
+    /// A unix socket (the agent's: everything).
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Tcp(a) => write!(f, "{a}"),
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+impl From<SocketAddr> for Endpoint {
+    fn from(a: SocketAddr) -> Self {
+        Endpoint::Tcp(a)
+    }
+}
+
+/// A connection, whichever transport.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+async fn connect(at: &Endpoint) -> Result<Box<dyn Io>> {
+    Ok(match at {
+        Endpoint::Tcp(a) => {
+            let s = TcpStream::connect(a)
+                .await
+                .with_context(|| format!("connect to {a}"))?;
+            s.set_nodelay(true).ok();
+            Box::new(s)
+        }
+        Endpoint::Unix(p) => Box::new(
+            UnixStream::connect(p)
+                .await
+                .with_context(|| format!("connect to {}", p.display()))?,
+        ),
+    })
+}
 
 /// A response to a one-shot GET.
 #[derive(Debug)]
@@ -129,7 +176,7 @@ fn request(path: &str) -> String {
 
 /// Reads until the end of the head; returns it and the body bytes read
 /// past it.
-async fn read_head(s: &mut TcpStream) -> Result<(Head, Vec<u8>)> {
+async fn read_head(s: &mut Box<dyn Io>) -> Result<(Head, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
@@ -147,17 +194,15 @@ async fn read_head(s: &mut TcpStream) -> Result<(Head, Vec<u8>)> {
 }
 
 /// A GET of `path` at `addr`, whole body, within `timeout`.
-pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Response> {
-    tokio::time::timeout(timeout, get_inner(addr, path))
+pub async fn get(addr: impl Into<Endpoint>, path: &str, timeout: Duration) -> Result<Response> {
+    let addr = addr.into();
+    tokio::time::timeout(timeout, get_inner(&addr, path))
         .await
         .with_context(|| format!("GET {path}: no answer within {timeout:?}"))?
 }
 
-async fn get_inner(addr: SocketAddr, path: &str) -> Result<Response> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connect to {addr}"))?;
-    s.set_nodelay(true).ok();
+async fn get_inner(addr: &Endpoint, path: &str) -> Result<Response> {
+    let mut s = connect(addr).await?;
     s.write_all(request(path).as_bytes())
         .await
         .with_context(|| format!("send GET {path}"))?;
@@ -197,11 +242,11 @@ async fn get_inner(addr: SocketAddr, path: &str) -> Result<Response> {
 /// complete line of the body, stamped on arrival, until the server closes
 /// the stream or the receiver is dropped. Any other status is returned as
 /// an error with the body.
-pub async fn stream_lines(addr: SocketAddr, path: &str) -> Result<mpsc::UnboundedReceiver<Line>> {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connect to {addr}"))?;
-    s.set_nodelay(true).ok();
+pub async fn stream_lines(
+    addr: impl Into<Endpoint>,
+    path: &str,
+) -> Result<mpsc::UnboundedReceiver<Line>> {
+    let mut s = connect(&addr.into()).await?;
     s.write_all(request(path).as_bytes())
         .await
         .with_context(|| format!("send GET {path}"))?;

@@ -1,6 +1,6 @@
 //! Creating the listening unix socket of a gRPC server.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
@@ -19,6 +19,9 @@ pub enum ServerError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The socket's directory could not be created.
+    #[error(transparent)]
+    Dir(#[from] petrel_fs::DirError),
     /// Another process is serving on the socket already.
     #[error("socket {0} is in use by another process")]
     InUse(PathBuf),
@@ -39,13 +42,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Se
 /// connections is reported as [`ServerError::InUse`] rather than stolen.
 pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListenerStream, ServerError> {
     if let Some(parent) = path.parent() {
-        if !parent.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(io("create directory", parent))?;
-        }
+        petrel_fs::create_private_dir_all(parent, petrel_fs::PRIVATE)?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {

@@ -251,19 +251,13 @@ impl ImageStore {
     /// removes the temp directories of an interrupted import or removal
     /// (only names it creates itself under `<root>/tmp/`).
     pub fn open(root: &Path) -> Result<ImageStore, ImageError> {
-        fs::create_dir_all(root).map_err(|e| ImageError::io("create directory", root, e))?;
         // layers/ holds image content with setuid binaries and whatever
         // secrets images carry; tmp/ holds layers being unpacked. Neither
         // may be reachable by other users of the host (overlay mounts made
-        // by root do not need them to be).
-        for dir in [root.join("layers"), root.join("tmp")] {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|e| ImageError::io("create directory", &dir, e))?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-                .map_err(|e| ImageError::io("chmod", &dir, e))?;
+        // by root do not need them to be), nor is the store's own directory.
+        for dir in [root.to_path_buf(), root.join("layers"), root.join("tmp")] {
+            petrel_fs::ensure_private_root(&dir, petrel_fs::PRIVATE, None)
+                .map_err(|e| ImageError::io("create directory", &dir, io::Error::other(e)))?;
         }
         let root = fs::canonicalize(root).map_err(|e| ImageError::io("resolve", root, e))?;
         let store = ImageStore {

@@ -1,7 +1,8 @@
 //! End-to-end: the agent's kubelet endpoints on a real `petrel runtime`
 //! with real runc containers: `/containerLogs` (plain, tailLines,
 //! timestamps, follow, previous, 404s), exec proxied to the runtime's
-//! streaming server over WebSocket and SPDY, and the exposure rule (a
+//! streaming server over WebSocket and SPDY (on the agent's unix socket;
+//! its plain TCP port refuses them), and the exposure rule (a
 //! non-loopback `--listen` refused without client-certificate TLS,
 //! accepted with it, a client without a certificate refused).
 
@@ -11,6 +12,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,7 +81,7 @@ async fn container_logs_should_serve_plain_tail_timestamps_follow_and_previous()
 
     // follow: the lines so far, then a line written later, then the end
     // of the stream when the container exits.
-    let mut s = TcpStream::connect(("127.0.0.1", agent.port)).unwrap();
+    let mut s = UnixStream::connect(&agent.socket).unwrap();
     s.set_read_timeout(Some(T)).unwrap();
     write!(
         s,
@@ -140,21 +142,29 @@ async fn container_logs_should_serve_plain_tail_timestamps_follow_and_previous()
         ("/attach/default/logs/app?output=1", None),
         ("/portForward/default/logs?port=80", None),
     ] {
-        let (code, head) = upgrade(agent.port, path);
+        let (code, head) = upgrade(UnixStream::connect(&agent.socket).unwrap(), path);
         match want {
             Some(w) => assert_eq!(code, w, "{path}: {head}"),
             None => assert_eq!(code, 101, "{path}: {head}"),
         }
     }
 
-    // A whole exec session through the agent's proxy, over both transports.
+    // The TCP port serves none of it.
+    let (code, head) = upgrade(
+        TcpStream::connect(("127.0.0.1", agent.port)).unwrap(),
+        "/exec/default/logs/app?command=true&output=1",
+    );
+    assert_eq!(code, 403, "{head}");
+
+    // A whole exec session through the agent's proxy, over both transports
+    // (the client speaks TCP: a local bridge carries it to the socket).
+    let bridge = common::agent::tcp_bridge(&agent.socket).await;
     for transport in [
         petrel_stream::client::Transport::WebSocket,
         petrel_stream::client::Transport::Spdy,
     ] {
         let url = format!(
-            "http://127.0.0.1:{}/exec/default/logs/app?command=sh&command=-c&command=echo%20via-agent%3B%20exit%205&output=1&error=1",
-            agent.port
+            "http://127.0.0.1:{bridge}/exec/default/logs/app?command=sh&command=-c&command=echo%20via-agent%3B%20exit%205&output=1&error=1",
         );
         let opts = petrel_stream::client::CommandOptions {
             stdin: false,
@@ -193,19 +203,33 @@ async fn container_logs_should_serve_plain_tail_timestamps_follow_and_previous()
     assert!(body.contains("tailLines"), "{body}");
 }
 
-/// Sends an upgrade request (SPDY, as kubectl does); returns the status
-/// and what was read of the answer.
-fn upgrade(port: u16, path: &str) -> (u16, String) {
+/// A connection to the agent that can time out its reads.
+trait Conn: Read + Write {
+    fn set_timeout(&self, t: Duration);
+}
+impl Conn for TcpStream {
+    fn set_timeout(&self, t: Duration) {
+        self.set_read_timeout(Some(t)).unwrap();
+    }
+}
+impl Conn for UnixStream {
+    fn set_timeout(&self, t: Duration) {
+        self.set_read_timeout(Some(t)).unwrap();
+    }
+}
+
+/// Sends an upgrade request (SPDY, as kubectl does) on `s`; returns the
+/// status and what was read of the answer.
+fn upgrade(mut s: impl Conn, path: &str) -> (u16, String) {
     let protocol = if path.starts_with("/portForward") {
         "portforward.k8s.io"
     } else {
         "v4.channel.k8s.io"
     };
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_timeout(Duration::from_secs(10));
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\n\r\n"
     )
     .unwrap();
     // The head, then (unless the connection switched protocols) the body
@@ -264,6 +288,8 @@ fn agent_cmd(dir: &Path, listen: &str, extra: &[&str]) -> Command {
         .arg("--root")
         .arg(dir.join("root"))
         .args(["--listen", listen])
+        .arg("--agent-socket")
+        .arg(dir.join("agent/agent.sock"))
         .args(["--node-name", "tls-test"])
         .args(extra)
         .stdin(Stdio::null())

@@ -191,6 +191,8 @@ fn petrel_node_should_run_manifests_in_one_process() {
         .arg("--manifests")
         .arg(&manifests)
         .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--agent-socket")
+        .arg(dir.path().join("agent/agent.sock"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("node.log")).unwrap())
@@ -220,12 +222,11 @@ fn petrel_node_should_run_manifests_in_one_process() {
         let start = Instant::now();
         while start.elapsed() < T {
             let out = Command::new(common::petrel_bin())
-                .args([
-                    "get",
-                    "pods",
-                    "--server",
-                    &format!("http://127.0.0.1:{port}"),
-                ])
+                .args(["get", "pods", "--server"])
+                .arg(format!(
+                    "unix://{}",
+                    dir.path().join("agent/agent.sock").display()
+                ))
                 .output()
                 .ok()?;
             let text = String::from_utf8_lossy(&out.stdout).to_string();

@@ -1,7 +1,6 @@
 //! The runtime service: every part of the runtime, and the operations the
 //! CRI handlers (in `server/`) share.
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -108,12 +107,11 @@ impl Drop for CallGuard<'_> {
     }
 }
 
+/// A directory of the runtime's own, 0700 (see `petrel_fs`).
 fn mkdir_private(path: &Path) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(|e| RuntimeError::internal(format!("create {}", path.display()), e))
+    petrel_fs::create_private_dir_all(path, petrel_fs::PRIVATE)
+        .map(drop)
+        .map_err(|e| RuntimeError::Internal(e.to_string()))
 }
 
 /// Finds the shim: configured path, else beside the running executable,
@@ -187,9 +185,14 @@ impl Runtime {
             root: config.root.clone(),
             state: config.state.clone(),
         };
+        // Root and state are the runtime's own: created 0700, or narrowed
+        // to 0700 if they exist wider (the agent of `petrel node` may have
+        // made the root first; an older version made it 0755).
+        for d in [&layout.root, &layout.state] {
+            petrel_fs::ensure_private_root(d, petrel_fs::PRIVATE, None)
+                .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        }
         for d in [
-            layout.root.clone(),
-            layout.state.clone(),
             layout.root.join("containers"),
             layout.state.join("containers"),
             layout.state.join("sandboxes"),

@@ -8,6 +8,8 @@
 //! - [`StreamServer`]: listens, issues single-use URLs, upgrades each
 //!   request and drives the backend.
 //! - [`client`]: the other end, for `petrel ctl` and tests.
+//! - [`origin`]: the `Host` and `Origin` checks that keep web pages out
+//!   (DNS rebinding, cross-origin WebSockets).
 
 mod backend;
 pub mod client;
@@ -16,6 +18,7 @@ mod config;
 mod error;
 mod forward;
 mod idle;
+pub mod origin;
 mod pipe;
 mod protocol;
 mod server;

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::command::Command;
+use crate::origin::ServerNames;
 use crate::protocol::{self, Version};
 use crate::spdy::session::{Role as SpdyRole, Session};
 use crate::tokens::{TokenCache, TokenError};
@@ -43,6 +44,8 @@ pub(crate) struct Ctx {
     pub(crate) stop: CancellationToken,
     cache: TokenCache<Pending>,
     tracker: TaskTracker,
+    /// The names a browser's request must be sent to ([`crate::origin`]).
+    names: ServerNames,
 }
 
 /// The streaming server: hands out URLs for accepted requests and serves
@@ -86,8 +89,21 @@ impl StreamServer {
             .unwrap_or_else(|| format!("http://{local_addr}"))
             .trim_end_matches('/')
             .to_owned();
+        if !local_addr.ip().is_loopback() {
+            // Kubelet's documentation warns alike: whoever sees a URL can
+            // use it once, and plain HTTP shows it to the network.
+            tracing::warn!(
+                address = %local_addr,
+                "the streaming server listens on a non-loopback address over plain HTTP: \
+                 its exec, attach and port-forward URLs are bearer tokens that anyone on \
+                 the network path can read and use; keep it on loopback unless the network \
+                 between it and its clients is trusted"
+            );
+        }
+        let names = ServerNames::new(url_host(&base_url)).with_host_name();
         let ctx = Arc::new(Ctx {
             backend,
+            names,
             cache: TokenCache::new(config.token_ttl, config.max_in_flight),
             config,
             stop: CancellationToken::new(),
@@ -277,12 +293,28 @@ fn has_token(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> 
         .any(|v| v.to_ascii_lowercase().contains(token))
 }
 
+/// The host of `url` (`scheme://host[:port][/path]`), brackets kept.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
 fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::POST {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
             "only GET and POST are served",
         );
+    }
+    // Before the token is spent: a web page gets nothing, not even that.
+    if let Err(refusal) = crate::origin::check_browser(req.headers(), &ctx.names, false) {
+        tracing::info!(%refusal, "streaming request refused");
+        return text(StatusCode::FORBIDDEN, refusal.to_string());
     }
     let path = req.uri().path().to_owned();
     // The last two segments: a `base_url` may put a prefix before them
@@ -504,4 +536,20 @@ fn spdy(ctx: Arc<Ctx>, mut req: Request<Incoming>, pending: Pending) -> Response
         h.insert(protocol::HEADER_PROTOCOL_VERSION, v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_host;
+
+    #[test]
+    fn url_host_should_be_the_host_of_the_base_url() {
+        assert_eq!(
+            url_host("http://127.0.0.1:10010").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(url_host("http://node/cri").as_deref(), Some("node"));
+        assert_eq!(url_host("http://[::1]:5/x").as_deref(), Some("::1"));
+        assert_eq!(url_host("http://").as_deref(), None);
+    }
 }

@@ -997,3 +997,68 @@ async fn idle_connections_are_closed_busy_ones_are_not() {
         server.shutdown().await;
     }
 }
+
+/// Sends a WebSocket handshake for `url` with these Host and Origin
+/// headers (as a browser would) and returns the status code.
+async fn browser_handshake(url: &str, host: &str, origin: &str) -> u16 {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("{url}"));
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or_else(|| panic!("{url}")));
+    let mut s = TcpStream::connect(authority)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.write_all(
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: {origin}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut buf = vec![0u8; 1024];
+    let n = s.read(&mut buf).await.unwrap_or_else(|e| panic!("{e}"));
+    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"))
+}
+
+#[tokio::test]
+async fn web_pages_are_refused_and_the_url_still_serves_its_client() {
+    let (server, _) = server();
+    let url = server
+        .exec_url(exec_spec("echo hi", false, false))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let port = server.local_addr().port();
+    // DNS rebinding: the page's own name, pointed at 127.0.0.1.
+    let evil = format!("evil.example:{port}");
+    assert_eq!(
+        browser_handshake(&url, &evil, &format!("http://{evil}")).await,
+        403
+    );
+    // Cross-origin: a page elsewhere opening ws://127.0.0.1:port.
+    let own = format!("127.0.0.1:{port}");
+    assert_eq!(
+        browser_handshake(&url, &own, "http://evil.example").await,
+        403
+    );
+    // Neither spent the token: a client without Origin (crictl, kubectl,
+    // kubelet's proxy with its own Host) is served.
+    let mut rc = client::remote_command(&url, opts(Transport::WebSocket, false, false))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = tokio::spawn(read_all(rc.stdout.take()));
+    let err = tokio::spawn(read_all(rc.stderr.take()));
+    assert_eq!(rc.wait().await.ok(), Some(Outcome::Success));
+    assert_eq!(out.await.ok().as_deref(), Some("hi\n"));
+    let _ = err.await;
+    // A page of the server's own origin is let through (and then finds the
+    // token spent).
+    assert_eq!(
+        browser_handshake(&url, &own, &format!("http://{own}")).await,
+        404
+    );
+    server.shutdown().await;
+}

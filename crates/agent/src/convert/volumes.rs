@@ -58,6 +58,11 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
                 tracing::warn!(pod = %pod.name, volume = %v.name, "emptyDir medium Memory served from disk");
             }
             let dir = empty_dir_path(ctx, &v.name);
+            // The volume is 0777; the path to it is the agent's, private.
+            if let Some(parent) = dir.parent() {
+                petrel_fs::create_private_dir_all(parent, petrel_fs::PRIVATE)
+                    .map_err(|e| io_err("create", parent)(std::io::Error::other(e)))?;
+            }
             fs::create_dir_all(&dir).map_err(io_err("create emptyDir", &dir))?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
                 .map_err(io_err("chmod emptyDir", &dir))?;

@@ -34,6 +34,10 @@ const HOP: &[HeaderName] = &[
     header::TRAILER,
     header::PROXY_AUTHORIZATION,
     header::PROXY_AUTHENTICATE,
+    // Checked by the agent against its own Host ([`super::guard`]); the
+    // streaming server, reached by another address, would see a
+    // same-origin request as a cross-origin one.
+    header::ORIGIN,
 ];
 
 /// Whether the client asked to upgrade the connection.

@@ -2,16 +2,65 @@
 //! runtime, a pod in the store and cache, and raw HTTP/1.1 requests.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use petrel_cri::api;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UnixStream};
 
-use super::{serve, ServerState};
+use super::{serve, Listeners, ServerState};
+
+/// A connection to the server under test, whichever transport.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A connection read line by line.
+pub(crate) type Conn = BufReader<Box<dyn Io>>;
+
+/// Where a test connects: the unix socket (the whole API) or the TCP
+/// port (health and metrics only, in plain HTTP).
+#[derive(Debug, Clone)]
+pub(crate) enum At {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+pub(crate) async fn connect(at: &At) -> Box<dyn Io> {
+    match at {
+        At::Tcp(a) => Box::new(TcpStream::connect(a).await.unwrap()),
+        At::Unix(p) => Box::new(UnixStream::connect(p).await.unwrap()),
+    }
+}
+
+/// The server as the agent runs it: plain TCP on loopback and the unix
+/// socket in a directory of the test (kept alive by the returned guard).
+pub(crate) async fn serve_both(
+    state: ServerState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (
+    At,
+    At,
+    tempfile::TempDir,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent/agent.sock");
+    let socket = super::socket::bind(&path, None).unwrap();
+    let listeners = Listeners {
+        tcp: listener,
+        tls: None,
+        names: Default::default(),
+        unix: Some(socket),
+    };
+    let task = tokio::spawn(serve(listeners, state, shutdown));
+    (At::Unix(path), At::Tcp(tcp), dir, task)
+}
 use crate::cache::PodCache;
 use crate::health::Health;
 use crate::pleg::fake::FakeRuntime;
@@ -19,7 +68,11 @@ use crate::status::StatusStore;
 use crate::types::{ContainerMeta, PodRuntimeStatus, LABEL_POD_UID};
 
 pub(crate) struct TestServer {
-    pub addr: SocketAddr,
+    /// The unix socket.
+    pub addr: At,
+    /// The TCP port.
+    pub tcp: At,
+    _dir: tempfile::TempDir,
     pub store: Arc<StatusStore>,
     pub cache: Arc<PodCache>,
     pub rt: Arc<FakeRuntime>,
@@ -27,8 +80,6 @@ pub(crate) struct TestServer {
 }
 
 pub(crate) async fn start() -> TestServer {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let store = Arc::new(StatusStore::new());
     let cache = Arc::new(PodCache::new());
     let rt = Arc::new(FakeRuntime::default());
@@ -42,11 +93,14 @@ pub(crate) async fn start() -> TestServer {
         node: Arc::new(crate::eviction::NodeState::new()),
         node_name: "test-node".to_string(),
     };
-    tokio::spawn(serve(listener, state, async move {
+    let (addr, tcp, dir, _task) = serve_both(state, async move {
         let _ = stopped.await;
-    }));
+    })
+    .await;
     TestServer {
         addr,
+        tcp,
+        _dir: dir,
         store,
         cache,
         rt,
@@ -167,14 +221,14 @@ impl TestServer {
 }
 
 /// Sends a raw request; returns the open connection.
-pub(crate) async fn send(addr: SocketAddr, request: &str) -> BufReader<TcpStream> {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+pub(crate) async fn send(addr: &At, request: &str) -> Conn {
+    let mut s = connect(addr).await;
     s.write_all(request.as_bytes()).await.unwrap();
     BufReader::new(s)
 }
 
 /// Status and lower-cased headers of a response.
-pub(crate) async fn head(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>) {
+pub(crate) async fn head(r: &mut Conn) -> (u16, Vec<(String, String)>) {
     let mut line = String::new();
     r.read_line(&mut line).await.unwrap();
     let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -193,7 +247,7 @@ pub(crate) async fn head(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, Str
 }
 
 /// The next chunk of a chunked body (None at its end).
-pub(crate) async fn chunk(r: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
+pub(crate) async fn chunk(r: &mut Conn) -> Option<Vec<u8>> {
     let mut size = String::new();
     r.read_line(&mut size).await.unwrap();
     let n = usize::from_str_radix(size.trim(), 16).ok()?;
@@ -204,10 +258,10 @@ pub(crate) async fn chunk(r: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
 }
 
 /// A whole GET: status and body.
-pub(crate) async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn get(addr: &At, path: &str) -> (u16, String) {
     let mut r = send(
         addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
     )
     .await;
     let (status, headers) = head(&mut r).await;

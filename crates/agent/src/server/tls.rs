@@ -1,10 +1,13 @@
-//! Who may reach the server. On loopback it speaks plain HTTP without
-//! authentication (only local users reach it). Anywhere else the logs,
-//! exec, attach and port-forward endpoints would hand the node to anyone
-//! on the network, so a non-loopback address is refused unless TLS with
-//! client certificates is configured (kubelet's `--tls-cert-file`,
-//! `--tls-private-key-file`, `--client-ca-file`): then every client must
-//! present a certificate signed by the client CA.
+//! Who may reach the TCP server. On loopback it may speak plain HTTP
+//! without authentication, and then serves only `/healthz` and
+//! `/metrics` (every local user, and every container on the host's
+//! network, reaches it; the rest of the API is on the unix socket).
+//! Anywhere else the logs, exec, attach and port-forward endpoints would
+//! hand the node to anyone on the network, so a non-loopback address is
+//! refused unless TLS with client certificates is configured (kubelet's
+//! `--tls-cert-file`, `--tls-private-key-file`, `--client-ca-file`): then
+//! every client must present a certificate signed by the client CA, and
+//! the whole API is served.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -112,6 +115,26 @@ pub fn server_tls(
         .map_err(|e| ExposureError::Config(e.to_string()))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Some(Arc::new(config)))
+}
+
+/// A matcher of the DNS names the server certificate is valid for (its
+/// subjectAltNames, wildcards included), for the `Host` check; None if the
+/// certificate cannot be read (the server would not start then anyway).
+pub fn certificate_names(
+    files: &TlsFiles,
+) -> Option<impl Fn(&str) -> bool + Send + Sync + 'static> {
+    let pem = std::fs::read(files.cert.as_ref()?).ok()?;
+    let leaf = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
+    webpki::EndEntityCert::try_from(&leaf).ok()?;
+    Some(move |name: &str| {
+        let Ok(dns) = rustls_pki_types::DnsName::try_from(name.to_string()) else {
+            return false;
+        };
+        webpki::EndEntityCert::try_from(&leaf).is_ok_and(|cert| {
+            cert.verify_is_valid_for_subject_name(&rustls_pki_types::ServerName::DnsName(dns))
+                .is_ok()
+        })
+    })
 }
 
 fn incomplete(given: &'static str, missing: &'static str) -> ExposureError {

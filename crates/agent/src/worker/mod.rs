@@ -421,7 +421,11 @@ impl PodWorkers {
         let file = self.eviction_file(&d.uid);
         let res = file
             .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
+            .map_or(Ok(()), |dir| {
+                petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE)
+                    .map(drop)
+                    .map_err(std::io::Error::other)
+            })
             .and_then(|()| {
                 let tmp = file.with_extension("tmp");
                 std::fs::write(&tmp, serde_json::to_vec(&rec).unwrap_or_default())?;

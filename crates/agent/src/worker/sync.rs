@@ -285,12 +285,10 @@ impl PodWorkers {
     async fn create_sandbox(&self, pod: &DesiredPod, attempt: u32) -> Result<Sandbox, WorkerError> {
         let ctx = self.convert_context(pod, Vec::new());
         prepare_volumes(pod, &ctx)?;
-        std::fs::create_dir_all(&ctx.log_dir).map_err(|e| {
-            WorkerError::Io(format!(
-                "create log directory {}: {e}",
-                ctx.log_dir.display()
-            ))
-        })?;
+        // Container output may hold secrets: the pod's log directory is
+        // private (kubelet makes it 0755; its files are 0640 either way).
+        petrel_fs::create_private_dir_all(&ctx.log_dir, petrel_fs::PRIVATE)
+            .map_err(|e| WorkerError::Io(format!("create log directory: {e}")))?;
         let config = sandbox_config(pod, attempt, &ctx)?;
         tracing::info!(uid = %pod.uid, pod = %format!("{}/{}", pod.namespace, pod.name), attempt, "creating pod sandbox");
         let id = self.runtime.run_pod_sandbox(config.clone()).await;

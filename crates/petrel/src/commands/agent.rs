@@ -20,11 +20,21 @@ pub struct AgentFlags {
     /// Directory of pod manifests (YAML or JSON) [default: /etc/petrel/manifests].
     #[arg(long)]
     pub manifests: Option<PathBuf>,
-    /// Address of the agent's HTTP server (/healthz, /metrics, /pods,
-    /// container logs, exec, attach, port-forward) [default: 127.0.0.1:10255].
-    /// A non-loopback address requires the three TLS flags.
+    /// Address of the agent's TCP server [default: 127.0.0.1:10255]. Plain
+    /// HTTP on loopback serves /healthz and /metrics only; with the three
+    /// TLS flags (required on a non-loopback address) it serves the whole
+    /// API to clients with certificates.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// The unix socket serving the whole API (/pods, container logs,
+    /// exec, attach, port-forward) to root and --agent-socket-group
+    /// [default: /run/petrel-agent/agent.sock].
+    #[arg(long)]
+    pub agent_socket: Option<PathBuf>,
+    /// A group (name or gid) whose members may use the agent socket too
+    /// (socket root:GROUP 0660 in a root:GROUP 0750 directory).
+    #[arg(long)]
+    pub agent_socket_group: Option<String>,
     /// Server certificate (PEM): serve HTTPS.
     #[arg(long)]
     pub tls_cert_file: Option<PathBuf>,
@@ -167,6 +177,12 @@ impl AgentFlags {
         }
         if let Some(v) = self.listen {
             c.listen = v;
+        }
+        if let Some(v) = &self.agent_socket {
+            c.socket = v.clone();
+        }
+        if let Some(v) = &self.agent_socket_group {
+            c.socket_group = Some(v.clone());
         }
         if let Some(v) = &self.tls_cert_file {
             c.tls_cert_file = Some(v.clone());

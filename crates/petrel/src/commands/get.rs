@@ -1,5 +1,5 @@
 //! `petrel get pods`: the agent's pods like `kubectl get pods`, from its
-//! HTTP server (`/pods`, `/pods/{namespace}/{name}`, `/pods?watch=true`);
+//! unix socket (`/pods`, `/pods/{namespace}/{name}`, `/pods?watch=true`);
 //! `petrel get node`: the node's pressure conditions (`/node`).
 //!
 //! Errors print `Error: <message>` and exit with 1; usage errors exit with 2.
@@ -40,8 +40,14 @@ pub struct GetArgs {
     /// After the list, print a line per change.
     #[arg(short = 'w', long)]
     watch: bool,
-    /// The agent's HTTP address.
-    #[arg(long, env = "PETREL_AGENT", default_value = "http://127.0.0.1:10255")]
+    /// The agent: its unix socket (`unix:///PATH`), or `http://HOST:PORT`
+    /// for a server that serves pods over plain HTTP (the agent's TCP port
+    /// does not: it serves /healthz and /metrics only).
+    #[arg(
+        long,
+        env = "PETREL_AGENT",
+        default_value = "unix:///run/petrel-agent/agent.sock"
+    )]
     server: String,
 }
 

@@ -1,9 +1,11 @@
 //! A `petrel agent` under test, beside a runtime from [`super::Node`] (or
 //! any CRI endpoint): its own manifest directory, root, node name (so its
-//! labels never match another test's pods) and HTTP port.
+//! labels never match another test's pods), unix socket (the whole API)
+//! and TCP port (health and metrics).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,7 +20,10 @@ pub struct Agent {
     pub manifests: PathBuf,
     pub root: PathBuf,
     pub node_name: String,
+    /// The TCP port: /healthz and /metrics only.
     pub port: u16,
+    /// The unix socket: the whole API.
+    pub socket: PathBuf,
     endpoint: String,
     cgroup_root: String,
     extra: Vec<String>,
@@ -64,6 +69,7 @@ impl Agent {
             root: root.unwrap_or_else(|| dir.join(format!("agent-{suffix}"))),
             node_name: format!("node-{suffix}"),
             port: free_port(),
+            socket: dir.join(format!("agent-sock-{suffix}/agent.sock")),
             endpoint: endpoint.to_string(),
             cgroup_root: cgroup_root.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -98,6 +104,8 @@ impl Agent {
             .arg("--root")
             .arg(&self.root)
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--agent-socket")
+            .arg(&self.socket)
             .args(["--node-name", &self.node_name])
             .args(["--cgroup-root", &self.cgroup_root])
             .args(["--log-level", "debug"])
@@ -184,31 +192,73 @@ impl Agent {
         std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
     }
 
-    /// A raw GET: (status code, body), or None if the agent is unreachable.
+    /// A raw GET on the unix socket: (status code, body), or None if the
+    /// agent is unreachable.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let s = UnixStream::connect(&self.socket).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).ok()?;
-        let text = String::from_utf8_lossy(&raw).to_string();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let code = head.split_whitespace().nth(1)?.parse().ok()?;
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        Some((code, body))
+        raw_get(s, path)
     }
 
+    /// A raw GET on the TCP port (health and metrics only).
+    pub fn get_tcp(&self, path: &str) -> Option<(u16, String)> {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        raw_get(s, path)
+    }
+
+    /// `unix://` and the socket, for `petrel get --server`.
+    pub fn server_url(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+}
+
+/// A GET with `Connection: close` over `s`: (status code, de-chunked body).
+fn raw_get<S: Read + Write>(mut s: S, path: &str) -> Option<(u16, String)> {
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some((code, body))
+}
+
+/// A TCP port on loopback that forwards each connection to the agent's
+/// unix socket: for clients that speak only TCP (the streaming client of
+/// the tests), as a local proxy would. Ends with the test's runtime.
+pub async fn tcp_bridge(socket: &Path) -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bridge bind");
+    let port = l.local_addr().expect("bridge addr").port();
+    let socket = socket.to_path_buf();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            let socket = socket.clone();
+            tokio::spawn(async move {
+                if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+impl Agent {
     /// Every pod at /pods.
     pub fn pods(&self) -> Vec<Value> {
         let Some((200, body)) = self.get("/pods") else {

@@ -24,12 +24,17 @@ impl WritableLayer {
         }
     }
 
-    /// Creates the directories.
+    /// Creates the directories: the layer's own directory private, `work`
+    /// 0700, and `upper` 0755 exactly, whatever the umask: overlayfs gives
+    /// the container's `/` the mode of `upper`, and a container running as
+    /// another user than root must be able to enter it.
     pub fn create(&self) -> Result<()> {
-        for d in [&self.upper, &self.work] {
-            std::fs::create_dir_all(d)
-                .map_err(|e| RuntimeError::internal(format!("create {}", d.display()), e))?;
+        let io = |e: petrel_fs::DirError| RuntimeError::Internal(e.to_string());
+        if let Some(dir) = self.upper.parent() {
+            petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE).map_err(io)?;
         }
+        petrel_fs::create_private_dir_all(&self.work, petrel_fs::PRIVATE).map_err(io)?;
+        petrel_fs::create_private_dir_all(&self.upper, 0o755).map_err(io)?;
         Ok(())
     }
 }
@@ -42,11 +47,11 @@ pub fn mount(
     empty_lower: &Path,
     target: &Path,
 ) -> Result<()> {
-    std::fs::create_dir_all(target)
-        .map_err(|e| RuntimeError::internal(format!("create {}", target.display()), e))?;
+    let io = |e: petrel_fs::DirError| RuntimeError::Internal(e.to_string());
+    petrel_fs::create_private_dir_all(target, petrel_fs::PRIVATE).map_err(io)?;
     let lowers: Vec<String> = if lower.is_empty() {
-        std::fs::create_dir_all(empty_lower)
-            .map_err(|e| RuntimeError::internal(format!("create {}", empty_lower.display()), e))?;
+        // With `upper` on top, the merged `/` takes upper's mode, not this one's.
+        petrel_fs::create_private_dir_all(empty_lower, petrel_fs::PRIVATE).map_err(io)?;
         vec![empty_lower.display().to_string()]
     } else {
         lower.iter().map(|p| p.display().to_string()).collect()

@@ -578,14 +578,10 @@ fn bind(path: &Path) -> Result<UnixListener, NriError> {
         reason,
     };
     if let Some(dir) = path.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| err(format!("create {}: {e}", dir.display())))?;
-        }
+        // What we create of the socket's path is private; an existing
+        // directory (/var/run/nri of another runtime) is left as it is.
+        petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE)
+            .map_err(|e| err(e.to_string()))?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {

@@ -123,8 +123,8 @@ pub fn validate_dns(dns: &api::DnsConfig) -> Result<()> {
 
 /// Mounts the pod's /dev/shm tmpfs at `path` (created if missing).
 pub fn mount_shm(path: &Path, size: u64) -> Result<()> {
-    std::fs::create_dir_all(path)
-        .map_err(|e| RuntimeError::internal(format!("create {}", path.display()), e))?;
+    petrel_fs::create_private_dir_all(path, petrel_fs::PRIVATE)
+        .map_err(|e| RuntimeError::Internal(e.to_string()))?;
     let data = std::ffi::CString::new(format!("mode=1777,size={size}"))
         .map_err(|e| RuntimeError::internal("shm options", e))?;
     rustix::mount::mount(

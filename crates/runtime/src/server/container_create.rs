@@ -1,7 +1,6 @@
 //! CreateContainer: overlay rootfs, OCI spec, shim + `runc create`.
 //! All or nothing: a failure undoes every step and releases the name.
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -199,11 +198,8 @@ impl Runtime {
         self.migration_warmup.start();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&rec.bundle)
-            .map_err(|e| RuntimeError::internal(format!("create {}", rec.bundle.display()), e))?;
+        petrel_fs::create_private_dir_all(&rec.bundle, petrel_fs::PRIVATE)
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         let lower = self
             .images
             .layer_paths(image)
@@ -255,7 +251,9 @@ impl Runtime {
 
         if let Some(log) = &rec.log_path {
             if let Some(dir) = log.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| {
+                // Container output may hold secrets: what we create of the
+                // log path is private (kubelet makes the pod's directory).
+                petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE).map_err(|e| {
                     RuntimeError::internal(format!("create log directory {}", dir.display()), e)
                 })?;
             }

@@ -190,8 +190,8 @@ impl Runtime {
         network: Option<NetworkList>,
     ) -> Result<()> {
         let dir = rec.dir.clone();
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| RuntimeError::internal(format!("create {}", dir.display()), e))?;
+        petrel_fs::create_private_dir_all(&dir, petrel_fs::PRIVATE)
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         let f = SandboxFiles::new(&dir);
         files::write_etc_files(&f, hostname, &rec.config, host_network)?;
 

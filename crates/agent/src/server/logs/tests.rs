@@ -77,30 +77,30 @@ async fn logs_should_be_plain_text_selected_by_the_parameters() {
     let dir = tempfile::tempdir().unwrap();
     let s = with_logs(dir.path()).await;
     let base = "/containerLogs/ns/p/app";
-    assert_eq!(get(s.addr, base).await, (200, "one\ntwo\nthree\n".into()));
+    assert_eq!(get(&s.addr, base).await, (200, "one\ntwo\nthree\n".into()));
     assert_eq!(
-        get(s.addr, &format!("{base}?tailLines=2")).await,
+        get(&s.addr, &format!("{base}?tailLines=2")).await,
         (200, "two\nthree\n".into())
     );
     assert_eq!(
-        get(s.addr, &format!("{base}?timestamps=true&tailLines=1")).await,
+        get(&s.addr, &format!("{base}?timestamps=true&tailLines=1")).await,
         (200, "2024-01-01T00:00:03Z three\n".into())
     );
     assert_eq!(
-        get(s.addr, &format!("{base}?sinceTime=2024-01-01T00:00:02Z")).await,
+        get(&s.addr, &format!("{base}?sinceTime=2024-01-01T00:00:02Z")).await,
         (200, "two\nthree\n".into())
     );
     assert_eq!(
-        get(s.addr, &format!("{base}?limitBytes=6")).await,
+        get(&s.addr, &format!("{base}?limitBytes=6")).await,
         (200, "one\ntw".into())
     );
     assert_eq!(
-        get(s.addr, &format!("{base}?previous=true")).await,
+        get(&s.addr, &format!("{base}?previous=true")).await,
         (200, "before restart\n".into())
     );
     // Following an exited container returns what there is and ends.
     assert_eq!(
-        get(s.addr, &format!("{base}?follow=true&tailLines=1")).await,
+        get(&s.addr, &format!("{base}?follow=true&tailLines=1")).await,
         (200, "three\n".into())
     );
 }
@@ -109,16 +109,16 @@ async fn logs_should_be_plain_text_selected_by_the_parameters() {
 async fn unknown_names_should_be_404_and_bad_requests_400() {
     let dir = tempfile::tempdir().unwrap();
     let s = with_logs(dir.path()).await;
-    let (code, body) = get(s.addr, "/containerLogs/ns/nope/app").await;
+    let (code, body) = get(&s.addr, "/containerLogs/ns/nope/app").await;
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("ns/nope"), "{body}");
-    let (code, body) = get(s.addr, "/containerLogs/ns/p/ghost").await;
+    let (code, body) = get(&s.addr, "/containerLogs/ns/p/ghost").await;
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("ghost"), "{body}");
     // Declared but never created.
-    let (code, body) = get(s.addr, "/containerLogs/ns/p/idle").await;
+    let (code, body) = get(&s.addr, "/containerLogs/ns/p/idle").await;
     assert_eq!(code, 400, "{body}");
-    let (code, body) = get(s.addr, "/containerLogs/ns/p/app?tailLines=-2").await;
+    let (code, body) = get(&s.addr, "/containerLogs/ns/p/app?tailLines=-2").await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("tailLines"), "{body}");
     // No previous instance.
@@ -128,12 +128,12 @@ async fn unknown_names_should_be_404_and_bad_requests_400() {
         None,
         &[instance("c1", 0, false, &dir.path().join("app/1.log"))],
     );
-    let (code, body) = get(s.addr, "/containerLogs/ns/p/app?previous=1").await;
+    let (code, body) = get(&s.addr, "/containerLogs/ns/p/app?previous=1").await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("previous"), "{body}");
 }
 
-async fn next_text(r: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> Option<String> {
+async fn next_text(r: &mut crate::server::test_support::Conn) -> Option<String> {
     tokio::time::timeout(Duration::from_secs(5), chunk(r))
         .await
         .expect("a chunk within 5s")
@@ -141,7 +141,7 @@ async fn next_text(r: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> Optio
 }
 
 /// Reads chunks until `want` has been received (chunks may merge lines).
-async fn expect_text(r: &mut tokio::io::BufReader<tokio::net::TcpStream>, want: &str) {
+async fn expect_text(r: &mut crate::server::test_support::Conn, want: &str) {
     let mut got = String::new();
     while got.len() < want.len() {
         match next_text(r).await {
@@ -164,7 +164,7 @@ async fn follow_should_stream_new_lines_across_rotation_until_the_container_exit
     inst.name = "app".into();
     s.put_pod("u2", &["app"], Some(&sb), &[inst]);
     let mut r = send(
-        s.addr,
+        &s.addr,
         "GET /containerLogs/ns/p/app?follow=true&timestamps=true HTTP/1.1\r\nHost: x\r\n\r\n",
     )
     .await;
@@ -217,7 +217,7 @@ async fn follow_should_end_when_the_client_goes_away() {
     std::fs::write(&path, "2024-01-01T00:00:01Z stdout F first\n").unwrap();
     s.put_pod("u3", &["app"], Some(&sb), &[instance(&id, 0, true, &path)]);
     let mut r = send(
-        s.addr,
+        &s.addr,
         "GET /containerLogs/ns/p/app?follow=1 HTTP/1.1\r\nHost: x\r\n\r\n",
     )
     .await;

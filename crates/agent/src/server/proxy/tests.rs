@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::wants_upgrade;
-use crate::server::test_support::{get, head, send, start, Instance, TestServer};
+use crate::server::test_support::{get, head, send, start, At, Instance, TestServer};
 
 /// An upstream that serves one connection: sends the request head it
 /// received on the channel, then answers `answer` and, if that is a 101,
@@ -89,7 +89,7 @@ async fn exec_should_proxy_the_upgrade_and_copy_bytes_both_ways() {
     let (up, seen) = upstream(SWITCH).await;
     s.rt.set_stream_base(&format!("http://{up}"));
     let mut c = send(
-        s.addr,
+        &s.addr,
         &upgrade_request(
             "POST",
             "/exec/ns/p/app?command=sh&command=-c&command=true&input=1&output=1&tty=1",
@@ -152,7 +152,7 @@ async fn attach_and_port_forward_should_go_to_their_urls() {
     let (up, seen) = upstream(SWITCH).await;
     s.rt.set_stream_base(&format!("http://{up}"));
     let mut c = send(
-        s.addr,
+        &s.addr,
         &upgrade_request("GET", "/attach/ns/p/app?output=1&error=1"),
     )
     .await;
@@ -165,7 +165,7 @@ async fn attach_and_port_forward_should_go_to_their_urls() {
     let (up, seen) = upstream(SWITCH).await;
     s.rt.set_stream_base(&format!("http://{up}"));
     let mut c = send(
-        s.addr,
+        &s.addr,
         &upgrade_request("POST", "/portForward/ns/p?port=8080"),
     )
     .await;
@@ -185,7 +185,7 @@ async fn a_refusal_should_be_relayed_with_its_status_and_body() {
     .await;
     s.rt.set_stream_base(&format!("http://{up}"));
     let mut c = send(
-        s.addr,
+        &s.addr,
         &upgrade_request("GET", "/exec/ns/p/app?command=ls&output=1"),
     )
     .await;
@@ -200,7 +200,7 @@ async fn a_refusal_should_be_relayed_with_its_status_and_body() {
     assert_eq!(&body, b"nope\n");
 }
 
-async fn status_of(addr: SocketAddr, req: &str) -> (u16, String) {
+async fn status_of(addr: &At, req: &str) -> (u16, String) {
     let mut c = send(addr, req).await;
     let (code, headers) = head(&mut c).await;
     let len: usize = headers
@@ -226,26 +226,26 @@ async fn errors_should_map_to_kubelet_statuses() {
         ("/portForward/ns/ghost", 404, "ns/ghost"),
     ];
     for (path, code, text) in cases {
-        let (got, body) = status_of(s.addr, &exec(path)).await;
+        let (got, body) = status_of(&s.addr, &exec(path)).await;
         assert_eq!(got, code, "{path}: {body}");
         assert!(body.contains(text), "{path}: {body}");
     }
     // Without an upgrade the request is refused before the runtime is asked.
-    let (code, body) = get(s.addr, "/exec/ns/p/app?command=ls&output=1").await;
+    let (code, body) = get(&s.addr, "/exec/ns/p/app?command=ls&output=1").await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("upgrade"), "{body}");
     // The runtime's errors.
     s.rt.fail("exec", Some(tonic::Code::Unimplemented));
-    let (code, body) = status_of(s.addr, &exec("/exec/ns/p/app?command=ls&output=1")).await;
+    let (code, body) = status_of(&s.addr, &exec("/exec/ns/p/app?command=ls&output=1")).await;
     assert_eq!(code, 500, "{body}");
     assert!(body.contains("Unimplemented"), "{body}");
     s.rt.fail("exec", Some(tonic::Code::NotFound));
-    let (code, _) = status_of(s.addr, &exec("/exec/ns/p/app?command=ls&output=1")).await;
+    let (code, _) = status_of(&s.addr, &exec("/exec/ns/p/app?command=ls&output=1")).await;
     assert_eq!(code, 404);
     s.rt.fail("exec", None);
     // A streaming server that is not there.
     s.rt.set_stream_base("http://127.0.0.1:1");
-    let (code, body) = status_of(s.addr, &exec("/exec/ns/p/app?command=ls&output=1")).await;
+    let (code, body) = status_of(&s.addr, &exec("/exec/ns/p/app?command=ls&output=1")).await;
     assert_eq!(code, 502, "{body}");
     // A container that is not running.
     s.put_pod(
@@ -260,7 +260,52 @@ async fn errors_should_map_to_kubelet_statuses() {
             log_path: String::new(),
         }],
     );
-    let (code, body) = status_of(s.addr, &exec("/attach/ns/p/app?output=1")).await;
+    let (code, body) = status_of(&s.addr, &exec("/attach/ns/p/app?output=1")).await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("not running"), "{body}");
+}
+
+/// A WebSocket upgrade as a browser sends it: with an Origin.
+fn browser_upgrade(path: &str, host: &str, origin: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: {origin}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n\r\n"
+    )
+}
+
+#[tokio::test]
+async fn a_cross_origin_upgrade_should_be_refused_before_the_runtime_is_asked() {
+    let (s, _, _) = server_with_running("u5").await;
+    let (up, seen) = upstream(SWITCH).await;
+    s.rt.set_stream_base(&format!("http://{up}"));
+    let path = "/exec/ns/p/app?command=id&output=1";
+    let (code, body) = status_of(
+        &s.addr,
+        &browser_upgrade(path, "localhost", "http://evil.example"),
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("cross-origin"), "{body}");
+    // Over TCP: no exec at all, whatever the origin.
+    for origin in ["http://evil.example", "http://127.0.0.1"] {
+        let (code, body) = status_of(&s.tcp, &browser_upgrade(path, "127.0.0.1", origin)).await;
+        assert_eq!(code, 403, "{origin}: {body}");
+    }
+    let (code, body) = status_of(&s.tcp, &upgrade_request("POST", path)).await;
+    assert_eq!(code, 403, "{body}");
+    // The upstream was never reached.
+    let mut seen = seen;
+    assert!(matches!(
+        seen.try_recv(),
+        Err(oneshot::error::TryRecvError::Empty)
+    ));
+    // A same-origin request passes, and its Origin stays with the agent.
+    let mut c = send(
+        &s.addr,
+        &browser_upgrade(path, "localhost", "http://localhost"),
+    )
+    .await;
+    assert_eq!(head(&mut c).await.0, 101);
+    let req = seen.await.unwrap().to_ascii_lowercase();
+    assert!(!req.contains("origin:"), "{req}");
+    assert!(req.contains("upgrade: websocket"), "{req}");
 }

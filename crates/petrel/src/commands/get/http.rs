@@ -1,11 +1,13 @@
-//! A minimal HTTP/1.1 GET client over a TCP stream: enough for the agent's
-//! plain-HTTP endpoints (Content-Length, chunked and read-to-close bodies),
-//! without pulling an HTTP client stack into the CLI.
+//! A minimal HTTP/1.1 GET client over the agent's unix socket or a TCP
+//! stream: enough for the agent's plain-HTTP endpoints (Content-Length,
+//! chunked and read-to-close bodies), without pulling an HTTP client stack
+//! into the CLI.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UnixStream};
 
 /// Longest status line or header accepted.
 const MAX_LINE: usize = 16 * 1024;
@@ -15,8 +17,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Errors talking to the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    /// The server address is not `http://host:port`.
-    #[error("invalid server address {0:?}: expected http://HOST:PORT")]
+    /// The server address is not `unix://PATH` or `http://host:port`.
+    #[error("invalid server address {0:?}: expected unix:///PATH or http://HOST:PORT")]
     BadUrl(String),
     /// Connecting failed.
     #[error("cannot reach the agent at {url}: {reason}")]
@@ -36,17 +38,45 @@ pub enum HttpError {
     },
 }
 
+/// A connection to the agent, whichever transport.
+trait Conn: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> Conn for T {}
+
+type Stream = BufReader<Box<dyn Conn>>;
+
+/// Where the agent is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Endpoint {
+    /// Its unix socket (the whole API, for root and its group).
+    Unix(PathBuf),
+    /// `host:port` over TCP.
+    Tcp(String),
+}
+
 /// The agent's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
     url: String,
-    authority: String,
+    endpoint: Endpoint,
 }
 
 impl Server {
-    /// Parses `http://host:port` (a trailing `/` allowed; port 80 if none).
+    /// Parses `unix:///path` (or `unix:path`) or `http://host:port` (a
+    /// trailing `/` allowed; port 80 if none).
     pub fn parse(url: &str) -> Result<Self, HttpError> {
         let bad = || HttpError::BadUrl(url.to_string());
+        if let Some(path) = url
+            .strip_prefix("unix://")
+            .or_else(|| url.strip_prefix("unix:"))
+        {
+            if path.is_empty() {
+                return Err(bad());
+            }
+            return Ok(Self {
+                url: url.to_string(),
+                endpoint: Endpoint::Unix(PathBuf::from(path)),
+            });
+        }
         let rest = url.strip_prefix("http://").ok_or_else(bad)?;
         let authority = rest.trim_end_matches('/');
         if authority.is_empty() || authority.contains('/') {
@@ -64,20 +94,29 @@ impl Server {
         };
         Ok(Self {
             url: url.trim_end_matches('/').to_string(),
-            authority,
+            endpoint: Endpoint::Tcp(authority),
+        })
+    }
+
+    async fn connect(&self) -> std::io::Result<Box<dyn Conn>> {
+        Ok(match &self.endpoint {
+            Endpoint::Unix(p) => Box::new(UnixStream::connect(p).await?),
+            Endpoint::Tcp(a) => Box::new(TcpStream::connect(a.as_str()).await?),
         })
     }
 
     /// Sends `GET path` and reads the response head.
     pub async fn get(&self, path: &str) -> Result<Response, HttpError> {
-        let connect = TcpStream::connect(self.authority.as_str());
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(self.unreachable(e.to_string())),
             Err(_) => return Err(self.unreachable(format!("no answer within {CONNECT_TIMEOUT:?}"))),
         };
         let mut stream = BufReader::new(stream);
-        let host = self.authority.as_str();
+        let host = match &self.endpoint {
+            Endpoint::Unix(_) => "localhost",
+            Endpoint::Tcp(a) => a.as_str(),
+        };
         let req = format!(
             "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: petrel\r\nConnection: close\r\n\r\n"
         );
@@ -127,7 +166,7 @@ impl Server {
         })
     }
 
-    async fn line(&self, r: &mut BufReader<TcpStream>) -> Result<String, HttpError> {
+    async fn line(&self, r: &mut Stream) -> Result<String, HttpError> {
         read_line(r).await.map_err(|reason| self.protocol(reason))
     }
 
@@ -147,7 +186,7 @@ impl Server {
 }
 
 /// One CRLF-terminated line, without the terminator.
-async fn read_line(r: &mut BufReader<TcpStream>) -> Result<String, String> {
+async fn read_line(r: &mut Stream) -> Result<String, String> {
     let mut buf = Vec::new();
     let n = (&mut *r)
         .take(MAX_LINE as u64)
@@ -186,7 +225,7 @@ pub struct Response {
     /// The status code.
     pub status: u16,
     url: String,
-    stream: BufReader<TcpStream>,
+    stream: Stream,
     body: Body,
     done: bool,
 }

@@ -4,7 +4,7 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use petrel_agent::health::Health;
-use petrel_agent::server::{serve, ServerState};
+use petrel_agent::server::{serve, Listeners, ServerState};
 use petrel_agent::status::StatusStore;
 use tokio::io::AsyncWriteExt;
 
@@ -38,10 +38,11 @@ fn pod(ns: &str, name: &str, phase: &str) -> Pod {
     }
 }
 
-/// The agent's real server on a free port.
-async fn agent() -> (Server, Arc<StatusStore>) {
-    let (server, store, _) = agent_with_node().await;
-    (server, store)
+/// The agent's real server on its unix socket in a directory of the test
+/// (removed when the returned guard is dropped).
+async fn agent() -> (Server, Arc<StatusStore>, tempfile::TempDir) {
+    let (server, store, _, dir) = agent_with_node().await;
+    (server, store, dir)
 }
 
 /// The agent's real server, with its node state.
@@ -49,10 +50,14 @@ async fn agent_with_node() -> (
     Server,
     Arc<StatusStore>,
     Arc<petrel_agent::eviction::NodeState>,
+    tempfile::TempDir,
 ) {
     let node = Arc::new(petrel_agent::eviction::NodeState::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent/agent.sock");
+    let socket = petrel_agent::server::socket::bind(&path, None).unwrap();
+    let url = format!("unix://{}", path.display());
     let store = Arc::new(StatusStore::new());
     store.upsert(pod("default", "web", "Running"));
     store.upsert(pod("default", "db", "Pending"));
@@ -74,14 +79,20 @@ async fn agent_with_node() -> (
         node: node.clone(),
         node_name: "test-node".to_string(),
     };
-    tokio::spawn(serve(listener, state, std::future::pending()));
-    (Server::parse(&url).unwrap(), store, node)
+    let listeners = Listeners {
+        tcp: listener,
+        tls: None,
+        names: Default::default(),
+        unix: Some(socket),
+    };
+    tokio::spawn(serve(listeners, state, std::future::pending()));
+    (Server::parse(&url).unwrap(), store, node, dir)
 }
 
 #[tokio::test]
 async fn get_node_should_show_the_pressure_conditions() {
     use petrel_agent::eviction::NodeCondition;
-    let (server, _, node) = agent_with_node().await;
+    let (server, _, node, _dir) = agent_with_node().await;
     node.update(
         std::collections::BTreeSet::from([NodeCondition::DiskPressure]),
         None,
@@ -134,7 +145,7 @@ fn args_should_parse_like_kubectl_and_reject_bad_flags_with_2() {
     assert_eq!(a.namespace.as_deref(), Some("x"));
     assert_eq!(a.output, Some(Output::Wide));
     assert!(a.watch);
-    assert_eq!(a.server, "http://127.0.0.1:10255");
+    assert_eq!(a.server, "unix:///run/petrel-agent/agent.sock");
     assert_eq!(parse(&["po", "-A"]).unwrap().resource, Resource::Pods);
     assert!(parse(&["pod"]).is_ok());
     for bad in [
@@ -153,7 +164,7 @@ fn args_should_parse_like_kubectl_and_reject_bad_flags_with_2() {
 
 #[tokio::test]
 async fn get_should_show_a_namespace_or_all() {
-    let (server, _) = agent().await;
+    let (server, _, _dir) = agent().await;
     let t = show(&server, &["pods"]).await.unwrap();
     assert!(
         t.starts_with("NAME   READY   STATUS    RESTARTS   AGE\n"),
@@ -181,7 +192,7 @@ async fn get_should_show_a_namespace_or_all() {
 
 #[tokio::test]
 async fn get_should_fetch_one_pod_or_say_not_found() {
-    let (server, _) = agent().await;
+    let (server, _, _dir) = agent().await;
     let t = show(&server, &["pods", "dns", "-n", "kube-system"])
         .await
         .unwrap();
@@ -194,7 +205,7 @@ async fn get_should_fetch_one_pod_or_say_not_found() {
 
 #[tokio::test]
 async fn get_should_print_json_and_yaml() {
-    let (server, _) = agent().await;
+    let (server, _, _dir) = agent().await;
     let t = show(&server, &["pods", "web", "-o", "json"]).await.unwrap();
     let v: serde_json::Value = serde_json::from_str(&t).unwrap();
     assert_eq!(v["kind"], "Pod");
@@ -229,6 +240,19 @@ async fn get_should_name_the_agent_it_cannot_reach() {
         Server::parse("https://x:1"),
         Err(HttpError::BadUrl(_))
     ));
+    assert!(matches!(
+        Server::parse("unix://"),
+        Err(HttpError::BadUrl(_))
+    ));
+    let gone = "unix:///nonexistent/petrel-agent/agent.sock";
+    let e = show(&Server::parse(gone).unwrap(), &["pods"])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("cannot reach the agent at {gone}")),
+        "{e}"
+    );
     assert!(matches!(
         Server::parse("http://x:1/api"),
         Err(HttpError::BadUrl(_))
@@ -269,7 +293,7 @@ impl Shared {
 
 #[tokio::test]
 async fn watch_should_print_changes_and_reconnect() {
-    let (server, store) = agent().await;
+    let (server, store, _dir) = agent().await;
     let q = Query::from_args(&parse(&["pods", "-w"]).unwrap()).unwrap();
     let pods = fetch(&server, &q).await.unwrap();
     let mut out = Shared::default();
