@@ -8,9 +8,14 @@ CARGO ?= cargo
 export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
-	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables
+	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
+	gcc libc6-dev pkg-config libseccomp-dev
+# Where the tests find the peers (real Kubernetes components, `make peers`);
+# PETREL_PEER_<NAME>=path points a test at one other binary.
+PETREL_PEERS_BIN ?= $(CURDIR)/build/peers/bin
+export PETREL_PEERS_BIN
 
-.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd
+.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd peers
 
 all: build
 
@@ -42,6 +47,13 @@ image: deps
 containerd: deps
 	scripts/containerd.sh build
 
+## peers: kubelet, kube-apiserver, kubectl, etcd, critest, containerd 2, runc
+## built from Go modules at the versions in tools/peers/versions.env, cached
+## in /var/cache/petrel/peers and linked into build/peers/bin
+## (PETREL_PEERS_SKIP=containerd,runc leaves components out)
+peers: deps
+	scripts/peers.sh
+
 ## lint: formatting and clippy, warnings are errors
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -51,7 +63,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build image containerd lint
+test: deps build image containerd peers lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
@@ -70,7 +82,7 @@ demo: build image
 	scripts/demo.sh
 
 ## bench: measure and write docs/PERFORMANCE.md
-bench: release image
+bench: release image peers
 	scripts/bench.sh
 
 ci: test
