@@ -73,6 +73,7 @@ declare -A modules=(
 )
 
 cache=${PETREL_PEERS_CACHE:-/var/cache/petrel/peers}
+skip_list=${PETREL_PEERS_SKIP:-}
 bin_dir=$root/build/peers/bin
 
 # The machine's Go: PATH first, then where the machine kind installs it.
@@ -209,8 +210,16 @@ replacements_local() {
 # every step ends in `|| return`; `run` records the command for the report.
 
 run() {
-    echo "+ $*"
-    echo "$*" >>"$cmd_file"
+    local a prev="" short=""
+    for a in "$@"; do
+        if [[ $prev == -ldflags ]]; then short+="… "; else short+="$(printf '%q' "$a") "; fi
+        prev=$a
+    done
+    echo "+ $(printf '%q ' "$@")"
+    printf '%q ' "$@" >>"$cmd_file"
+    echo >>"$cmd_file"
+    # The failure line names the command without its (long) -ldflags value.
+    echo "${short% }" >"$cmd_file.last"
     "$@"
 }
 
@@ -295,15 +304,18 @@ EOF
 # Runs each of component $1's binaries in directory $2 for its version; on a
 # mismatch prints what was seen and fails.
 verify_versions() {
-    local c=$1 dir=$2 b args want out ok=0
+    local c=$1 dir=$2 b args want ok=0
+    local -A said=()
     while IFS='|' read -r b args want; do
         [[ " ${binaries[$c]} " == *" $b "* ]] || continue
-        # shellcheck disable=SC2086 # args are words
-        out=$(KUBECONFIG=/dev/null timeout 60 "$dir/$b" $args 2>&1) || true
-        echo "+ $b $args: $out"
-        if [[ $out != *"$want"* ]]; then
-            echo "check: $b $args prints '$want'" >>"$cmd_file"
+        if [[ -z ${said["$b $args"]+set} ]]; then
+            # shellcheck disable=SC2086 # args are words
+            said["$b $args"]=$(KUBECONFIG=/dev/null timeout 60 "$dir/$b" $args 2>&1) || true
+            echo "+ $b $args: ${said["$b $args"]}"
+        fi
+        if [[ ${said["$b $args"]} != *"$want"* ]]; then
             echo "$b $args does not print '$want'"
+            echo "$b $args (which must print '$want')" >"$cmd_file.last"
             ok=1
         fi
     done < <(expected_versions)
@@ -314,32 +326,24 @@ verify_versions() {
 
 # The cache key of component $1: what its binaries are a function of.
 cache_key() {
-    local c=$1 fn=build_${1//-/_}
+    local c=$1 fn=build_${1//-/_} f
     {
         echo "$c ${version[$c]}"
         go env GOVERSION GOOS GOARCH
-        declare -f run "$fn"
-        cd "$peers_dir/$c" && cat go.mod go.sum ./*.go 2>/dev/null
+        declare -f "$fn"
+        cd "$peers_dir/$c"
+        cat go.mod go.sum
+        for f in ./*.go; do
+            if [[ -f $f ]]; then cat "$f"; fi
+        done
     } | sha256sum | cut -c1-12
-}
-
-# The one line that tells a failed component apart: the command without its
-# (long) -ldflags value.
-short_cmd() {
-    local out="" prev="" a
-    for a in $1; do
-        if [[ $prev == -ldflags ]]; then a="…"; fi
-        out+="$a "
-        prev=$a
-    done
-    echo "${out% }"
 }
 
 # Builds component $1 into the cache unless it is there, and sets built_dir
 # to its cache directory; on failure prints the one line that says what
 # failed and where the log is, and leaves built_dir empty.
 build_component() {
-    local c=$1 v=${version[$1]} key dir tmp log rc lock_fd start cmd
+    local c=$1 v=${version[$1]} key dir tmp log rc lock_fd start cmd why
     built_dir=""
     key=$(cache_key "$c")
     dir=$cache/$c-$v-$key
@@ -356,8 +360,9 @@ build_component() {
         echo "peers: $c $v cached in $dir" >&2
         return
     fi
+    # What a run killed before the rename left behind (we hold the lock).
+    rm -rf "$cache/.tmp-$c-$v-$key-"*
     tmp=$cache/.tmp-$c-$v-$key-$$
-    rm -rf "$tmp" "$tmp.cmds"
     mkdir -p "$tmp"
     echo "peers: building $c $v (key $key; log $log)" >&2
     start=$(date +%s)
@@ -377,9 +382,11 @@ build_component() {
     set -e
     if ((rc != 0)); then
         exec {lock_fd}>&-
-        cmd=$(tail -n 1 "$tmp.cmds" 2>/dev/null || echo "build_${c//-/_}")
-        rm -rf "$tmp" "$tmp.cmds"
-        echo "peers: FAILED $c $v: \`$(short_cmd "$cmd")\` failed (exit $rc); full log: $log" >&2
+        cmd=$(cat "$tmp.cmds.last" 2>/dev/null || echo "build_${c//-/_}")
+        # The log's last word on it (go prints the cause last).
+        why=$(grep -Ev '^(\+ |wall |# |$)' "$log" | tail -n 1 | cut -c1-200) || true
+        rm -rf "$tmp" "$tmp.cmds" "$tmp.cmds.last"
+        echo "peers: FAILED $c $v: \`$cmd\` failed (exit $rc${why:+: $why}); full log: $log" >&2
         return
     fi
     {
@@ -391,7 +398,7 @@ build_component() {
         echo "commands (in tools/peers/$c, output directory shown as OUT):"
         sed "s|$tmp|OUT|g; s|^|  |" "$tmp.cmds"
     } >"$tmp/BUILD-INFO"
-    rm -f "$tmp.cmds"
+    rm -f "$tmp.cmds" "$tmp.cmds.last"
     mv "$tmp" "$dir"
     exec {lock_fd}>&-
     built_dir=$dir
@@ -399,12 +406,12 @@ build_component() {
 }
 
 skipped() {
-    [[ " ${PETREL_PEERS_SKIP//,/ } " == *" $1 "* ]]
+    [[ " ${skip_list//,/ } " == *" $1 "* ]]
 }
 
 build_all() {
     local c s failed=0 b
-    for s in ${PETREL_PEERS_SKIP//,/ }; do
+    for s in ${skip_list//,/ }; do
         [[ " ${components[*]} " == *" $s "* ]] ||
             die "PETREL_PEERS_SKIP names '$s', which is no component (${components[*]})"
     done
@@ -479,8 +486,8 @@ free_port() {
 
 # Waits up to $2 s for `curl $1` to print text containing $3.
 wait_for() {
-    local url=$1 secs=$2 want=$3 out=""
-    for _ in $(seq $((secs * 4))); do
+    local url=$1 want=$3 out="" deadline=$((SECONDS + $2))
+    while ((SECONDS < deadline)); do
         out=$(curl -fsk --max-time 2 "$url" 2>/dev/null) || true
         if [[ $out == *"$want"* ]]; then
             echo "$url: $out"
@@ -551,14 +558,21 @@ smoke() {
     echo "smoke: ok"
 }
 
-# Stops what smoke started (by PID) and removes its directory, or after a
+# Stops what smoke started, by PID and in reverse order (kube-apiserver's
+# graceful shutdown waits for etcd), and removes its directory, or after a
 # failure (exit status $1) keeps its logs.
 smoke_cleanup() {
-    local rc=$1 tmp=$smoke_tmp pid
-    if [[ -f $tmp/pids ]]; then
-        while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$tmp/pids"
-        while read -r pid; do wait "$pid" 2>/dev/null || true; done <"$tmp/pids"
-    fi
+    local rc=$1 tmp=$smoke_tmp pid pids=()
+    [[ -f $tmp/pids ]] && mapfile -t pids < <(tac "$tmp/pids")
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || continue
+        for _ in $(seq 80); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.25
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     rm -rf "$tmp/etcd" "$tmp/certs"
     if ((rc == 0)); then
         rm -rf "$tmp"
