@@ -9,12 +9,16 @@ export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
 	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
-	gcc libc6-dev binutils python3
+	gcc libc6-dev binutils python3 pkg-config libseccomp-dev
 # critest's results against Petrel's runtime are held against this list.
 CONFORMANCE_EXPECTED := crates/testkit/conformance/petrel.expected
+# Where the tests find the peers (real Kubernetes components, `make peers`);
+# PETREL_PEER_<NAME>=path points a test at one other binary.
+PETREL_PEERS_BIN ?= $(CURDIR)/build/peers/bin
+export PETREL_PEERS_BIN
 
 .PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd \
-	conformance-images conformance
+	peers conformance-images conformance
 
 all: build
 
@@ -46,6 +50,13 @@ image: deps
 containerd: deps
 	scripts/containerd.sh build
 
+## peers: kubelet, kube-apiserver, kubectl, etcd, critest, containerd 2, runc
+## built from Go modules at the versions in tools/peers/versions.env, cached
+## in /var/cache/petrel/peers and linked into build/peers/bin
+## (PETREL_PEERS_SKIP=containerd,runc leaves components out)
+peers: deps
+	scripts/peers.sh
+
 ## conformance-images: substitutes for every image critest pulls, built from
 ## Debian packages into a registry storage cached by the script's hash under
 ## /var/cache/petrel/conformance (a second run does nothing)
@@ -55,7 +66,7 @@ conformance-images: deps
 ## conformance: critest against Petrel's runtime and containerd 2.x (both from
 ## `make peers`), side by side in build/conformance/summary.md; Petrel's
 ## results held against $(CONFORMANCE_EXPECTED)
-conformance: build conformance-images
+conformance: build peers conformance-images
 	$(CARGO) run -q -p petrel-testkit --bin petrel-conformance -- \
 	  --petrel target/debug/petrel --out build/conformance --expected $(CONFORMANCE_EXPECTED)
 
@@ -68,7 +79,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build image containerd conformance-images lint
+test: deps build image containerd peers conformance-images lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
@@ -87,7 +98,7 @@ demo: build image
 	scripts/demo.sh
 
 ## bench: measure and write docs/PERFORMANCE.md
-bench: release image
+bench: release image peers
 	scripts/bench.sh
 
 ci: test

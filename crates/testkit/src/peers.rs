@@ -3,7 +3,7 @@
 //! For a binary `NAME` (e.g. `critest`, `containerd`), in order:
 //! 1. `PETREL_PEER_<NAME>` (upper case, `-` as `_`): an explicit path;
 //! 2. `$PETREL_PEERS_BIN/NAME`;
-//! 3. `/var/cache/petrel/peers/bin/NAME`, where `make peers` puts them.
+//! 3. `build/peers/bin/NAME` of this checkout, where `make peers` links them.
 //!
 //! `make test` may leave components out explicitly: `PETREL_PEERS_SKIP`
 //! lists them (comma- or space-separated, e.g. `critest,containerd`).
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::KitError;
 
 /// The default directory of peer binaries (`make peers`).
-pub const DEFAULT_PEERS_BIN: &str = "/var/cache/petrel/peers/bin";
+pub const DEFAULT_PEERS_BIN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../build/peers/bin");
 
 /// The environment variable naming an explicit path for peer `name`.
 pub fn override_var(name: &str) -> String {
@@ -96,7 +96,7 @@ mod tests {
         );
         assert_eq!(
             locate("critest", env(&[])),
-            Path::new("/var/cache/petrel/peers/bin/critest")
+            Path::new(DEFAULT_PEERS_BIN).join("critest")
         );
         assert_eq!(
             locate(
