@@ -53,6 +53,16 @@ pub enum ImageError {
         /// Why it was refused.
         reason: String,
     },
+    /// Input claims more than a bound the store keeps on what hostile
+    /// input may cost (see `limits`): refused before it is read or
+    /// written.
+    #[error("{what}, over the limit of {limit} bytes")]
+    TooLarge {
+        /// What claims too much, with how much.
+        what: String,
+        /// The bound.
+        limit: u64,
+    },
     /// The archive uses a feature this store does not implement.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -311,3 +311,75 @@ fn runtime_should_refuse_to_start_without_its_oci_runtime_or_with_a_bad_config()
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn importing_a_file_that_is_not_an_archive_should_never_echo_it() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    // A file of the host that is no image: shaped like /etc/shadow.
+    let secret = "root:$6$SECRETsalt$SECREThashSECREThashSECREThashSECREThash:19700:0:99999:7:::\n";
+    let shadow = node.dir.path().join("shadow");
+    std::fs::write(&shadow, secret.repeat(40)).unwrap();
+    let quotes = |msg: &str| {
+        ["SECRET", "$6$", "root:", "19700"]
+            .iter()
+            .any(|s| msg.contains(s))
+    };
+
+    let err = c
+        .admin
+        .import_image(petrel_cri::admin::ImportImageRequest {
+            path: shadow.display().to_string(),
+            tags: vec![],
+        })
+        .await
+        .expect_err("a shadow file is no image");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains(&shadow.display().to_string()),
+        "{err:?}"
+    );
+    assert!(err.message().contains("not a tar archive"), "{err:?}");
+    assert!(!quotes(err.message()), "{err:?}");
+
+    let o = ctl(&node, &["image", "import", shadow.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("not a tar archive"), "{out}");
+    assert!(!quotes(&out), "{out}");
+    assert!(!quotes(&node.log()), "the runtime's log quotes the file");
+    assert!(std::fs::read_dir(node.root.join("images/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[tokio::test]
+async fn importing_an_archive_with_a_huge_tar_record_should_be_resource_exhausted() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    // A GNU long name record claiming 512 MiB (only its header is there).
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_path("././@LongLink").unwrap();
+    h.set_size(512 << 20);
+    h.set_cksum();
+    let archive = node.dir.path().join("huge.tar");
+    std::fs::write(&archive, h.as_bytes()).unwrap();
+    let started = std::time::Instant::now();
+    let err = c
+        .admin
+        .import_image(petrel_cri::admin::ImportImageRequest {
+            path: archive.display().to_string(),
+            tags: vec![],
+        })
+        .await
+        .expect_err("refused");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("long name record"), "{err:?}");
+}

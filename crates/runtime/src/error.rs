@@ -138,6 +138,7 @@ impl From<petrel_image::ImageError> for RuntimeError {
             | E::RegistryConfig { .. }
             | E::InvalidArchive { .. }
             | E::UnsafeEntry { .. } => Self::FailedPrecondition(msg),
+            E::TooLarge { .. } => Self::ResourceExhausted(msg),
             E::Io { ref source, .. } if is_disk_full(source) => Self::ResourceExhausted(msg),
             E::Io { .. } | E::Store(_) => Self::Internal(msg),
         }

@@ -19,10 +19,8 @@ use super::progress::{LayerState, ProgressReporter};
 use crate::reference::{self, is_hex64, Reference};
 use crate::{ImageError, ImageStore};
 
-/// Largest manifest or index accepted (containerd's limit is 4 MiB too).
-pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
-/// Largest image config accepted.
-const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+pub use crate::limits::MAX_MANIFEST_BYTES;
+use crate::limits::MAX_CONFIG_BYTES;
 /// Layer downloads in flight per pull (containerd's default).
 const CONCURRENT_DOWNLOADS: usize = 3;
 
@@ -72,6 +70,9 @@ pub struct PulledLayer {
     pub size: u64,
     /// The uncompressed layer's digest from the config.
     pub diff_id: String,
+    /// The layer's media type from the manifest (says whether the blob
+    /// must be compressed).
+    pub media_type: String,
     /// The downloaded blob; `None` when the store already has the layer.
     pub blob: Option<Arc<Blob>>,
 }
@@ -511,6 +512,7 @@ impl Puller {
                     digest: l.digest.clone(),
                     size: l.size,
                     diff_id: diff_id.clone(),
+                    media_type: l.media_type.clone(),
                     blob,
                 })
             });
