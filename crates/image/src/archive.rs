@@ -126,6 +126,17 @@ impl Extracted {
                 .ok_or_else(|| out.invalid(format!("member {raw:?} climbs out of the archive")))?;
             match entry.header().entry_type() {
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    // The documents read by name are refused from their
+                    // header, before their bytes are copied.
+                    if matches!(name.as_str(), "index.json" | "manifest.json")
+                        && entry.size() > MAX_MANIFEST_BYTES
+                    {
+                        return Err(out.invalid(too_large(
+                            &name,
+                            entry.size(),
+                            MAX_MANIFEST_BYTES,
+                        )));
+                    }
                     let file = dir.join(n.to_string());
                     let mut dst =
                         File::create(&file).map_err(|e| ImageError::io("create", &file, e))?;
@@ -194,10 +205,7 @@ impl Extracted {
     /// A member's content, refused unread when over `limit` bytes.
     fn read_member(&self, m: &Member, what: &str, limit: u64) -> Result<Vec<u8>, ImageError> {
         if m.size > limit {
-            return Err(self.invalid(format!(
-                "{what} is {} bytes, larger than the {limit} bytes allowed",
-                m.size
-            )));
+            return Err(self.invalid(too_large(what, m.size, limit)));
         }
         let f = File::open(&m.file).map_err(|e| ImageError::io("open", &m.file, e))?;
         let mut data = Vec::with_capacity(usize::try_from(m.size).unwrap_or(0));
@@ -443,6 +451,11 @@ impl Extracted {
         }
         Ok(plans)
     }
+}
+
+/// The reason for refusing a JSON document over its bound.
+fn too_large(what: &str, size: u64, limit: u64) -> String {
+    format!("{what} is {size} bytes, larger than the {limit} bytes allowed")
 }
 
 /// How reading the archive file went, for telling its own I/O errors
@@ -762,6 +775,23 @@ mod tests {
                 err.contains(&format!("{name} is {} bytes, larger than", big.len())),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn index_and_manifest_json_over_the_bound_should_be_refused_from_their_header() {
+        // Only the header: the 512 MiB it claims are not there to read.
+        for name in ["index.json", "./manifest.json"] {
+            let mut h = tar::Header::new_gnu();
+            h.set_path(name).expect("path");
+            h.set_size(512 << 20);
+            h.set_mode(0o644);
+            h.set_cksum();
+            let err = plans_of(h.as_bytes())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("is 536870912 bytes, larger than"), "{err}");
         }
     }
 

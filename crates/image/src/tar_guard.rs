@@ -139,14 +139,21 @@ impl<'a, R: Read> TarGuard<'a, R> {
                 return Err(refusal_error(r));
             }
         }
-        // The tar crate applies a PAX size to the next member that is no
-        // extension record, and only reads PAX headers it recognises.
-        let size = if is_extension {
-            size
-        } else {
-            self.pax_size.take().unwrap_or(size)
-        };
+        // As the tar crate does: a long name, long link or PAX header in a
+        // header it recognises (GNU or ustar magic) is read and kept for
+        // the next member; any other header is a member, which a pending
+        // PAX header's size applies to unless it is an extension record by
+        // type, and which uses that PAX header up either way.
         let recognised = h.as_gnu().is_some() || h.as_ustar().is_some();
+        let pending = if recognised && kind.is_some() {
+            None
+        } else {
+            self.pax_size.take()
+        };
+        let size = match pending {
+            Some(s) if !is_extension => s,
+            _ => size,
+        };
         let collect = if t.is_pax_local_extensions() && recognised {
             self.pax.clear();
             size
@@ -352,6 +359,58 @@ mod tests {
         data.extend_from_slice(header(EntryType::GNULongName, "x", 1 << 30).as_bytes());
         let (_, refused) = names(&data);
         assert_eq!(refused.map(|r| r.offset), Some(5 * 512));
+        assert_eq!(tar_next_header_after(&data, "f"), Some(5 * 512));
+    }
+
+    /// Where the tar crate itself expects the header after member `name`
+    /// (reading `data` without a guard).
+    fn tar_next_header_after(data: &[u8], name: &str) -> Option<u64> {
+        let mut a = tar::Archive::new(data);
+        let entries = a.entries().ok()?;
+        for e in entries {
+            let Ok(e) = e else { break };
+            if e.path_bytes().as_ref() == name.as_bytes() {
+                let size = e.size().div_ceil(BLOCK as u64) * BLOCK as u64;
+                return Some(e.raw_header_position() + BLOCK as u64 + size);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn guard_should_use_a_pax_size_up_as_the_tar_crate_does() {
+        // A PAX size record, then a global header (returned as a member:
+        // it uses the PAX header up without taking its size), then a
+        // member of 0 bytes, then a record over the bound right after it.
+        let records = pax_record("size", "600");
+        let mut data = header(EntryType::XHeader, "pax", records.len() as u64)
+            .as_bytes()
+            .to_vec();
+        data.extend_from_slice(records.as_bytes());
+        data.resize(1024, 0);
+        data.extend_from_slice(header(EntryType::XGlobalHeader, "g", 0).as_bytes());
+        data.extend_from_slice(header(EntryType::Regular, "f", 0).as_bytes());
+        data.extend_from_slice(header(EntryType::GNULongName, "x", 1 << 30).as_bytes());
+        let (_, refused) = names(&data);
+        assert_eq!(refused.map(|r| r.offset), Some(4 * 512));
+        assert_eq!(tar_next_header_after(&data, "f"), Some(4 * 512));
+
+        // A long name between the PAX header and its member keeps it
+        // pending: the member's data is 600 bytes (two blocks).
+        let mut data = header(EntryType::XHeader, "pax", records.len() as u64)
+            .as_bytes()
+            .to_vec();
+        data.extend_from_slice(records.as_bytes());
+        data.resize(1024, 0);
+        data.extend_from_slice(header(EntryType::GNULongName, "././@LongLink", 4).as_bytes());
+        data.extend_from_slice(b"abc\0");
+        data.resize(2048, 0);
+        data.extend_from_slice(header(EntryType::Regular, "f", 0).as_bytes());
+        data.extend_from_slice(&[b'x'; 1024]);
+        data.extend_from_slice(header(EntryType::GNULongName, "x", 1 << 30).as_bytes());
+        let (_, refused) = names(&data);
+        assert_eq!(refused.map(|r| r.offset), Some(7 * 512));
+        assert_eq!(tar_next_header_after(&data, "abc"), Some(7 * 512));
     }
 
     #[test]

@@ -383,3 +383,64 @@ async fn importing_an_archive_with_a_huge_tar_record_should_be_resource_exhauste
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("long name record"), "{err:?}");
 }
+
+/// Peak resident set (VmHWM) of process `pid`, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+#[tokio::test]
+async fn importing_an_archive_with_a_512_mb_manifest_should_fail_fast_and_small() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    // A complete docker archive whose manifest.json is 512 MiB of holes
+    // (no disk used): refused from its header, never copied or read.
+    let mut h = tar::Header::new_gnu();
+    h.set_path("manifest.json").unwrap();
+    h.set_size(512 << 20);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let archive = node.dir.path().join("big-manifest.tar");
+    std::fs::write(&archive, h.as_bytes()).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    f.set_len(512 + (512 << 20) + 1024).unwrap();
+    let before = peak_rss(node.pid());
+    let started = std::time::Instant::now();
+    let err = c
+        .admin
+        .import_image(petrel_cri::admin::ImportImageRequest {
+            path: archive.display().to_string(),
+            tags: vec![],
+        })
+        .await
+        .expect_err("refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("manifest.json is 536870912 bytes, larger than the 4194304 bytes allowed"),
+        "{err:?}"
+    );
+    let after = peak_rss(node.pid());
+    assert!(
+        after < before + (32 << 20),
+        "runtime peak RSS {before} -> {after}"
+    );
+    assert!(std::fs::read_dir(node.root.join("images/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+}
