@@ -444,3 +444,97 @@ async fn importing_an_archive_with_a_512_mb_manifest_should_fail_fast_and_small(
         .next()
         .is_none());
 }
+
+/// A docker archive of one image `x/sparse:1` whose one layer holds a GNU
+/// sparse file `big` claiming `real` bytes with 4 KiB of data.
+fn sparse_image_archive(path: &std::path::Path, real: u64) {
+    use sha2::Digest;
+    let sha = |b: &[u8]| format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)));
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_path("big").unwrap();
+    h.set_size(4096);
+    h.set_mode(0o644);
+    let g = h.as_gnu_mut().unwrap();
+    g.sparse[0].set_offset(0);
+    g.sparse[0].set_length(4096);
+    g.sparse[1].set_offset(real);
+    g.sparse[1].set_length(0);
+    g.set_real_size(real);
+    h.set_cksum();
+    let mut layer = h.as_bytes().to_vec();
+    layer.extend_from_slice(&[b'd'; 4096]);
+    layer.extend_from_slice(&[0; 1024]);
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{"Cmd":["/big"]}},"rootfs":{{"type":"layers","diff_ids":["{}"]}}}}"#,
+        sha(&layer)
+    );
+    let manifest = r#"[{"Config":"config.json","RepoTags":["x/sparse:1"],"Layers":["layer.tar"]}]"#;
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in [
+        ("manifest.json", manifest.as_bytes()),
+        ("config.json", config.as_bytes()),
+        ("layer.tar", &layer[..]),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    }
+    std::fs::write(path, b.into_inner().unwrap()).unwrap();
+}
+
+fn import_req(path: &std::path::Path) -> petrel_cri::admin::ImportImageRequest {
+    petrel_cri::admin::ImportImageRequest {
+        path: path.display().to_string(),
+        tags: vec![],
+    }
+}
+
+#[tokio::test]
+async fn a_layer_claiming_10_gib_of_sparse_file_should_be_stored_sparse_or_refused() {
+    // Under a 1 GiB bound: refused before the file is made.
+    let node = Node::start_with("max_layer_bytes = 1073741824");
+    let mut c = node.clients().await;
+    let archive = node.dir.path().join("sparse.tar");
+    sparse_image_archive(&archive, 10 << 30);
+    let err = c
+        .admin
+        .import_image(import_req(&archive))
+        .await
+        .expect_err("over the bound");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("\"big\""), "{err:?}");
+    assert!(
+        err.message().contains("over the limit of 1073741824 bytes"),
+        "{err:?}"
+    );
+    let layers = node.root.join("images/layers");
+    assert!(std::fs::read_dir(&layers).unwrap().next().is_none());
+    assert!(std::fs::read_dir(node.root.join("images/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+
+    // Under the default bound: stored with holes, 10 GiB long, 4 KiB used.
+    let node = Node::start();
+    let mut c = node.clients().await;
+    c.admin
+        .import_image(import_req(&archive))
+        .await
+        .expect("sparse layer imported");
+    let layer = std::fs::read_dir(node.root.join("images/layers"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let m = std::fs::metadata(layer.join("big")).unwrap();
+    assert_eq!(m.len(), 10 << 30);
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&m) * 512 <= 64 << 10,
+        "{} blocks",
+        std::os::unix::fs::MetadataExt::blocks(&m)
+    );
+}
