@@ -495,7 +495,7 @@ impl RuntimeApi for CriRuntime {
         sandbox_config: Option<api::PodSandboxConfig>,
     ) -> CriResult<String> {
         let mut c = self.img.clone();
-        let mut req = tonic::Request::new(api::PullImageRequest {
+        let req = tonic::Request::new(api::PullImageRequest {
             image: Some(api::ImageSpec {
                 image: image.to_string(),
                 ..Default::default()
@@ -503,7 +503,10 @@ impl RuntimeApi for CriRuntime {
             auth: None,
             sandbox_config,
         });
-        req.set_timeout(Duration::from_secs(600));
+        // No deadline, as kubelet sets none: the runtime stops a pull whose
+        // caller gives up, so a deadline would fail every pull longer than
+        // it for good. A stalled registry fails the pull by itself (the
+        // runtime's registry client has connect and read timeouts).
         Ok(self
             .observe("pull_image", c.pull_image(req))
             .await?

@@ -3,9 +3,10 @@
 //! docker-archive metadata is interpreted into import plans whose blobs are
 //! all verified against their digests and sizes.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::{
@@ -16,11 +17,10 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::digest::HashingReader;
+use crate::limits::{MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES};
 use crate::reference::{self, is_hex64};
+use crate::tar_guard::{Refusal, TarGuard};
 use crate::ImageError;
-
-/// JSON documents (index, manifest, config) larger than this are refused.
-const MAX_JSON: u64 = 8 << 20;
 /// Nesting limit for image indexes and member symlinks.
 const MAX_DEPTH: usize = 8;
 /// containerd's annotation carrying the full image name.
@@ -55,6 +55,10 @@ pub(crate) struct PlannedLayer {
     pub blob: Member,
     /// The diff id the uncompressed stream must hash to.
     pub diff_id: String,
+    /// The layer's media type, when the manifest gives one (OCI layouts
+    /// and registries; docker archives have none): a type declaring
+    /// compression refuses a blob without it.
+    pub media_type: Option<String>,
 }
 
 /// One image found in an archive, its blobs verified.
@@ -94,16 +98,27 @@ impl Extracted {
     }
 
     /// Streams `archive` once, copying every regular member into `dir` and
-    /// hashing it. Names that climb out of the archive are refused.
+    /// hashing it. Names that climb out of the archive are refused. Errors
+    /// never quote the file's bytes (it may be any file of the host, such
+    /// as `/etc/shadow`): a file that is no tar archive is named with what
+    /// was expected and where reading it failed.
     pub fn extract(archive: &Path, dir: &Path) -> Result<Self, ImageError> {
         let f = File::open(archive).map_err(|e| ImageError::io("open archive", archive, e))?;
-        let mut tar = tar::Archive::new(io::BufReader::new(f));
+        let reading = Reading::default();
+        let refused = Cell::new(None);
+        let file = Tracked {
+            inner: io::BufReader::new(f),
+            reading: &reading,
+        };
+        let mut tar = tar::Archive::new(TarGuard::new(file, &refused));
         let mut out = Extracted {
             archive: archive.to_path_buf(),
             files: HashMap::new(),
             aliases: HashMap::new(),
         };
-        let read_err = |e: io::Error| ImageError::io("read archive", archive, e);
+        // The tar crate's own messages may quote header fields: never used.
+        let read_err = |_: io::Error| tar_error(archive, &reading, &refused);
+        let mut buf = vec![0u8; 1 << 16];
         for (n, entry) in tar.entries().map_err(read_err)?.enumerate() {
             let mut entry = entry.map_err(read_err)?;
             let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
@@ -111,11 +126,31 @@ impl Extracted {
                 .ok_or_else(|| out.invalid(format!("member {raw:?} climbs out of the archive")))?;
             match entry.header().entry_type() {
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    // The documents read by name are refused from their
+                    // header, before their bytes are copied.
+                    if matches!(name.as_str(), "index.json" | "manifest.json")
+                        && entry.size() > MAX_MANIFEST_BYTES
+                    {
+                        return Err(out.invalid(too_large(
+                            &name,
+                            entry.size(),
+                            MAX_MANIFEST_BYTES,
+                        )));
+                    }
                     let file = dir.join(n.to_string());
                     let mut dst =
                         File::create(&file).map_err(|e| ImageError::io("create", &file, e))?;
                     let mut hr = HashingReader::new(&mut entry);
-                    io::copy(&mut hr, &mut dst).map_err(read_err)?;
+                    loop {
+                        let k = match hr.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(k) => k,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(read_err(e)),
+                        };
+                        dst.write_all(&buf[..k])
+                            .map_err(|e| ImageError::io("write", &file, e))?;
+                    }
                     let (digest, size) = hr.finish().map_err(read_err)?;
                     out.aliases.remove(&name);
                     out.files.insert(name, Member { file, size, digest });
@@ -167,15 +202,40 @@ impl Extracted {
         self.files.contains_key(name) || self.aliases.contains_key(name)
     }
 
-    fn read_member(&self, m: &Member, what: &str) -> Result<Vec<u8>, ImageError> {
-        if m.size > MAX_JSON {
-            return Err(self.invalid(format!("{what} is larger than {MAX_JSON} bytes")));
+    /// A member's content, refused unread when over `limit` bytes.
+    fn read_member(&self, m: &Member, what: &str, limit: u64) -> Result<Vec<u8>, ImageError> {
+        if m.size > limit {
+            return Err(self.invalid(too_large(what, m.size, limit)));
         }
-        std::fs::read(&m.file).map_err(|e| ImageError::io("read", &m.file, e))
+        let f = File::open(&m.file).map_err(|e| ImageError::io("open", &m.file, e))?;
+        let mut data = Vec::with_capacity(usize::try_from(m.size).unwrap_or(0));
+        // The member is in our private directory, at the size measured
+        // while extracting; the bound stays even so.
+        f.take(limit)
+            .read_to_end(&mut data)
+            .map_err(|e| ImageError::io("read", &m.file, e))?;
+        Ok(data)
     }
 
+    /// Parses a JSON document of the archive. serde's messages may quote
+    /// the document (`invalid type: string "..."`), so only where it
+    /// failed is said, except for a missing field (named by our schema).
     fn parse_json<T: DeserializeOwned>(&self, data: &[u8], what: &str) -> Result<T, ImageError> {
-        serde_json::from_slice(data).map_err(|e| self.invalid(format!("{what}: {e}")))
+        serde_json::from_slice(data).map_err(|e| {
+            let msg = e.to_string();
+            let reason = if msg.starts_with("missing field `") {
+                msg
+            } else {
+                let kind = match e.classify() {
+                    serde_json::error::Category::Syntax => "not valid JSON",
+                    serde_json::error::Category::Eof => "truncated JSON",
+                    serde_json::error::Category::Data => "JSON not of the expected schema",
+                    serde_json::error::Category::Io => "unreadable",
+                };
+                format!("{kind} at line {} column {}", e.line(), e.column())
+            };
+            self.invalid(format!("{what}: {reason}"))
+        })
     }
 
     /// The blob a descriptor names, verified against its digest and size.
@@ -214,7 +274,8 @@ impl Extracted {
     }
 
     fn oci_plans(&self) -> Result<Vec<Plan>, ImageError> {
-        let data = self.read_member(self.member("index.json")?, "index.json")?;
+        let data =
+            self.read_member(self.member("index.json")?, "index.json", MAX_MANIFEST_BYTES)?;
         let index: ImageIndex = self.parse_json(&data, "index.json")?;
         let mut plans: Vec<Plan> = Vec::new();
         for desc in index.manifests() {
@@ -261,7 +322,7 @@ impl Extracted {
             _ => return Ok(None),
         }
         let m = self.blob(desc, "manifest")?;
-        let data = self.read_member(m, "manifest")?;
+        let data = self.read_member(m, "manifest", MAX_MANIFEST_BYTES)?;
         let manifest: ImageManifest = self.parse_json(&data, "manifest")?;
         Ok(Some((desc.clone(), manifest)))
     }
@@ -272,7 +333,7 @@ impl Extracted {
         depth: usize,
     ) -> Result<Option<(Descriptor, ImageManifest)>, ImageError> {
         let m = self.blob(desc, "image index")?;
-        let data = self.read_member(m, "image index")?;
+        let data = self.read_member(m, "image index", MAX_MANIFEST_BYTES)?;
         let index: ImageIndex = self.parse_json(&data, "image index")?;
         for child in index.manifests() {
             if let Some(found) = self.select_manifest(child, depth + 1)? {
@@ -290,7 +351,7 @@ impl Extracted {
         manifest_digest: &str,
     ) -> Result<Option<Plan>, ImageError> {
         let cm = self.blob(manifest.config(), "config")?;
-        let data = self.read_member(cm, "config")?;
+        let data = self.read_member(cm, "config", MAX_CONFIG_BYTES)?;
         let config: ImageConfiguration = self.parse_json(&data, "config")?;
         if !is_host_platform(&config) {
             return Ok(None);
@@ -307,7 +368,9 @@ impl Extracted {
         for (desc, diff_id) in manifest.layers().iter().zip(diff_ids) {
             check_layer_media_type(desc.media_type())?;
             let blob = self.blob(desc, "layer")?.clone();
-            layers.push(self.planned_layer(blob, diff_id)?);
+            let mut layer = self.planned_layer(blob, diff_id)?;
+            layer.media_type = Some(desc.media_type().to_string());
+            layers.push(layer);
         }
         Ok(Some(Plan {
             id: cm.digest.clone(),
@@ -324,6 +387,7 @@ impl Extracted {
         Ok(PlannedLayer {
             blob,
             diff_id: diff_id.to_string(),
+            media_type: None,
         })
     }
 
@@ -337,13 +401,17 @@ impl Extracted {
             #[serde(rename = "Layers", default)]
             layers: Vec<String>,
         }
-        let data = self.read_member(self.member("manifest.json")?, "manifest.json")?;
+        let data = self.read_member(
+            self.member("manifest.json")?,
+            "manifest.json",
+            MAX_MANIFEST_BYTES,
+        )?;
         let entries: Vec<Entry> = self.parse_json(&data, "manifest.json")?;
         let mut plans: Vec<Plan> = Vec::new();
         for e in entries {
             let cm = self.member(&e.config)?;
             verify_named(cm, &e.config, "config")?;
-            let data = self.read_member(cm, "config")?;
+            let data = self.read_member(cm, "config", MAX_CONFIG_BYTES)?;
             let config: ImageConfiguration = self.parse_json(&data, "config")?;
             if !is_host_platform(&config) {
                 continue;
@@ -382,6 +450,74 @@ impl Extracted {
             }
         }
         Ok(plans)
+    }
+}
+
+/// The reason for refusing a JSON document over its bound.
+fn too_large(what: &str, size: u64, limit: u64) -> String {
+    format!("{what} is {size} bytes, larger than the {limit} bytes allowed")
+}
+
+/// How reading the archive file went, for telling its own I/O errors
+/// from the tar crate's complaints about its content.
+#[derive(Default)]
+struct Reading {
+    /// Bytes read from the file.
+    offset: Cell<u64>,
+    /// The file's own read error, if any (kind and errno).
+    failed: Cell<Option<(io::ErrorKind, Option<i32>)>>,
+}
+
+/// The archive file, reading through [`Reading`].
+struct Tracked<'a, R> {
+    inner: R,
+    reading: &'a Reading,
+}
+
+impl<R: Read> Read for Tracked<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.reading
+                    .offset
+                    .set(self.reading.offset.get() + n as u64);
+                Ok(n)
+            }
+            Err(e) => {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.reading.failed.set(Some((e.kind(), e.raw_os_error())));
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The error for a failure while the tar crate reads `archive`: the file's
+/// own read error, a record over a bound, or a file that is not (or not
+/// all) a tar archive. Never the tar crate's message, which may quote the
+/// file's bytes.
+fn tar_error(archive: &Path, reading: &Reading, refused: &Cell<Option<Refusal>>) -> ImageError {
+    if let Some(r) = refused.get() {
+        return ImageError::TooLarge {
+            what: format!("archive {}: {}", archive.display(), r.describe()),
+            limit: crate::limits::MAX_TAR_EXTENSION_BYTES,
+        };
+    }
+    if let Some((kind, errno)) = reading.failed.get() {
+        let e = match errno {
+            Some(n) => io::Error::from_raw_os_error(n),
+            None => io::Error::from(kind),
+        };
+        return ImageError::io("read archive", archive, e);
+    }
+    ImageError::InvalidArchive {
+        path: archive.to_path_buf(),
+        reason: format!(
+            "not a tar archive (an OCI image layout or docker archive was expected), \
+             or a truncated or corrupt one: unreadable tar header or data before byte {}",
+            reading.offset.get()
+        ),
     }
 }
 
@@ -476,11 +612,15 @@ fn names_from_annotations(desc: &Descriptor) -> Vec<String> {
 }
 
 /// Opens a layer blob as its uncompressed tar stream (gzip, zstd or plain,
-/// told by magic bytes: see `unpack::decompress`).
-pub(crate) fn open_layer(path: &Path) -> Result<Box<dyn Read>, ImageError> {
+/// told by magic bytes and checked against `media_type` when known: see
+/// `unpack::decompress`).
+pub(crate) fn open_layer(
+    path: &Path,
+    media_type: Option<&str>,
+) -> Result<Box<dyn Read>, ImageError> {
     let f = File::open(path).map_err(|e| ImageError::io("open layer blob", path, e))?;
     let r = io::BufReader::with_capacity(1 << 16, f);
-    crate::unpack::decompress(r, None, path)
+    crate::unpack::decompress(r, media_type, path)
 }
 
 #[cfg(test)]
@@ -533,6 +673,142 @@ mod tests {
         assert!(names_from_annotations(&desc(&[(ANNOTATION_REF_NAME, "latest")])).is_empty());
         assert!(names_from_annotations(&desc(&[(ANNOTATION_REF_NAME, "Bad/Name:x")])).is_empty());
         assert!(names_from_annotations(&desc(&[])).is_empty());
+    }
+
+    /// Looks like `/etc/shadow`: what an import of the wrong file must
+    /// never quote back.
+    const SHADOW: &str = "root:$y$j9T$SECRETsaltSECRET$SECREThashSECREThashSECREThash:19700:0:99999:7:::\n\
+        daemon:*:19700:0:99999:7:::\nbin:*:19700:0:99999:7:::\nalice:$6$SECRET2salt$SECRET2hash:19700:0:99999:7:::\n";
+
+    fn assert_quotes_nothing(msg: &str) {
+        for secret in ["SECRET", "$y$j9T", "root:", "daemon", "19700"] {
+            assert!(!msg.contains(secret), "error quotes the file: {msg}");
+        }
+    }
+
+    #[test]
+    fn extract_should_never_quote_a_file_that_is_not_an_archive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).expect("work dir");
+        // Shorter than a tar block, a few blocks, and a block whose
+        // checksum field is text (the tar crate then quotes the field and
+        // the first 100 bytes as the member's name).
+        for (i, content) in [SHADOW.to_string(), SHADOW.repeat(20)].iter().enumerate() {
+            let file = dir.path().join(format!("shadow-{i}"));
+            std::fs::write(&file, content).expect("write");
+            // The hazard is real: the tar crate's own error quotes it.
+            if content.len() >= 512 {
+                let raw = tar::Archive::new(content.as_bytes())
+                    .entries()
+                    .and_then(|mut e| e.next().transpose())
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                assert!(raw.contains("SECRET"), "{raw}");
+            }
+            let err = match Extracted::extract(&file, &work) {
+                Err(e) => e,
+                Ok(_) => panic!("a shadow file extracted"),
+            };
+            let msg = err.to_string();
+            assert!(matches!(err, ImageError::InvalidArchive { .. }), "{msg}");
+            assert!(msg.contains(&file.display().to_string()), "{msg}");
+            assert!(msg.contains("not a tar archive"), "{msg}");
+            assert_quotes_nothing(&msg);
+        }
+    }
+
+    /// A tar archive of `members` (name, content).
+    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).expect("append");
+        }
+        b.into_inner().expect("tar")
+    }
+
+    fn plans_of(archive: &[u8]) -> Result<Vec<Plan>, ImageError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("a.tar");
+        std::fs::write(&file, archive).expect("write");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).expect("work dir");
+        Extracted::extract(&file, &work)?.plans()
+    }
+
+    #[test]
+    fn json_errors_should_say_where_not_what() {
+        let quoted = serde_json::to_string(SHADOW).expect("json string");
+        let bad_type = format!(r#"{{"schemaVersion": 2, "manifests": {quoted}}}"#);
+        let bad_syntax = format!("{{\"schemaVersion\": 2, {SHADOW}");
+        for index in [bad_type, bad_syntax] {
+            let err = plans_of(&tar_of(&[("index.json", index.as_bytes())]))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("index.json: "), "{err}");
+            assert!(err.contains("at line 1 column"), "{err}");
+            assert_quotes_nothing(&err);
+        }
+        // A missing field names our schema's field, not the file's bytes.
+        let err = plans_of(&tar_of(&[("manifest.json", br#"[{"Layers": []}]"#)]))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("missing field `Config`"), "{err}");
+    }
+
+    #[test]
+    fn json_documents_over_their_bound_should_be_refused_unread() {
+        let big = vec![b' '; (MAX_MANIFEST_BYTES + 1) as usize];
+        for name in ["index.json", "manifest.json"] {
+            let err = plans_of(&tar_of(&[(name, &big)]))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains(&format!("{name} is {} bytes, larger than", big.len())),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn index_and_manifest_json_over_the_bound_should_be_refused_from_their_header() {
+        // Only the header: the 512 MiB it claims are not there to read.
+        for name in ["index.json", "./manifest.json"] {
+            let mut h = tar::Header::new_gnu();
+            h.set_path(name).expect("path");
+            h.set_size(512 << 20);
+            h.set_mode(0o644);
+            h.set_cksum();
+            let err = plans_of(h.as_bytes())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("is 536870912 bytes, larger than"), "{err}");
+        }
+    }
+
+    #[test]
+    fn huge_tar_extension_records_in_an_archive_should_be_refused_unread() {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_path("././@LongLink").expect("path");
+        h.set_size(512 << 20);
+        h.set_cksum();
+        match plans_of(h.as_bytes()) {
+            Err(ImageError::TooLarge { what, limit }) => {
+                assert_eq!(limit, crate::limits::MAX_TAR_EXTENSION_BYTES);
+                assert!(what.contains("long name record"), "{what}");
+            }
+            other => panic!("expected TooLarge, got {:?}", other.map(|p| p.len())),
+        }
     }
 
     #[test]

@@ -53,6 +53,16 @@ pub enum ImageError {
         /// Why it was refused.
         reason: String,
     },
+    /// Input claims more than a bound the store keeps on what hostile
+    /// input may cost (see `limits`): refused before it is read or
+    /// written.
+    #[error("{what}, over the limit of {limit} bytes")]
+    TooLarge {
+        /// What claims too much, with how much.
+        what: String,
+        /// The bound.
+        limit: u64,
+    },
     /// The archive uses a feature this store does not implement.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -106,6 +116,85 @@ pub enum ImageError {
 }
 
 impl ImageError {
+    /// The same error for another caller of a shared operation (a download
+    /// several pulls wait for). I/O errors keep their errno (or kind) and
+    /// message; a store error becomes an I/O error with its message.
+    pub(crate) fn duplicate(&self) -> Self {
+        use ImageError as E;
+        match self {
+            E::NotFound(s) => E::NotFound(s.clone()),
+            E::InvalidReference { reference, reason } => E::InvalidReference {
+                reference: reference.clone(),
+                reason: reason.clone(),
+            },
+            E::InvalidArchive { path, reason } => E::InvalidArchive {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            E::DigestMismatch {
+                what,
+                expected,
+                actual,
+            } => E::DigestMismatch {
+                what: what.clone(),
+                expected: expected.clone(),
+                actual: actual.clone(),
+            },
+            E::SizeMismatch {
+                what,
+                expected,
+                actual,
+            } => E::SizeMismatch {
+                what: what.clone(),
+                expected: *expected,
+                actual: *actual,
+            },
+            E::UnsafeEntry { path, reason } => E::UnsafeEntry {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            E::TooLarge { what, limit } => E::TooLarge {
+                what: what.clone(),
+                limit: *limit,
+            },
+            E::Unsupported(s) => E::Unsupported(s.clone()),
+            E::RegistryUnavailable { host, reason } => E::RegistryUnavailable {
+                host: host.clone(),
+                reason: reason.clone(),
+            },
+            E::Unauthorized {
+                host,
+                reference,
+                reason,
+            } => E::Unauthorized {
+                host: host.clone(),
+                reference: reference.clone(),
+                reason: reason.clone(),
+            },
+            E::InvalidManifest { reference, reason } => E::InvalidManifest {
+                reference: reference.clone(),
+                reason: reason.clone(),
+            },
+            E::RegistryConfig { path, reason } => E::RegistryConfig {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            E::Io { op, path, source } => E::Io {
+                op,
+                path: path.clone(),
+                source: match source.raw_os_error() {
+                    Some(n) => std::io::Error::from_raw_os_error(n),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            E::Store(e) => E::Io {
+                op: "use the image metadata store",
+                path: PathBuf::from("meta.redb"),
+                source: std::io::Error::other(e.to_string()),
+            },
+        }
+    }
+
     /// Builds an [`ImageError::Io`] from anything convertible to an I/O error
     /// (std and rustix errors).
     pub(crate) fn io(

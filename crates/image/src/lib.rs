@@ -21,16 +21,21 @@ mod archive;
 mod digest;
 mod error;
 mod export;
+mod limits;
 mod mounts;
 mod reference;
 pub mod registry;
 mod store;
+mod tar_guard;
 mod unpack;
 
 use std::path::PathBuf;
 
 pub use error::ImageError;
 pub use export::Exported;
+pub use limits::{
+    Limits, DEFAULT_MAX_LAYER_BYTES, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, MAX_TAR_EXTENSION_BYTES,
+};
 pub use oci_spec;
 pub use reference::normalize_reference;
 pub use store::{DiskStats, GcReport, ImageStore, Removal, GC_MIN_AGE, PRUNE_USE_GUARD};

@@ -16,7 +16,7 @@ use crate::digest::HashingReader;
 use crate::reference::{self, is_hex64};
 use crate::registry::{LayerState, ProgressReporter, PulledImage};
 use crate::unpack::unpack_layer;
-use crate::{mounts, FsUsage, Image, ImageError};
+use crate::{mounts, FsUsage, Image, ImageError, Limits};
 
 mod gc;
 pub use gc::{DiskStats, GcReport, Removal, GC_MIN_AGE, PRUNE_USE_GUARD};
@@ -182,6 +182,8 @@ pub struct ImageStore {
     usage: gc::Usage,
     /// When the store was opened (ns): the store time of images loaded.
     loaded_at: u64,
+    /// Bounds on the layers unpacked.
+    limits: Limits,
 }
 
 impl std::fmt::Debug for ImageStore {
@@ -268,10 +270,19 @@ impl ImageStore {
             writer: Mutex::new(()),
             usage: gc::Usage::default(),
             loaded_at: gc::now_ns(),
+            limits: Limits::default(),
         };
         store.clean_temp()?;
         store.load()?;
         Ok(store)
+    }
+
+    /// The store with `limits` on the layers it unpacks instead of the
+    /// defaults.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     fn tmp(&self) -> PathBuf {
@@ -438,6 +449,7 @@ impl ImageStore {
             layers.push(PlannedLayer {
                 blob,
                 diff_id: l.diff_id.clone(),
+                media_type: Some(l.media_type.clone()),
             });
         }
         let plan = Plan {
@@ -511,7 +523,11 @@ impl ImageStore {
                 continue;
             }
             report(i, LayerState::Unpacking);
-            let rec = self.unpack_one(&layer.blob.file, &layer.diff_id)?;
+            let rec = self.unpack_one(
+                &layer.blob.file,
+                &layer.diff_id,
+                layer.media_type.as_deref(),
+            )?;
             new_layers.push(rec);
             report(i, LayerState::Done);
         }
@@ -523,10 +539,15 @@ impl ImageStore {
 
     /// Unpacks one layer into a temp directory, verifies its diff id, and
     /// renames it into `layers/`.
-    fn unpack_one(&self, blob: &Path, diff_id: &str) -> Result<LayerRecord, ImageError> {
+    fn unpack_one(
+        &self,
+        blob: &Path,
+        diff_id: &str,
+        media_type: Option<&str>,
+    ) -> Result<LayerRecord, ImageError> {
         let dir = TempDir::create(&self.tmp(), "layer-", 0o755)?;
-        let mut hr = HashingReader::new(open_layer(blob)?);
-        let stats = unpack_layer(&mut hr, &dir.path)?;
+        let mut hr = HashingReader::new(open_layer(blob, media_type)?);
+        let stats = unpack_layer(&mut hr, &dir.path, &self.limits)?;
         let (actual, _) = hr
             .finish()
             .map_err(|e| ImageError::io("read layer blob", blob, e))?;

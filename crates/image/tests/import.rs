@@ -472,3 +472,44 @@ fn import_should_refuse_invalid_archives_and_tags() {
     assert!(matches!(r, Err(ImageError::Io { .. })), "{r:?}");
     assert!(tmp_entries(&store).is_empty());
 }
+
+#[test]
+fn import_should_refuse_a_layer_declared_gzip_that_is_not_compressed() {
+    let a = Archives::build();
+    let (_d, store) = new_store();
+    // A plain tar layer under the `tar+gzip` media type.
+    let mut b = tar::Builder::new(Vec::new());
+    append(&mut b, "etc/hello", b"hello");
+    let plain = b.into_inner().expect("tar");
+    let path = a.path("plain-as-gzip.tar");
+    write_oci_archive(
+        &path,
+        &[TestImage::new(Some("x/plain:1"), "/bin/true", vec![plain])],
+        false,
+    );
+    let r = store.import(&path, &[]);
+    match &r {
+        Err(ImageError::Unsupported(m)) => {
+            assert!(
+                m.contains("tar+gzip") && m.contains("not Gzip-compressed"),
+                "{m}"
+            )
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    assert!(layer_dirs(&store).is_empty());
+    assert!(tmp_entries(&store).is_empty());
+    assert!(store.list().is_empty());
+    // A gzip layer labelled gzip still imports.
+    let ok = a.path("gzip.tar");
+    write_oci_archive(
+        &ok,
+        &[TestImage::new(
+            Some("x/gzip:1"),
+            "/bin/true",
+            vec![small_layer("etc/hello", b"hello")],
+        )],
+        false,
+    );
+    one(store.import(&ok, &[]).expect("gzip layer"));
+}

@@ -311,3 +311,230 @@ fn runtime_should_refuse_to_start_without_its_oci_runtime_or_with_a_bad_config()
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn importing_a_file_that_is_not_an_archive_should_never_echo_it() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    // A file of the host that is no image: shaped like /etc/shadow.
+    let secret = "root:$6$SECRETsalt$SECREThashSECREThashSECREThashSECREThash:19700:0:99999:7:::\n";
+    let shadow = node.dir.path().join("shadow");
+    std::fs::write(&shadow, secret.repeat(40)).unwrap();
+    let quotes = |msg: &str| {
+        ["SECRET", "$6$", "root:", "19700"]
+            .iter()
+            .any(|s| msg.contains(s))
+    };
+
+    let err = c
+        .admin
+        .import_image(petrel_cri::admin::ImportImageRequest {
+            path: shadow.display().to_string(),
+            tags: vec![],
+        })
+        .await
+        .expect_err("a shadow file is no image");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains(&shadow.display().to_string()),
+        "{err:?}"
+    );
+    assert!(err.message().contains("not a tar archive"), "{err:?}");
+    assert!(!quotes(err.message()), "{err:?}");
+
+    let o = ctl(&node, &["image", "import", shadow.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("not a tar archive"), "{out}");
+    assert!(!quotes(&out), "{out}");
+    assert!(!quotes(&node.log()), "the runtime's log quotes the file");
+    assert!(std::fs::read_dir(node.root.join("images/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[tokio::test]
+async fn importing_an_archive_with_a_huge_tar_record_should_be_resource_exhausted() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    // A GNU long name record claiming 512 MiB (only its header is there).
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_path("././@LongLink").unwrap();
+    h.set_size(512 << 20);
+    h.set_cksum();
+    let archive = node.dir.path().join("huge.tar");
+    std::fs::write(&archive, h.as_bytes()).unwrap();
+    let started = std::time::Instant::now();
+    let err = c
+        .admin
+        .import_image(petrel_cri::admin::ImportImageRequest {
+            path: archive.display().to_string(),
+            tags: vec![],
+        })
+        .await
+        .expect_err("refused");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("long name record"), "{err:?}");
+}
+
+/// Peak resident set (VmHWM) of process `pid`, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+#[tokio::test]
+async fn importing_an_archive_with_a_512_mb_manifest_should_fail_fast_and_small() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    // A complete docker archive whose manifest.json is 512 MiB of holes
+    // (no disk used): refused from its header, never copied or read.
+    let mut h = tar::Header::new_gnu();
+    h.set_path("manifest.json").unwrap();
+    h.set_size(512 << 20);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let archive = node.dir.path().join("big-manifest.tar");
+    std::fs::write(&archive, h.as_bytes()).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    f.set_len(512 + (512 << 20) + 1024).unwrap();
+    let before = peak_rss(node.pid());
+    let started = std::time::Instant::now();
+    let err = c
+        .admin
+        .import_image(petrel_cri::admin::ImportImageRequest {
+            path: archive.display().to_string(),
+            tags: vec![],
+        })
+        .await
+        .expect_err("refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("manifest.json is 536870912 bytes, larger than the 4194304 bytes allowed"),
+        "{err:?}"
+    );
+    let after = peak_rss(node.pid());
+    assert!(
+        after < before + (32 << 20),
+        "runtime peak RSS {before} -> {after}"
+    );
+    assert!(std::fs::read_dir(node.root.join("images/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+/// A docker archive of one image `x/sparse:1` whose one layer holds a GNU
+/// sparse file `big` claiming `real` bytes with 4 KiB of data.
+fn sparse_image_archive(path: &std::path::Path, real: u64) {
+    use sha2::Digest;
+    let sha = |b: &[u8]| format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)));
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_path("big").unwrap();
+    h.set_size(4096);
+    h.set_mode(0o644);
+    let g = h.as_gnu_mut().unwrap();
+    g.sparse[0].set_offset(0);
+    g.sparse[0].set_length(4096);
+    g.sparse[1].set_offset(real);
+    g.sparse[1].set_length(0);
+    g.set_real_size(real);
+    h.set_cksum();
+    let mut layer = h.as_bytes().to_vec();
+    layer.extend_from_slice(&[b'd'; 4096]);
+    layer.extend_from_slice(&[0; 1024]);
+    let config = format!(
+        r#"{{"architecture":"amd64","os":"linux","config":{{"Cmd":["/big"]}},"rootfs":{{"type":"layers","diff_ids":["{}"]}}}}"#,
+        sha(&layer)
+    );
+    let manifest = r#"[{"Config":"config.json","RepoTags":["x/sparse:1"],"Layers":["layer.tar"]}]"#;
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in [
+        ("manifest.json", manifest.as_bytes()),
+        ("config.json", config.as_bytes()),
+        ("layer.tar", &layer[..]),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    }
+    std::fs::write(path, b.into_inner().unwrap()).unwrap();
+}
+
+fn import_req(path: &std::path::Path) -> petrel_cri::admin::ImportImageRequest {
+    petrel_cri::admin::ImportImageRequest {
+        path: path.display().to_string(),
+        tags: vec![],
+    }
+}
+
+#[tokio::test]
+async fn a_layer_claiming_10_gib_of_sparse_file_should_be_stored_sparse_or_refused() {
+    // Under a 1 GiB bound: refused before the file is made.
+    let node = Node::start_with("max_layer_bytes = 1073741824");
+    let mut c = node.clients().await;
+    let archive = node.dir.path().join("sparse.tar");
+    sparse_image_archive(&archive, 10 << 30);
+    let err = c
+        .admin
+        .import_image(import_req(&archive))
+        .await
+        .expect_err("over the bound");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("\"big\""), "{err:?}");
+    assert!(
+        err.message().contains("over the limit of 1073741824 bytes"),
+        "{err:?}"
+    );
+    let layers = node.root.join("images/layers");
+    assert!(std::fs::read_dir(&layers).unwrap().next().is_none());
+    assert!(std::fs::read_dir(node.root.join("images/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+
+    // Under the default bound: stored with holes, 10 GiB long, 4 KiB used.
+    let node = Node::start();
+    let mut c = node.clients().await;
+    c.admin
+        .import_image(import_req(&archive))
+        .await
+        .expect("sparse layer imported");
+    let layer = std::fs::read_dir(node.root.join("images/layers"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let m = std::fs::metadata(layer.join("big")).unwrap();
+    assert_eq!(m.len(), 10 << 30);
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&m) * 512 <= 64 << 10,
+        "{} blocks",
+        std::os::unix::fs::MetadataExt::blocks(&m)
+    );
+}

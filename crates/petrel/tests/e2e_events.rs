@@ -270,10 +270,24 @@ async fn a_stalled_subscriber_should_not_slow_lifecycle_operations() {
     }
     let status = ended.expect("stalled stream must end with an error");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    // It is told how many events it lost, and the counter counts each.
+    let lost: u64 = status
+        .message()
+        .split("lost ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {status:?}"));
+    assert!(lost >= 1, "{status:?}");
     let m = c.metrics().await;
     assert!(
         m.lines()
             .any(|l| l.starts_with("petrel_runtime_event_subscriber_overflows_total 1")),
         "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l == format!("petrel_runtime_events_dropped_total {lost}")),
+        "{lost} lost: {m}"
     );
 }

@@ -847,22 +847,9 @@ async fn a_client_leaving_a_streamed_pull_should_leave_no_debris() {
     let first = stream.message().await.expect("first message");
     assert!(first.is_some());
     drop(stream);
-    // The pull goes on without its client and commits the whole image.
+    // The pull stops with its client; a commit already begun completes.
+    // Either way: the whole image or nothing, and no temp files.
     let root = node.root.clone();
-    let mut c2 = node.clients().await;
-    let mut stored = false;
-    for _ in 0..200 {
-        if status(&mut c2, &id).await.is_some() {
-            stored = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        stored,
-        "image stored after the client left:\n{}",
-        node.log()
-    );
     assert!(
         eventually(Duration::from_secs(5), || dir_entries(
             &root.join("images/tmp")
@@ -872,6 +859,15 @@ async fn a_client_leaving_a_streamed_pull_should_leave_no_debris() {
         "temp files left: {:?}",
         dir_entries(&root.join("images/tmp"))
     );
+    let mut c2 = node.clients().await;
+    let layers = dir_entries(&root.join("images/layers")).len();
+    match status(&mut c2, &id).await {
+        Some(_) => assert_eq!(layers, 3, "{}", node.log()),
+        None => assert_eq!(image_count(&mut c2).await, 0),
+    }
+    // And the image can be pulled again from there.
+    let r = format!("{}/petrel/layered:3", reg.host());
+    assert_eq!(pull(&mut c2, &r).await.expect("pull again"), id);
     assert_eq!(dir_entries(&root.join("images/layers")).len(), 3);
 }
 
@@ -953,6 +949,350 @@ async fn concurrent_streamed_pulls_should_download_once_and_both_finish() {
                     Some(admin::LayerState::Done) | Some(admin::LayerState::Exists)
                 ),
                 "{last:?}"
+            );
+        }
+    }
+}
+
+/// What a [`StallRegistry`] does with a request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stall {
+    /// Accepts connections and never answers anything.
+    Everything,
+    /// Answers the manifest and the config; a layer blob gets its headers
+    /// and its first 64 KiB, then nothing more.
+    Blobs,
+}
+
+/// One request seen by a [`StallRegistry`]: its path, and when the client
+/// closed the connection (None while it is open).
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    closed: Option<std::time::Instant>,
+}
+
+/// A registry peer on 127.0.0.1 that stalls (see [`Stall`]), one thread
+/// per connection, recording when each connection is closed by the
+/// runtime. Image `stall/img:1`: one layer of 8 MiB, never delivered.
+struct StallRegistry {
+    port: u16,
+    layer_digest: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StallRegistry {
+    fn start(mode: Stall) -> StallRegistry {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        use std::sync::{Arc, Mutex};
+        let sha = |b: &[u8]| {
+            use sha2::Digest;
+            format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
+        };
+        let layer_size = 8u64 << 20;
+        let layer_digest = sha(b"never sent");
+        let config = format!(
+            r#"{{"architecture":"amd64","os":"linux","rootfs":{{"type":"layers","diff_ids":["{}"]}}}}"#,
+            sha(b"never unpacked")
+        )
+        .into_bytes();
+        let config_digest = sha(&config);
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":{}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{layer_digest}","size":{layer_size}}}]}}"#,
+            config.len()
+        )
+        .into_bytes();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen2, stop2) = (seen.clone(), stop.clone());
+        let layer_digest2 = layer_digest.clone();
+        std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                let Ok((mut conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = conn.set_nonblocking(false);
+                let (seen, stop) = (seen2.clone(), stop2.clone());
+                let (manifest, config) = (manifest.clone(), config.clone());
+                let (config_digest, layer_digest) = (config_digest.clone(), layer_digest2.clone());
+                std::thread::spawn(move || {
+                    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let mut index = None;
+                    loop {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let n = match conn.read(&mut buf) {
+                            Ok(0) => 0,
+                            Ok(n) => n,
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) =>
+                            {
+                                continue
+                            }
+                            Err(_) => 0,
+                        };
+                        if n == 0 {
+                            // The runtime closed the connection.
+                            if let Some(i) = index {
+                                let mut s = seen.lock().expect("seen");
+                                let e: Option<&mut Seen> = s.get_mut(i);
+                                if let Some(e) = e {
+                                    e.closed = Some(std::time::Instant::now());
+                                }
+                            }
+                            return;
+                        }
+                        req.extend_from_slice(&buf[..n]);
+                        let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&req[..end]).into_owned();
+                        req.drain(..end + 4);
+                        let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                        {
+                            let mut s = seen.lock().expect("seen");
+                            index = Some(s.len());
+                            s.push(Seen {
+                                path: path.clone(),
+                                closed: None,
+                            });
+                        }
+                        if mode == Stall::Everything {
+                            continue;
+                        }
+                        let reply = |conn: &mut std::net::TcpStream, ctype: &str, body: &[u8]| {
+                            let head = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n",
+                                body.len()
+                            );
+                            let _ = conn.write_all(head.as_bytes());
+                            let _ = conn.write_all(body);
+                        };
+                        if path == "/v2/stall/img/manifests/1" {
+                            reply(
+                                &mut conn,
+                                "application/vnd.oci.image.manifest.v1+json",
+                                &manifest,
+                            );
+                        } else if path == format!("/v2/stall/img/blobs/{config_digest}") {
+                            reply(&mut conn, "application/octet-stream", &config);
+                        } else if path == format!("/v2/stall/img/blobs/{layer_digest}") {
+                            let head = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {layer_size}\r\n\r\n"
+                            );
+                            let _ = conn.write_all(head.as_bytes());
+                            let _ = conn.write_all(&vec![0x1f; 64 << 10]);
+                            // Then nothing: read until the runtime hangs up.
+                        } else {
+                            let _ = conn
+                                .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                        }
+                    }
+                });
+            }
+        });
+        StallRegistry {
+            port,
+            layer_digest,
+            seen,
+            stop,
+        }
+    }
+
+    fn reference(&self) -> String {
+        format!("127.0.0.1:{}/stall/img:1", self.port)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("seen").clone()
+    }
+
+    /// The requests for the layer blob, in order.
+    fn layer_requests(&self) -> Vec<Seen> {
+        self.seen()
+            .into_iter()
+            .filter(|s| s.path.ends_with(&self.layer_digest))
+            .collect()
+    }
+
+    /// Waits until `n` requests for the layer were seen.
+    async fn wait_layer_requests(&self, n: usize) {
+        assert!(
+            eventually(Duration::from_secs(20), || self.layer_requests().len() >= n).await,
+            "layer requested {} times: {:?}",
+            self.layer_requests().len(),
+            self.seen()
+        );
+    }
+}
+
+impl Drop for StallRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Asserts every connection that requested the layer was closed by the
+/// runtime within `within` of `since`.
+async fn assert_layer_closed(reg: &StallRegistry, since: std::time::Instant, within: Duration) {
+    let closed = eventually(within + Duration::from_secs(2), || {
+        reg.layer_requests().iter().all(|s| s.closed.is_some())
+    })
+    .await;
+    let seen = reg.layer_requests();
+    assert!(closed, "download still open: {seen:?}");
+    for s in seen {
+        let after = s.closed.map(|c| c.saturating_duration_since(since));
+        assert!(
+            after.is_some_and(|a| a <= within),
+            "layer connection closed {after:?} after the client gave up"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_cri_pull_should_stop_its_download_within_a_second() {
+    let reg = StallRegistry::start(Stall::Blobs);
+    let node = Node::start();
+    let c = node.clients().await;
+    let r = reg.reference();
+    let mut c1 = c.clone();
+    let pulling = tokio::spawn(async move { pull(&mut c1, &r).await });
+    reg.wait_layer_requests(1).await;
+    // The client gives up: its call is dropped (RST_STREAM).
+    pulling.abort();
+    let gave_up = std::time::Instant::now();
+    assert_layer_closed(&reg, gave_up, Duration::from_secs(1)).await;
+    // The partial blob went with the download.
+    let tmp = node.root.join("images/tmp");
+    assert!(
+        eventually(Duration::from_secs(2), || dir_entries(&tmp).is_empty()).await,
+        "{:?}",
+        dir_entries(&tmp)
+    );
+    assert_eq!(reg.layer_requests().len(), 1);
+
+    // A deadline (grpc-timeout) gives up the same way.
+    let mut c2 = c.clone();
+    let mut req = tonic::Request::new(pull_req(&reg.reference(), None));
+    req.set_timeout(Duration::from_secs(3));
+    let started = std::time::Instant::now();
+    let err = c2.img.pull_image(req).await.expect_err("stalled pull");
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    reg.wait_layer_requests(2).await;
+    assert_layer_closed(
+        &reg,
+        started + Duration::from_secs(3),
+        Duration::from_secs(1),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_cancelled_streamed_pull_should_stop_its_download_within_a_second() {
+    let reg = StallRegistry::start(Stall::Blobs);
+    let node = Node::start();
+    let mut c = node.clients().await;
+    let req = admin::AdminPullImageRequest {
+        image: reg.reference(),
+        auth: None,
+    };
+    let mut stream = c.admin.pull_image(req).await.expect("pull").into_inner();
+    assert!(stream.message().await.expect("first message").is_some());
+    reg.wait_layer_requests(1).await;
+    drop(stream);
+    let gave_up = std::time::Instant::now();
+    assert_layer_closed(&reg, gave_up, Duration::from_secs(1)).await;
+    let tmp = node.root.join("images/tmp");
+    assert!(eventually(Duration::from_secs(2), || dir_entries(&tmp).is_empty()).await);
+    assert_eq!(image_count(&mut c).await, 0);
+}
+
+#[tokio::test]
+async fn a_download_shared_with_a_live_pull_should_go_on_until_both_give_up() {
+    let reg = StallRegistry::start(Stall::Blobs);
+    let node = Node::start();
+    let c = node.clients().await;
+    let (mut c1, mut c2) = (c.clone(), c.clone());
+    let (r1, r2) = (reg.reference(), reg.reference());
+    let first = tokio::spawn(async move { pull(&mut c1, &r1).await });
+    reg.wait_layer_requests(1).await;
+    let second = tokio::spawn(async move { pull(&mut c2, &r2).await });
+    // The second pull waits for the first one's download (one request).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.abort();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let seen = reg.layer_requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].closed.is_none(),
+        "the download a live pull waits for was stopped: {seen:?}"
+    );
+    assert!(!second.is_finished());
+    second.abort();
+    let gave_up = std::time::Instant::now();
+    assert_layer_closed(&reg, gave_up, Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn ctl_pull_with_a_timeout_should_give_up_on_a_registry_that_never_answers() {
+    let reg = StallRegistry::start(Stall::Everything);
+    let node = Node::start();
+    let r = reg.reference();
+    for quiet in [false, true] {
+        let before = reg.seen().len();
+        let started = std::time::Instant::now();
+        let mut args = vec!["--timeout", "2", "pull"];
+        if quiet {
+            args.push("-q");
+        }
+        args.push(&r);
+        let o = ctl(&node, &args);
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(3),
+            "petrel ctl --timeout 2 pull took {took:?}: {err}"
+        );
+        assert!(err.contains("not pulled within 2s"), "{err}");
+        assert!(err.contains("DeadlineExceeded"), "{err}");
+        // The runtime let go of the registry too.
+        let gave_up = std::time::Instant::now();
+        let closed = eventually(Duration::from_secs(3), || {
+            let s = reg.seen();
+            s.len() > before && s[before..].iter().all(|s| s.closed.is_some())
+        })
+        .await;
+        assert!(closed, "registry connection still open: {:?}", reg.seen());
+        for s in &reg.seen()[before..] {
+            let after = s.closed.map(|c| c.saturating_duration_since(gave_up));
+            assert!(
+                after.is_some_and(|a| a <= Duration::from_secs(1)),
+                "{after:?}"
             );
         }
     }

@@ -36,6 +36,11 @@ pub struct RuntimeConfig {
     /// Size of each pod's shared `/dev/shm` tmpfs, in bytes (64 MiB, like
     /// Docker and containerd).
     pub shm_size: u64,
+    /// Largest size an image layer may unpack to, in bytes: the sum of its
+    /// files' sizes, a sparse file counted at its full size. A layer
+    /// claiming more is refused (RESOURCE_EXHAUSTED) before the file that
+    /// crosses it is written. 0: no bound. Default 64 GiB.
+    pub max_layer_bytes: u64,
     /// `[cri.registry]`: where images are pulled from.
     pub registry: RegistryConfig,
     /// How pods get their network: `cni` (the default) or `loopback`.
@@ -144,6 +149,7 @@ impl Default for RuntimeConfig {
             default_cgroup_parent: "/petrel".to_string(),
             event_queue_capacity: 1000,
             shm_size: 64 * 1024 * 1024,
+            max_layer_bytes: petrel_image::DEFAULT_MAX_LAYER_BYTES,
             registry: RegistryConfig::default(),
             pod_network: PodNetworkMode::default(),
             cni: CniConfig::default(),

@@ -35,6 +35,9 @@ pub enum RuntimeError {
     /// The call did not finish in time.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// The call was given up: its client went away.
+    #[error("{0}")]
+    Cancelled(String),
     /// The runtime is starting or stopping.
     #[error("runtime is not ready: {0}")]
     Unavailable(String),
@@ -80,6 +83,7 @@ impl RuntimeError {
             Self::AlreadyExists { .. } => Code::AlreadyExists,
             Self::FailedPrecondition(_) => Code::FailedPrecondition,
             Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            Self::Cancelled(_) => Code::Cancelled,
             Self::Unavailable(_) => Code::Unavailable,
             Self::Upstream(_) => Code::Unavailable,
             Self::DataLoss(_) => Code::DataLoss,
@@ -143,6 +147,7 @@ impl From<petrel_image::ImageError> for RuntimeError {
             | E::RegistryConfig { .. }
             | E::InvalidArchive { .. }
             | E::UnsafeEntry { .. } => Self::FailedPrecondition(msg),
+            E::TooLarge { .. } => Self::ResourceExhausted(msg),
             E::Io { ref source, .. } if is_disk_full(source) => Self::ResourceExhausted(msg),
             E::Io { .. } | E::Store(_) => Self::Internal(msg),
         }

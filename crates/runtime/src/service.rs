@@ -202,7 +202,10 @@ impl Runtime {
         }
         let store = Store::open(&layout.db())?;
         let images = ImageStore::open(&layout.images())
-            .map_err(|e| RuntimeError::internal("open image store", e))?;
+            .map_err(|e| RuntimeError::internal("open image store", e))?
+            .with_limits(petrel_image::Limits {
+                max_layer_bytes: config.max_layer_bytes,
+            });
         let puller = Puller::new(
             RegistryHosts {
                 config_dir: config.registry.config_path.clone(),

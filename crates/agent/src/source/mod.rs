@@ -26,6 +26,10 @@ use crate::types::{DesiredPod, PodUid};
 use parse::Doc;
 use snapshot::{Files, Owners, Snapshot};
 
+/// Largest manifest file read (kubelet's file source reads at most 10 MB
+/// of one too): a larger one is a broken document, never read into memory.
+pub const MAX_MANIFEST_BYTES: u64 = 10 << 20;
+
 /// Errors of the manifest source (invalid manifests are not errors: they
 /// become pods marked invalid).
 #[derive(Debug, thiserror::Error)]
@@ -261,14 +265,32 @@ fn read_manifest(path: &Path) -> Option<Vec<Doc>> {
         Ok(m) if m.is_file() => {}
         _ => return None,
     }
-    match std::fs::read(path) {
-        Ok(bytes) => match String::from_utf8(bytes) {
+    match read_at_most(path, MAX_MANIFEST_BYTES) {
+        Ok(Some(bytes)) => match String::from_utf8(bytes) {
             Ok(text) => Some(parse::parse(path, &text)),
             Err(_) => Some(vec![Doc::broken("not UTF-8 text".into())]),
         },
+        Ok(None) => Some(vec![Doc::broken(format!(
+            "{} is larger than {MAX_MANIFEST_BYTES} bytes; not read",
+            path.display()
+        ))]),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => Some(vec![Doc::broken(format!("read {}: {e}", path.display()))]),
     }
+}
+
+/// The content of `path`, or `None` when it holds more than `limit`
+/// bytes: at most `limit + 1` bytes are read, whatever its size says (a
+/// file may grow while it is read).
+fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    if f.metadata()?.len() > limit {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    f.take(limit + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
 #[cfg(test)]

@@ -208,6 +208,51 @@ fn invalid_documents_should_be_shown_and_not_disturb_others() {
     );
 }
 
+/// The process's peak resident set (VmHWM), in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn load_should_refuse_a_manifest_file_over_the_size_bound_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "good.yaml", &pod_yaml("good", "i"));
+    // 512 MiB of holes: no disk used, and reading it would show in RSS.
+    let huge = std::fs::File::create(tmp.path().join("huge.yaml")).unwrap();
+    huge.set_len(512 << 20).unwrap();
+    // Just over the bound, and just at it.
+    let over = std::fs::File::create(tmp.path().join("over.yaml")).unwrap();
+    over.set_len(MAX_MANIFEST_BYTES + 1).unwrap();
+    let before = peak_rss();
+    let started = std::time::Instant::now();
+    let src = PodSource::load(tmp.path(), NODE).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        peak_rss() < before + (64 << 20),
+        "peak RSS grew from {before} to {}",
+        peak_rss()
+    );
+    assert_eq!(by_name(&src, "good").invalid, None);
+    for name in ["huge", "over"] {
+        let p = by_name(&src, name);
+        let why = p.invalid.unwrap();
+        assert!(
+            why.contains("is larger than 10485760 bytes; not read"),
+            "{why}"
+        );
+    }
+    let at = tmp.path().join("at.yaml");
+    std::fs::write(&at, vec![b' '; MAX_MANIFEST_BYTES as usize]).unwrap();
+    assert!(read_at_most(&at, MAX_MANIFEST_BYTES).unwrap().is_some());
+    assert!(read_at_most(&at, MAX_MANIFEST_BYTES - 1).unwrap().is_none());
+}
+
 #[test]
 fn duplicates_should_invalidate_the_later_file() {
     let tmp = tempfile::tempdir().unwrap();

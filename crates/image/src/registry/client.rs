@@ -13,6 +13,7 @@ use reqwest::{Client, Response, StatusCode};
 
 use super::auth::{parse_challenge, Challenge, Credentials};
 use super::hosts::Host;
+use crate::limits::{MAX_ERROR_BODY_BYTES, MAX_TOKEN_ANSWER_BYTES};
 use crate::ImageError;
 
 /// Why one request to one host failed; the pull decides whether to try
@@ -214,8 +215,11 @@ impl RepoClient {
         if status.is_success() {
             return Ok(resp);
         }
-        let body = resp.text().await.unwrap_or_default();
-        let body: String = body.chars().take(300).collect();
+        // Only the start of an error answer is quoted: read no more.
+        let body = read_bounded(&mut resp, MAX_ERROR_BODY_BYTES)
+            .await
+            .unwrap_or_default();
+        let body: String = String::from_utf8_lossy(&body).chars().take(300).collect();
         Err(match status {
             StatusCode::NOT_FOUND => FetchError::NotFound,
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
@@ -296,10 +300,24 @@ impl RepoClient {
         if !status.is_success() {
             return Err(FetchError::Other(format!("token server {realm}: {status}")));
         }
-        let body = resp
-            .bytes()
+        let mut resp = resp;
+        let too_large = || {
+            FetchError::Other(format!(
+                "token server {realm}: answer larger than {MAX_TOKEN_ANSWER_BYTES} bytes"
+            ))
+        };
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_TOKEN_ANSWER_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let body = read_bounded(&mut resp, MAX_TOKEN_ANSWER_BYTES + 1)
             .await
             .map_err(|e| FetchError::Unavailable(format!("token server {realm}: {e}")))?;
+        if body.len() > MAX_TOKEN_ANSWER_BYTES {
+            return Err(too_large());
+        }
         #[derive(serde::Deserialize)]
         struct TokenAnswer {
             token: Option<String>,
@@ -313,6 +331,20 @@ impl RepoClient {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| FetchError::Other(format!("token server {realm}: no token in answer")))
     }
+}
+
+/// At most `limit` bytes of a response body; the rest is left unread (the
+/// connection is not reused then).
+async fn read_bounded(resp: &mut Response, limit: usize) -> Result<Vec<u8>, reqwest::Error> {
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some(chunk) = resp.chunk().await? else {
+            break;
+        };
+        let room = limit - out.len();
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

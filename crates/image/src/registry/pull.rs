@@ -2,6 +2,11 @@
 //! the config and the missing layer blobs (each verified, each digest
 //! downloaded once however many pulls want it), and hand the result to the
 //! store.
+//!
+//! A blob download runs in a task of its own, shared by every pull that
+//! wants the blob while it runs. A pull that is dropped (its client gave up)
+//! lets go of its downloads: one another pull still waits for goes on, one
+//! nobody waits for any more is aborted at once, closing its connection.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,7 +15,8 @@ use std::sync::{Arc, Mutex, Weak};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::AbortHandle;
 
 use super::auth::Credentials;
 use super::client::{Clients, FetchError, RepoClient};
@@ -19,10 +25,8 @@ use super::progress::{LayerState, ProgressReporter};
 use crate::reference::{self, is_hex64, Reference};
 use crate::{ImageError, ImageStore};
 
-/// Largest manifest or index accepted (containerd's limit is 4 MiB too).
-pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
-/// Largest image config accepted.
-const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+use crate::limits::MAX_CONFIG_BYTES;
+pub use crate::limits::MAX_MANIFEST_BYTES;
 /// Layer downloads in flight per pull (containerd's default).
 const CONCURRENT_DOWNLOADS: usize = 3;
 
@@ -72,6 +76,9 @@ pub struct PulledLayer {
     pub size: u64,
     /// The uncompressed layer's digest from the config.
     pub diff_id: String,
+    /// The layer's media type from the manifest (says whether the blob
+    /// must be compressed).
+    pub media_type: String,
     /// The downloaded blob; `None` when the store already has the layer.
     pub blob: Option<Arc<Blob>>,
 }
@@ -134,9 +141,37 @@ struct ManifestDoc {
     manifests: Option<Vec<Descriptor>>,
 }
 
-/// Per-digest download slots: a second pull wanting a blob that is being
-/// downloaded waits for it and shares the file.
-type Slot = Arc<tokio::sync::Mutex<Weak<Blob>>>;
+/// How a shared download ended, once it has.
+type Outcome = Option<Result<Arc<Blob>, Arc<ImageError>>>;
+
+/// A blob download running in a task of its own, held by every pull
+/// waiting for it; the last one to let go aborts it.
+struct Download {
+    done: watch::Receiver<Outcome>,
+    task: AbortHandle,
+}
+
+impl Drop for Download {
+    fn drop(&mut self) {
+        // Nobody waits for the blob any more: stop downloading it (the
+        // partial file goes with the task's `Blob` guard).
+        self.task.abort();
+    }
+}
+
+/// What the puller knows of one digest: the download under way, and the
+/// downloaded blob while a pull still holds it (a later pull shares it).
+#[derive(Default)]
+struct Slot {
+    download: Weak<Download>,
+    blob: Weak<Blob>,
+}
+
+impl Slot {
+    fn is_used(&self) -> bool {
+        self.download.strong_count() > 0 || self.blob.strong_count() > 0
+    }
+}
 
 /// Pulls images from registries. One per runtime; cheap to share.
 #[derive(Debug)]
@@ -146,6 +181,15 @@ pub struct Puller {
     tmp: PathBuf,
     inflight: Mutex<HashMap<String, Slot>>,
     downloads: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("downloading", &(self.download.strong_count() > 0))
+            .field("blob", &(self.blob.strong_count() > 0))
+            .finish()
+    }
 }
 
 /// The hosts of one pull, each with its own auth state.
@@ -333,11 +377,11 @@ impl Puller {
             let c = self.clients.for_host(&h)?;
             clients.push(RepoClient::new(c, h, repository, creds.clone())?);
         }
-        let session = Session {
+        let session = Arc::new(Session {
             reference: normalized.clone(),
             registry: registry.to_string(),
             clients,
-        };
+        });
         tracing::info!(reference = %normalized, "pulling image");
 
         // 1. The top-level manifest or index.
@@ -457,6 +501,7 @@ impl Puller {
                     &config_desc.digest,
                     config_desc.size,
                     None,
+                    None,
                     || stored().is_some(),
                 )
                 .await?
@@ -492,25 +537,27 @@ impl Puller {
         // 4. The layers the store lacks, a few at a time.
         let mut tasks = Vec::new();
         for (index, (l, diff_id)) in layers.iter().zip(&diff_ids).enumerate() {
-            let permit = self.downloads.clone();
             let session = &session;
             tasks.push(async move {
                 let blob = if store.has_layer(diff_id) {
                     progress.set(index, LayerState::Exists);
                     None
                 } else {
-                    let _p = permit.acquire().await.map_err(|_| {
-                        ImageError::Unsupported("puller is shutting down".to_string())
-                    })?;
-                    self.blob(session, &l.digest, l.size, Some((progress, index)), || {
-                        store.has_layer(diff_id)
-                    })
+                    self.blob(
+                        session,
+                        &l.digest,
+                        l.size,
+                        Some((progress, index)),
+                        Some(&self.downloads),
+                        || store.has_layer(diff_id),
+                    )
                     .await?
                 };
                 Ok::<_, ImageError>(PulledLayer {
                     digest: l.digest.clone(),
                     size: l.size,
                     diff_id: diff_id.clone(),
+                    media_type: l.media_type.clone(),
                     blob,
                 })
             });
@@ -528,145 +575,204 @@ impl Puller {
         })
     }
 
-    /// The blob `digest`: shared with a pull downloading it now, else
-    /// downloaded. `None` when `present()` says (after waiting for another
-    /// pull) that it is not needed any more. `layer` is the progress entry
-    /// of a layer blob (none for the config): it stays `Waiting` while
-    /// another pull downloads the blob, then becomes `Downloaded` (shared),
-    /// `Exists` (committed meanwhile) or goes through `Downloading`.
+    /// The blob `digest`: shared with a pull holding or downloading it
+    /// now, else downloaded (in a task of its own, see [`Download`]).
+    /// `None` when `present()` says it is not needed (the store has it).
+    /// `layer` is the progress entry of a layer blob (none for the config):
+    /// it stays `Waiting` while another pull's download runs, then becomes
+    /// `Downloaded`; a download this pull starts reports its bytes there.
+    /// A download with `limit` waits for one of its permits first.
     async fn blob(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         digest: &str,
         size: u64,
         layer: Option<(&ProgressReporter, usize)>,
+        limit: Option<&Arc<Semaphore>>,
         present: impl Fn() -> bool,
     ) -> Result<Option<Arc<Blob>>, ImageError> {
-        let slot = {
-            let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
-            m.entry(digest.to_string()).or_default().clone()
-        };
         let report = |state| {
             if let Some((p, i)) = layer {
                 p.set(i, state);
             }
         };
-        let result = {
-            let mut held = slot.lock().await;
-            if let Some(b) = held.upgrade() {
+        let download = {
+            let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = m.entry(digest.to_string()).or_default();
+            if let Some(b) = slot.blob.upgrade() {
                 report(LayerState::Downloaded);
-                Ok(Some(b))
-            } else if present() {
-                report(LayerState::Exists);
-                Ok(None)
-            } else {
-                match self.download(session, digest, size, layer).await {
-                    Ok(b) => {
-                        let b = Arc::new(b);
-                        *held = Arc::downgrade(&b);
-                        report(LayerState::Downloaded);
-                        Ok(Some(b))
-                    }
-                    Err(e) => Err(e),
+                return Ok(Some(b));
+            }
+            match slot.download.upgrade() {
+                Some(d) => d,
+                None if present() => {
+                    report(LayerState::Exists);
+                    return Ok(None);
+                }
+                None => {
+                    let d = self.start_download(
+                        session,
+                        digest,
+                        size,
+                        layer.map(|(p, i)| (p.clone(), i)),
+                        limit.cloned(),
+                    );
+                    slot.download = Arc::downgrade(&d);
+                    d
                 }
             }
         };
-        drop(slot);
-        // Forget slots nobody waits on and whose blob is gone.
+        let mut done = download.done.clone();
+        let outcome = done
+            .wait_for(Option::is_some)
+            .await
+            .map(|o| o.clone())
+            .ok()
+            .flatten();
+        let result = match outcome {
+            Some(Ok(b)) => {
+                let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+                m.entry(digest.to_string()).or_default().blob = Arc::downgrade(&b);
+                report(LayerState::Downloaded);
+                Ok(Some(b))
+            }
+            Some(Err(e)) => Err(e.duplicate()),
+            // The task ended without a word: the runtime is going down.
+            None => Err(ImageError::RegistryUnavailable {
+                host: session.registry.clone(),
+                reason: format!("download of {digest} ended unexpectedly"),
+            }),
+        };
+        drop(done);
+        drop(download);
+        // Forget digests nobody downloads or holds any more.
         let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, s| {
-            Arc::strong_count(s) > 1 || s.try_lock().map_or(true, |w| w.strong_count() > 0)
-        });
+        m.retain(|_, s| s.is_used());
         result
     }
 
-    /// Downloads a blob into the temp directory, verifying size and digest
-    /// as it streams; on any failure the partial file is removed. Each
-    /// chunk's bytes go to `layer`'s progress entry, if any.
-    async fn download(
+    /// Starts downloading `digest` in a task of its own; its outcome is
+    /// published to every holder of the returned [`Download`].
+    fn start_download(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         digest: &str,
         size: u64,
-        layer: Option<(&ProgressReporter, usize)>,
-    ) -> Result<Blob, ImageError> {
-        let (mut resp, host) = session
-            .get("blobs", digest, "application/octet-stream, */*", false)
-            .await?;
-        let what = format!("blob {digest} of {}", session.reference);
-        if let Some(n) = resp.content_length() {
-            if n != size {
-                return Err(ImageError::SizeMismatch {
-                    what,
-                    expected: size,
-                    actual: n,
-                });
+        layer: Option<(ProgressReporter, usize)>,
+        limit: Option<Arc<Semaphore>>,
+    ) -> Arc<Download> {
+        let (tx, rx) = watch::channel(None);
+        let session = session.clone();
+        let digest = digest.to_string();
+        let tmp = self.tmp.clone();
+        let task = tokio::spawn(async move {
+            let result = async {
+                let _permit = match limit {
+                    Some(l) => Some(l.acquire_owned().await.map_err(|_| {
+                        ImageError::Unsupported("puller is shutting down".to_string())
+                    })?),
+                    None => None,
+                };
+                let layer = layer.as_ref().map(|(p, i)| (p, *i));
+                download(&tmp, &session, &digest, size, layer).await
             }
+            .await;
+            tx.send_replace(Some(result.map(Arc::new).map_err(Arc::new)));
+        });
+        Arc::new(Download {
+            done: rx,
+            task: task.abort_handle(),
+        })
+    }
+}
+
+/// Downloads a blob into `tmp`, verifying size and digest as it streams;
+/// on any failure (or when the task is aborted) the partial file is
+/// removed. Each chunk's bytes go to `layer`'s progress entry, if any.
+async fn download(
+    tmp: &Path,
+    session: &Session,
+    digest: &str,
+    size: u64,
+    layer: Option<(&ProgressReporter, usize)>,
+) -> Result<Blob, ImageError> {
+    let (mut resp, host) = session
+        .get("blobs", digest, "application/octet-stream, */*", false)
+        .await?;
+    let what = format!("blob {digest} of {}", session.reference);
+    if let Some(n) = resp.content_length() {
+        if n != size {
+            return Err(ImageError::SizeMismatch {
+                what,
+                expected: size,
+                actual: n,
+            });
         }
-        let path = self.tmp.join(format!("blob-{}", random_hex()?));
-        // The guard removes the file on every early return below.
-        let mut blob = Blob {
-            path,
-            digest: digest.to_string(),
-            size,
-        };
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&blob.path)
-            .await
-            .map_err(|e| ImageError::io("create", &blob.path, e))?;
-        let mut hasher = Sha256::new();
-        let mut count = 0u64;
-        let started = std::time::Instant::now();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| ImageError::RegistryUnavailable {
-                host: host.authority.clone(),
-                reason: format!("downloading {digest}: {e}"),
-            })?
-        {
-            count += chunk.len() as u64;
-            if count > size {
-                return Err(ImageError::SizeMismatch {
-                    what,
-                    expected: size,
-                    actual: count,
-                });
-            }
-            hasher.update(&chunk);
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| ImageError::io("write", &blob.path, e))?;
-            if let Some((p, i)) = layer {
-                p.add_bytes(i, chunk.len() as u64);
-            }
-        }
-        file.flush()
-            .await
-            .map_err(|e| ImageError::io("write", &blob.path, e))?;
-        drop(file);
-        if count != size {
+    }
+    let path = tmp.join(format!("blob-{}", random_hex()?));
+    // The guard removes the file on every early return below, and when the
+    // task is aborted.
+    let mut blob = Blob {
+        path,
+        digest: digest.to_string(),
+        size,
+    };
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&blob.path)
+        .await
+        .map_err(|e| ImageError::io("create", &blob.path, e))?;
+    let mut hasher = Sha256::new();
+    let mut count = 0u64;
+    let started = std::time::Instant::now();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| ImageError::RegistryUnavailable {
+            host: host.authority.clone(),
+            reason: format!("downloading {digest}: {e}"),
+        })?
+    {
+        count += chunk.len() as u64;
+        if count > size {
             return Err(ImageError::SizeMismatch {
                 what,
                 expected: size,
                 actual: count,
             });
         }
-        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
-        if actual != digest {
-            return Err(ImageError::DigestMismatch {
-                what,
-                expected: digest.to_string(),
-                actual,
-            });
+        hasher.update(&chunk);
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| ImageError::io("write", &blob.path, e))?;
+        if let Some((p, i)) = layer {
+            p.add_bytes(i, chunk.len() as u64);
         }
-        blob.size = count;
-        tracing::debug!(digest, bytes = count, host = %host.origin, elapsed_ms = started.elapsed().as_millis() as u64, "blob downloaded");
-        Ok(blob)
     }
+    file.flush()
+        .await
+        .map_err(|e| ImageError::io("write", &blob.path, e))?;
+    drop(file);
+    if count != size {
+        return Err(ImageError::SizeMismatch {
+            what,
+            expected: size,
+            actual: count,
+        });
+    }
+    let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+    if actual != digest {
+        return Err(ImageError::DigestMismatch {
+            what,
+            expected: digest.to_string(),
+            actual,
+        });
+    }
+    blob.size = count;
+    tracing::debug!(digest, bytes = count, host = %host.origin, elapsed_ms = started.elapsed().as_millis() as u64, "blob downloaded");
+    Ok(blob)
 }
 
 fn random_hex() -> Result<String, ImageError> {

@@ -2,7 +2,7 @@
 //! never following it, and setting its metadata.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{self, Read};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 
@@ -123,6 +123,7 @@ impl Unpacker {
         Ok(())
     }
 
+    /// A regular file; a GNU sparse one (`sparse`) is written with holes.
     pub(super) fn make_file<R: Read>(
         &mut self,
         parent: &OwnedFd,
@@ -130,6 +131,7 @@ impl Unpacker {
         comps: &[Vec<u8>],
         meta: Meta,
         data: &mut tar::Entry<'_, R>,
+        sparse: bool,
     ) -> Result<(), ImageError> {
         self.remove_existing(parent, name, comps)?;
         let fd = rfs::openat(
@@ -140,8 +142,12 @@ impl Unpacker {
         )
         .map_err(|e| ImageError::io("create file", self.path_of(comps), e))?;
         let mut file = std::fs::File::from(fd);
-        io::copy(data, &mut file)
-            .map_err(|e| ImageError::io("write file", self.path_of(comps), e))?;
+        if sparse {
+            copy_sparse(data, &mut file)
+        } else {
+            io::copy(data, &mut file).map(|_| ())
+        }
+        .map_err(|e| ImageError::io("write file", self.path_of(comps), e))?;
         self.count(&file, comps)?;
         self.apply_fd_meta(&file, &meta, comps)?;
         let times = Timestamps {
@@ -298,6 +304,74 @@ impl Unpacker {
             .map_err(|e| ImageError::io("set times", self.path_of(comps), e))?;
         self.count_at(parent, name, comps)
     }
+}
+
+/// Granularity of holes in sparse files: a filesystem block.
+const HOLE_BLOCK: usize = 4096;
+/// Bytes of a sparse file looked at per read.
+const SPARSE_CHUNK: usize = 1 << 20;
+static ZERO_BLOCK: [u8; HOLE_BLOCK] = [0; HOLE_BLOCK];
+
+/// Copies a sparse file's data into the new, empty `file`, leaving a hole
+/// for every block of zeros (the tar crate hands a sparse entry's holes
+/// out as zeros) and giving the file its full size at the end. The zeros
+/// are compared a block at a time with `memcmp`, never written.
+pub(super) fn copy_sparse(data: &mut impl Read, file: &mut std::fs::File) -> io::Result<()> {
+    let mut buf = vec![0u8; SPARSE_CHUNK];
+    // Logical offset of buf[0]; where the file's offset is.
+    let mut pos: u64 = 0;
+    let mut file_pos: u64 = 0;
+    loop {
+        let n = read_full(data, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let mut blocks = buf[..n].chunks(HOLE_BLOCK).peekable();
+        let mut off = pos;
+        while let Some(b) = blocks.next() {
+            if b == &ZERO_BLOCK[..b.len()] {
+                off += b.len() as u64;
+                continue;
+            }
+            // A run of data blocks, written at once.
+            let start = off;
+            let run_start = usize::try_from(start - pos).unwrap_or(0);
+            let mut run_end = run_start + b.len();
+            while let Some(next) = blocks.peek() {
+                if *next == &ZERO_BLOCK[..next.len()] {
+                    break;
+                }
+                run_end += next.len();
+                blocks.next();
+            }
+            if start != file_pos {
+                file.seek(SeekFrom::Start(start))?;
+            }
+            file.write_all(&buf[run_start..run_end])?;
+            off = start + (run_end - run_start) as u64;
+            file_pos = off;
+        }
+        pos += n as u64;
+    }
+    if file_pos != pos {
+        // Trailing hole: the file's size is its logical size.
+        file.set_len(pos)?;
+    }
+    Ok(())
+}
+
+/// Reads until `buf` is full or the stream ends; the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Whether `name` names an entry of its directory: not empty, `.`, `..`,

@@ -32,6 +32,16 @@
 //!   of nothing is refused. Overlay xattrs carried in the layer itself
 //!   (`trusted.overlay.*`, `user.overlay.*`) are dropped so a layer cannot
 //!   forge overlay metadata.
+//! - **Hostile sizes cost nothing.** The entries' sizes (a sparse file's
+//!   full size) are added up as each header is read, and the entry that
+//!   takes the layer past [`Limits::max_layer_bytes`] is refused with
+//!   [`ImageError::TooLarge`] before it is written. A GNU sparse file is
+//!   written sparse: its holes (and any run of zeros) become holes of the
+//!   file (`lseek` past them, `ftruncate` to its size), so a layer
+//!   claiming a 10 GiB file of holes takes the disk space of its data.
+//!   Tar extension records (long names, PAX headers) over
+//!   [`MAX_TAR_EXTENSION_BYTES`](crate::limits::MAX_TAR_EXTENSION_BYTES)
+//!   are refused unread (`tar_guard.rs`).
 //! - **A failed unpack is the caller's to remove.** [`unpack_layer`] stops
 //!   at the first error and leaves what it made; the store unpacks into a
 //!   fresh directory under its private `tmp/` and renames it into `layers/`
@@ -51,6 +61,7 @@ mod whiteout;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -59,6 +70,8 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, Timespec, Timesta
 use rustix::io::Errno;
 use tar::EntryType;
 
+use crate::limits::{Limits, MAX_TAR_EXTENSION_BYTES};
+use crate::tar_guard::TarGuard;
 use crate::ImageError;
 
 pub(crate) use compression::decompress;
@@ -74,8 +87,13 @@ pub(crate) struct UnpackStats {
 }
 
 /// Unpacks the uncompressed layer tar `reader` into the existing, empty
-/// directory `target`. The reader is read up to the tar end marker only.
-pub(crate) fn unpack_layer(reader: impl Read, target: &Path) -> Result<UnpackStats, ImageError> {
+/// directory `target`, within `limits`. The reader is read up to the tar
+/// end marker only.
+pub(crate) fn unpack_layer(
+    reader: impl Read,
+    target: &Path,
+    limits: &Limits,
+) -> Result<UnpackStats, ImageError> {
     let root = rfs::open(
         target,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -89,13 +107,21 @@ pub(crate) fn unpack_layer(reader: impl Read, target: &Path) -> Result<UnpackSta
         dir_times: Vec::new(),
         dropped_xattrs: 0,
         skipped_entries: 0,
+        claimed: 0,
+        max_bytes: limits.max_layer_bytes,
     };
-    let mut archive = tar::Archive::new(reader);
-    let entries = archive
-        .entries()
-        .map_err(|e| ImageError::io("read layer", target, e))?;
+    let refused = Cell::new(None);
+    let mut archive = tar::Archive::new(TarGuard::new(reader, &refused));
+    let read_err = |op, e| match refused.get() {
+        Some(r) => ImageError::TooLarge {
+            what: format!("layer {}: {}", target.display(), r.describe()),
+            limit: MAX_TAR_EXTENSION_BYTES,
+        },
+        None => ImageError::io(op, target, e),
+    };
+    let entries = archive.entries().map_err(|e| read_err("read layer", e))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| ImageError::io("read layer entry", target, e))?;
+        let mut entry = entry.map_err(|e| read_err("read layer entry", e))?;
         u.entry(&mut entry)?;
     }
     u.finish()
@@ -113,6 +139,10 @@ struct Unpacker {
     /// cannot hold, dropped with one warning per layer.
     dropped_xattrs: u64,
     skipped_entries: u64,
+    /// Sum of the sizes of the entries so far (sparse files at full size).
+    claimed: u64,
+    /// Bound on `claimed`; 0 for none.
+    max_bytes: u64,
 }
 
 impl Unpacker {
@@ -152,6 +182,23 @@ impl Unpacker {
             return Ok(());
         }
         let comps = clean_path(&raw).map_err(|r| unsafe_entry(&name, r))?;
+        if matches!(
+            kind,
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse
+        ) {
+            // From the header, before any data is read or written.
+            self.claimed = self.claimed.saturating_add(entry.size());
+            if self.max_bytes > 0 && self.claimed > self.max_bytes {
+                return Err(ImageError::TooLarge {
+                    what: format!(
+                        "layer entry {name:?} of {} bytes makes the layer {} bytes unpacked",
+                        entry.size(),
+                        self.claimed
+                    ),
+                    limit: self.max_bytes,
+                });
+            }
+        }
         let meta = self.meta(entry, &name)?;
         let Some((last, parents)) = comps.split_last() else {
             // The layer root itself ("./").
@@ -172,9 +219,10 @@ impl Unpacker {
         let parent = self.parent_dir(parents, &name)?;
         match kind {
             EntryType::Directory => self.make_dir(&parent, last, &comps, meta),
-            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.make_file(&parent, last, &comps, meta, entry)
+            EntryType::Regular | EntryType::Continuous => {
+                self.make_file(&parent, last, &comps, meta, entry, false)
             }
+            EntryType::GNUSparse => self.make_file(&parent, last, &comps, meta, entry, true),
             EntryType::Symlink => {
                 let Some(target) = entry.link_name_bytes() else {
                     return Err(unsafe_entry(&name, "symlink without a target"));

@@ -58,11 +58,13 @@ pub fn sha256(data: &[u8]) -> String {
 
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 
-/// The diff id of a gzip (or zstd) layer.
+/// The diff id of a gzip (or zstd, or plain) layer.
 pub fn diff_id_of_gzip(layer: &[u8]) -> String {
     let mut raw = Vec::new();
     if layer.starts_with(ZSTD_MAGIC) {
         raw = zstd::stream::decode_all(layer).expect("unzstd");
+    } else if !layer.starts_with(&[0x1f, 0x8b]) {
+        raw = layer.to_vec();
     } else {
         let mut d = flate2::read::GzDecoder::new(layer);
         d.read_to_end(&mut raw).expect("gunzip");
@@ -70,7 +72,8 @@ pub fn diff_id_of_gzip(layer: &[u8]) -> String {
     sha256(&raw)
 }
 
-/// The OCI media type of a gzip or zstd layer blob.
+/// The OCI media type of a gzip or zstd layer blob (a plain one is
+/// labelled gzip too: a hostile archive's lie).
 fn layer_media_type(layer: &[u8]) -> &'static str {
     if layer.starts_with(ZSTD_MAGIC) {
         "application/vnd.oci.image.layer.v1.tar+zstd"

@@ -37,9 +37,9 @@ impl Runtime {
             .await
             .map_err(|e| RuntimeError::internal("import image", e))?
             .map_err(|e| match e {
-                petrel_image::ImageError::Io { .. } | petrel_image::ImageError::Store(_) => {
-                    RuntimeError::Internal(e.to_string())
-                }
+                petrel_image::ImageError::Io { .. }
+                | petrel_image::ImageError::Store(_)
+                | petrel_image::ImageError::TooLarge { .. } => RuntimeError::from(e),
                 other => RuntimeError::invalid("path", other.to_string()),
             })?;
         Ok(adm::ImportImageResponse {

@@ -22,8 +22,9 @@ impl Runtime {
 }
 
 /// The status ending the stream of a subscriber that fell behind.
-fn lagged_status(_: Lagged) -> Status {
-    Status::resource_exhausted(
-        "event subscriber fell behind and lost events: relist, then subscribe again",
-    )
+fn lagged_status(l: Lagged) -> Status {
+    Status::resource_exhausted(format!(
+        "event subscriber fell behind and lost {} events: relist, then subscribe again",
+        l.missed
+    ))
 }

@@ -80,10 +80,11 @@ fn forward(tx: &ProgressSender, p: &PullProgress) {
 impl Runtime {
     /// Pulls `req.image` like CRI PullImage, sending throttled snapshots to
     /// `tx`, and returns the last message (final layer states and the
-    /// image id). The pull runs in a task of its own and is awaited to the
-    /// end even when the client has gone: it completes or fails as a whole
-    /// (no partial image either way), as a CRI PullImage whose client hung
-    /// up does.
+    /// image id). The pull runs in a task of its own, aborted when the
+    /// client goes away (the stream's receiver is dropped), as a CRI
+    /// PullImage whose client hung up is: downloads nobody else waits for
+    /// stop at once; a commit already begun completes or fails as a whole
+    /// (no partial image either way).
     pub(crate) async fn pull_image_progress(
         self: &Arc<Self>,
         req: adm::AdminPullImageRequest,
@@ -96,8 +97,10 @@ impl Runtime {
         let auth = req.auth.map(cri_auth);
         let (reporter, mut rx) = ProgressReporter::channel();
         let rt = self.clone();
+        let what = reference.clone();
         let mut pull =
             tokio::spawn(async move { rt.pull_and_store(&reference, auth, &reporter).await });
+        let _abort = super::AbortOnDrop(pull.abort_handle());
         let mut throttle = Throttle::new(PROGRESS_INTERVAL);
         let mut watching = true;
         let result = loop {
@@ -111,6 +114,11 @@ impl Runtime {
                     break joined
                         .map_err(|e| RuntimeError::internal("PullImage failed unexpectedly", e))
                         .and_then(|r| r);
+                }
+                () = tx.closed() => {
+                    return Err(RuntimeError::Cancelled(format!(
+                        "pull of {what} stopped: its client went away"
+                    )));
                 }
                 changed = rx.changed(), if watching => {
                     if changed.is_err() {

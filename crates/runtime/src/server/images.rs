@@ -122,10 +122,14 @@ impl Runtime {
             .await?;
         let rt = self.clone();
         let progress = progress.clone();
-        let image =
-            tokio::task::spawn_blocking(move || rt.images.import_pulled(&pulled, &progress))
-                .await
-                .map_err(|e| RuntimeError::internal("store pulled image", e))??;
+        // The commit runs on if the call is dropped: it keeps the runtime's
+        // shutdown waiting like a call under way.
+        let image = tokio::task::spawn_blocking(move || {
+            let _call = rt.enter_call();
+            rt.images.import_pulled(&pulled, &progress)
+        })
+        .await
+        .map_err(|e| RuntimeError::internal("store pulled image", e))??;
         Ok(image)
     }
 

@@ -206,9 +206,12 @@ impl CriServer {
         let req = req.into_inner();
         let task = tokio::spawn(async move { f(rt, req).await });
         // Calls run to completion when their client goes away (a half-made
-        // change is worse than an unwanted one), except ExecSync: its
-        // command is killed when nobody waits for its output any more.
-        let _abort = (op == "ExecSync").then(|| AbortOnDrop(task.abort_handle()));
+        // change is worse than an unwanted one), except ExecSync, whose
+        // command is killed when nobody waits for its output any more, and
+        // PullImage, whose downloads stop when nobody waits for the image
+        // (the commit, once begun, runs on and completes or fails whole).
+        let _abort =
+            matches!(op, "ExecSync" | "PullImage").then(|| AbortOnDrop(task.abort_handle()));
         let res = match task.await {
             Ok(r) => r,
             Err(e) => Err(RuntimeError::Internal(format!(
@@ -231,7 +234,7 @@ impl CriServer {
 }
 
 /// Aborts a call's task when the call is dropped (its client went away).
-struct AbortOnDrop(tokio::task::AbortHandle);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

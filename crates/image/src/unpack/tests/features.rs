@@ -260,7 +260,7 @@ fn unpack_should_read_gzip_and_zstd_layers_through_decompress() {
         let sb = Sandbox::new();
         let r =
             super::super::decompress(&blob[..], Some(mt), Path::new("blob")).expect("decompress");
-        unpack_layer(r, &sb.root()).expect("unpack");
+        unpack_layer(r, &sb.root(), &crate::Limits::default()).expect("unpack");
         assert_eq!(
             std::fs::read(sb.root().join("etc/os-release")).expect("read"),
             b"ID=petrel\n",

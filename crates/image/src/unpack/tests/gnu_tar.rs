@@ -167,7 +167,7 @@ fn layers_made_by_gnu_tar_should_unpack_to_the_same_tree() {
         let root = sb.root().join(format);
         std::fs::create_dir(&root).expect("mkdir");
         let data = std::fs::read(&layer).expect("read layer");
-        super::unpack_layer(&data[..], &root).expect("unpack");
+        super::unpack_layer(&data[..], &root, &crate::Limits::default()).expect("unpack");
         let got = describe(&root);
         for (p, w) in &want {
             let w = if format == "posix" {

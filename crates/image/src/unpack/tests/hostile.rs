@@ -224,3 +224,136 @@ fn huge_names_should_fail_cleanly() {
     let sb = Sandbox::new();
     assert!(sb.run_and_check(&[File(long_path)]).is_err());
 }
+
+/// A layer of one GNU sparse file `name` of `real` bytes whose data are
+/// `blocks` (offset, bytes; every block but the last a multiple of 512
+/// bytes), the rest holes. At most three blocks (the header's map also
+/// holds the end-of-file marker).
+fn sparse_layer(name: &str, real: u64, blocks: &[(u64, &[u8])]) -> Vec<u8> {
+    let stored: usize = blocks.iter().map(|(_, d)| d.len()).sum();
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(EntryType::GNUSparse);
+    h.set_path(name).expect("path");
+    h.set_size(stored as u64);
+    h.set_mode(0o644);
+    h.set_mtime(1_000_000);
+    let g = h.as_gnu_mut().expect("gnu header");
+    for (i, (off, data)) in blocks
+        .iter()
+        .chain(std::iter::once(&(real, &b""[..])))
+        .enumerate()
+    {
+        g.sparse[i].set_offset(*off);
+        g.sparse[i].set_length(data.len() as u64);
+    }
+    g.set_real_size(real);
+    h.set_cksum();
+    let mut out = h.as_bytes().to_vec();
+    for (_, d) in blocks {
+        out.extend_from_slice(d);
+    }
+    out.resize(out.len().div_ceil(512) * 512 + 1024, 0);
+    out
+}
+
+fn limits(max: u64) -> crate::Limits {
+    crate::Limits {
+        max_layer_bytes: max,
+    }
+}
+
+#[test]
+fn sparse_files_claiming_10_gib_should_be_stored_sparse() {
+    let sb = Sandbox::new();
+    let real = 10u64 << 30;
+    let (a, b) = (vec![b'a'; 4096], vec![b'b'; 100]);
+    let layer = sparse_layer("big", real, &[(0, &a), (5 << 30, &b)]);
+    let started = std::time::Instant::now();
+    let stats = unpack_layer(&layer[..], &sb.root(), &crate::Limits::default()).expect("unpack");
+    let took = started.elapsed();
+    let path = sb.root().join("big");
+    let m = std::fs::metadata(&path).expect("big");
+    assert_eq!(m.len(), real);
+    // The data only: two blocks, not 10 GiB of zeros.
+    assert!(
+        m.blocks() * 512 <= 64 << 10,
+        "{} blocks allocated",
+        m.blocks()
+    );
+    assert!(stats.bytes <= 64 << 10, "{stats:?}");
+    let read_at = |off: u64, n: usize| {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(&path).expect("open");
+        f.seek(SeekFrom::Start(off)).expect("seek");
+        let mut buf = vec![0u8; n];
+        f.read_exact(&mut buf).expect("read");
+        buf
+    };
+    assert_eq!(read_at(0, 4096), a);
+    assert_eq!(read_at(4096, 4096), vec![0; 4096]);
+    assert_eq!(read_at(5 << 30, 100), b);
+    assert_eq!(read_at((5 << 30) + 100, 412), vec![0; 412]);
+    assert_eq!(read_at(real - 10, 10), vec![0; 10]);
+    eprintln!("10 GiB sparse file unpacked in {took:?}");
+}
+
+#[test]
+fn sparse_files_past_the_layer_bound_should_be_refused_before_writing() {
+    let sb = Sandbox::new();
+    let layer = sparse_layer("big", 10 << 30, &[(0, &[b'a'; 512][..])]);
+    let started = std::time::Instant::now();
+    let r = unpack_layer(&layer[..], &sb.root(), &limits(1 << 30));
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    match r {
+        Err(ImageError::TooLarge { what, limit }) => {
+            assert_eq!(limit, 1 << 30);
+            assert!(what.contains("\"big\""), "{what}");
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(!sb.root().join("big").exists());
+}
+
+#[test]
+fn layers_whose_files_add_up_past_the_bound_should_be_refused() {
+    let sb = Sandbox::new();
+    let mut tb = Tb::new();
+    tb.file("a", &[1; 400])
+        .file("b", &[2; 400])
+        .file("c", &[3; 400]);
+    let r = unpack_layer(&tb.bytes()[..], &sb.root(), &limits(1000));
+    assert!(
+        matches!(&r, Err(ImageError::TooLarge { what, limit: 1000 }) if what.contains("\"c\"")),
+        "{r:?}"
+    );
+    assert!(sb.root().join("b").is_file());
+    assert!(!sb.root().join("c").exists());
+    // 0: no bound.
+    let sb = Sandbox::new();
+    let mut tb = Tb::new();
+    tb.file("a", &[1; 400])
+        .file("b", &[2; 400])
+        .file("c", &[3; 400]);
+    unpack_layer(&tb.bytes()[..], &sb.root(), &limits(0)).expect("unbounded");
+}
+
+#[test]
+fn huge_tar_extension_records_should_be_refused_unread() {
+    for kind in [
+        EntryType::GNULongName,
+        EntryType::GNULongLink,
+        EntryType::XHeader,
+    ] {
+        let sb = Sandbox::new();
+        // Only the header: it claims 512 MiB that are never read.
+        let h = raw_header(kind, b"././@LongLink", b"", 512 << 20, 0o644);
+        let r = unpack_layer(&h.as_bytes()[..], &sb.root(), &crate::Limits::default());
+        match r {
+            Err(ImageError::TooLarge { what, limit }) => {
+                assert_eq!(limit, crate::limits::MAX_TAR_EXTENSION_BYTES);
+                assert!(what.contains("536870912"), "{what}");
+            }
+            other => panic!("{kind:?}: expected TooLarge, got {other:?}"),
+        }
+    }
+}

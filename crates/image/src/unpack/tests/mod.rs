@@ -160,7 +160,7 @@ impl Sandbox {
             .replace("$LONG", &"l".repeat(300))
     }
     pub fn unpack(&self, tar: &[u8]) -> Result<UnpackStats, ImageError> {
-        unpack_layer(tar, &self.root())
+        unpack_layer(tar, &self.root(), &crate::Limits::default())
     }
     /// Everything outside the layer root (the sandbox directory itself
     /// included): type, mode, owner, links, size, mtime, content or link

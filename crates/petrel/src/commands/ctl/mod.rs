@@ -58,6 +58,9 @@ use output::Format;
 /// verbose status answers exceed tonic's 4 MiB default.
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
+/// `--timeout` when not given, in seconds.
+const DEFAULT_TIMEOUT_SECS: u64 = 10;
+
 /// Flags of `petrel ctl`.
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -68,9 +71,10 @@ pub struct CtlArgs {
         default_value = "unix:///run/petrel/petrel.sock"
     )]
     endpoint: String,
-    /// Seconds to wait for each call's answer (0: no limit).
-    #[arg(long, default_value_t = 10)]
-    timeout: u64,
+    /// Seconds to wait for each call's answer (0: no limit) [default: 10;
+    /// for pull 600, and a pull given --timeout stops after it].
+    #[arg(long)]
+    timeout: Option<u64>,
     /// Output format, where the command has several [default: table, or
     /// json for inspect, inspectp, inspecti and info].
     #[arg(short = 'o', long, value_enum, global = true)]
@@ -255,6 +259,8 @@ impl Outcome {
 struct Ctl {
     endpoint: String,
     timeout: Option<Duration>,
+    /// Whether `--timeout` was given (a pull then keeps to it exactly).
+    timeout_given: bool,
     output: Option<Format>,
     channel: OnceCell<Channel>,
 }
@@ -263,7 +269,11 @@ impl Ctl {
     fn new(args: &CtlArgs) -> Self {
         Self {
             endpoint: args.endpoint.clone(),
-            timeout: (args.timeout > 0).then(|| Duration::from_secs(args.timeout)),
+            timeout: match args.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS) {
+                0 => None,
+                t => Some(Duration::from_secs(t)),
+            },
+            timeout_given: args.timeout.is_some(),
             output: args.output,
             channel: OnceCell::new(),
         }
@@ -368,7 +378,19 @@ mod tests {
     #[test]
     fn ctl_args_should_default_endpoint_and_timeout() {
         let a = parse(&["version"]).ok();
-        assert_eq!(a.as_ref().map(|a| a.timeout), Some(10));
+        assert_eq!(a.as_ref().map(|a| a.timeout), Some(None));
+        let ctl = a.as_ref().map(Ctl::new);
+        assert_eq!(
+            ctl.as_ref().map(|c| (c.timeout, c.timeout_given)),
+            Some((Some(Duration::from_secs(DEFAULT_TIMEOUT_SECS)), false))
+        );
+        let ctl = parse(&["--timeout", "0", "version"])
+            .ok()
+            .map(|a| Ctl::new(&a));
+        assert_eq!(
+            ctl.map(|c| (c.timeout, c.timeout_given)),
+            Some((None, true))
+        );
         assert!(a.is_some_and(|a| a.endpoint.starts_with("unix:///")));
     }
 

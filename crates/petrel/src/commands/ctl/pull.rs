@@ -24,9 +24,10 @@ use super::error::CtlError;
 use super::output::{emit, human_size};
 use super::Ctl;
 
-/// Pulls take minutes on slow links; `--timeout` shorter than this is
-/// raised to it (0 still means no limit).
-const MIN_PULL_TIMEOUT: Duration = Duration::from_secs(600);
+/// Pulls take minutes on slow links: without `--timeout` a pull may take
+/// this long. A pull given `--timeout N` gives up after N seconds (0: no
+/// limit), and the runtime stops its downloads when it does.
+const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Hex digits of a digest shown in progress lines and bars.
 const SHORT_DIGEST_HEX: usize = 12;
@@ -92,7 +93,11 @@ pub async fn pull(ctl: &Ctl, args: PullArgs) -> Result<ExitCode, CtlError> {
     } else {
         Display::Lines(Lines::default())
     };
-    let limit = ctl.timeout.map(|t| t.max(MIN_PULL_TIMEOUT));
+    let limit = if ctl.timeout_given {
+        ctl.timeout
+    } else {
+        Some(DEFAULT_PULL_TIMEOUT)
+    };
     let work = pull_with_progress(ctl, &args.reference, auth, &what, &mut display);
     let result = match limit {
         Some(limit) => match tokio::time::timeout(limit, work).await {
@@ -100,7 +105,7 @@ pub async fn pull(ctl: &Ctl, args: PullArgs) -> Result<ExitCode, CtlError> {
             Err(_) => Err(CtlError::rpc(
                 what,
                 tonic::Status::deadline_exceeded(format!(
-                    "no answer within {}s (see --timeout)",
+                    "not pulled within {}s (see --timeout); the runtime stops the pull",
                     limit.as_secs()
                 )),
             )),
