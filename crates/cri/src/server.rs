@@ -4,7 +4,8 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::authority::UnixIncoming;
 
 /// Errors while creating a listening socket.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +38,10 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Se
 /// A missing parent directory is created with mode 0700. A stale socket file
 /// left by a crashed server is replaced, but a socket that still accepts
 /// connections is reported as [`ServerError::InUse`] rather than stolen.
-pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListenerStream, ServerError> {
+/// Each accepted connection is behind [`crate::authority::AuthorityFix`],
+/// so clients that send a `:authority` the HTTP/2 layer refuses (grpc
+/// C-core's socket path) are answered too.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixIncoming, ServerError> {
     if let Some(parent) = path.parent() {
         if !parent.exists() {
             std::fs::DirBuilder::new()
@@ -58,5 +62,5 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListenerStream, ServerErr
     let listener = UnixListener::bind(path).map_err(io("bind", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(io("chmod", path))?;
-    Ok(UnixListenerStream::new(listener))
+    Ok(UnixIncoming::new(listener))
 }
