@@ -190,6 +190,9 @@ pub(crate) fn non_empty<'a>(value: &'a str, field: &str) -> Result<&'a str> {
     }
 }
 
+/// The result type of runtime operations.
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +215,3 @@ mod tests {
         assert_eq!(short.message(), "short");
     }
 }
-
-/// The result type of runtime operations.
-pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
