@@ -8,9 +8,14 @@ CARGO ?= cargo
 export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
-	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables
+	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
+	python3-venv
+# A grpc C-core client from PyPI for the test that any gRPC client is answered
+# (grpcio sends the socket's path as :authority): pinned, in a venv of the clone.
+PYENV := build/pyenv
+GRPCIO_VERSION := 1.85.1
 
-.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd
+.PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd pyenv
 
 all: build
 
@@ -42,6 +47,15 @@ image: deps
 containerd: deps
 	scripts/containerd.sh build
 
+## pyenv: a Python venv with grpcio $(GRPCIO_VERSION) from PyPI (build/pyenv)
+pyenv: $(PYENV)/.grpcio-$(GRPCIO_VERSION)
+
+$(PYENV)/.grpcio-$(GRPCIO_VERSION): | deps
+	rm -rf $(PYENV)
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install --quiet --disable-pip-version-check grpcio==$(GRPCIO_VERSION)
+	touch $@
+
 ## lint: formatting and clippy, warnings are errors
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -51,8 +65,9 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build image containerd lint
-	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+test: deps build image containerd pyenv lint
+	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python; \
+	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) test --workspace --no-fail-fast; \
