@@ -9,16 +9,20 @@ export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
 	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
-	gcc libc6-dev binutils python3 pkg-config libseccomp-dev
+	gcc libc6-dev binutils python3 pkg-config libseccomp-dev python3-venv
 # critest's results against Petrel's runtime are held against this list.
 CONFORMANCE_EXPECTED := crates/testkit/conformance/petrel.expected
 # Where the tests find the peers (real Kubernetes components, `make peers`);
 # PETREL_PEER_<NAME>=path points a test at one other binary.
 PETREL_PEERS_BIN ?= $(CURDIR)/build/peers/bin
 export PETREL_PEERS_BIN
+# A grpc C-core client from PyPI for the test that any gRPC client is answered
+# (grpcio sends the socket's path as :authority): pinned, in a venv of the clone.
+PYENV := build/pyenv
+GRPCIO_VERSION := 1.85.1
 
 .PHONY: all deps build release image test unit lint fmt doc demo bench clean ci containerd \
-	peers conformance-images conformance
+	peers conformance-images conformance pyenv
 
 all: build
 
@@ -70,6 +74,15 @@ conformance: build peers conformance-images
 	$(CARGO) run -q -p petrel-testkit --bin petrel-conformance -- \
 	  --petrel target/debug/petrel --out build/conformance --expected $(CONFORMANCE_EXPECTED)
 
+## pyenv: a Python venv with grpcio $(GRPCIO_VERSION) from PyPI (build/pyenv)
+pyenv: $(PYENV)/.grpcio-$(GRPCIO_VERSION)
+
+$(PYENV)/.grpcio-$(GRPCIO_VERSION): | deps
+	rm -rf $(PYENV)
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install --quiet --disable-pip-version-check grpcio==$(GRPCIO_VERSION)
+	touch $@
+
 ## lint: formatting and clippy, warnings are errors
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -79,8 +92,9 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build image containerd peers conformance-images lint
-	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+test: deps build image containerd peers conformance-images pyenv lint
+	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python; \
+	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) test --workspace --no-fail-fast; \

@@ -5,13 +5,16 @@
 //!   `api.proto`).
 //! - [`admin`]: Petrel's small administrative API served beside CRI.
 //! - [`client::connect`] dials `unix:///path` endpoints; [`server::bind_unix`]
-//!   creates a listening socket with the right permissions.
+//!   creates a listening socket with the right permissions, whose
+//!   connections answer any `:authority` ([`authority`], over [`hpack`]).
 //! - [`list::ListClient`]: ListPodSandbox and ListContainers decoded at
 //!   prost's fastest, for relists of thousands of containers; its
 //!   `list_container_summaries` decodes only what a relist needs
 //!   ([`summary`]).
 
+pub mod authority;
 pub mod client;
+pub mod hpack;
 pub mod list;
 pub mod server;
 pub mod summary;

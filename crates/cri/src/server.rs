@@ -4,7 +4,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::authority::UnixIncoming;
 
 /// Errors while creating a listening socket.
 #[derive(Debug, thiserror::Error)]
@@ -35,12 +36,20 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Se
     }
 }
 
-/// Binds a unix socket at `path` with permission `mode` (e.g. `0o660`).
+/// Binds a unix socket at `path` with permission `mode` (e.g. `0o660`) for a
+/// gRPC server: [`bind_unix_listener`], with each accepted connection behind
+/// [`crate::authority::AuthorityFix`], so clients that send a `:authority`
+/// the HTTP/2 layer refuses (grpc C-core's socket path) are answered too.
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixIncoming, ServerError> {
+    bind_unix_listener(path, mode).map(UnixIncoming::new)
+}
+
+/// Binds a unix socket at `path` with permission `mode`, as it is.
 ///
 /// A missing parent directory is created with mode 0700. A stale socket file
 /// left by a crashed server is replaced, but a socket that still accepts
 /// connections is reported as [`ServerError::InUse`] rather than stolen.
-pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListenerStream, ServerError> {
+pub fn bind_unix_listener(path: &Path, mode: u32) -> Result<UnixListener, ServerError> {
     if let Some(parent) = path.parent() {
         petrel_fs::create_private_dir_all(parent, petrel_fs::PRIVATE)?;
     }
@@ -55,5 +64,5 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListenerStream, ServerErr
     let listener = UnixListener::bind(path).map_err(io("bind", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(io("chmod", path))?;
-    Ok(UnixListenerStream::new(listener))
+    Ok(listener)
 }

@@ -161,24 +161,19 @@ async fn a_create_failing_in_runc_should_roll_back_everything() {
     node.import_busybox(&mut c).await;
     let pc = node.pod_config("rollback");
     let pod = c.run_pod(pc.clone()).await;
-    // cpuset 4095 does not exist on this machine: runc create fails after the
-    // rootfs is mounted and the shim started.
+    // A file bound onto the image's /bin directory: nothing checks that up
+    // front, and runc's mount fails after the rootfs is mounted and the shim
+    // started.
+    let file = node.dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
     let mut cfg = sh_container("doomed", "true");
-    cfg.linux = Some(api::LinuxContainerConfig {
-        resources: Some(api::LinuxContainerResources {
-            cpuset_cpus: "4095".into(),
-            ..Default::default()
-        }),
-        security_context: None,
-    });
+    cfg.mounts = vec![api::Mount {
+        host_path: file.display().to_string(),
+        container_path: "/bin".into(),
+        ..Default::default()
+    }];
     let e = c.create(&pod, &pc, cfg).await.unwrap_err();
-    assert!(
-        matches!(
-            e.code(),
-            tonic::Code::Internal | tonic::Code::InvalidArgument
-        ),
-        "{e:?}"
-    );
+    assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
     let list =
         c.rt.list_containers(api::ListContainersRequest::default())
             .await
@@ -216,6 +211,260 @@ async fn a_create_failing_in_runc_should_roll_back_everything() {
     node.assert_no_zombie_children(Duration::from_secs(2));
     // The name was released.
     c.run(&pod, &pc, sh_container("doomed", "sleep 100")).await;
+}
+
+/// Asserts an INVALID_ARGUMENT naming `field`, with a message that stays
+/// small whatever the value was.
+fn assert_invalid(r: Result<impl std::fmt::Debug, tonic::Status>, field: &str, what: &str) {
+    let e = r.expect_err(what);
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+    assert!(
+        e.message().contains(field),
+        "{what}: expected {field} in {:?}",
+        e.message()
+    );
+    assert!(
+        e.message().len() < 4096,
+        "{what}: {} bytes",
+        e.message().len()
+    );
+}
+
+#[tokio::test]
+async fn hostile_pod_values_should_be_invalid_argument_and_leave_nothing() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    let big = "n".repeat(3 << 20);
+    type Change = Box<dyn Fn(&mut api::PodSandboxConfig)>;
+    let cases: Vec<(&str, &str, Change)> = vec![
+        (
+            "NUL in name",
+            "config.metadata.name",
+            Box::new(|pc| pc.metadata.as_mut().unwrap().name = "a\0b".into()),
+        ),
+        (
+            "3 MB name",
+            "config.metadata.name",
+            Box::new(move |pc| pc.metadata.as_mut().unwrap().name = big.clone()),
+        ),
+        (
+            "/ in namespace",
+            "config.metadata.namespace",
+            Box::new(|pc| pc.metadata.as_mut().unwrap().namespace = "kube/system".into()),
+        ),
+        (
+            ".. in uid",
+            "config.metadata.uid",
+            Box::new(|pc| pc.metadata.as_mut().unwrap().uid = "..".into()),
+        ),
+        (
+            ".. in log directory",
+            "config.log_directory",
+            Box::new(|pc| pc.log_directory = "/tmp/../etc".into()),
+        ),
+    ];
+    for (what, field, change) in cases {
+        let mut pc = node.pod_config("hostile");
+        change(&mut pc);
+        let r =
+            c.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(pc),
+                runtime_handler: String::new(),
+            })
+            .await;
+        assert_invalid(r, field, what);
+        node.assert_no_debris("hostile");
+    }
+    let pods =
+        c.rt.list_pod_sandbox(api::ListPodSandboxRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(pods.items.is_empty(), "no sandbox recorded");
+    // critest's names pass.
+    let mut pc = node.pod_config("hostile");
+    pc.metadata.as_mut().unwrap().name =
+        "PodSandbox-for-create-test-3f6c1d2e-9a4b-4c1d-8e2f-0a1b2c3d4e5f".into();
+    c.run_pod(pc).await;
+}
+
+#[tokio::test]
+async fn hostile_container_values_should_be_invalid_argument_and_leave_nothing() {
+    let node = Node::start_with_busybox().await;
+    let mut c = node.clients().await;
+    let pc = node.pod_config("door");
+    let pod = c.run_pod(pc.clone()).await;
+    let resources = |f: fn(&mut api::LinuxContainerResources)| {
+        let mut r = api::LinuxContainerResources::default();
+        f(&mut r);
+        Some(api::LinuxContainerConfig {
+            resources: Some(r),
+            security_context: None,
+        })
+    };
+    let mount = |container_path: &str, propagation: api::MountPropagation| api::Mount {
+        host_path: "/tmp".into(),
+        container_path: container_path.into(),
+        propagation: propagation as i32,
+        ..Default::default()
+    };
+    let private = api::MountPropagation::PropagationPrivate;
+    let big = "c".repeat(3 << 20);
+    let cases: Vec<(&str, &str, api::ContainerConfig)> = vec![
+        (
+            "NUL in name",
+            "config.metadata.name",
+            sh_container("a\0b", "true"),
+        ),
+        (
+            "3 MB name",
+            "config.metadata.name",
+            // Only the name is large: the request stays under gRPC's 4 MB.
+            api::ContainerConfig {
+                metadata: Some(api::ContainerMetadata {
+                    name: big.clone(),
+                    attempt: 0,
+                }),
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "memory -1",
+            "memory_limit_in_bytes",
+            api::ContainerConfig {
+                linux: resources(|r| r.memory_limit_in_bytes = -1),
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "memory i64::MAX",
+            "memory_limit_in_bytes",
+            api::ContainerConfig {
+                linux: resources(|r| r.memory_limit_in_bytes = i64::MAX),
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "cpu_period 1",
+            "cpu_period",
+            api::ContainerConfig {
+                linux: resources(|r| r.cpu_period = 1),
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "cpu_shares 2^62",
+            "cpu_shares",
+            api::ContainerConfig {
+                linux: resources(|r| r.cpu_shares = 1 << 62),
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "cpuset 4095",
+            "cpuset_cpus",
+            api::ContainerConfig {
+                linux: resources(|r| r.cpuset_cpus = "4095".into()),
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "container_path /proc",
+            "mounts[0].container_path",
+            api::ContainerConfig {
+                mounts: vec![mount("/proc", private)],
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "relative container_path",
+            "mounts[0].container_path",
+            api::ContainerConfig {
+                mounts: vec![mount("data", private)],
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "container_path with ..",
+            "mounts[0].container_path",
+            api::ContainerConfig {
+                mounts: vec![mount("/data/../proc", private)],
+                ..sh_container("x", "true")
+            },
+        ),
+        (
+            "bidirectional unprivileged",
+            "mounts[0].propagation",
+            api::ContainerConfig {
+                mounts: vec![mount(
+                    "/data",
+                    api::MountPropagation::PropagationBidirectional,
+                )],
+                ..sh_container("x", "true")
+            },
+        ),
+    ];
+    for (what, field, cfg) in cases {
+        assert_invalid(c.create(&pod, &pc, cfg).await, field, what);
+    }
+    let list =
+        c.rt.list_containers(api::ListContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(list.containers.is_empty(), "no container recorded");
+    for d in ["state/containers", "root/containers"] {
+        let n = std::fs::read_dir(node.dir.path().join(d))
+            .map(|it| it.count())
+            .unwrap_or(0);
+        assert_eq!(n, 0, "{d} not empty after refused creates");
+    }
+    let pod_cg = Node::cgroup_dir("memory", &format!("{}/door", node.cgroup_parent));
+    let children = std::fs::read_dir(&pod_cg)
+        .map(|it| it.flatten().filter(|e| e.path().is_dir()).count())
+        .unwrap_or(0);
+    assert_eq!(children, 0, "container cgroup left");
+
+    // UpdateContainerResources gets the same checks; the container runs on.
+    let id = c.run(&pod, &pc, sh_container("x", "sleep 100")).await;
+    for (what, field, linux) in [
+        (
+            "memory -1",
+            "memory_limit_in_bytes",
+            api::LinuxContainerResources {
+                memory_limit_in_bytes: -1,
+                ..Default::default()
+            },
+        ),
+        (
+            "cpu_period 1",
+            "cpu_period",
+            api::LinuxContainerResources {
+                cpu_period: 1,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let r =
+            c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+                container_id: id.clone(),
+                linux: Some(linux),
+                ..Default::default()
+            })
+            .await;
+        assert_invalid(r, field, what);
+    }
+    let st =
+        c.rt.container_status(api::ContainerStatusRequest {
+            container_id: id,
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(st.state, api::ContainerState::ContainerRunning as i32);
 }
 
 #[tokio::test]

@@ -97,8 +97,33 @@ impl RuntimeError {
 
 impl From<RuntimeError> for Status {
     fn from(e: RuntimeError) -> Self {
-        Status::new(e.code(), e.to_string())
+        Status::new(e.code(), bounded_message(e.to_string()))
     }
+}
+
+/// The longest error message sent to a client, in bytes. gRPC carries the
+/// message in the `grpc-message` trailer, percent-encoded (up to three bytes
+/// per byte), and both HTTP/2 ends bound a header list to 16 KiB by
+/// default: a longer message (one that quotes a 3 MB name, say) would end
+/// the call with a protocol or RESOURCE_EXHAUSTED error instead of the
+/// status it describes.
+pub const MAX_MESSAGE: usize = 2048;
+
+/// `msg`, or its first [`MAX_MESSAGE`] bytes (at a character boundary) and
+/// how long it was.
+pub fn bounded_message(msg: String) -> String {
+    if msg.len() <= MAX_MESSAGE {
+        return msg;
+    }
+    let mut end = MAX_MESSAGE;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}... (message cut: {} bytes in all)",
+        &msg[..end],
+        msg.len()
+    )
 }
 
 impl From<petrel_store::StoreError> for RuntimeError {
@@ -177,3 +202,26 @@ pub(crate) fn non_empty<'a>(value: &'a str, field: &str) -> Result<&'a str> {
 
 /// The result type of runtime operations.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_should_cut_a_long_message_and_say_how_long_it_was() {
+        let name = "é".repeat(3 << 20);
+        let s = Status::from(RuntimeError::invalid("config.metadata.name", name));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message().len() < MAX_MESSAGE + 64,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().starts_with("invalid config.metadata.name: é"));
+        let full = "invalid config.metadata.name: ".len() + (6 << 20);
+        let tail = format!("(message cut: {full} bytes in all)");
+        assert!(s.message().ends_with(&tail), "{}", s.message().len());
+        let short = Status::from(RuntimeError::Internal("short".into()));
+        assert_eq!(short.message(), "short");
+    }
+}

@@ -23,6 +23,7 @@ pub mod streaming;
 pub mod util;
 
 mod recovery;
+mod validate;
 
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;

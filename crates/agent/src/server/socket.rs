@@ -102,7 +102,7 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<AgentSocket, SocketError>
             );
         }
     }
-    let listener = petrel_cri::server::bind_unix(path, 0o660)?.into_inner();
+    let listener = petrel_cri::server::bind_unix_listener(path, 0o660)?;
     if let Some(gid) = group {
         rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid)))
             .map_err(io("chgrp", path))?;

@@ -24,8 +24,11 @@ use petrel_cri::api;
 use crate::user::UserError;
 
 pub use caps::{capability_by_name, capability_name, caps_from_mask, DEFAULT_CAPS};
+pub use mounts::{check_mounts, container_path};
 pub use process::DEFAULT_PATH;
-pub use resources::linux_resources;
+pub use resources::{
+    linux_resources, IdSet, CPU_PERIOD_US, CPU_QUOTA_US, CPU_SHARES, MAX_MEMORY, MIN_MEMORY,
+};
 
 /// The OCI runtime spec version we write.
 const OCI_VERSION: &str = "1.0.2";
@@ -97,6 +100,20 @@ pub enum SpecError {
     User(#[from] UserError),
 }
 
+/// A client's value for an error message: quoted, and only its start when
+/// it is long (a message quoting megabytes would not reach the client).
+pub fn shown(s: &str) -> String {
+    const MAX: usize = 64;
+    if s.len() <= MAX {
+        return format!("{s:?}");
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &s[..end], s.len())
+}
+
 pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SpecError {
     SpecError::Invalid {
         field: field.into(),
@@ -150,6 +167,12 @@ pub struct HostLimits {
     /// The open-file limit containers get (`RLIMIT_NOFILE`); `None`: they inherit
     /// runc's. The runtime raises its own soft limit and passes the one it started with.
     pub open_files: Option<OpenFileLimit>,
+    /// The CPUs the host has (`/sys/devices/system/cpu/online`); `None`:
+    /// unknown, cpusets are then only checked for their form.
+    pub online_cpus: Option<IdSet>,
+    /// The memory nodes the host has (`/sys/devices/system/node/online`, or
+    /// node 0 alone on a kernel without NUMA).
+    pub online_mems: Option<IdSet>,
 }
 
 /// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
@@ -198,10 +221,22 @@ impl HostLimits {
             .trim()
             .parse()
             .map_err(|_| parse_err("/proc/self/oom_score_adj", "not a number"))?;
+        let ids = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|s| IdSet::parse(&s))
+        };
+        let online_mems = if Path::new("/sys/devices/system/node").exists() {
+            ids("/sys/devices/system/node/online")
+        } else {
+            IdSet::parse("0")
+        };
         Ok(Self {
             bounding_caps: caps_from_mask(mask),
             min_oom_score_adj,
             open_files: Some(OpenFileLimit::current()),
+            online_cpus: ids("/sys/devices/system/cpu/online"),
+            online_mems,
         })
     }
 }
@@ -241,6 +276,51 @@ pub fn container_cgroup_path(cgroup_parent: &str, container_id: &str) -> String 
     }
 }
 
+/// Refuses, naming the field, what [`build_container_spec`] would refuse
+/// about the request alone (no rootfs, no sandbox state): privileged
+/// without a privileged sandbox, CDI devices, resources the kernel cannot
+/// apply ([`linux_resources`]), an `oom_score_adj` outside -1000..1000, and
+/// the mounts ([`check_mounts`]). CreateContainer calls it before it makes
+/// anything.
+pub fn check_container(
+    config: &api::ContainerConfig,
+    sandbox_config: &api::PodSandboxConfig,
+    host: &HostLimits,
+) -> Result<(), SpecError> {
+    let sc = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref());
+    let privileged = sc.is_some_and(|s| s.privileged);
+    check_privileged(privileged, sandbox_config)?;
+    if !config.cdi_devices.is_empty() {
+        return Err(invalid("cdi_devices", "CDI devices are not supported"));
+    }
+    if let Some(r) = config.linux.as_ref().and_then(|l| l.resources.as_ref()) {
+        linux_resources(r, host)?;
+    }
+    oom_score_adj(config, host)?;
+    check_mounts(&config.mounts, privileged)
+}
+
+fn check_privileged(
+    privileged: bool,
+    sandbox_config: &api::PodSandboxConfig,
+) -> Result<(), SpecError> {
+    let sandbox_privileged = sandbox_config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|s| s.privileged);
+    if privileged && !sandbox_privileged {
+        return Err(invalid(
+            "linux.security_context.privileged",
+            "a privileged container needs a privileged pod sandbox",
+        ));
+    }
+    Ok(())
+}
+
 /// Builds the OCI runtime spec of a container.
 ///
 /// Rules (containerd's unless stated): process arguments from the CRI command/args and
@@ -263,20 +343,7 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
     let sc = linux_cfg.and_then(|l| l.security_context.as_ref());
     let privileged = sc.is_some_and(|s| s.privileged);
     let readonly_rootfs = sc.is_some_and(|s| s.readonly_rootfs);
-    if privileged {
-        let sandbox_privileged = input
-            .sandbox_config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .is_some_and(|s| s.privileged);
-        if !sandbox_privileged {
-            return Err(invalid(
-                "linux.security_context.privileged",
-                "a privileged container needs a privileged pod sandbox",
-            ));
-        }
-    }
+    check_privileged(privileged, input.sandbox_config)?;
     if !config.cdi_devices.is_empty() {
         return Err(invalid("cdi_devices", "CDI devices are not supported"));
     }

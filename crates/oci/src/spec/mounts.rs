@@ -39,7 +39,7 @@ pub(super) fn mounts(
     privileged: bool,
     readonly_rootfs: bool,
 ) -> Result<Mounts, SpecError> {
-    let mut binds = cri_binds(&config.mounts)?;
+    let mut binds = cri_binds(&config.mounts, privileged)?;
     let cri_dests: HashSet<String> = binds.iter().map(|b| b.destination.clone()).collect();
     let extras = [
         (
@@ -122,20 +122,78 @@ pub(super) fn mounts(
     })
 }
 
+/// The only paths under `/proc` a mount may cover (runc's own list: files
+/// that lxcfs-style FUSE filesystems emulate per container).
+const PROC_MOUNTABLE: &[&str] = &[
+    "/proc/cpuinfo",
+    "/proc/diskstats",
+    "/proc/meminfo",
+    "/proc/stat",
+    "/proc/swaps",
+    "/proc/uptime",
+    "/proc/loadavg",
+    "/proc/slabinfo",
+    "/proc/net/dev",
+    "/proc/sys/kernel/ns_last_pid",
+];
+
+/// Linux's PATH_MAX: no longer path can be mounted on.
+const PATH_MAX: usize = 4096;
+
+/// Checks the CRI mounts of a container, and resolves nothing: what
+/// CreateContainer refuses before it makes anything. See [`container_path`]
+/// for the destinations; bidirectional propagation needs a privileged
+/// container (kubelet's and the API server's rule); a host path must exist.
+pub fn check_mounts(mounts: &[api::Mount], privileged: bool) -> Result<(), SpecError> {
+    cri_binds(mounts, privileged).map(|_| ())
+}
+
+/// Checks a mount destination: absolute, without `.` or `..` components
+/// (repeated and trailing slashes are dropped: kubelet passes a pod's
+/// `mountPath` as written), at most PATH_MAX bytes, and not `/`, `/proc` or
+/// a path under it other than [`PROC_MOUNTABLE`], `/sys`, or a path under
+/// what runc masks there by default. Returns the clean path.
+pub fn container_path(field: &str, p: &str) -> Result<String, SpecError> {
+    let bad = |why: &str| Err(invalid(field, format!("{} {why}", super::shown(p))));
+    if p.is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if p.len() > PATH_MAX {
+        return bad(&format!("is longer than {PATH_MAX} bytes"));
+    }
+    if p.contains('\0') {
+        return bad("contains NUL");
+    }
+    if !p.starts_with('/') {
+        return bad("is not an absolute path");
+    }
+    if p.split('/').any(|c| c == "." || c == "..") {
+        return bad("is not clean: it has . or .. components");
+    }
+    let clean = clean(p);
+    let under = |root: &str| clean == root || clean.starts_with(&format!("{root}/"));
+    if clean == "/" {
+        return bad("would replace the container's root filesystem");
+    }
+    if under("/proc") && !PROC_MOUNTABLE.contains(&clean.as_str()) {
+        return bad("is /proc or under it: only runc's emulated files there may be mounted");
+    }
+    let sys_masked = super::DEFAULT_MASKED_PATHS
+        .iter()
+        .filter(|m| m.starts_with("/sys/"))
+        .any(|m| under(m));
+    if clean == "/sys" || sys_masked {
+        return bad("is /sys or a path runc masks under it");
+    }
+    Ok(clean)
+}
+
 /// Validates the CRI mounts and resolves their host paths.
-fn cri_binds(mounts: &[api::Mount]) -> Result<Vec<Bind>, SpecError> {
+fn cri_binds(mounts: &[api::Mount], privileged: bool) -> Result<Vec<Bind>, SpecError> {
     let mut out = Vec::with_capacity(mounts.len());
     for (i, m) in mounts.iter().enumerate() {
         let field = |f: &str| format!("mounts[{i}].{f}");
-        if m.container_path.is_empty() {
-            return Err(invalid(field("container_path"), "must not be empty"));
-        }
-        if !m.container_path.starts_with('/') {
-            return Err(invalid(
-                field("container_path"),
-                format!("{} is not an absolute path", m.container_path),
-            ));
-        }
+        let destination = container_path(&field("container_path"), &m.container_path)?;
         if m.image.is_some() {
             return Err(invalid(
                 field("image"),
@@ -144,6 +202,15 @@ fn cri_binds(mounts: &[api::Mount]) -> Result<Vec<Bind>, SpecError> {
         }
         if m.host_path.is_empty() {
             return Err(invalid(field("host_path"), "must not be empty"));
+        }
+        if m.host_path.len() > PATH_MAX || m.host_path.contains('\0') {
+            return Err(invalid(
+                field("host_path"),
+                format!(
+                    "{} is not a path (NUL, or longer than {PATH_MAX} bytes)",
+                    super::shown(&m.host_path)
+                ),
+            ));
         }
         if m.recursive_read_only {
             return Err(invalid(
@@ -163,13 +230,19 @@ fn cri_binds(mounts: &[api::Mount]) -> Result<Vec<Bind>, SpecError> {
                 format!("unknown propagation {}", m.propagation),
             )
         })?;
+        if propagation == api::MountPropagation::PropagationBidirectional && !privileged {
+            return Err(invalid(
+                field("propagation"),
+                "bidirectional propagation is only for privileged containers",
+            ));
+        }
         // Like kubelet and containerd, follow a symlinked host path to its target.
         let source = match std::fs::canonicalize(&m.host_path) {
             Ok(p) => p,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(invalid(
                     field("host_path"),
-                    format!("{} does not exist", m.host_path),
+                    format!("{} does not exist", super::shown(&m.host_path)),
                 ))
             }
             Err(e) => {
@@ -181,7 +254,7 @@ fn cri_binds(mounts: &[api::Mount]) -> Result<Vec<Bind>, SpecError> {
             }
         };
         out.push(Bind {
-            destination: clean(&m.container_path),
+            destination,
             source,
             readonly: m.readonly,
             propagation,
@@ -434,7 +507,10 @@ mod tests {
         shared.propagation = api::MountPropagation::PropagationBidirectional as i32;
         let mut slave = cri_mount("/slave", tmp.path());
         slave.propagation = api::MountPropagation::PropagationHostToContainer as i32;
-        let m = mounts(&config(vec![shared, slave]), &sandbox(), false, false).expect("mounts");
+        let both = config(vec![shared, slave]);
+        // Bidirectional propagation is for privileged containers only.
+        assert_eq!(invalid_field(both.clone()).0, "mounts[0].propagation");
+        let m = mounts(&both, &sandbox(), true, false).expect("mounts");
         assert_eq!(opts(find(&m, "/shared")), ["rbind", "rshared", "rw"]);
         assert_eq!(m.rootfs_propagation.as_deref(), Some("rshared"));
     }
@@ -486,7 +562,10 @@ mod tests {
             cri_mount("/x", &missing),
         ]));
         assert_eq!(f, "mounts[2].host_path");
-        assert_eq!(r, format!("{} does not exist", missing.display()));
+        assert_eq!(
+            r,
+            format!("{:?} does not exist", missing.display().to_string())
+        );
 
         let mut bad_prop = ok.clone();
         bad_prop.propagation = 7;
@@ -507,6 +586,55 @@ mod tests {
         img.host_path.clear();
         img.image = Some(api::ImageSpec::default());
         assert_eq!(invalid_field(config(vec![img])).0, "mounts[0].image");
+    }
+
+    #[test]
+    fn container_path_should_refuse_unclean_and_kernel_paths() {
+        let f = "mounts[0].container_path";
+        for ok in [
+            "/data",
+            "/data/",
+            "//data//x",
+            "/proc/cpuinfo",
+            "/proc/net/dev",
+            "/sys/fs/cgroup/x",
+            "/system",
+            "/procfs",
+        ] {
+            container_path(f, ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        assert_eq!(container_path(f, "/data/").expect("clean"), "/data");
+        let long = format!("/{}", "a".repeat(5000));
+        for bad in [
+            "",
+            "data",
+            "./data",
+            "/",
+            "//",
+            "/a/../b",
+            "/a/./b",
+            "/a/..",
+            "/proc",
+            "/proc/",
+            "/proc/sys",
+            "/proc/sysrq-trigger",
+            "/proc/1/root",
+            "/sys",
+            "/sys/",
+            "/sys/firmware",
+            "/sys/firmware/efi",
+            "/sys/devices/virtual/powercap",
+            "/a\0b",
+            long.as_str(),
+        ] {
+            match container_path(f, bad) {
+                Err(SpecError::Invalid { field, reason }) => {
+                    assert_eq!(field, f);
+                    assert!(reason.len() < 200, "{reason}");
+                }
+                other => panic!("{bad:?}: expected Invalid, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod cni;
 pub mod containerd;
+pub mod h2raw;
 pub mod oci_layout;
 pub mod registry;
 

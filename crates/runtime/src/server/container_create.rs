@@ -1,7 +1,7 @@
 //! CreateContainer: overlay rootfs, OCI spec, shim + `runc create`.
 //! All or nothing: a failure undoes every step and releases the name.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,22 +29,6 @@ type PreparedSpec = (
     Option<CreateResult>,
     Option<(Instant, Instant)>,
 );
-
-/// A log path relative to the pod's log directory, without `..`.
-fn validate_log_path(p: &str) -> Result<()> {
-    let path = Path::new(p);
-    if path.is_absolute()
-        || path
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_)))
-    {
-        return Err(RuntimeError::invalid(
-            "config.log_path",
-            format!("{p:?} must be relative to the pod's log directory, without . or .."),
-        ));
-    }
-    Ok(())
-}
 
 /// The container's PID namespace mode (its own setting, else the pod's).
 fn container_pid_mode(
@@ -89,8 +73,9 @@ impl Runtime {
             )));
         }
         let config = required(req.config, "config")?;
+        // Before anything is made, and before anything is named from them.
+        crate::validate::container(&config, &sbrec.config, &self.host)?;
         let md = required(config.metadata.as_ref(), "config.metadata")?;
-        non_empty(&md.name, "config.metadata.name")?;
         let image_ref = non_empty(
             config
                 .image
@@ -110,7 +95,6 @@ impl Runtime {
         let log_path = if config.log_path.is_empty() || sbrec.config.log_directory.is_empty() {
             None
         } else {
-            validate_log_path(&config.log_path)?;
             Some(Path::new(&sbrec.config.log_directory).join(&config.log_path))
         };
         let pod_md = sbrec.config.metadata.clone().unwrap_or_default();
@@ -440,21 +424,4 @@ pub(crate) fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> 
     let bundle_removed = crate::server::sandbox_run::remove_dir(bundle);
     let layer_removed = crate::server::sandbox_run::remove_dir(layer);
     unmounted.and(bundle_removed).and(layer_removed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_path_should_stay_inside_the_log_directory() {
-        assert!(validate_log_path("c/0.log").is_ok());
-        for bad in ["/etc/passwd", "../x.log", "a/../../x", "./x"] {
-            let e = validate_log_path(bad)
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(e.contains("config.log_path"), "{bad}: {e}");
-        }
-    }
 }

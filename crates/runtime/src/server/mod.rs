@@ -220,16 +220,18 @@ impl CriServer {
         };
         let took = start.elapsed();
         self.rt.metrics.observe(op, took, res.is_err());
+        // Converted (and a long message cut) before it is logged too.
+        let res = res.map_err(Status::from);
         match &res {
-            Err(e) => {
-                tracing::warn!(op, error = %e, took_ms = took.as_millis() as u64, "call failed")
+            Err(s) => {
+                tracing::warn!(op, code = ?s.code(), error = s.message(), took_ms = took.as_millis() as u64, "call failed")
             }
             Ok(_) if is_mutating(op) => {
                 tracing::info!(op, took_ms = took.as_millis() as u64, "call done")
             }
             Ok(_) => tracing::trace!(op, "call done"),
         }
-        res.map(Response::new).map_err(Status::from)
+        res.map(Response::new)
     }
 }
 

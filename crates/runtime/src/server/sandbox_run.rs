@@ -7,7 +7,7 @@ use std::sync::Arc;
 use petrel_cri::api;
 use petrel_store::Table;
 
-use crate::error::{non_empty, required, Result, RuntimeError};
+use crate::error::{required, Result, RuntimeError};
 use petrel_cni::NetworkList;
 
 use crate::records::{NetworkRecord, SandboxRecord, SandboxState};
@@ -50,17 +50,6 @@ fn validate_hostname(h: &str) -> Result<()> {
     }
 }
 
-/// Validates a cgroupfs path given by a client.
-pub(crate) fn validate_cgroup_path(field: &str, p: &str) -> Result<()> {
-    if !p.starts_with('/') || p.split('/').any(|c| c == ".." || c == ".") || p.contains('\0') {
-        return Err(RuntimeError::invalid(
-            field,
-            format!("{p:?} must be an absolute cgroup path without . or .."),
-        ));
-    }
-    Ok(())
-}
-
 fn host_hostname() -> String {
     rustix::system::uname()
         .nodename()
@@ -76,8 +65,9 @@ impl Runtime {
     ) -> Result<api::RunPodSandboxResponse> {
         let _sync = self.nri_block_sync().await;
         let config = required(req.config, "config")?;
+        // Before anything is made, and before anything is named from them.
+        crate::validate::pod_sandbox(&config)?;
         let md = required(config.metadata.as_ref(), "config.metadata")?;
-        non_empty(&md.name, "config.metadata.name")?;
         if !req.runtime_handler.is_empty()
             && !self.config.runtime_handlers.contains(&req.runtime_handler)
         {
@@ -107,18 +97,9 @@ impl Runtime {
             network::port_mappings(&config)?;
             self.networks.current()?
         };
-        if !config.log_directory.is_empty() && !Path::new(&config.log_directory).is_absolute() {
-            return Err(RuntimeError::invalid(
-                "config.log_directory",
-                "must be an absolute path",
-            ));
-        }
         let id = util::new_id().map_err(|e| RuntimeError::internal("generate id", e))?;
         let cgroup_parent = match config.linux.as_ref().map(|l| l.cgroup_parent.as_str()) {
-            Some(p) if !p.is_empty() => {
-                validate_cgroup_path("config.linux.cgroup_parent", p)?;
-                p.trim_end_matches('/').to_string()
-            }
+            Some(p) if !p.is_empty() => p.trim_end_matches('/').to_string(),
             _ => format!(
                 "{}/{id}",
                 self.config.default_cgroup_parent.trim_end_matches('/')

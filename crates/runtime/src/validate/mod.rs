@@ -1,0 +1,54 @@
+//! Checks of CRI requests made before anything is created: one module per
+//! concern ([`names`], [`paths`]); resources and mounts are checked by the
+//! spec builder's own rules (`petrel_oci::spec::check_container`), so that
+//! what is refused up front and what the builder would refuse cannot drift
+//! apart. Errors are INVALID_ARGUMENT naming the field and quoting at most
+//! the start of a long value.
+
+pub(crate) mod names;
+pub(crate) mod paths;
+
+use petrel_cri::api;
+use petrel_oci::spec::HostLimits;
+
+use crate::error::{required, Result, RuntimeError};
+
+/// RunPodSandbox's config: the pod's names, log directory and cgroup parent.
+pub(crate) fn pod_sandbox(config: &api::PodSandboxConfig) -> Result<()> {
+    let md = required(config.metadata.as_ref(), "config.metadata")?;
+    names::pod_metadata(md)?;
+    paths::log_directory("config.log_directory", &config.log_directory)?;
+    if let Some(l) = &config.linux {
+        if !l.cgroup_parent.is_empty() {
+            paths::cgroup_path("config.linux.cgroup_parent", &l.cgroup_parent)?;
+        }
+    }
+    Ok(())
+}
+
+/// CreateContainer's config in its pod: the container's name, log path,
+/// resources and mounts.
+pub(crate) fn container(
+    config: &api::ContainerConfig,
+    sandbox: &api::PodSandboxConfig,
+    host: &HostLimits,
+) -> Result<()> {
+    let md = required(config.metadata.as_ref(), "config.metadata")?;
+    names::container_metadata(md)?;
+    if !config.log_path.is_empty() {
+        paths::log_path("config.log_path", &config.log_path)?;
+    }
+    petrel_oci::spec::check_container(config, sandbox, host).map_err(|e| match e {
+        // The spec builder names resources from `resources.`: the
+        // request's path is `config.linux.resources.`.
+        petrel_oci::spec::SpecError::Invalid { field, reason }
+            if field.starts_with("resources.") =>
+        {
+            RuntimeError::invalid(format!("config.linux.{field}"), reason)
+        }
+        petrel_oci::spec::SpecError::Invalid { field, reason } => {
+            RuntimeError::invalid(format!("config.{field}"), reason)
+        }
+        other => RuntimeError::from(other),
+    })
+}
