@@ -178,6 +178,7 @@ impl Runtime {
         let runc_binary = find_runc(&config.runtime_binary)?;
         let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
         let mut host = HostLimits::detect()?;
+        host.hugetlb = cgroups.has_controller("hugetlb");
         // Before anything holds descriptors; containers get what we started with.
         host.open_files = Some(crate::open_files::raise_once());
         let layout = Layout {

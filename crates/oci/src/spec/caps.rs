@@ -209,6 +209,7 @@ mod tests {
             bounding_caps: caps_from_mask(0x0000_01ff_feff_ffff),
             min_oom_score_adj: 0,
             open_files: None,
+            hugetlb: true,
         }
     }
 
@@ -322,6 +323,7 @@ mod tests {
             bounding_caps: vec!["CAP_KILL".into(), "CAP_CHOWN".into()],
             min_oom_score_adj: 0,
             open_files: None,
+            hugetlb: true,
         };
         let caps = capabilities(Some(&s), &small).expect("caps");
         assert_eq!(names(caps.effective()), ["CAP_CHOWN", "CAP_KILL"]);

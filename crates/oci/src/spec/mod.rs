@@ -150,6 +150,12 @@ pub struct HostLimits {
     /// The open-file limit containers get (`RLIMIT_NOFILE`); `None`: they inherit
     /// runc's. The runtime raises its own soft limit and passes the one it started with.
     pub open_files: Option<OpenFileLimit>,
+    /// Whether containers' cgroups have the hugetlb controller (runc fails to create a
+    /// container with hugepage limits where they do not: a hybrid host keeps hugetlb on
+    /// its cgroup2 mount only). Hugepage limits are left out where it is missing, as
+    /// containerd does (`tolerate_missing_hugetlb_controller`, on by default): kubelet
+    /// asks limits (0) for every page size the kernel offers on every container.
+    pub hugetlb: bool,
 }
 
 /// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
@@ -202,6 +208,8 @@ impl HostLimits {
             bounding_caps: caps_from_mask(mask),
             min_oom_score_adj,
             open_files: Some(OpenFileLimit::current()),
+            // The runtime knows its cgroups and corrects this.
+            hugetlb: true,
         })
     }
 }

@@ -14,11 +14,11 @@ const HUGEPAGE_UNITS: &[&str] = &["KB", "MB", "GB", "TB", "PB"];
 /// other negative value is [`SpecError::Invalid`] naming the field. `oom_score_adj`
 /// is a process setting and handled by the spec builder. `unified` is copied for
 /// cgroup v2, except `pids.max`, which becomes `pids.limit` (understood by v1 too).
-///
-/// `_host` is reserved for host-dependent clamping (no resource needs it today).
+/// Hugepage limits are checked, then left out when the host's container cgroups lack
+/// the hugetlb controller ([`HostLimits::hugetlb`]).
 pub fn linux_resources(
     r: &api::LinuxContainerResources,
-    _host: &HostLimits,
+    host: &HostLimits,
 ) -> Result<LinuxResources, SpecError> {
     const F: &str = "resources";
     let mut out = LinuxResources::default();
@@ -103,7 +103,9 @@ pub fn linux_resources(
             l.set_page_size(h.page_size.clone()).set_limit(limit);
             limits.push(l);
         }
-        out.set_hugepage_limits(Some(limits));
+        if host.hugetlb {
+            out.set_hugepage_limits(Some(limits));
+        }
     }
 
     if !r.unified.is_empty() {
@@ -178,6 +180,7 @@ mod tests {
             bounding_caps: vec![],
             min_oom_score_adj: 0,
             open_files: None,
+            hugetlb: true,
         }
     }
 
@@ -330,6 +333,37 @@ mod tests {
         };
         assert!(matches!(
             linux_resources(&too_big, &host()),
+            Err(SpecError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn linux_resources_should_leave_hugepages_out_without_the_hugetlb_controller() {
+        let no_hugetlb = HostLimits {
+            hugetlb: false,
+            ..host()
+        };
+        let r = api::LinuxContainerResources {
+            hugepage_limits: vec![api::HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 0,
+            }],
+            memory_limit_in_bytes: 1 << 20,
+            ..Default::default()
+        };
+        let out = linux_resources(&r, &no_hugetlb).expect("resources");
+        assert_eq!(out.hugepage_limits(), &None);
+        assert!(out.memory().is_some(), "the rest is kept");
+        // Still checked: a malformed request is refused all the same.
+        let bad = api::LinuxContainerResources {
+            hugepage_limits: vec![api::HugepageLimit {
+                page_size: "2M".into(),
+                limit: 1,
+            }],
+            ..Default::default()
+        };
+        assert!(matches!(
+            linux_resources(&bad, &no_hugetlb),
             Err(SpecError::Invalid { .. })
         ));
     }

@@ -65,6 +65,7 @@ impl Fixture {
                 bounding_caps: caps_from_mask(0x0000_01ff_feff_ffff),
                 min_oom_score_adj: -500,
                 open_files: None,
+                hugetlb: true,
             },
         }
     }
