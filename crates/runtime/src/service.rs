@@ -339,8 +339,11 @@ impl Runtime {
                     _ => api::PodSandboxState::SandboxNotready,
                 } as i32,
                 created_at: r.created_at,
-                network: (!host_network).then(|| {
-                    let mut ips = r.network.iter().flat_map(|n| n.ips.iter());
+                // Only for a pod the runtime attached to a network. A loopback-only
+                // pod has no address, and kubelet reads an empty one as a broken pod
+                // network: it replaced such sandboxes at every sync, forever.
+                network: r.network.as_ref().filter(|_| !host_network).map(|n| {
+                    let mut ips = n.ips.iter();
                     api::PodSandboxNetworkStatus {
                         ip: ips.next().cloned().unwrap_or_default(),
                         additional_ips: ips.map(|ip| api::PodIp { ip: ip.clone() }).collect(),
