@@ -398,13 +398,27 @@ impl Runtime {
     }
 
     /// Statuses of every visible container of a sandbox.
+    ///
+    /// Newest first, as kubelet orders the statuses it gathers itself: with
+    /// EventedPLEG, kubelet takes this list (PodSandboxStatus, events) as its
+    /// pod status and picks the first status of each container name. In id
+    /// order, an exited older attempt came first about half the time and
+    /// kubelet created the attempt that already existed again (refused as
+    /// AlreadyExists, the restart delayed by a sync).
     pub(crate) fn pod_container_statuses(&self, sb: &Sandbox) -> Vec<api::ContainerStatus> {
-        sb.container_ids()
+        let mut statuses: Vec<api::ContainerStatus> = sb
+            .container_ids()
             .iter()
             .filter_map(|id| self.state.container(id))
             .filter(|c| c.state() != ContainerState::Creating)
             .map(|c| self.container_status(&c))
-            .collect()
+            .collect();
+        statuses.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        statuses
     }
 
     // ---- events -------------------------------------------------------
