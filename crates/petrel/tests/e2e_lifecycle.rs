@@ -32,6 +32,9 @@ async fn lifecycle_should_run_log_stop_and_remove_without_debris() {
         api::PodSandboxState::SandboxReady as i32
     );
     assert!(ps.info.contains_key("info"));
+    // pod_network = loopback: no address, so no network status (kubelet
+    // replaces a sandbox whose status has an empty address).
+    assert_eq!(ps.status.as_ref().unwrap().network, None);
 
     let cfg = sh_container(
         "main",

@@ -216,6 +216,46 @@ async fn lists_should_filter_by_id_state_pod_and_labels() {
     );
 }
 
+/// kubelet's EventedPLEG takes PodSandboxStatus's container statuses as the
+/// pod's and picks the first of each name: attempts must come newest first.
+#[tokio::test]
+async fn pod_sandbox_status_should_list_containers_newest_first() {
+    let node = Node::start_with_busybox().await;
+    let mut c = node.clients().await;
+    let pc = node.pod_config("attempts");
+    let pod = c.run_pod(pc.clone()).await;
+    let mut ids = Vec::new();
+    // Five attempts of one container: ids are random, so id order matches
+    // creation order by chance once in 120.
+    for attempt in 0..5 {
+        let mut cfg = sh_container("c", "exit 0");
+        cfg.metadata.as_mut().unwrap().attempt = attempt;
+        ids.push(c.create(&pod, &pc, cfg).await.unwrap());
+    }
+    let st =
+        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(st.timestamp > 0);
+    let attempts: Vec<u32> = st
+        .containers_statuses
+        .iter()
+        .map(|s| s.metadata.as_ref().unwrap().attempt)
+        .collect();
+    assert_eq!(attempts, [4, 3, 2, 1, 0]);
+    let newest: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+    let listed: Vec<&str> = st
+        .containers_statuses
+        .iter()
+        .map(|s| s.id.as_str())
+        .collect();
+    assert_eq!(listed, newest);
+}
+
 #[tokio::test]
 async fn runtime_info_should_describe_petrel() {
     let node = Node::start();

@@ -179,6 +179,7 @@ impl Runtime {
         let runc_binary = find_runc(&config.runtime_binary)?;
         let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
         let mut host = HostLimits::detect()?;
+        host.hugetlb = cgroups.has_controller("hugetlb");
         // Before anything holds descriptors; containers get what we started with.
         host.open_files = Some(crate::open_files::raise_once());
         let layout = Layout {
@@ -348,8 +349,11 @@ impl Runtime {
                     _ => api::PodSandboxState::SandboxNotready,
                 } as i32,
                 created_at: r.created_at,
-                network: (!host_network).then(|| {
-                    let mut ips = r.network.iter().flat_map(|n| n.ips.iter());
+                // Only for a pod the runtime attached to a network. A loopback-only
+                // pod has no address, and kubelet reads an empty one as a broken pod
+                // network: it replaced such sandboxes at every sync, forever.
+                network: r.network.as_ref().filter(|_| !host_network).map(|n| {
+                    let mut ips = n.ips.iter();
                     api::PodSandboxNetworkStatus {
                         ip: ips.next().cloned().unwrap_or_default(),
                         additional_ips: ips.map(|ip| api::PodIp { ip: ip.clone() }).collect(),
@@ -404,13 +408,27 @@ impl Runtime {
     }
 
     /// Statuses of every visible container of a sandbox.
+    ///
+    /// Newest first, as kubelet orders the statuses it gathers itself: with
+    /// EventedPLEG, kubelet takes this list (PodSandboxStatus, events) as its
+    /// pod status and picks the first status of each container name. In id
+    /// order, an exited older attempt came first about half the time and
+    /// kubelet created the attempt that already existed again (refused as
+    /// AlreadyExists, the restart delayed by a sync).
     pub(crate) fn pod_container_statuses(&self, sb: &Sandbox) -> Vec<api::ContainerStatus> {
-        sb.container_ids()
+        let mut statuses: Vec<api::ContainerStatus> = sb
+            .container_ids()
             .iter()
             .filter_map(|id| self.state.container(id))
             .filter(|c| c.state() != ContainerState::Creating)
             .map(|c| self.container_status(&c))
-            .collect()
+            .collect();
+        statuses.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        statuses
     }
 
     // ---- events -------------------------------------------------------

@@ -2,8 +2,10 @@
 //! WebSocket v5 executor, and its SPDY executor) against the streaming
 //! server, through a minimal stand-in for the API server that answers the
 //! pod lookup and turns the exec request into a streaming URL, as kubelet
-//! does. Ignored by default: it needs `kubectl` on PATH
-//! (`cargo nextest run -p petrel-stream --run-ignored only -E 'binary(kubectl)'`).
+//! does. kubectl is the peer `make peers` builds, found as every peer is
+//! (`PETREL_PEER_KUBECTL`, else `$PETREL_PEERS_BIN/kubectl`): missing, it
+//! fails the tests, unless `PETREL_PEERS_SKIP` names `kubernetes` or
+//! `kubectl` (then they skip, saying so).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -123,17 +125,22 @@ async fn splice(
     let _ = tokio::io::copy_bidirectional(&mut c, &mut upstream).await;
 }
 
-static UPGRADES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// The transports kubectl chose (`Upgrade:` headers), one log per test's
+/// server, so tests sharing a process (`cargo test`) never see each other's.
+#[derive(Clone, Default)]
+struct Upgrades(Arc<std::sync::Mutex<Vec<String>>>);
 
-fn server_log(upgrade: &str) {
-    UPGRADES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(upgrade.to_owned());
-}
+impl Upgrades {
+    fn push(&self, upgrade: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(upgrade.to_owned());
+    }
 
-fn upgrades() -> Vec<String> {
-    UPGRADES.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    fn seen(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 const VERSION: &str =
@@ -146,7 +153,7 @@ const API_V1: &str = r#"{"kind":"APIResourceList","groupVersion":"v1","resources
 
 /// One API server connection: the pod lookup, or an exec request turned
 /// into the streaming server's URL and spliced through to it.
-async fn serve(mut c: TcpStream, server: Arc<StreamServer>) {
+async fn serve(mut c: TcpStream, server: Arc<StreamServer>, upgrades: Upgrades) {
     let mut head = Vec::new();
     let mut tmp = [0u8; 4096];
     let end = loop {
@@ -200,7 +207,7 @@ async fn serve(mut c: TcpStream, server: Arc<StreamServer>) {
     }
     if path.ends_with("/pods/p/exec") {
         // Which transport kubectl chose, for the test to check.
-        server_log(&upgrade);
+        upgrades.push(&upgrade);
         let cmd = params
             .iter()
             .filter(|(k, _)| k == "command")
@@ -256,7 +263,7 @@ async fn serve(mut c: TcpStream, server: Arc<StreamServer>) {
     let _ = c.write_all(resp.as_bytes()).await;
 }
 
-async fn setup() -> (Arc<StreamServer>, tempdir::Dir) {
+async fn setup() -> (Arc<StreamServer>, tempdir::Dir, Upgrades) {
     let server = Arc::new(
         StreamServer::bind(StreamConfig::default(), Arc::new(ShellBackend))
             .unwrap_or_else(|e| panic!("{e}")),
@@ -266,9 +273,11 @@ async fn setup() -> (Arc<StreamServer>, tempdir::Dir) {
         .unwrap_or_else(|e| panic!("{e}"));
     let port = api.local_addr().map(|a| a.port()).unwrap_or_default();
     let s = server.clone();
+    let upgrades = Upgrades::default();
+    let log = upgrades.clone();
     tokio::spawn(async move {
         while let Ok((c, _)) = api.accept().await {
-            tokio::spawn(serve(c, s.clone()));
+            tokio::spawn(serve(c, s.clone(), log.clone()));
         }
     });
     let dir = tempdir::Dir::new();
@@ -276,7 +285,7 @@ async fn setup() -> (Arc<StreamServer>, tempdir::Dir) {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: default\ncurrent-context: x\n"
     );
     std::fs::write(dir.path.join("kubeconfig"), kubeconfig).unwrap_or_else(|e| panic!("{e}"));
-    (server, dir)
+    (server, dir, upgrades)
 }
 
 /// A private temporary directory, removed on drop.
@@ -301,13 +310,26 @@ mod tempdir {
     }
 }
 
+/// The kubectl to run, or None (after saying why) when it was left out.
+fn kubectl_bin() -> Option<std::path::PathBuf> {
+    if let Some(c) = ["kubernetes", "kubectl"]
+        .into_iter()
+        .find(|c| petrel_testkit::peers::left_out(c))
+    {
+        eprintln!("skipped: {c} left out (PETREL_PEERS_SKIP)");
+        return None;
+    }
+    Some(petrel_testkit::peers::peer_binary("kubectl").unwrap_or_else(|e| panic!("{e}")))
+}
+
 async fn kubectl(
+    bin: &std::path::Path,
     dir: &tempdir::Dir,
     websocket: bool,
     stdin: Option<&[u8]>,
     args: &[&str],
 ) -> std::process::Output {
-    let mut cmd = tokio::process::Command::new("kubectl");
+    let mut cmd = tokio::process::Command::new(bin);
     cmd.arg("--kubeconfig")
         .arg(dir.path.join("kubeconfig"))
         .args(args)
@@ -336,8 +358,12 @@ async fn kubectl(
 }
 
 async fn exec_round_trip(websocket: bool) {
-    let (server, dir) = setup().await;
+    let Some(bin) = kubectl_bin() else {
+        return;
+    };
+    let (server, dir, upgrades) = setup().await;
     let out = kubectl(
+        &bin,
         &dir,
         websocket,
         None,
@@ -361,6 +387,7 @@ async fn exec_round_trip(websocket: bool) {
     assert_eq!(stdout, "out\n");
     assert!(stderr.starts_with("err\n"), "{stderr:?}");
     let out = kubectl(
+        &bin,
         &dir,
         websocket,
         Some(b"from stdin\n"),
@@ -375,30 +402,30 @@ async fn exec_round_trip(websocket: bool) {
     );
     assert_eq!(out.status.code(), Some(0));
     let want = if websocket { "websocket" } else { "spdy/3.1" };
-    let used = upgrades();
+    let used = upgrades.seen();
+    assert_eq!(used.len(), 2, "{used:?}");
     assert!(used.iter().all(|u| u == want), "{used:?}");
     server.shutdown().await;
 }
 
-// The upgrade log is per process: nextest runs each test in its own.
 #[tokio::test]
-#[ignore = "needs kubectl on PATH"]
 async fn kubectl_exec_over_websocket() {
     exec_round_trip(true).await;
 }
 
 #[tokio::test]
-#[ignore = "needs kubectl on PATH"]
 async fn kubectl_exec_over_spdy() {
     exec_round_trip(false).await;
 }
 
 #[tokio::test]
-#[ignore = "needs kubectl on PATH"]
 async fn kubectl_port_forward_over_spdy() {
     use tokio::io::AsyncBufReadExt;
 
-    let (server, dir) = setup().await;
+    let Some(bin) = kubectl_bin() else {
+        return;
+    };
+    let (server, dir, _) = setup().await;
     // The pod's port: an echo server.
     let echo = TcpListener::bind("127.0.0.1:0")
         .await
@@ -412,7 +439,7 @@ async fn kubectl_port_forward_over_spdy() {
             });
         }
     });
-    let mut child = tokio::process::Command::new("kubectl")
+    let mut child = tokio::process::Command::new(&bin)
         .arg("--kubeconfig")
         .arg(dir.path.join("kubeconfig"))
         .args(["port-forward", "pod/p", &format!(":{port}")])

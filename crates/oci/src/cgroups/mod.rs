@@ -196,6 +196,20 @@ impl Cgroups {
         }
     }
 
+    /// Whether containers' cgroups get controller `name`. v1: a hierarchy of its own
+    /// holds it (a hybrid host's cgroup2 mount does not count: runc in v1 mode never
+    /// sets limits there). v2: the root's `cgroup.controllers` lists it.
+    pub fn has_controller(&self, name: &str) -> bool {
+        match &*self.layout {
+            Layout::V1 { hierarchies, .. } => hierarchies
+                .iter()
+                .any(|h| h.controllers.iter().any(|c| c == name)),
+            Layout::V2 { root } => std::fs::read_to_string(root.join("cgroup.controllers"))
+                .map(|s| s.split_whitespace().any(|c| c == name))
+                .unwrap_or(false),
+        }
+    }
+
     /// The directory of cgroup `path` in the cgroup2 hierarchy: the only one on v2, the
     /// `unified` mount of a hybrid v1 host (where PSI files live without the memory
     /// controller). None on a pure v1 host or for an invalid path.
@@ -757,6 +771,23 @@ mod tests {
         );
         let cg = Cgroups::v1_from_mountinfo(&mountinfo).expect("layout");
         (tmp, cg)
+    }
+
+    #[test]
+    fn has_controller_should_count_v1_hierarchies_and_v2_controllers_only() {
+        let (_tmp, cg) = fake_v1();
+        assert!(cg.has_controller("memory"));
+        // A hybrid host's hugetlb lives on the cgroup2 mount: not usable by runc.
+        assert!(!cg.has_controller("hugetlb"));
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fs::write(
+            tmp.path().join("cgroup.controllers"),
+            "cpu memory hugetlb\n",
+        )
+        .expect("write");
+        let v2 = Cgroups::v2_at(tmp.path());
+        assert!(v2.has_controller("hugetlb"));
+        assert!(!v2.has_controller("rdma"));
     }
 
     #[test]

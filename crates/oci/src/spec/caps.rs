@@ -211,6 +211,7 @@ mod tests {
             open_files: None,
             online_cpus: None,
             online_mems: None,
+            hugetlb: true,
         }
     }
 
@@ -326,6 +327,7 @@ mod tests {
             open_files: None,
             online_cpus: None,
             online_mems: None,
+            hugetlb: true,
         };
         let caps = capabilities(Some(&s), &small).expect("caps");
         assert_eq!(names(caps.effective()), ["CAP_CHOWN", "CAP_KILL"]);

@@ -173,6 +173,12 @@ pub struct HostLimits {
     /// The memory nodes the host has (`/sys/devices/system/node/online`, or
     /// node 0 alone on a kernel without NUMA).
     pub online_mems: Option<IdSet>,
+    /// Whether containers' cgroups have the hugetlb controller (runc fails to create a
+    /// container with hugepage limits where they do not: a hybrid host keeps hugetlb on
+    /// its cgroup2 mount only). Hugepage limits are left out where it is missing, as
+    /// containerd does (`tolerate_missing_hugetlb_controller`, on by default): kubelet
+    /// asks limits (0) for every page size the kernel offers on every container.
+    pub hugetlb: bool,
 }
 
 /// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
@@ -237,6 +243,8 @@ impl HostLimits {
             open_files: Some(OpenFileLimit::current()),
             online_cpus: ids("/sys/devices/system/cpu/online"),
             online_mems,
+            // The runtime knows its cgroups and corrects this.
+            hugetlb: true,
         })
     }
 }

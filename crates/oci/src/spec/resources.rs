@@ -44,7 +44,9 @@ pub const MAX_MEMORY: i64 = i64::MAX & !4095;
 ///   memory nodes the host has ([`HostLimits::online_cpus`],
 ///   [`HostLimits::online_mems`]);
 /// - hugepage sizes like `2MB`; `unified` keys are file names; `pids.max`
-///   becomes `pids.limit` (understood by v1 too).
+///   becomes `pids.limit` (understood by v1 too); hugepage limits are
+///   checked, then left out when the host's container cgroups lack the
+///   hugetlb controller ([`HostLimits::hugetlb`]).
 ///
 /// `oom_score_adj` is a process setting and handled by the spec builder.
 pub fn linux_resources(
@@ -177,7 +179,9 @@ pub fn linux_resources(
             l.set_page_size(h.page_size.clone()).set_limit(limit);
             limits.push(l);
         }
-        out.set_hugepage_limits(Some(limits));
+        if host.hugetlb {
+            out.set_hugepage_limits(Some(limits));
+        }
     }
 
     if !r.unified.is_empty() {
@@ -323,6 +327,7 @@ mod tests {
             open_files: None,
             online_cpus: None,
             online_mems: None,
+            hugetlb: true,
         }
     }
 
@@ -578,6 +583,37 @@ mod tests {
         };
         assert!(matches!(
             linux_resources(&too_big, &host()),
+            Err(SpecError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn linux_resources_should_leave_hugepages_out_without_the_hugetlb_controller() {
+        let no_hugetlb = HostLimits {
+            hugetlb: false,
+            ..host()
+        };
+        let r = api::LinuxContainerResources {
+            hugepage_limits: vec![api::HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 0,
+            }],
+            memory_limit_in_bytes: 1 << 20,
+            ..Default::default()
+        };
+        let out = linux_resources(&r, &no_hugetlb).expect("resources");
+        assert_eq!(out.hugepage_limits(), &None);
+        assert!(out.memory().is_some(), "the rest is kept");
+        // Still checked: a malformed request is refused all the same.
+        let bad = api::LinuxContainerResources {
+            hugepage_limits: vec![api::HugepageLimit {
+                page_size: "2M".into(),
+                limit: 1,
+            }],
+            ..Default::default()
+        };
+        assert!(matches!(
+            linux_resources(&bad, &no_hugetlb),
             Err(SpecError::Invalid { .. })
         ));
     }

@@ -67,6 +67,7 @@ impl Fixture {
                 open_files: None,
                 online_cpus: None,
                 online_mems: None,
+                hugetlb: true,
             },
         }
     }

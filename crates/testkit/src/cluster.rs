@@ -1,0 +1,526 @@
+//! A local Kubernetes control plane for tests: etcd and kube-apiserver on
+//! loopback, each cluster with its own temporary directory (data, PKI,
+//! logs, kubeconfigs) and free ports, so several run side by side.
+//!
+//! Made at start: a CA; the API server's serving certificate (127.0.0.1,
+//! localhost, the in-cluster names); an admin client certificate
+//! (O=system:masters) and its kubeconfig; the API server's client
+//! certificate towards kubelets (also O=system:masters, so kubelet's
+//! webhook authorization of it succeeds); a service-account signing key
+//! pair. Authorization is `Node,RBAC` and admission includes
+//! `NodeRestriction`, as in a real cluster; [`Cluster::node_credentials`]
+//! gives each kubelet its own identity (CN=system:node:NAME,
+//! O=system:nodes) and a serving certificate the API server verifies.
+//!
+//! Not run: kube-controller-manager and kube-scheduler. Tests bind pods
+//! with `spec.nodeName`, create the `default` ServiceAccount themselves and
+//! set `automountServiceAccountToken: false` (no token controller and no
+//! `kube-root-ca.crt` publisher: a token volume would never be ready).
+//!
+//! Dropping a [`Cluster`] stops kube-apiserver, then etcd, by pid
+//! (SIGTERM, then SIGKILL) and removes the directory, also when the test
+//! failed.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::certs::{CertRequest, Issued, Pki, San};
+use crate::kubeconfig::Kubeconfig;
+use crate::kubectl::Kubectl;
+use crate::process::{describe, free_port, spawn_logged, stop_child, tail};
+use crate::KitError;
+
+/// The service network (the API server needs one; nothing routes it).
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// The first address of [`SERVICE_CIDR`]: the `kubernetes` service.
+const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// How long etcd and kube-apiserver get to become ready (a loaded 2-core
+/// machine has taken 25 s for the API server).
+const READY_WITHIN: Duration = Duration::from_secs(180);
+/// How many times a start is retried when a port picked as free was taken
+/// by someone else in the meantime.
+const PORT_ATTEMPTS: usize = 3;
+
+/// etcd's ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EtcdPorts {
+    /// Client URL port.
+    pub client: u16,
+    /// Peer URL port (a one-member cluster still listens on one).
+    pub peer: u16,
+}
+
+/// The `etcd` arguments of a one-member cluster named `name` in `data`.
+pub fn etcd_args(name: &str, data: &Path, ports: EtcdPorts) -> Vec<String> {
+    let client = format!("http://127.0.0.1:{}", ports.client);
+    let peer = format!("http://127.0.0.1:{}", ports.peer);
+    vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", data.display()),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        format!("--initial-cluster={name}={peer}"),
+        // Throwaway data: no fsync, so a loaded disk does not stall the
+        // API server's writes.
+        "--unsafe-no-fsync".into(),
+        "--log-level=warn".into(),
+    ]
+}
+
+/// Files kube-apiserver is started with.
+#[derive(Debug, Clone)]
+pub struct ApiserverFiles {
+    /// Its serving certificate.
+    pub serving: Issued,
+    /// The CA that client certificates must chain to (and kubelets' serving
+    /// certificates).
+    pub ca: PathBuf,
+    /// Its client certificate towards kubelets.
+    pub kubelet_client: Issued,
+    /// Service-account token signing key and its public half.
+    pub sa_key: PathBuf,
+    /// The public half.
+    pub sa_pub: PathBuf,
+    /// A directory of its own (`--cert-dir`, never used with the files
+    /// above, but the default is `/var/run/kubernetes`).
+    pub cert_dir: PathBuf,
+}
+
+/// The `kube-apiserver` arguments: loopback, port `port`, etcd at
+/// `etcd_client_port`, real-cluster authorization and admission.
+pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> Vec<String> {
+    let p = |p: &Path| p.display().to_string();
+    vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd_client_port}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        // The endpoint reconciler refuses a loopback advertise address, and
+        // there is no in-cluster network to publish the service on anyway.
+        "--endpoint-reconciler-type=none".into(),
+        format!("--cert-dir={}", p(&f.cert_dir)),
+        format!("--tls-cert-file={}", p(&f.serving.cert)),
+        format!("--tls-private-key-file={}", p(&f.serving.key)),
+        format!("--client-ca-file={}", p(&f.ca)),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        "--anonymous-auth=false".into(),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-account-key-file={}", p(&f.sa_pub)),
+        format!("--service-account-signing-key-file={}", p(&f.sa_key)),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        // logs, exec, port-forward: the API server calls kubelet as this
+        // client, checks kubelet's serving certificate against the CA, and
+        // dials the node's InternalIP (kubelets' host names resolve
+        // nowhere).
+        format!("--kubelet-client-certificate={}", p(&f.kubelet_client.cert)),
+        format!("--kubelet-client-key={}", p(&f.kubelet_client.key)),
+        format!("--kubelet-certificate-authority={}", p(&f.ca)),
+        "--kubelet-preferred-address-types=InternalIP".into(),
+        "--profiling=false".into(),
+    ]
+}
+
+/// Credentials of one node's kubelet in a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct NodeCredentials {
+    /// The node's name.
+    pub node: String,
+    /// The node's IP (`--node-ip`): where the API server dials kubelet.
+    pub node_ip: IpAddr,
+    /// kubeconfig as `system:node:<node>` in group `system:nodes`.
+    pub kubeconfig: PathBuf,
+    /// The cluster CA: kubelet authenticates the API server's client
+    /// certificate with it (`authentication.x509.clientCAFile`).
+    pub client_ca: PathBuf,
+    /// kubelet's serving certificate (the node's IP and name), signed by the
+    /// CA the API server checks kubelets against.
+    pub serving: Issued,
+}
+
+/// A running etcd + kube-apiserver.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    pki: Pki,
+    server: String,
+    admin: PathBuf,
+    apiserver: Option<Child>,
+    etcd: Option<Child>,
+}
+
+/// Why cluster tests are left out, if `PETREL_PEERS_SKIP` says so: it
+/// names `etcd`, `kubernetes` (the component) or `kube-apiserver` or
+/// `kubectl`. Otherwise a missing peer fails the test.
+pub fn left_out() -> Option<String> {
+    ["etcd", "kubernetes", "kube-apiserver", "kubectl"]
+        .into_iter()
+        .find(|c| crate::peers::left_out(c))
+        .map(|c| format!("{c} left out (PETREL_PEERS_SKIP)"))
+}
+
+impl Cluster {
+    /// Makes the certificates, starts etcd and kube-apiserver on free
+    /// loopback ports and waits until `/readyz` answers `ok` (up to 3 min).
+    pub fn start() -> Result<Cluster, KitError> {
+        let etcd_bin = crate::peers::peer_binary("etcd")?;
+        let apiserver_bin = crate::peers::peer_binary("kube-apiserver")?;
+        crate::peers::peer_binary("kubectl")?;
+        let dir = tempfile::Builder::new()
+            .prefix("petrel-cluster.")
+            .tempdir_in("/tmp")
+            .map_err(|e| KitError::io("create", "/tmp", e))?;
+        let pki = Pki::create(&dir.path().join("pki"), "petrel-test-ca")?;
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mut sans = vec![San::Dns("localhost".into()), San::Ip(loopback)];
+        for n in [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ] {
+            sans.push(San::Dns(n.into()));
+        }
+        sans.push(San::Ip(IpAddr::V4(SERVICE_IP)));
+        let serving = pki.issue(&CertRequest::server("apiserver", "kube-apiserver", sans))?;
+        let admin = pki.issue(&CertRequest::client(
+            "admin",
+            "petrel-admin",
+            &["system:masters"],
+        ))?;
+        let kubelet_client = pki.issue(&CertRequest::client(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+        ))?;
+        let (sa_key, sa_pub) = pki.service_account_keys()?;
+        let files = ApiserverFiles {
+            serving,
+            ca: pki.ca_cert().to_path_buf(),
+            kubelet_client,
+            sa_key,
+            sa_pub,
+            cert_dir: dir.path().join("apiserver-certs"),
+        };
+        let mut cluster = Cluster {
+            server: String::new(),
+            admin: dir.path().join("admin.kubeconfig"),
+            pki,
+            dir,
+            apiserver: None,
+            etcd: None,
+        };
+        let etcd_port = cluster.start_etcd(&etcd_bin)?;
+        cluster.start_apiserver(&apiserver_bin, etcd_port, &files)?;
+        Kubeconfig {
+            server: cluster.server.clone(),
+            ca: cluster.pki.ca_cert().to_path_buf(),
+            cert: admin.cert,
+            key: admin.key,
+            user: "petrel-admin".into(),
+        }
+        .write(&cluster.admin)?;
+        cluster.wait_ready()?;
+        Ok(cluster)
+    }
+
+    fn start_etcd(&mut self, bin: &Path) -> Result<u16, KitError> {
+        let log = self.etcd_log();
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let ports = EtcdPorts {
+                client: free_port()?,
+                peer: free_port()?,
+            };
+            let data = self.dir.path().join("etcd");
+            let _ = std::fs::remove_dir_all(&data);
+            let mut cmd = Command::new(bin);
+            cmd.args(etcd_args("petrel", &data, ports));
+            let command = describe(&cmd);
+            let mut child = spawn_logged("etcd", &mut cmd, &log)?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], ports.client));
+            let start = Instant::now();
+            let outcome = loop {
+                if let Ok(r) = crate::http::get(addr, "/health", Duration::from_secs(2)) {
+                    if r.body.contains("\"health\":\"true\"") {
+                        break Ok(());
+                    }
+                }
+                if let Ok(Some(st)) = child.try_wait() {
+                    break Err(format!("exited at start ({st})"));
+                }
+                if start.elapsed() > READY_WITHIN {
+                    break Err(format!("no healthy /health within {READY_WITHIN:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            match outcome {
+                Ok(()) => {
+                    self.etcd = Some(child);
+                    return Ok(ports.client);
+                }
+                Err(detail) => {
+                    stop_child(&mut child, Duration::from_secs(5));
+                    let err = KitError::Start {
+                        component: "etcd".into(),
+                        command,
+                        log: log.clone(),
+                        detail: format!("{detail}; last lines: {}", tail(&log, 5)),
+                    };
+                    if !tail(&log, 20).contains("address already in use") {
+                        return Err(err);
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| KitError::Start {
+            component: "etcd".into(),
+            command: bin.display().to_string(),
+            log,
+            detail: "no attempt made".into(),
+        }))
+    }
+
+    fn start_apiserver(
+        &mut self,
+        bin: &Path,
+        etcd_port: u16,
+        files: &ApiserverFiles,
+    ) -> Result<(), KitError> {
+        let log = self.apiserver_log();
+        std::fs::create_dir_all(&files.cert_dir)
+            .map_err(|e| KitError::io("create directory", &files.cert_dir, e))?;
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let mut cmd = Command::new(bin);
+            cmd.args(apiserver_args(port, etcd_port, files));
+            let command = describe(&cmd);
+            let mut child = spawn_logged("kube-apiserver", &mut cmd, &log)?;
+            // Bound within seconds, or gone: an address in use ends it at
+            // once; a port that accepts is ours.
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let start = Instant::now();
+            let outcome = loop {
+                if let Ok(Some(st)) = child.try_wait() {
+                    break Err(format!("exited at start ({st})"));
+                }
+                if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+                    break Ok(());
+                }
+                if start.elapsed() > READY_WITHIN {
+                    break Err(format!("not listening on {addr} within {READY_WITHIN:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            match outcome {
+                Ok(()) => {
+                    self.apiserver = Some(child);
+                    self.server = format!("https://127.0.0.1:{port}");
+                    return Ok(());
+                }
+                Err(detail) => {
+                    stop_child(&mut child, Duration::from_secs(5));
+                    let err = KitError::Start {
+                        component: "kube-apiserver".into(),
+                        command,
+                        log: log.clone(),
+                        detail: format!("{detail}; last lines: {}", tail(&log, 5)),
+                    };
+                    if !tail(&log, 20).contains("address already in use") {
+                        return Err(err);
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| KitError::Start {
+            component: "kube-apiserver".into(),
+            command: bin.display().to_string(),
+            log,
+            detail: "no attempt made".into(),
+        }))
+    }
+
+    /// Waits for `/readyz` to say `ok`, asked through kubectl as admin.
+    fn wait_ready(&mut self) -> Result<(), KitError> {
+        let kubectl = self.kubectl()?;
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < READY_WITHIN {
+            if let Some(c) = self.apiserver.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    return Err(self.not_ready(format!("exited ({st})")));
+                }
+            }
+            match kubectl.run_with(&["get", "--raw=/readyz"], None, Duration::from_secs(20)) {
+                Ok(out) if out.status.success() && out.stdout.starts_with(b"ok") => return Ok(()),
+                Ok(out) => {
+                    last = format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                }
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Err(self.not_ready(format!(
+            "/readyz not ok within {READY_WITHIN:?}: {}",
+            last.trim()
+        )))
+    }
+
+    fn not_ready(&self, detail: String) -> KitError {
+        KitError::Start {
+            component: "kube-apiserver".into(),
+            command: format!("kube-apiserver (server {})", self.server),
+            log: self.apiserver_log(),
+            detail,
+        }
+    }
+
+    /// The API server's URL, `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The cluster CA's certificate.
+    pub fn ca_cert(&self) -> &Path {
+        self.pki.ca_cert()
+    }
+
+    /// The admin kubeconfig (O=system:masters).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin
+    }
+
+    /// The cluster's directory (logs, PKI, kubeconfigs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// kube-apiserver's log file.
+    pub fn apiserver_log(&self) -> PathBuf {
+        self.dir.path().join("kube-apiserver.log")
+    }
+
+    /// etcd's log file.
+    pub fn etcd_log(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// kubectl as the admin, its HOME in the cluster's directory.
+    pub fn kubectl(&self) -> Result<Kubectl, KitError> {
+        Kubectl::new(&self.admin, self.dir.path(), &self.apiserver_log())
+    }
+
+    /// Makes node `node`'s kubelet credentials: a client certificate and
+    /// kubeconfig for `system:node:<node>`, and a serving certificate for
+    /// `node_ip` (a non-loopback address of this host: kubelet refuses
+    /// loopback; see [`crate::kubelet::node_ip`]).
+    pub fn node_credentials(
+        &self,
+        node: &str,
+        node_ip: IpAddr,
+    ) -> Result<NodeCredentials, KitError> {
+        let client = self.pki.issue(&CertRequest::client(
+            &format!("node-{node}"),
+            &format!("system:node:{node}"),
+            &["system:nodes"],
+        ))?;
+        let serving = self.pki.issue(&CertRequest::server(
+            &format!("kubelet-{node}"),
+            node,
+            vec![San::Dns(node.to_string()), San::Ip(node_ip)],
+        ))?;
+        let kubeconfig = self.dir.path().join(format!("node-{node}.kubeconfig"));
+        Kubeconfig {
+            server: self.server.clone(),
+            ca: self.pki.ca_cert().to_path_buf(),
+            cert: client.cert,
+            key: client.key,
+            user: format!("system:node:{node}"),
+        }
+        .write(&kubeconfig)?;
+        Ok(NodeCredentials {
+            node: node.to_string(),
+            node_ip,
+            kubeconfig,
+            client_ca: self.pki.ca_cert().to_path_buf(),
+            serving,
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.apiserver.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        if let Some(mut c) = self.etcd.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        // A failing test's messages name these logs, which go with the
+        // directory: show their ends first.
+        if std::thread::panicking() {
+            for log in [self.apiserver_log(), self.etcd_log()] {
+                eprintln!("--- last lines of {}:\n{}", log.display(), tail(&log, 30));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> ApiserverFiles {
+        let i = |n: &str| Issued {
+            cert: PathBuf::from(format!("/p/{n}.crt")),
+            key: PathBuf::from(format!("/p/{n}.key")),
+        };
+        ApiserverFiles {
+            serving: i("apiserver"),
+            ca: "/p/ca.crt".into(),
+            kubelet_client: i("kc"),
+            sa_key: "/p/sa.key".into(),
+            sa_pub: "/p/sa.pub".into(),
+            cert_dir: "/p/certs".into(),
+        }
+    }
+
+    #[test]
+    fn apiserver_args_should_enable_node_authorization_and_node_restriction() {
+        let args = apiserver_args(6443, 2379, &files());
+        for want in [
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--etcd-servers=http://127.0.0.1:2379",
+            "--secure-port=6443",
+            "--bind-address=127.0.0.1",
+            "--client-ca-file=/p/ca.crt",
+            "--kubelet-client-certificate=/p/kc.crt",
+            "--kubelet-certificate-authority=/p/ca.crt",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--cert-dir=/p/certs",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} missing: {args:?}");
+        }
+    }
+
+    #[test]
+    fn etcd_args_should_keep_every_url_on_loopback_and_data_in_its_directory() {
+        let args = etcd_args("n", Path::new("/d/etcd"), EtcdPorts { client: 1, peer: 2 });
+        assert!(args.contains(&"--data-dir=/d/etcd".to_string()));
+        assert!(args.contains(&"--initial-cluster=n=http://127.0.0.1:2".to_string()));
+        for a in args.iter().filter(|a| a.contains("http://")) {
+            assert!(a.contains("http://127.0.0.1:"), "{a}");
+        }
+    }
+}
