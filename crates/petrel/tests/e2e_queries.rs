@@ -451,5 +451,9 @@ async fn recovery_should_remove_its_own_orphans_and_nothing_else() {
         c.status(&keep).await.state,
         api::ContainerState::ContainerRunning as i32
     );
-    assert!(node.log().contains("removing orphan bundle"));
+    assert!(
+        node.log().contains("interrupted create removed"),
+        "{}",
+        node.log()
+    );
 }

@@ -598,7 +598,7 @@ mod tests {
                 page_size: "2MB".into(),
                 limit: 0,
             }],
-            memory_limit_in_bytes: 1 << 20,
+            memory_limit_in_bytes: 64 << 20,
             ..Default::default()
         };
         let out = linux_resources(&r, &no_hugetlb).expect("resources");
