@@ -47,22 +47,15 @@ if [[ $only =~ ^(all|agent|net)$ && ! -x build/containerd-1.7/usr/bin/containerd
     scripts/containerd.sh build ||
         echo "bench: scripts/containerd.sh failed; the agent is measured on Petrel's runtime only" >&2
 fi
-if [[ ! -x target/release/petrel || ! -x target/release/petrel-shim ]]; then
+# What users run: `make release`'s binaries, the shim linked statically
+# (`make shim-release`), measured as they are.
+if [[ ! -x target/release/petrel ]]; then
     cargo build --release --workspace --bins
 fi
-
-# A statically linked shim: no shared libraries mapped, so its RSS is what it
-# really costs. Built in its own target directory so that the dynamic
-# target/release/petrel-shim of `make release` stays as it is.
-shim_args=()
-shim=target/bench-shim/release/petrel-shim
-if cargo rustc --release -p petrel-shim --bin petrel-shim --target-dir target/bench-shim \
-    -- -C target-feature=+crt-static -C relocation-model=static \
-    && [[ -x $shim ]] && ! ldd "$shim" >/dev/null 2>&1; then
-    shim_args=(--shim "$(realpath "$shim")")
-else
-    echo "bench: static shim build failed; measuring the default shim" >&2
+if [[ ! -x target/release/petrel-shim ]] || ldd target/release/petrel-shim >/dev/null 2>&1; then
+    make -s shim-release
 fi
+shim_args=(--shim "$(realpath target/release/petrel-shim)")
 
 id=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 work=$(mktemp -d /tmp/petrel-bench.XXXXXX)

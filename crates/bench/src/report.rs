@@ -1099,10 +1099,11 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(o)?;
     writeln!(
         o,
-        "`scripts/bench.sh` builds a statically linked shim (`cargo rustc --release -p \
-         petrel-shim -- -C target-feature=+crt-static`, into `target/bench-shim`) and gives \
-         it to the runtime with `--shim-binary` (it falls back to the default shim if that \
-         build fails), then runs `cargo run --release -p petrel-bench` which starts `petrel \
+        "`scripts/bench.sh` measures the shipped binaries of `make release`: \
+         `target/release/petrel` and its shim `target/release/petrel-shim`, which \
+         `make shim-release` links statically (`-C target-feature=+crt-static`; \
+         `e2e_promises` in `make test` checks its RSS and the runtime's idle CPU \
+         on every CI run), then runs `cargo run --release -p petrel-bench` which starts `petrel \
          runtime --root DIR/root --state DIR/state --default-cgroup-parent \
          /petrel-bench-<id>` in a temporary directory, drives it over its socket with the CRI \
          clients of `petrel_cri`, and rewrites this file. It needs root, runc and the \
