@@ -3,7 +3,8 @@
 # against ("peers") from Go modules, with this machine's Go and the Go module
 # proxy, at the versions in tools/peers/versions.env:
 #
-#   kubernetes  kube-apiserver kubelet kubectl kube-scheduler kube-controller-manager
+#   kubernetes  kube-apiserver kubelet kubectl (kube-scheduler and
+#               kube-controller-manager come with cluster mode, issue 31)
 #   etcd        etcd etcdctl
 #   cri-tools   crictl critest
 #   containerd  containerd containerd-shim-runc-v2 ctr
@@ -50,7 +51,7 @@ source "$peers_dir/versions.env"
 
 components=(runc etcd cri-tools containerd kubernetes)
 declare -A binaries=(
-    [kubernetes]="kube-apiserver kubelet kubectl kube-scheduler kube-controller-manager"
+    [kubernetes]="kube-apiserver kubelet kubectl"
     [etcd]="etcd etcdctl"
     [cri-tools]="crictl critest"
     [containerd]="containerd containerd-shim-runc-v2 ctr"
@@ -339,6 +340,12 @@ cache_key() {
     } | sha256sum | cut -c1-12
 }
 
+# Whether directory $2 holds every binary of component $1.
+has_binaries() {
+    local b
+    for b in ${binaries[$1]}; do [[ -x $2/$b ]] || return 1; done
+}
+
 # Builds component $1 into the cache unless it is there, and sets built_dir
 # to its cache directory; on failure prints the one line that says what
 # failed and where the log is, and leaves built_dir empty.
@@ -353,6 +360,15 @@ build_component() {
         # Two runs at once (two clones, a session and CI): the second waits.
         exec {lock_fd}>"$cache/locks/$c-$v-$key"
         flock "$lock_fd"
+    fi
+    if [[ -d $dir ]] && ! has_binaries "$c" "$dir"; then
+        # Built before a binary was added to the component's list: the
+        # key is the recipe's, not the list's.
+        [[ -n ${lock_fd:-} ]] || { exec {lock_fd}>"$cache/locks/$c-$v-$key"; flock "$lock_fd"; }
+        if ! has_binaries "$c" "$dir"; then
+            echo "peers: $dir lacks some of ${binaries[$c]}: rebuilding" >&2
+            rm -rf "$dir"
+        fi
     fi
     if [[ -d $dir ]]; then
         [[ -z ${lock_fd:-} ]] || exec {lock_fd}>&-
