@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! manifests --inotify--> source --change (urgent)--+
-//! runtime --events/relist--> PLEG --event (urgent)-+--> work queue --> pod workers --> CRI
+//! runtime --events/relist--> PLEG --event (urgent)-+--> work queue --> one worker per pod --> CRI
 //! probes --result (urgent/normal)------------------+        ^
 //! resync timer (background, spread) ------------------------+
 //! ```
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use petrel_controller::{
-    run_workers, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
+    run_per_key, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
 };
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
@@ -75,6 +75,11 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     let node_name = config.effective_node_name();
     config.validate()?;
+    if config.workers.is_some() {
+        tracing::warn!(
+            "agent setting `workers` is obsolete and ignored: every pod has its own worker"
+        );
+    }
     // Before anything else: a server that may not run is a start-up error.
     let tls = crate::server::tls::server_tls(config.listen, &config.tls_files())?;
     let socket_group = match &config.socket_group {
@@ -223,7 +228,6 @@ pub async fn run(
                 cache: &cache,
                 workers: &workers,
                 sync_period: config.sync_period,
-                worker_count: config.workers,
             },
             pleg_events,
             probe_rx,
@@ -254,13 +258,11 @@ pub(crate) struct Pipeline<'a> {
     pub workers: &'a Arc<PodWorkers>,
     /// Period of the resync of pods that are not settled.
     pub sync_period: Duration,
-    /// Pods synced at once.
-    pub worker_count: usize,
 }
 
 /// Queues every pod for its first sync and starts, on `tasks`, what feeds
 /// the queue (manifest changes, PLEG events, probe changes, the resync
-/// timer) and the pod workers. Pods the runtime already runs are
+/// timer) and the pod workers, one per pod. Pods the runtime already runs are
 /// background work (adoption); new pods and orphans are normal.
 pub(crate) fn start_pipeline(
     p: Pipeline<'_>,
@@ -339,14 +341,16 @@ pub(crate) fn start_pipeline(
             }
         }
     });
-    let w = Arc::clone(p.workers);
-    tasks.spawn(run_workers(
+    // One worker per pod: a pod that takes long (stopping with its grace
+    // period, pulling an image) never delays another.
+    let (w, k) = (Arc::clone(p.workers), Arc::clone(p.workers));
+    tasks.spawn(run_per_key(
         queue.clone(),
-        p.worker_count,
         move |uid: String| {
             let w = Arc::clone(&w);
             async move { w.sync(uid).await }
         },
+        move |uid: &String| k.is_known(uid),
     ));
     Ok(())
 }

@@ -81,8 +81,10 @@ pub struct AgentConfig {
     /// Periodic resync of every pod (10 s).
     #[serde(with = "humantime_secs")]
     pub sync_period: Duration,
-    /// Concurrent pod workers.
-    pub workers: usize,
+    /// Obsolete and ignored: every pod has its own worker (there is no pool
+    /// to size any more). Still accepted so that older config files load;
+    /// the agent warns when it is set.
+    pub workers: Option<usize>,
     /// Concurrent pod inspections by the PLEG.
     pub inspect_concurrency: usize,
     /// The cgroup under which the kubepods hierarchy is made
@@ -124,7 +126,7 @@ impl Default for AgentConfig {
             event_relist_period: Duration::from_secs(300),
             relist_threshold: Duration::from_secs(180),
             sync_period: Duration::from_secs(10),
-            workers: 4,
+            workers: None,
             inspect_concurrency: 8,
             cgroup_root: "/petrel".to_string(),
             runtime_request_timeout: Duration::from_secs(120),
@@ -256,7 +258,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.relist_period, Duration::from_millis(500));
         assert_eq!(c.pleg, PlegMode::Relist);
-        assert_eq!(c.workers, 2);
+        assert_eq!(c.workers, Some(2));
         assert_eq!(c.sync_period, Duration::from_secs(10));
     }
 }

@@ -8,8 +8,15 @@
 //! the restart policy and crash-loop backoff; or, for a pod whose manifest
 //! is gone, graceful termination. Then it publishes the pod's status.
 //!
+//! Each pod has its own worker task ([`petrel_controller::run_per_key`],
+//! started by `agent.rs`), as kubelet's pod workers: the work queue feeds
+//! it, it syncs its pod at most once at a time (updates that arrive
+//! meanwhile are merged into one next sync), and it ends once the pod is
+//! forgotten. A sync that waits (a grace period, an image pull) holds
+//! nothing another pod needs.
+//!
 //! Never creating a container twice rests on three facts: the work queue
-//! never runs one UID on two workers; every sync acts on a status inspected
+//! never hands one UID out twice at once; every sync acts on a status inspected
 //! after the previous sync's last action; and a container is only created
 //! when that status shows no live instance of it.
 
@@ -677,6 +684,13 @@ impl PodWorkers {
         self.probes.remove_pod(uid);
         self.backoff.forget_pod(uid);
         self.pull_backoff.forget_pod(uid);
+    }
+
+    /// Whether the workers know pod `uid` (it has not been forgotten): its
+    /// worker task lives as long as this holds.
+    pub fn is_known(&self, uid: &str) -> bool {
+        let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        g.contains_key(uid)
     }
 
     /// UIDs of every pod the workers know (for the periodic resync).

@@ -197,7 +197,6 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             cache: &cache,
             workers: &workers,
             sync_period: SYNC_PERIOD,
-            worker_count: 4,
         },
         pleg_events,
         probe_rx,
