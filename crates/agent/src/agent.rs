@@ -301,9 +301,12 @@ pub(crate) fn start_pipeline(
         }
         watch.abort();
     });
-    let q = queue.clone();
+    let (q, w) = (queue.clone(), Arc::clone(p.workers));
     tasks.spawn(async move {
         while let Some(ev) = pleg_events.recv().await {
+            // The change is shown at once, not only after the sync it
+            // calls for (which may restart the container, or wait).
+            w.publish_observed(&ev.uid);
             if ev.kind != PodLifecycleEventType::ContainerChanged {
                 q.add(ev.uid, Priority::Urgent);
             }

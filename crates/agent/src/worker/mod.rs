@@ -103,6 +103,11 @@ struct PodState {
     last_desired: Option<DesiredPod>,
     /// The eviction manager asked for this pod to be evicted.
     eviction: Option<EvictionOrder>,
+    /// When the inspection the current sync acts on began (ns).
+    observed_at: i64,
+    /// When the inspection last published began (ns): a publish never
+    /// goes back to an older one.
+    published_at: i64,
     /// What the last sync that changed nothing and asked for nothing saw.
     /// A sync that would see the same again has nothing to do (periodic
     /// resyncs of a quiet node then cost a lock and a comparison).
@@ -268,7 +273,8 @@ impl PodWorkers {
     /// Reconciles the pod `uid` once.
     pub async fn sync(&self, uid: PodUid) -> Result<Action, WorkerError> {
         let desired = self.source.get(&uid);
-        let status = self.fresh_status(&uid).await?;
+        let (status, observed_at) = self.fresh_status(&uid).await?;
+        self.with_state(&uid, |s| s.observed_at = observed_at);
         match desired {
             Some(d) if d.invalid.is_none() => {
                 let fp = Fingerprint {
@@ -318,6 +324,12 @@ impl PodWorkers {
                     }
                 });
                 let result = self.sync_pod(&d, &status).await;
+                if result.is_err() {
+                    // A failed step (a container that cannot be created or
+                    // started, say) is retried; meanwhile the pod shows
+                    // why, as kubelet shows it.
+                    self.publish(&d, Some(&status));
+                }
                 let quiet = matches!(result, Ok(Action::Done));
                 self.with_state(&uid, |s| {
                     s.settled = (quiet && s.last_action == acted_before).then_some(fp);
@@ -545,8 +557,9 @@ impl PodWorkers {
 
     /// The runtime's status of `uid`, inspected after this agent's last
     /// action on it: from the cache if that is fresh enough, else by a
-    /// targeted inspection (and `get_newer_than` makes sure of it).
-    async fn fresh_status(&self, uid: &str) -> Result<Arc<PodRuntimeStatus>, WorkerError> {
+    /// targeted inspection (and `get_newer_than` makes sure of it); with
+    /// the time that inspection began.
+    async fn fresh_status(&self, uid: &str) -> Result<(Arc<PodRuntimeStatus>, i64), WorkerError> {
         let last = self.with_state(uid, |s| s.last_action);
         let entry = self.cache.get(uid);
         // A failed inspection is not a status: look again.
@@ -562,12 +575,13 @@ impl PodWorkers {
         if let Some(e) = entry.error {
             return Err(WorkerError::Io(format!("inspecting pod {uid}: {e}")));
         }
-        Ok(entry.status.unwrap_or_else(|| {
+        let status = entry.status.unwrap_or_else(|| {
             Arc::new(PodRuntimeStatus {
                 uid: uid.to_string(),
                 ..Default::default()
             })
-        }))
+        });
+        Ok((status, entry.timestamp))
     }
 
     /// Would a sync of `uid` now do nothing? True when its last sync was
@@ -614,13 +628,70 @@ impl PodWorkers {
             .collect()
     }
 
-    /// Publishes the status of `pod` computed from `runtime`.
-    fn publish(&self, pod: &DesiredPod, runtime: Option<&PodRuntimeStatus>) {
-        let (mut hints, terminating_since) =
-            self.with_state(&pod.uid, |s| (s.hints.clone(), s.terminating_since));
+    /// Publishes the status of `pod` computed from `runtime` (the status
+    /// the current sync acts on), or from the cache's newest inspection
+    /// when that is newer: a status never goes back to what the sync began
+    /// with after the PLEG published a later one (see
+    /// [`PodWorkers::publish_observed`]).
+    fn publish(&self, pod: &DesiredPod, runtime: Option<&Arc<PodRuntimeStatus>>) {
+        let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let s = g.entry(pod.uid.clone()).or_default();
+        let runtime = runtime.map(|snapshot| {
+            let newest = self.cache.get(&pod.uid);
+            match newest.status {
+                Some(st) if newest.error.is_none() && newest.timestamp >= s.observed_at => {
+                    (st, newest.timestamp)
+                }
+                _ => (Arc::clone(snapshot), s.observed_at),
+            }
+        });
+        self.publish_locked(pod, s, runtime);
+    }
+
+    /// Publishes the status of pod `uid` from the cache's newest
+    /// inspection, at once: called when the PLEG saw the pod change, so a
+    /// container that died shows as terminated before its worker restarts
+    /// it, and while its worker is busy (stopping another container with
+    /// its grace period, say). Only for a pod its worker has synced (the
+    /// pod it acts on, its waiting reasons), and only an inspection at
+    /// least as new as the last published.
+    pub fn publish_observed(&self, uid: &str) {
+        let entry = self.cache.get(uid);
+        let Some(status) = entry.status.filter(|_| entry.error.is_none()) else {
+            return;
+        };
+        let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = g.get_mut(uid) else {
+            return;
+        };
+        let Some(pod) = s.last_desired.clone().filter(|d| d.invalid.is_none()) else {
+            return;
+        };
+        if entry.timestamp < s.published_at {
+            return;
+        }
+        self.publish_locked(&pod, s, Some((status, entry.timestamp)));
+    }
+
+    /// Computes and publishes the status of `pod` from `runtime` (an
+    /// inspection and its time) and the worker's state `s`, under the pods
+    /// lock: publishes of one pod never interleave, so the last one
+    /// published is the newest.
+    fn publish_locked(
+        &self,
+        pod: &DesiredPod,
+        s: &mut PodState,
+        runtime: Option<(Arc<PodRuntimeStatus>, i64)>,
+    ) {
+        let mut hints = s.hints.clone();
+        let terminating_since = s.terminating_since;
+        if let Some((_, at)) = &runtime {
+            s.published_at = s.published_at.max(*at);
+        }
+        let runtime = runtime.map(|(st, _)| st);
         hints.terminating = terminating_since.is_some();
         // Probe results of the running instances.
-        if let Some(rt) = runtime {
+        if let Some(rt) = runtime.as_deref() {
             for c in pod_containers(pod) {
                 if let Some(inst) = rt.latest_container(&c.name) {
                     if inst.state == petrel_cri::api::ContainerState::ContainerRunning as i32 {
@@ -637,7 +708,7 @@ impl PodWorkers {
             runtime_name: &self.config.runtime_name,
             now: SystemTime::now(),
         };
-        let mut status = compute_pod_status(pod, runtime, &hints, &ctx);
+        let mut status = compute_pod_status(pod, runtime.as_deref(), &hints, &ctx);
         if let Some(message) = &hints.evicted {
             crate::status::compute::mark_evicted(&mut status, message);
         }
