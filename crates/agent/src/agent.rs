@@ -68,7 +68,8 @@ pub enum AgentError {
 }
 
 /// Runs the agent until `shutdown` completes. Pods keep running after it
-/// returns; a new agent adopts them.
+/// returns and a new agent adopts them; with
+/// [`AgentConfig::drain_on_exit`] they are stopped and removed first.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -180,6 +181,8 @@ pub async fn run(
     );
     tasks.spawn(pleg.clone().run());
 
+    // The pod workers once started (the drain at exit needs them).
+    let started: std::sync::OnceLock<Arc<PodWorkers>> = std::sync::OnceLock::new();
     let main = async {
         let runtime_name = wait_for_runtime(runtime.as_ref(), &health).await;
         // Adoption waits for the PLEG's first relist, so pods already
@@ -209,6 +212,7 @@ pub async fn run(
             },
         ));
 
+        let _ = started.set(Arc::clone(&workers));
         start_eviction(
             &config,
             &runtime,
@@ -240,7 +244,25 @@ pub async fn run(
         r = main => r,
         () = shutdown => Ok(()),
     };
-    tracing::info!("agent stopping; pods keep running");
+    match started.get() {
+        Some(workers) if config.drain_on_exit && result.is_ok() => {
+            let limit = crate::drain::bound(&source);
+            tracing::info!(pods = workers.known_uids().len(), limit = ?limit, "agent stopping; draining: every pod is stopped and removed");
+            let parts = crate::drain::DrainParts {
+                source: &source,
+                queue: &queue,
+                workers,
+                cache: &cache,
+            };
+            match crate::drain::drain(parts, limit).await {
+                Ok(()) => tracing::info!("drained: no pod of this node is left"),
+                Err(left) => {
+                    tracing::warn!(left = ?left, "drain incomplete: these pods keep running")
+                }
+            }
+        }
+        _ => tracing::info!("agent stopping; pods keep running"),
+    }
     queue.shut_down();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}

@@ -102,6 +102,12 @@ pub struct AgentConfig {
     /// Node-pressure eviction (`[agent.eviction]`, the `--eviction-*`
     /// flags).
     pub eviction: crate::eviction::EvictionSettings,
+    /// Drain on exit (`--drain-on-exit`): at shutdown, stop every pod of
+    /// this node gracefully (grace periods, preStop hooks) and remove it
+    /// (containers, sandboxes, volumes, logs) before exiting. Off by
+    /// default: kubelet leaves containers running when it stops, and a new
+    /// agent adopts them.
+    pub drain_on_exit: bool,
     /// The cgroup that stands for the node (`--node-cgroup`): pods go under
     /// it instead of `cgroup_root`, and its memory and pids limits are the
     /// node's capacity for eviction. None: the whole machine.
@@ -133,6 +139,7 @@ impl Default for AgentConfig {
             backoff_initial: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             eviction: crate::eviction::EvictionSettings::default(),
+            drain_on_exit: false,
             node_cgroup: None,
         }
     }

@@ -37,7 +37,8 @@ pub enum Action {
 ///
 /// So a key is never reconciled by two workers at once, a failing key backs
 /// off, and a panicking reconcile costs one retry, not a worker. Stop it
-/// gracefully with [`WorkQueue::shut_down_with_drain`] from another task.
+/// gracefully with [`WorkQueue::shut_down_with_drain`] from another task;
+/// aborting the runner's task cancels the reconciles in flight too.
 pub async fn run_workers<K, F, Fut, E>(queue: WorkQueue<K>, workers: usize, reconcile: F)
 where
     K: Eq + Hash + Clone + fmt::Debug + Send + Sync + 'static,
@@ -78,7 +79,10 @@ where
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: fmt::Display + Send + 'static,
 {
-    let outcome = tokio::spawn(reconcile(item.key.clone())).await;
+    // Its own task, so a panic costs a retry, not the worker; cancelled
+    // with the worker (the runner aborted), never left running detached.
+    let mut task = AbortOnDrop(tokio::spawn(reconcile(item.key.clone())));
+    let outcome = (&mut task.0).await;
     match outcome {
         Ok(Ok(Action::Done)) => queue.forget(&item.key),
         Ok(Ok(Action::RequeueAfter(d))) => {
@@ -106,6 +110,15 @@ where
         }
     }
     queue.done(&item.key);
+}
+
+/// A reconcile's task, aborted when whoever awaits it is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs one task per key of `queue` (a key's *worker*), so that keys never
@@ -490,6 +503,47 @@ mod tests {
             *seen.lock().expect("lock"),
             [(7, ms(0)), (7, ms(5)), (7, ms(15))]
         );
+    }
+
+    /// Sets its flag when dropped (a reconcile cancelled or finished).
+    struct Dropped(Arc<AtomicUsize>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn aborted_runners_should_cancel_their_reconciles() {
+        for per_key in [false, true] {
+            let q = queue();
+            q.add(1, Priority::Normal);
+            let (started, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let reconcile = {
+                let (started, dropped) = (started.clone(), dropped.clone());
+                move |_k: u32| {
+                    let (started, guard) = (started.clone(), Dropped(dropped.clone()));
+                    async move {
+                        let _guard = guard;
+                        started.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        Ok::<_, String>(Action::Done)
+                    }
+                }
+            };
+            let runner = if per_key {
+                tokio::spawn(run_per_key(q.clone(), reconcile, |_k: &u32| true))
+            } else {
+                tokio::spawn(run_workers(q.clone(), 2, reconcile))
+            };
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(started.load(Ordering::SeqCst), 1);
+            runner.abort();
+            let _ = runner.await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(dropped.load(Ordering::SeqCst), 1, "per key: {per_key}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
