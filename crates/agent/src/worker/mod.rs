@@ -22,6 +22,7 @@
 
 mod backoff;
 mod hooks;
+mod phase;
 mod sync;
 mod terminate;
 #[cfg(test)]
@@ -49,6 +50,7 @@ use crate::status::StatusStore;
 use crate::types::{DesiredPod, PodHints, PodRuntimeStatus, PodUid};
 
 pub use backoff::CrashBackoff;
+use phase::{EvictionOrder, PodPhase};
 
 /// Why a sync failed (it is retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -97,21 +99,15 @@ struct PodState {
     first_seen: Option<Instant>,
     /// Pod start latency already recorded.
     start_recorded: bool,
-    /// The manifest was deleted at this time.
-    terminating_since: Option<SystemTime>,
+    /// Active, evicted or terminating.
+    phase: PodPhase,
     /// The last desired pod seen (to show a terminating pod).
     last_desired: Option<DesiredPod>,
-    /// The eviction manager asked for this pod to be evicted.
-    eviction: Option<EvictionOrder>,
     /// When the inspection the current sync acts on began (ns).
     observed_at: i64,
     /// When the inspection last published began (ns): a publish never
     /// goes back to an older one.
     published_at: i64,
-    /// What the last sync that changed nothing and asked for nothing saw.
-    /// A sync that would see the same again has nothing to do (periodic
-    /// resyncs of a quiet node then cost a lock and a comparison).
-    settled: Option<Fingerprint>,
 }
 
 /// What an eviction record on disk holds: the message and grace period,
@@ -130,16 +126,6 @@ fn pod_hash(d: &DesiredPod) -> String {
     use sha2::Digest;
     let json = serde_json::to_vec(&*d.pod).unwrap_or_default();
     hex::encode(sha2::Sha256::digest(&json))
-}
-
-/// An eviction the eviction manager asked for.
-#[derive(Debug, Clone)]
-struct EvictionOrder {
-    /// Grace period for the pod's containers, seconds.
-    grace_secs: i64,
-    /// The desired pod evicted (by identity): a changed manifest is a new
-    /// pod, which may run again.
-    pod: usize,
 }
 
 /// Everything a sync of a running pod decides on: the runtime status (by
@@ -304,8 +290,10 @@ impl PodWorkers {
                         }
                     }
                 }
+                // (A sync that would see what the last quiet one saw has
+                // nothing to do: a quiet node's resyncs cost a comparison.)
                 let (settled, acted_before) =
-                    self.with_state(&uid, |s| (s.settled.as_ref() == Some(&fp), s.last_action));
+                    self.with_state(&uid, |s| (s.phase.settled() == Some(&fp), s.last_action));
                 if settled {
                     return Ok(Action::Done);
                 }
@@ -315,7 +303,7 @@ impl PodWorkers {
                         + Duration::from_nanos(u64::try_from(sb.created_at).unwrap_or(0))
                 });
                 self.with_state(&uid, |s| {
-                    s.terminating_since = None;
+                    s.phase.activate();
                     s.last_desired = Some(d.clone());
                     if s.first_seen.is_none() {
                         s.first_seen = Some(Instant::now());
@@ -332,7 +320,8 @@ impl PodWorkers {
                 }
                 let quiet = matches!(result, Ok(Action::Done));
                 self.with_state(&uid, |s| {
-                    s.settled = (quiet && s.last_action == acted_before).then_some(fp);
+                    s.phase
+                        .set_settled((quiet && s.last_action == acted_before).then_some(fp));
                 });
                 result
             }
@@ -410,15 +399,14 @@ impl PodWorkers {
         let Some(s) = g.get_mut(uid) else {
             return false;
         };
-        if s.eviction.as_ref().is_some_and(|e| e.pod == pod) {
-            return false;
-        }
-        s.eviction = Some(EvictionOrder {
+        let order = EvictionOrder {
             grace_secs: grace_secs.max(0),
             pod,
-        });
+        };
+        if !s.phase.evict(order) {
+            return false;
+        }
         s.hints.evicted = Some(message.clone());
-        s.settled = None;
         drop(g);
         self.persist_eviction(&d, grace_secs.max(0), &message);
         true
@@ -466,7 +454,9 @@ impl PodWorkers {
     /// At a pod's first sync by this agent: an eviction recorded by a
     /// previous agent for this very pod is taken up again.
     fn restore_eviction(&self, d: &DesiredPod) {
-        let fresh = self.with_state(&d.uid, |s| s.first_seen.is_none() && s.eviction.is_none());
+        let fresh = self.with_state(&d.uid, |s| {
+            s.first_seen.is_none() && s.phase.eviction().is_none()
+        });
         if !fresh {
             return;
         }
@@ -477,7 +467,7 @@ impl PodWorkers {
             Ok(rec) if rec.pod_hash == pod_hash(d) => {
                 let pod = Arc::as_ptr(&d.pod) as usize;
                 self.with_state(&d.uid, |s| {
-                    s.eviction = Some(EvictionOrder {
+                    s.phase.evict(EvictionOrder {
                         grace_secs: rec.grace_secs,
                         pod,
                     });
@@ -496,7 +486,7 @@ impl PodWorkers {
         let pod = self.source.get(uid).map(|d| Arc::as_ptr(&d.pod) as usize);
         let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         g.get(uid)
-            .and_then(|s| s.eviction.as_ref())
+            .and_then(|s| s.phase.eviction())
             .is_some_and(|e| Some(e.pod) == pod)
     }
 
@@ -510,10 +500,10 @@ impl PodWorkers {
         fp: &Fingerprint,
     ) -> Result<Option<Action>, WorkerError> {
         let pod = Arc::as_ptr(&d.pod) as usize;
-        let (evicted, cleared) = self.with_state(&d.uid, |s| match &s.eviction {
+        let (evicted, cleared) = self.with_state(&d.uid, |s| match s.phase.eviction() {
             Some(e) if e.pod == pod => (true, false),
             Some(_) => {
-                s.eviction = None;
+                s.phase.clear_eviction();
                 s.hints.evicted = None;
                 (false, true)
             }
@@ -526,7 +516,7 @@ impl PodWorkers {
         if !evicted {
             return Ok(None);
         }
-        if self.with_state(&d.uid, |s| s.settled.as_ref() == Some(fp)) {
+        if self.with_state(&d.uid, |s| s.phase.settled() == Some(fp)) {
             return Ok(Some(Action::Done));
         }
         let live = status.containers.iter().any(|c| {
@@ -551,7 +541,7 @@ impl PodWorkers {
             tracing::warn!(uid = %d.uid, error = %e, "removing an evicted pod's volumes failed");
         }
         self.publish(d, Some(status));
-        self.with_state(&d.uid, |s| s.settled = Some(fp.clone()));
+        self.with_state(&d.uid, |s| s.phase.set_settled(Some(fp.clone())));
         Ok(Some(Action::Done))
     }
 
@@ -600,7 +590,8 @@ impl PodWorkers {
         let Some(status) = entry.status.as_ref() else {
             return false;
         };
-        let (settled, last_action) = self.with_state(uid, |s| (s.settled.clone(), s.last_action));
+        let (settled, last_action) =
+            self.with_state(uid, |s| (s.phase.settled().cloned(), s.last_action));
         if entry.error.is_some() || entry.timestamp <= last_action {
             return false;
         }
@@ -684,7 +675,7 @@ impl PodWorkers {
         runtime: Option<(Arc<PodRuntimeStatus>, i64)>,
     ) {
         let mut hints = s.hints.clone();
-        let terminating_since = s.terminating_since;
+        let terminating_since = s.phase.terminating_since();
         if let Some((_, at)) = &runtime {
             s.published_at = s.published_at.max(*at);
         }
