@@ -187,10 +187,8 @@ pub async fn run(
         let runtime_name = wait_for_runtime(runtime.as_ref(), &health).await;
         // Adoption waits for the PLEG's first relist, so pods already
         // running are recognised instead of created again.
-        while pleg.mode_in_use().is_none() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tracing::info!(runtime = %runtime_name, pleg = ?pleg.mode_in_use(), "runtime connected; adopting pods");
+        let mode = pleg.wait_ready().await;
+        tracing::info!(runtime = %runtime_name, pleg = ?mode, "runtime connected; adopting pods");
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
         let workers = Arc::new(PodWorkers::new(

@@ -168,9 +168,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
     while runtime.version().await.is_err() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    while pleg.mode_in_use().is_none() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    pleg.wait_ready().await;
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
     let workers = Arc::new(PodWorkers::new(
