@@ -8,7 +8,8 @@
 # HTTP to a pod through its IP and its host port, a container crashing and
 # restarting with backoff, and a manifest deleted (its pod terminated
 # gracefully).
-# Then everything is stopped and cleaned up, the registry and its storage
+# Then the node is stopped with --drain-on-exit (its pods are stopped and
+# removed first) and everything is cleaned up, the registry and its storage
 # included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,19 +32,19 @@ REGISTRY_PID=""
 # The examples' image; the registry serves it as petrel/busybox:latest.
 DEMO_IMAGE=docker.io/petrel/busybox:latest
 
-say() { printf '\n\033[1;34m== %s\033[0m\n' "$*"; }
+# Headings in colour on a terminal only: a log or a pipe gets plain text.
+if [ -t 1 ]; then
+  say() { printf '\n\033[1;34m== %s\033[0m\n' "$*"; }
+else
+  say() { printf '\n== %s\n' "$*"; }
+fi
 
 cleanup() {
   set +e
   [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null && wait "$WATCH_PID" 2>/dev/null
   if [ -n "$NODE_PID" ] && kill -0 "$NODE_PID" 2>/dev/null; then
-    # Deleting the manifests makes the agent terminate the pods.
-    rm -f "$WORK"/manifests/*.yaml
-    for _ in $(seq 1 100); do
-      [ -z "$($PETREL ctl pods -q 2>/dev/null)" ] && break
-      sleep 0.1
-    done
-    for p in $($PETREL ctl pods -q 2>/dev/null); do $PETREL ctl rmp -f "$p" >/dev/null 2>&1; done
+    # The node runs with --drain-on-exit: SIGTERM makes its agent stop and
+    # remove every pod (grace periods, preStop hooks), then it exits.
     kill -TERM "$NODE_PID" 2>/dev/null; wait "$NODE_PID" 2>/dev/null
   fi
   # The demo network's bridge and lease directory (the bridge plugin
@@ -125,7 +126,7 @@ $PETREL node --root "$WORK/root" --state "$WORK/state" --default-cgroup-parent /
   --registry-config-dir "$WORK/certs.d" --cni-conf-dir examples/cni \
   --nri-socket "$WORK/nri/nri.sock" --nri-plugin-path "$WORK/nri/plugins" \
   --nri-plugin-config-path "$WORK/nri/conf.d" \
-  --eviction-hard 'memory.available<100Mi' 2> "$WORK/node.log" &
+  --eviction-hard 'memory.available<100Mi' --drain-on-exit 2> "$WORK/node.log" &
 NODE_PID=$!
 for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "node did not start:"; cat "$WORK/node.log"; exit 1; }
@@ -181,5 +182,9 @@ echo
 curl -s -o /dev/null -w 'GET /pods on the TCP port: %{http_code}\n' "$HEALTH/pods" 2>/dev/null || true
 curl -s "$HEALTH/metrics" 2>/dev/null | grep -E '^kubelet_(running_pods|running_containers|evented_pleg_connection_success)' || true
 
-say "done: stopping the node (pods are removed first); last lines of its log:"
+say "done: stopping the node (--drain-on-exit: its pods are stopped and removed first)"
+kill -TERM "$NODE_PID"; wait "$NODE_PID" || true
+NODE_PID=""
+echo "last lines of its log:"
 tail -n 8 "$WORK/node.log"
+echo "containers left in its runtime root: $(find "$WORK/state/runc" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! manifests --inotify--> source --change (urgent)--+
-//! runtime --events/relist--> PLEG --event (urgent)-+--> work queue --> pod workers --> CRI
+//! runtime --events/relist--> PLEG --event (urgent)-+--> work queue --> one worker per pod --> CRI
 //! probes --result (urgent/normal)------------------+        ^
 //! resync timer (background, spread) ------------------------+
 //! ```
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use petrel_controller::{
-    run_workers, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
+    run_per_key, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
 };
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
@@ -68,13 +68,19 @@ pub enum AgentError {
 }
 
 /// Runs the agent until `shutdown` completes. Pods keep running after it
-/// returns; a new agent adopts them.
+/// returns and a new agent adopts them; with
+/// [`AgentConfig::drain_on_exit`] they are stopped and removed first.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AgentError> {
     let node_name = config.effective_node_name();
     config.validate()?;
+    if config.workers.is_some() {
+        tracing::warn!(
+            "agent setting `workers` is obsolete and ignored: every pod has its own worker"
+        );
+    }
     // Before anything else: a server that may not run is a start-up error.
     let tls = crate::server::tls::server_tls(config.listen, &config.tls_files())?;
     let socket_group = match &config.socket_group {
@@ -175,14 +181,14 @@ pub async fn run(
     );
     tasks.spawn(pleg.clone().run());
 
+    // The pod workers once started (the drain at exit needs them).
+    let started: std::sync::OnceLock<Arc<PodWorkers>> = std::sync::OnceLock::new();
     let main = async {
         let runtime_name = wait_for_runtime(runtime.as_ref(), &health).await;
         // Adoption waits for the PLEG's first relist, so pods already
         // running are recognised instead of created again.
-        while pleg.mode_in_use().is_none() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        tracing::info!(runtime = %runtime_name, pleg = ?pleg.mode_in_use(), "runtime connected; adopting pods");
+        let mode = pleg.wait_ready().await;
+        tracing::info!(runtime = %runtime_name, pleg = ?mode, "runtime connected; adopting pods");
         let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
         let workers = Arc::new(PodWorkers::new(
@@ -204,6 +210,7 @@ pub async fn run(
             },
         ));
 
+        let _ = started.set(Arc::clone(&workers));
         start_eviction(
             &config,
             &runtime,
@@ -223,7 +230,6 @@ pub async fn run(
                 cache: &cache,
                 workers: &workers,
                 sync_period: config.sync_period,
-                worker_count: config.workers,
             },
             pleg_events,
             probe_rx,
@@ -236,7 +242,25 @@ pub async fn run(
         r = main => r,
         () = shutdown => Ok(()),
     };
-    tracing::info!("agent stopping; pods keep running");
+    match started.get() {
+        Some(workers) if config.drain_on_exit && result.is_ok() => {
+            let limit = crate::drain::bound(&source);
+            tracing::info!(pods = workers.known_uids().len(), limit = ?limit, "agent stopping; draining: every pod is stopped and removed");
+            let parts = crate::drain::DrainParts {
+                source: &source,
+                queue: &queue,
+                workers,
+                cache: &cache,
+            };
+            match crate::drain::drain(parts, limit).await {
+                Ok(()) => tracing::info!("drained: no pod of this node is left"),
+                Err(left) => {
+                    tracing::warn!(left = ?left, "drain incomplete: these pods keep running")
+                }
+            }
+        }
+        _ => tracing::info!("agent stopping; pods keep running"),
+    }
     queue.shut_down();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
@@ -254,13 +278,11 @@ pub(crate) struct Pipeline<'a> {
     pub workers: &'a Arc<PodWorkers>,
     /// Period of the resync of pods that are not settled.
     pub sync_period: Duration,
-    /// Pods synced at once.
-    pub worker_count: usize,
 }
 
 /// Queues every pod for its first sync and starts, on `tasks`, what feeds
 /// the queue (manifest changes, PLEG events, probe changes, the resync
-/// timer) and the pod workers. Pods the runtime already runs are
+/// timer) and the pod workers, one per pod. Pods the runtime already runs are
 /// background work (adoption); new pods and orphans are normal.
 pub(crate) fn start_pipeline(
     p: Pipeline<'_>,
@@ -299,9 +321,12 @@ pub(crate) fn start_pipeline(
         }
         watch.abort();
     });
-    let q = queue.clone();
+    let (q, w) = (queue.clone(), Arc::clone(p.workers));
     tasks.spawn(async move {
         while let Some(ev) = pleg_events.recv().await {
+            // The change is shown at once, not only after the sync it
+            // calls for (which may restart the container, or wait).
+            w.publish_observed(&ev.uid);
             if ev.kind != PodLifecycleEventType::ContainerChanged {
                 q.add(ev.uid, Priority::Urgent);
             }
@@ -339,14 +364,16 @@ pub(crate) fn start_pipeline(
             }
         }
     });
-    let w = Arc::clone(p.workers);
-    tasks.spawn(run_workers(
+    // One worker per pod: a pod that takes long (stopping with its grace
+    // period, pulling an image) never delays another.
+    let (w, k) = (Arc::clone(p.workers), Arc::clone(p.workers));
+    tasks.spawn(run_per_key(
         queue.clone(),
-        p.worker_count,
         move |uid: String| {
             let w = Arc::clone(&w);
             async move { w.sync(uid).await }
         },
+        move |uid: &String| k.is_known(uid),
     ));
     Ok(())
 }

@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(c.uids(), vec!["u".to_string()]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn get_newer_than_should_block_until_a_newer_status() {
         let c = Arc::new(PodCache::new());
         c.set("u", Ok(status("a")), 10);
@@ -247,7 +247,7 @@ mod tests {
         assert_eq!(e.ok().map(|e| e.timestamp), Some(11));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn global_timestamp_should_release_waiters() {
         let c = Arc::new(PodCache::new());
         let c2 = Arc::clone(&c);

@@ -81,8 +81,10 @@ pub struct AgentConfig {
     /// Periodic resync of every pod (10 s).
     #[serde(with = "humantime_secs")]
     pub sync_period: Duration,
-    /// Concurrent pod workers.
-    pub workers: usize,
+    /// Obsolete and ignored: every pod has its own worker (there is no pool
+    /// to size any more). Still accepted so that older config files load;
+    /// the agent warns when it is set.
+    pub workers: Option<usize>,
     /// Concurrent pod inspections by the PLEG.
     pub inspect_concurrency: usize,
     /// The cgroup under which the kubepods hierarchy is made
@@ -100,6 +102,12 @@ pub struct AgentConfig {
     /// Node-pressure eviction (`[agent.eviction]`, the `--eviction-*`
     /// flags).
     pub eviction: crate::eviction::EvictionSettings,
+    /// Drain on exit (`--drain-on-exit`): at shutdown, stop every pod of
+    /// this node gracefully (grace periods, preStop hooks) and remove it
+    /// (containers, sandboxes, volumes, logs) before exiting. Off by
+    /// default: kubelet leaves containers running when it stops, and a new
+    /// agent adopts them.
+    pub drain_on_exit: bool,
     /// The cgroup that stands for the node (`--node-cgroup`): pods go under
     /// it instead of `cgroup_root`, and its memory and pids limits are the
     /// node's capacity for eviction. None: the whole machine.
@@ -124,13 +132,14 @@ impl Default for AgentConfig {
             event_relist_period: Duration::from_secs(300),
             relist_threshold: Duration::from_secs(180),
             sync_period: Duration::from_secs(10),
-            workers: 4,
+            workers: None,
             inspect_concurrency: 8,
             cgroup_root: "/petrel".to_string(),
             runtime_request_timeout: Duration::from_secs(120),
             backoff_initial: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             eviction: crate::eviction::EvictionSettings::default(),
+            drain_on_exit: false,
             node_cgroup: None,
         }
     }
@@ -256,7 +265,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.relist_period, Duration::from_millis(500));
         assert_eq!(c.pleg, PlegMode::Relist);
-        assert_eq!(c.workers, 2);
+        assert_eq!(c.workers, Some(2));
         assert_eq!(c.sync_period, Duration::from_secs(10));
     }
 }

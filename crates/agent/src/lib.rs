@@ -21,6 +21,7 @@ pub mod config;
 pub mod convert;
 pub mod cri;
 pub mod crilog;
+mod drain;
 pub mod eviction;
 pub mod health;
 pub mod metrics;

@@ -122,4 +122,4 @@ pub use ratelimit::{
     default_controller_rate_limiter, ItemExponential, MaxOf, RateLimiter, TokenBucket,
 };
 pub use resync::spread_delay;
-pub use runner::{run_workers, Action};
+pub use runner::{run_per_key, run_workers, Action};

@@ -6,6 +6,9 @@
 //!
 //! While the stream is connected and nothing happens, the loop sleeps on
 //! the stream and the safety-net deadline only: no other wake-ups.
+//!
+//! Its state is a [`Driver`]: the stream's [`StreamState`] (a state
+//! machine, below), the reconnect backoff and the next relist's time.
 
 use std::time::Duration;
 
@@ -13,9 +16,9 @@ use futures_util::StreamExt;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Pleg, MODE_EVENTS, MODE_RELIST};
+use super::Pleg;
 use crate::config::PlegMode;
-use crate::cri::EventStream;
+use crate::cri::{CriError, CriResult, EventStream};
 
 /// First reconnect delay.
 pub(crate) const BACKOFF_INITIAL: Duration = Duration::from_millis(20);
@@ -59,150 +62,254 @@ struct Connection {
     delivered: bool,
 }
 
+/// The runtime's event stream, as the driver sees it.
+///
+/// ```text
+///                 connect fails (retry at now + backoff)
+///                 +---------+
+///                 v         |
+///   start --> Disconnected -+--connect ok--> Connected
+///    |            ^   |                        |
+///    |            |   | UNIMPLEMENTED (auto)    | stream ends or fails
+///    |            |   v                        |  (backoff reset if it was healthy)
+///    |            |  Off <---------------------+ UNIMPLEMENTED before any event (auto)
+///    |            +----------------------------+ otherwise
+///    +--(relist mode)--> Off
+/// ```
+enum StreamState {
+    /// No stream, for good: relist mode, or a runtime without events in
+    /// auto mode. Relists every `relist_period`.
+    Off,
+    /// Not connected; the next attempt at `retry_at`. Relists every
+    /// `relist_period` meanwhile.
+    Disconnected { retry_at: Instant },
+    /// Connected: its events are hints (each inspects its pod); a relist
+    /// every `event_relist_period` is the safety net.
+    Connected(Connection),
+}
+
+/// The driver's state between two turns of its loop.
+struct Driver {
+    stream: StreamState,
+    /// Reconnect delays; kept across connections.
+    backoff: Backoff,
+    /// When the next relist is due (one at a time).
+    next_relist: Instant,
+    /// An events-mode runtime without events was warned about once.
+    warned_unimplemented: bool,
+}
+
+/// What one turn of the loop woke up for.
+enum Wake {
+    /// Boxed: an event is large, and this value lives for one turn only.
+    Event(Box<Option<CriResult<petrel_cri::api::ContainerEventResponse>>>),
+    RelistDone(bool),
+    Other,
+}
+
 impl Pleg {
     pub(crate) async fn run_loop(self) {
         let inner = &self.inner;
         let cfg = &inner.config;
         // Relist mode never subscribes; the others try the stream first so
         // the relist that follows covers everything before it.
-        let mut stream_enabled = cfg.mode != PlegMode::Relist;
-        let mut conn: Option<Connection> = None;
-        let mut backoff = Backoff::new();
-        let mut next_connect = Instant::now();
-        let mut next_relist = Instant::now();
-        let mut warned_unimplemented = false;
+        let mut d = Driver {
+            stream: if cfg.mode == PlegMode::Relist {
+                StreamState::Off
+            } else {
+                StreamState::Disconnected {
+                    retry_at: Instant::now(),
+                }
+            },
+            backoff: Backoff::new(),
+            next_relist: Instant::now(),
+            warned_unimplemented: false,
+        };
         let mut relists: JoinSet<bool> = JoinSet::new();
         let mut tasks: JoinSet<()> = JoinSet::new();
 
         loop {
-            let now = Instant::now();
-            if stream_enabled && conn.is_none() && now >= next_connect {
-                // Bounded: a wedged runtime must not stop the relists.
-                let connect =
-                    tokio::time::timeout(CONNECT_TIMEOUT, inner.runtime.container_events());
-                let connected = connect.await.unwrap_or_else(|_| {
-                    Err(crate::cri::CriError {
-                        operation: "get_container_events",
-                        code: tonic::Code::DeadlineExceeded,
-                        message: format!("no answer within {CONNECT_TIMEOUT:?}"),
-                    })
-                });
-                match connected {
-                    Ok(stream) => {
-                        inner.metrics.evented_pleg_connection_successes.inc();
-                        tracing::info!("pleg: runtime event stream connected");
-                        conn = Some(Connection {
-                            stream,
-                            since: Instant::now(),
-                            delivered: false,
-                        });
-                        inner.health.set_event_stream(Some(cfg.event_relist_period));
-                        // Whatever happened while disconnected is found by a
-                        // relist started after the subscription.
-                        next_relist = Instant::now();
-                        if inner.first_relist_done() {
-                            inner.set_mode(MODE_EVENTS);
-                        }
-                    }
-                    Err(e) if e.is_unimplemented() && cfg.mode == PlegMode::Auto => {
-                        tracing::info!("pleg: the runtime has no event stream (GetContainerEvents unimplemented); relisting every {:?}", cfg.relist_period);
-                        stream_enabled = false;
-                        inner.set_mode(MODE_RELIST);
-                    }
-                    Err(e) => {
-                        inner.metrics.evented_pleg_connection_errors.inc();
-                        if e.is_unimplemented() && !warned_unimplemented {
-                            warned_unimplemented = true;
-                            tracing::warn!("pleg: events mode asked but the runtime does not implement GetContainerEvents; relisting while retrying");
-                        } else {
-                            tracing::debug!(error = %e, "pleg: event stream connect failed");
-                        }
-                        inner.note_runtime_error(&e);
-                        next_connect = Instant::now() + backoff.next_delay();
-                    }
+            if let StreamState::Disconnected { retry_at } = d.stream {
+                if Instant::now() >= retry_at {
+                    self.connect(&mut d).await;
                 }
             }
 
-            if relists.is_empty() && Instant::now() >= next_relist {
-                let period = if conn.is_some() {
-                    cfg.event_relist_period
-                } else {
-                    cfg.relist_period
+            if relists.is_empty() && Instant::now() >= d.next_relist {
+                let period = match d.stream {
+                    StreamState::Connected(_) => cfg.event_relist_period,
+                    _ => cfg.relist_period,
                 };
-                next_relist = Instant::now() + period;
+                d.next_relist = Instant::now() + period;
                 let pleg = self.clone();
                 relists.spawn(async move { pleg.relist().await });
             }
 
-            let connected = conn.is_some();
-            let waiting_connect = stream_enabled && !connected;
-            tokio::select! {
-                item = next_event(&mut conn), if connected => {
-                    match item {
-                        Some(Ok(ev)) => {
-                            if let Some(c) = conn.as_mut() {
-                                c.delivered = true;
-                            }
-                            if let Some(task) = self.on_event(ev) {
-                                tasks.spawn(task);
-                            }
-                        }
-                        end => {
-                            let Some(c) = conn.take() else { continue };
-                            let healthy = c.delivered || c.since.elapsed() >= BACKOFF_RESET_AFTER;
-                            if healthy {
-                                backoff.reset();
-                            }
-                            inner.health.set_event_stream(None);
-                            inner.metrics.evented_pleg_connection_errors.inc();
-                            match end {
-                                Some(Err(e)) if e.is_unimplemented() && !c.delivered && cfg.mode == PlegMode::Auto => {
-                                    // Some runtimes accept the call and fail the stream.
-                                    tracing::info!("pleg: the runtime has no event stream; relisting every {:?}", cfg.relist_period);
-                                    stream_enabled = false;
-                                    inner.set_mode(MODE_RELIST);
-                                }
-                                Some(Err(e)) => {
-                                    tracing::warn!(error = %e, "pleg: event stream broken; reconnecting");
-                                    inner.note_runtime_error(&e);
-                                }
-                                _ => tracing::warn!("pleg: event stream ended; reconnecting"),
-                            }
-                            next_connect = Instant::now() + backoff.next_delay();
-                            // Relist at the disconnected pace until it is back.
-                            next_relist = next_relist.min(Instant::now() + cfg.relist_period);
-                        }
-                    }
-                }
+            let retry_at = match d.stream {
+                StreamState::Disconnected { retry_at } => Some(retry_at),
+                _ => None,
+            };
+            let wake = tokio::select! {
+                item = next_event(&mut d.stream) => Wake::Event(Box::new(item)),
                 Some(done) = relists.join_next(), if !relists.is_empty() => {
-                    let ok = matches!(done, Ok(true));
-                    if ok && !inner.first_relist_done() {
-                        let mode = if stream_enabled && (conn.is_some() || cfg.mode == PlegMode::Events) {
-                            MODE_EVENTS
-                        } else {
-                            MODE_RELIST
+                    Wake::RelistDone(matches!(done, Ok(true)))
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => Wake::Other,
+                () = inner.relist_wanted.notified() => {
+                    d.next_relist = Instant::now();
+                    Wake::Other
+                }
+                () = sleep_until_some(retry_at) => Wake::Other,
+                () = tokio::time::sleep_until(d.next_relist), if relists.is_empty() => Wake::Other,
+            };
+            match wake {
+                Wake::Event(item) => match *item {
+                    Some(Ok(ev)) => {
+                        if let StreamState::Connected(c) = &mut d.stream {
+                            c.delivered = true;
+                        }
+                        if let Some(task) = self.on_event(ev) {
+                            tasks.spawn(task);
+                        }
+                    }
+                    end => self.disconnected(&mut d, end),
+                },
+                Wake::RelistDone(ok) => {
+                    if ok && !self.is_ready() {
+                        let mode = match d.stream {
+                            StreamState::Connected(_) => PlegMode::Events,
+                            StreamState::Disconnected { .. } if cfg.mode == PlegMode::Events => {
+                                PlegMode::Events
+                            }
+                            _ => PlegMode::Relist,
                         };
-                        inner.set_mode(mode);
-                        inner.set_first_relist_done();
+                        self.set_ready(mode);
                     }
                 }
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                () = inner.relist_wanted.notified() => {
-                    next_relist = Instant::now();
-                }
-                () = tokio::time::sleep_until(next_connect), if waiting_connect => {}
-                () = tokio::time::sleep_until(next_relist), if relists.is_empty() => {}
+                Wake::Other => {}
             }
+        }
+    }
+
+    /// Disconnected → Connected, Off or Disconnected (later).
+    async fn connect(&self, d: &mut Driver) {
+        let inner = &self.inner;
+        let cfg = &inner.config;
+        // Bounded: a wedged runtime must not stop the relists.
+        let connect = tokio::time::timeout(CONNECT_TIMEOUT, inner.runtime.container_events());
+        let connected = connect.await.unwrap_or_else(|_| {
+            Err(CriError {
+                operation: "get_container_events",
+                code: tonic::Code::DeadlineExceeded,
+                message: format!("no answer within {CONNECT_TIMEOUT:?}"),
+            })
+        });
+        match connected {
+            Ok(stream) => {
+                inner.metrics.evented_pleg_connection_successes.inc();
+                tracing::info!("pleg: runtime event stream connected");
+                d.stream = StreamState::Connected(Connection {
+                    stream,
+                    since: Instant::now(),
+                    delivered: false,
+                });
+                inner.health.set_event_stream(Some(cfg.event_relist_period));
+                // Whatever happened while disconnected is found by a relist
+                // started after the subscription.
+                d.next_relist = Instant::now();
+                if self.is_ready() {
+                    self.set_ready(PlegMode::Events);
+                }
+            }
+            Err(e) if e.is_unimplemented() && cfg.mode == PlegMode::Auto => {
+                tracing::info!("pleg: the runtime has no event stream (GetContainerEvents unimplemented); relisting every {:?}", cfg.relist_period);
+                self.stream_off(d);
+            }
+            Err(e) => {
+                inner.metrics.evented_pleg_connection_errors.inc();
+                if e.is_unimplemented() && !d.warned_unimplemented {
+                    d.warned_unimplemented = true;
+                    tracing::warn!("pleg: events mode asked but the runtime does not implement GetContainerEvents; relisting while retrying");
+                } else {
+                    tracing::debug!(error = %e, "pleg: event stream connect failed");
+                }
+                inner.note_runtime_error(&e);
+                d.stream = StreamState::Disconnected {
+                    retry_at: Instant::now() + d.backoff.next_delay(),
+                };
+            }
+        }
+    }
+
+    /// Connected → Disconnected (or Off): the stream ended with `end`.
+    fn disconnected(
+        &self,
+        d: &mut Driver,
+        end: Option<CriResult<petrel_cri::api::ContainerEventResponse>>,
+    ) {
+        let inner = &self.inner;
+        let cfg = &inner.config;
+        let StreamState::Connected(c) = std::mem::replace(
+            &mut d.stream,
+            StreamState::Disconnected {
+                retry_at: Instant::now(),
+            },
+        ) else {
+            return;
+        };
+        let healthy = c.delivered || c.since.elapsed() >= BACKOFF_RESET_AFTER;
+        if healthy {
+            d.backoff.reset();
+        }
+        inner.health.set_event_stream(None);
+        inner.metrics.evented_pleg_connection_errors.inc();
+        match end {
+            Some(Err(e)) if e.is_unimplemented() && !c.delivered && cfg.mode == PlegMode::Auto => {
+                // Some runtimes accept the call and fail the stream.
+                tracing::info!(
+                    "pleg: the runtime has no event stream; relisting every {:?}",
+                    cfg.relist_period
+                );
+                self.stream_off(d);
+                d.next_relist = d.next_relist.min(Instant::now() + cfg.relist_period);
+                return;
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "pleg: event stream broken; reconnecting");
+                inner.note_runtime_error(&e);
+            }
+            _ => tracing::warn!("pleg: event stream ended; reconnecting"),
+        }
+        d.stream = StreamState::Disconnected {
+            retry_at: Instant::now() + d.backoff.next_delay(),
+        };
+        // Relist at the disconnected pace until it is back.
+        d.next_relist = d.next_relist.min(Instant::now() + cfg.relist_period);
+    }
+
+    /// → Off: relisting for good.
+    fn stream_off(&self, d: &mut Driver) {
+        d.stream = StreamState::Off;
+        if self.is_ready() {
+            self.set_ready(PlegMode::Relist);
         }
     }
 }
 
+/// The next item of the connected stream; pending in any other state.
 async fn next_event(
-    conn: &mut Option<Connection>,
-) -> Option<crate::cri::CriResult<petrel_cri::api::ContainerEventResponse>> {
-    match conn {
-        Some(c) => c.stream.next().await,
-        // Not polled without a connection (the branch is disabled).
+    stream: &mut StreamState,
+) -> Option<CriResult<petrel_cri::api::ContainerEventResponse>> {
+    match stream {
+        StreamState::Connected(c) => c.stream.next().await,
+        _ => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`; pending forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

@@ -37,11 +37,10 @@ mod seen;
 mod tests;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::cache::{now_ns, PodCache};
 use crate::config::PlegMode;
@@ -94,10 +93,6 @@ pub struct PlegConfig {
     pub node_name: String,
 }
 
-const MODE_NONE: u8 = 0;
-const MODE_RELIST: u8 = 1;
-const MODE_EVENTS: u8 = 2;
-
 struct Inner {
     runtime: Arc<dyn RuntimeApi>,
     cache: Arc<PodCache>,
@@ -120,8 +115,10 @@ struct Inner {
     work: Mutex<evented::WorkMap>,
     /// Asks the main loop for a full relist now.
     relist_wanted: Notify,
-    mode: AtomicU8,
-    first_relist_done: AtomicBool,
+    /// The mode in use: None until the first relist succeeded (adoption
+    /// waits for it); then Events or Relist, as the driver says (see
+    /// [`Pleg::mode_in_use`]).
+    ready: watch::Sender<Option<PlegMode>>,
 }
 
 impl Inner {
@@ -132,18 +129,6 @@ impl Inner {
 
     fn work_lock(&self) -> MutexGuard<'_, evented::WorkMap> {
         self.work.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn set_mode(&self, mode: u8) {
-        self.mode.store(mode, Ordering::Release);
-    }
-
-    fn first_relist_done(&self) -> bool {
-        self.first_relist_done.load(Ordering::Acquire)
-    }
-
-    fn set_first_relist_done(&self) {
-        self.first_relist_done.store(true, Ordering::Release);
     }
 
     /// A runtime that cannot be reached makes the agent unhealthy until
@@ -205,8 +190,7 @@ impl Pleg {
             reinspect: Mutex::new(HashSet::new()),
             work: Mutex::new(evented::WorkMap::new()),
             relist_wanted: Notify::new(),
-            mode: AtomicU8::new(MODE_NONE),
-            first_relist_done: AtomicBool::new(false),
+            ready: watch::Sender::new(None),
         };
         (
             Self {
@@ -243,14 +227,30 @@ impl Pleg {
     /// mode with the runtime unreachable at start it may read `Relist`
     /// first and turn to `Events` when the stream connects.
     pub fn mode_in_use(&self) -> Option<PlegMode> {
-        if !self.inner.first_relist_done() {
-            return None;
-        }
-        match self.inner.mode.load(Ordering::Acquire) {
-            MODE_EVENTS => Some(PlegMode::Events),
-            MODE_RELIST => Some(PlegMode::Relist),
-            _ => None,
-        }
+        *self.inner.ready.borrow()
+    }
+
+    /// Waits until the first relist succeeded; returns the mode in use
+    /// then (see [`Pleg::mode_in_use`]).
+    pub async fn wait_ready(&self) -> PlegMode {
+        let mut rx = self.inner.ready.subscribe();
+        let mode = match rx.wait_for(Option::is_some).await {
+            Ok(mode) => *mode,
+            // The sender lives in `self`: it cannot be gone.
+            Err(_) => None,
+        };
+        mode.unwrap_or(PlegMode::Relist)
+    }
+
+    /// The first relist succeeded.
+    fn is_ready(&self) -> bool {
+        self.inner.ready.borrow().is_some()
+    }
+
+    /// Publishes the mode in use (the first time: the first relist
+    /// succeeded).
+    fn set_ready(&self, mode: PlegMode) {
+        self.inner.ready.send_replace(Some(mode));
     }
 
     /// Lists and inspects `uid` (only what this node made), caches the

@@ -1,7 +1,10 @@
-//! The PLEG's unit tests, against [`FakeRuntime`].
+//! The PLEG's unit tests, against [`FakeRuntime`], on tokio's paused clock:
+//! time moves only when every task waits, so each wait below is a point
+//! of the PLEG's own schedule (its relist period, its backoff), not a
+//! guess at how long a busy machine takes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use petrel_cri::api::{ContainerEventType as Ev, ContainerState as St};
 use tokio::sync::mpsc;
@@ -110,10 +113,10 @@ impl Harness {
     }
 }
 
-/// Polls `f` until true (5 s at most).
+/// Polls `f` until true (5 s at most, of the tests' paused clock).
 async fn until(f: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
         if f() {
             return true;
         }
@@ -167,7 +170,7 @@ fn cri_events_should_map_and_created_should_emit_nothing() {
     assert_eq!(from_cri_event(42), None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn relist_should_emit_kubelet_events_and_fill_the_cache() {
     let mut h = harness(config(PlegMode::Relist));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -230,7 +233,7 @@ async fn relist_should_emit_kubelet_events_and_fill_the_cache() {
     assert_eq!(h.metrics.running_pods.get(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn relist_should_only_see_this_nodes_pods_and_empty_vanished_ones() {
     let mut h = harness(config(PlegMode::Relist));
     let sb = h.rt.add_sandbox("mine", NODE);
@@ -260,7 +263,7 @@ async fn relist_should_only_see_this_nodes_pods_and_empty_vanished_ones() {
     assert_eq!(h.metrics.running_pods.get(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn relist_should_bound_concurrent_inspections() {
     let mut cfg = config(PlegMode::Relist);
     cfg.inspect_concurrency = 3;
@@ -278,7 +281,7 @@ async fn relist_should_bound_concurrent_inspections() {
     assert_eq!(h.rt.max_inflight_status(), 3);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn failed_inspection_should_be_cached_and_retried_next_relist() {
     let h = harness(config(PlegMode::Relist));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -302,7 +305,7 @@ async fn failed_inspection_should_be_cached_and_retried_next_relist() {
     assert_eq!(h.rt.calls("container_status"), n);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn failed_list_should_not_advance_time_and_should_report_the_runtime() {
     let h = harness(config(PlegMode::Relist));
     h.rt.add_sandbox("p1", NODE);
@@ -321,7 +324,7 @@ async fn failed_list_should_not_advance_time_and_should_report_the_runtime() {
     assert!(h.health.check().is_ok());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn relist_mode_should_run_periodically_and_report_its_mode() {
     let mut h = harness(config(PlegMode::Relist));
     h.start();
@@ -335,7 +338,7 @@ async fn relist_mode_should_run_periodically_and_report_its_mode() {
     assert_eq!(h.rt.calls("get_container_events"), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn channel_full_should_drop_and_count_events() {
     let mut h = harness_with(Arc::new(FakeRuntime::new()), config(PlegMode::Relist), 2);
     for i in 0..5 {
@@ -350,7 +353,7 @@ async fn channel_full_should_drop_and_count_events() {
     assert_eq!(h.cache.uids().len(), 5);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn event_should_inspect_its_pod_at_once_and_emit_after_the_cache() {
     let mut h = harness(config(PlegMode::Events));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -372,7 +375,7 @@ async fn event_should_inspect_its_pod_at_once_and_emit_after_the_cache() {
     assert!(h.health.check().is_ok());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn created_event_should_update_the_cache_but_emit_nothing() {
     let mut h = harness(config(PlegMode::Events));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -387,7 +390,7 @@ async fn created_event_should_update_the_cache_but_emit_nothing() {
     assert!(h.drain().is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn foreign_events_should_be_ignored_and_unknown_ids_looked_up() {
     let mut h = harness(config(PlegMode::Events));
     let theirs = h.rt.add_sandbox("theirs", "node-b");
@@ -412,7 +415,7 @@ async fn foreign_events_should_be_ignored_and_unknown_ids_looked_up() {
     assert_eq!(h.cached_state("p1", &c), Some(St::ContainerRunning as i32));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn bursts_should_coalesce_into_few_inspections() {
     let mut h = harness(config(PlegMode::Events));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -439,7 +442,7 @@ async fn bursts_should_coalesce_into_few_inspections() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn reordered_duplicate_and_stale_events_should_never_move_the_cache_backwards() {
     let mut h = harness(config(PlegMode::Events));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -489,7 +492,7 @@ async fn reordered_duplicate_and_stale_events_should_never_move_the_cache_backwa
     assert_eq!(h.rt.state_of(&c), Some(St::ContainerExited));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn cut_stream_should_reconnect_with_backoff_and_relist_missed_exits() {
     // No relisting while disconnected: only the reconnect's relist can
     // find the exit.
@@ -509,7 +512,7 @@ async fn cut_stream_should_reconnect_with_backoff_and_relist_missed_exits() {
     h.rt.script_failure(tonic::Code::Unavailable);
     let tx2 = h.rt.script_stream();
     h.rt.set_state(&c, St::ContainerExited);
-    let cut = Instant::now();
+    let cut = tokio::time::Instant::now();
     let _ = tx.send(Err(crate::cri::CriError {
         operation: "get_container_events",
         code: tonic::Code::Unavailable,
@@ -518,9 +521,10 @@ async fn cut_stream_should_reconnect_with_backoff_and_relist_missed_exits() {
     drop(tx);
     let e = h.wait_event(|e| e.container_id == c).await;
     assert!(e.is_some_and(|e| e.kind == ContainerDied));
-    // Back-off 20 + 40 + 80 + 160 ms before the fourth attempt.
+    // Back-off 20 + 40 + 80 + 160 ms before the fourth attempt (and not
+    // much more: the reconnect's relist follows at once).
     assert!(
-        cut.elapsed() >= Duration::from_millis(290),
+        cut.elapsed() >= Duration::from_millis(300) && cut.elapsed() < Duration::from_millis(350),
         "{:?}",
         cut.elapsed()
     );
@@ -536,7 +540,7 @@ async fn cut_stream_should_reconnect_with_backoff_and_relist_missed_exits() {
     assert!(e.is_some_and(|e| e.kind == ContainerRemoved));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn auto_should_relist_for_good_when_events_are_unimplemented() {
     let mut h = harness(config(PlegMode::Auto));
     h.rt.script_failure(tonic::Code::Unimplemented);
@@ -550,7 +554,7 @@ async fn auto_should_relist_for_good_when_events_are_unimplemented() {
     assert_eq!(h.metrics.evented_pleg_connection_errors.get(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn auto_should_relist_while_the_runtime_is_down_and_switch_to_events() {
     let mut h = harness(config(PlegMode::Auto));
     h.rt.script_failure(tonic::Code::Unavailable);
@@ -572,7 +576,7 @@ async fn auto_should_relist_while_the_runtime_is_down_and_switch_to_events() {
     h.drain();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn events_mode_should_make_no_calls_while_idle() {
     let mut h = harness(config(PlegMode::Events));
     for i in 0..5 {
@@ -590,7 +594,7 @@ async fn events_mode_should_make_no_calls_while_idle() {
     assert!(h.health.check().is_ok());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn events_mode_should_keep_retrying_unimplemented_and_relist_meanwhile() {
     let mut h = harness(config(PlegMode::Events));
     for _ in 0..4 {
@@ -605,7 +609,7 @@ async fn events_mode_should_keep_retrying_unimplemented_and_relist_meanwhile() {
     assert!(until(|| h.metrics.evented_pleg_connection_successes.get() == 1).await);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn inspect_should_cache_a_status_newer_than_the_call() {
     let h = harness(config(PlegMode::Relist));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -620,7 +624,7 @@ async fn inspect_should_cache_a_status_newer_than_the_call() {
     assert!(h.cache.get("p1").error.is_some());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn changes_seen_by_events_should_not_be_reported_again_by_the_relist() {
     let mut h = harness(config(PlegMode::Events));
     let sb = h.rt.add_sandbox("p1", NODE);
@@ -659,7 +663,7 @@ async fn changes_seen_by_events_should_not_be_reported_again_by_the_relist() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn inspect_should_report_the_changes_it_finds() {
     let mut h = harness(config(PlegMode::Relist));
     let sb = h.rt.add_sandbox("p1", NODE);

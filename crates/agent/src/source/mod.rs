@@ -20,6 +20,7 @@ mod watch;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::types::{DesiredPod, PodUid};
@@ -94,6 +95,8 @@ struct Inner {
     dir: PathBuf,
     node: String,
     state: RwLock<State>,
+    /// Set by [`PodSource::withdraw_all`]: no pod is wanted any more.
+    withdrawn: AtomicBool,
 }
 
 /// The desired pods from one manifest directory. Cheap to clone; clones
@@ -142,24 +145,46 @@ impl PodSource {
                     pods,
                     owners,
                 }),
+                withdrawn: AtomicBool::new(false),
             }),
         })
     }
 
     /// The pod with this UID.
     pub fn get(&self, uid: &str) -> Option<DesiredPod> {
+        if self.is_withdrawn() {
+            return None;
+        }
         self.read().pods.get(uid).cloned()
     }
 
     /// Every pod, ordered by UID.
     pub fn all(&self) -> Vec<DesiredPod> {
+        if self.is_withdrawn() {
+            return Vec::new();
+        }
         self.read().pods.values().cloned().collect()
+    }
+
+    /// From now on no pod is wanted, whatever the manifests say: the node
+    /// is draining ([`AgentConfig::drain_on_exit`](crate::AgentConfig)),
+    /// and its pod workers terminate every pod as if its manifest were
+    /// deleted. There is no way back: the agent exits after the drain.
+    pub fn withdraw_all(&self) {
+        self.inner.withdrawn.store(true, Ordering::Release);
+    }
+
+    fn is_withdrawn(&self) -> bool {
+        self.inner.withdrawn.load(Ordering::Acquire)
     }
 
     /// The pod that owns `namespace/name`: the first defined, in path
     /// order. A later duplicate is a pod of its own (invalid, own UID) and
     /// must not be published over the owner's status.
     pub fn owner(&self, namespace: &str, name: &str) -> Option<PodUid> {
+        if self.is_withdrawn() {
+            return None;
+        }
         self.read()
             .owners
             .get(&(namespace.to_string(), name.to_string()))

@@ -8,13 +8,21 @@
 //! the restart policy and crash-loop backoff; or, for a pod whose manifest
 //! is gone, graceful termination. Then it publishes the pod's status.
 //!
+//! Each pod has its own worker task ([`petrel_controller::run_per_key`],
+//! started by `agent.rs`), as kubelet's pod workers: the work queue feeds
+//! it, it syncs its pod at most once at a time (updates that arrive
+//! meanwhile are merged into one next sync), and it ends once the pod is
+//! forgotten. A sync that waits (a grace period, an image pull) holds
+//! nothing another pod needs.
+//!
 //! Never creating a container twice rests on three facts: the work queue
-//! never runs one UID on two workers; every sync acts on a status inspected
+//! never hands one UID out twice at once; every sync acts on a status inspected
 //! after the previous sync's last action; and a container is only created
 //! when that status shows no live instance of it.
 
 mod backoff;
 mod hooks;
+mod phase;
 mod sync;
 mod terminate;
 #[cfg(test)]
@@ -42,6 +50,7 @@ use crate::status::StatusStore;
 use crate::types::{DesiredPod, PodHints, PodRuntimeStatus, PodUid};
 
 pub use backoff::CrashBackoff;
+use phase::{EvictionOrder, PodPhase};
 
 /// Why a sync failed (it is retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -90,16 +99,15 @@ struct PodState {
     first_seen: Option<Instant>,
     /// Pod start latency already recorded.
     start_recorded: bool,
-    /// The manifest was deleted at this time.
-    terminating_since: Option<SystemTime>,
+    /// Active, evicted or terminating.
+    phase: PodPhase,
     /// The last desired pod seen (to show a terminating pod).
     last_desired: Option<DesiredPod>,
-    /// The eviction manager asked for this pod to be evicted.
-    eviction: Option<EvictionOrder>,
-    /// What the last sync that changed nothing and asked for nothing saw.
-    /// A sync that would see the same again has nothing to do (periodic
-    /// resyncs of a quiet node then cost a lock and a comparison).
-    settled: Option<Fingerprint>,
+    /// When the inspection the current sync acts on began (ns).
+    observed_at: i64,
+    /// When the inspection last published began (ns): a publish never
+    /// goes back to an older one.
+    published_at: i64,
 }
 
 /// What an eviction record on disk holds: the message and grace period,
@@ -118,16 +126,6 @@ fn pod_hash(d: &DesiredPod) -> String {
     use sha2::Digest;
     let json = serde_json::to_vec(&*d.pod).unwrap_or_default();
     hex::encode(sha2::Sha256::digest(&json))
-}
-
-/// An eviction the eviction manager asked for.
-#[derive(Debug, Clone)]
-struct EvictionOrder {
-    /// Grace period for the pod's containers, seconds.
-    grace_secs: i64,
-    /// The desired pod evicted (by identity): a changed manifest is a new
-    /// pod, which may run again.
-    pod: usize,
 }
 
 /// Everything a sync of a running pod decides on: the runtime status (by
@@ -261,7 +259,8 @@ impl PodWorkers {
     /// Reconciles the pod `uid` once.
     pub async fn sync(&self, uid: PodUid) -> Result<Action, WorkerError> {
         let desired = self.source.get(&uid);
-        let status = self.fresh_status(&uid).await?;
+        let (status, observed_at) = self.fresh_status(&uid).await?;
+        self.with_state(&uid, |s| s.observed_at = observed_at);
         match desired {
             Some(d) if d.invalid.is_none() => {
                 let fp = Fingerprint {
@@ -291,8 +290,10 @@ impl PodWorkers {
                         }
                     }
                 }
+                // (A sync that would see what the last quiet one saw has
+                // nothing to do: a quiet node's resyncs cost a comparison.)
                 let (settled, acted_before) =
-                    self.with_state(&uid, |s| (s.settled.as_ref() == Some(&fp), s.last_action));
+                    self.with_state(&uid, |s| (s.phase.settled() == Some(&fp), s.last_action));
                 if settled {
                     return Ok(Action::Done);
                 }
@@ -302,7 +303,7 @@ impl PodWorkers {
                         + Duration::from_nanos(u64::try_from(sb.created_at).unwrap_or(0))
                 });
                 self.with_state(&uid, |s| {
-                    s.terminating_since = None;
+                    s.phase.activate();
                     s.last_desired = Some(d.clone());
                     if s.first_seen.is_none() {
                         s.first_seen = Some(Instant::now());
@@ -311,9 +312,16 @@ impl PodWorkers {
                     }
                 });
                 let result = self.sync_pod(&d, &status).await;
+                if result.is_err() {
+                    // A failed step (a container that cannot be created or
+                    // started, say) is retried; meanwhile the pod shows
+                    // why, as kubelet shows it.
+                    self.publish(&d, Some(&status));
+                }
                 let quiet = matches!(result, Ok(Action::Done));
                 self.with_state(&uid, |s| {
-                    s.settled = (quiet && s.last_action == acted_before).then_some(fp);
+                    s.phase
+                        .set_settled((quiet && s.last_action == acted_before).then_some(fp));
                 });
                 result
             }
@@ -391,15 +399,14 @@ impl PodWorkers {
         let Some(s) = g.get_mut(uid) else {
             return false;
         };
-        if s.eviction.as_ref().is_some_and(|e| e.pod == pod) {
-            return false;
-        }
-        s.eviction = Some(EvictionOrder {
+        let order = EvictionOrder {
             grace_secs: grace_secs.max(0),
             pod,
-        });
+        };
+        if !s.phase.evict(order) {
+            return false;
+        }
         s.hints.evicted = Some(message.clone());
-        s.settled = None;
         drop(g);
         self.persist_eviction(&d, grace_secs.max(0), &message);
         true
@@ -447,7 +454,9 @@ impl PodWorkers {
     /// At a pod's first sync by this agent: an eviction recorded by a
     /// previous agent for this very pod is taken up again.
     fn restore_eviction(&self, d: &DesiredPod) {
-        let fresh = self.with_state(&d.uid, |s| s.first_seen.is_none() && s.eviction.is_none());
+        let fresh = self.with_state(&d.uid, |s| {
+            s.first_seen.is_none() && s.phase.eviction().is_none()
+        });
         if !fresh {
             return;
         }
@@ -458,7 +467,7 @@ impl PodWorkers {
             Ok(rec) if rec.pod_hash == pod_hash(d) => {
                 let pod = Arc::as_ptr(&d.pod) as usize;
                 self.with_state(&d.uid, |s| {
-                    s.eviction = Some(EvictionOrder {
+                    s.phase.evict(EvictionOrder {
                         grace_secs: rec.grace_secs,
                         pod,
                     });
@@ -477,7 +486,7 @@ impl PodWorkers {
         let pod = self.source.get(uid).map(|d| Arc::as_ptr(&d.pod) as usize);
         let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         g.get(uid)
-            .and_then(|s| s.eviction.as_ref())
+            .and_then(|s| s.phase.eviction())
             .is_some_and(|e| Some(e.pod) == pod)
     }
 
@@ -491,10 +500,10 @@ impl PodWorkers {
         fp: &Fingerprint,
     ) -> Result<Option<Action>, WorkerError> {
         let pod = Arc::as_ptr(&d.pod) as usize;
-        let (evicted, cleared) = self.with_state(&d.uid, |s| match &s.eviction {
+        let (evicted, cleared) = self.with_state(&d.uid, |s| match s.phase.eviction() {
             Some(e) if e.pod == pod => (true, false),
             Some(_) => {
-                s.eviction = None;
+                s.phase.clear_eviction();
                 s.hints.evicted = None;
                 (false, true)
             }
@@ -507,7 +516,7 @@ impl PodWorkers {
         if !evicted {
             return Ok(None);
         }
-        if self.with_state(&d.uid, |s| s.settled.as_ref() == Some(fp)) {
+        if self.with_state(&d.uid, |s| s.phase.settled() == Some(fp)) {
             return Ok(Some(Action::Done));
         }
         let live = status.containers.iter().any(|c| {
@@ -532,14 +541,15 @@ impl PodWorkers {
             tracing::warn!(uid = %d.uid, error = %e, "removing an evicted pod's volumes failed");
         }
         self.publish(d, Some(status));
-        self.with_state(&d.uid, |s| s.settled = Some(fp.clone()));
+        self.with_state(&d.uid, |s| s.phase.set_settled(Some(fp.clone())));
         Ok(Some(Action::Done))
     }
 
     /// The runtime's status of `uid`, inspected after this agent's last
     /// action on it: from the cache if that is fresh enough, else by a
-    /// targeted inspection (and `get_newer_than` makes sure of it).
-    async fn fresh_status(&self, uid: &str) -> Result<Arc<PodRuntimeStatus>, WorkerError> {
+    /// targeted inspection (and `get_newer_than` makes sure of it); with
+    /// the time that inspection began.
+    async fn fresh_status(&self, uid: &str) -> Result<(Arc<PodRuntimeStatus>, i64), WorkerError> {
         let last = self.with_state(uid, |s| s.last_action);
         let entry = self.cache.get(uid);
         // A failed inspection is not a status: look again.
@@ -555,12 +565,13 @@ impl PodWorkers {
         if let Some(e) = entry.error {
             return Err(WorkerError::Io(format!("inspecting pod {uid}: {e}")));
         }
-        Ok(entry.status.unwrap_or_else(|| {
+        let status = entry.status.unwrap_or_else(|| {
             Arc::new(PodRuntimeStatus {
                 uid: uid.to_string(),
                 ..Default::default()
             })
-        }))
+        });
+        Ok((status, entry.timestamp))
     }
 
     /// Would a sync of `uid` now do nothing? True when its last sync was
@@ -579,7 +590,8 @@ impl PodWorkers {
         let Some(status) = entry.status.as_ref() else {
             return false;
         };
-        let (settled, last_action) = self.with_state(uid, |s| (s.settled.clone(), s.last_action));
+        let (settled, last_action) =
+            self.with_state(uid, |s| (s.phase.settled().cloned(), s.last_action));
         if entry.error.is_some() || entry.timestamp <= last_action {
             return false;
         }
@@ -607,13 +619,70 @@ impl PodWorkers {
             .collect()
     }
 
-    /// Publishes the status of `pod` computed from `runtime`.
-    fn publish(&self, pod: &DesiredPod, runtime: Option<&PodRuntimeStatus>) {
-        let (mut hints, terminating_since) =
-            self.with_state(&pod.uid, |s| (s.hints.clone(), s.terminating_since));
+    /// Publishes the status of `pod` computed from `runtime` (the status
+    /// the current sync acts on), or from the cache's newest inspection
+    /// when that is newer: a status never goes back to what the sync began
+    /// with after the PLEG published a later one (see
+    /// [`PodWorkers::publish_observed`]).
+    fn publish(&self, pod: &DesiredPod, runtime: Option<&Arc<PodRuntimeStatus>>) {
+        let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let s = g.entry(pod.uid.clone()).or_default();
+        let runtime = runtime.map(|snapshot| {
+            let newest = self.cache.get(&pod.uid);
+            match newest.status {
+                Some(st) if newest.error.is_none() && newest.timestamp >= s.observed_at => {
+                    (st, newest.timestamp)
+                }
+                _ => (Arc::clone(snapshot), s.observed_at),
+            }
+        });
+        self.publish_locked(pod, s, runtime);
+    }
+
+    /// Publishes the status of pod `uid` from the cache's newest
+    /// inspection, at once: called when the PLEG saw the pod change, so a
+    /// container that died shows as terminated before its worker restarts
+    /// it, and while its worker is busy (stopping another container with
+    /// its grace period, say). Only for a pod its worker has synced (the
+    /// pod it acts on, its waiting reasons), and only an inspection at
+    /// least as new as the last published.
+    pub fn publish_observed(&self, uid: &str) {
+        let entry = self.cache.get(uid);
+        let Some(status) = entry.status.filter(|_| entry.error.is_none()) else {
+            return;
+        };
+        let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = g.get_mut(uid) else {
+            return;
+        };
+        let Some(pod) = s.last_desired.clone().filter(|d| d.invalid.is_none()) else {
+            return;
+        };
+        if entry.timestamp < s.published_at {
+            return;
+        }
+        self.publish_locked(&pod, s, Some((status, entry.timestamp)));
+    }
+
+    /// Computes and publishes the status of `pod` from `runtime` (an
+    /// inspection and its time) and the worker's state `s`, under the pods
+    /// lock: publishes of one pod never interleave, so the last one
+    /// published is the newest.
+    fn publish_locked(
+        &self,
+        pod: &DesiredPod,
+        s: &mut PodState,
+        runtime: Option<(Arc<PodRuntimeStatus>, i64)>,
+    ) {
+        let mut hints = s.hints.clone();
+        let terminating_since = s.phase.terminating_since();
+        if let Some((_, at)) = &runtime {
+            s.published_at = s.published_at.max(*at);
+        }
+        let runtime = runtime.map(|(st, _)| st);
         hints.terminating = terminating_since.is_some();
         // Probe results of the running instances.
-        if let Some(rt) = runtime {
+        if let Some(rt) = runtime.as_deref() {
             for c in pod_containers(pod) {
                 if let Some(inst) = rt.latest_container(&c.name) {
                     if inst.state == petrel_cri::api::ContainerState::ContainerRunning as i32 {
@@ -630,7 +699,7 @@ impl PodWorkers {
             runtime_name: &self.config.runtime_name,
             now: SystemTime::now(),
         };
-        let mut status = compute_pod_status(pod, runtime, &hints, &ctx);
+        let mut status = compute_pod_status(pod, runtime.as_deref(), &hints, &ctx);
         if let Some(message) = &hints.evicted {
             crate::status::compute::mark_evicted(&mut status, message);
         }
@@ -677,6 +746,13 @@ impl PodWorkers {
         self.probes.remove_pod(uid);
         self.backoff.forget_pod(uid);
         self.pull_backoff.forget_pod(uid);
+    }
+
+    /// Whether the workers know pod `uid` (it has not been forgotten): its
+    /// worker task lives as long as this holds.
+    pub fn is_known(&self, uid: &str) -> bool {
+        let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        g.contains_key(uid)
     }
 
     /// UIDs of every pod the workers know (for the periodic resync).

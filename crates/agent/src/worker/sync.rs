@@ -333,7 +333,11 @@ impl PodWorkers {
         let r = self.runtime.start_container(&inst.id).await;
         drop(binds);
         self.acted(uid);
-        r?;
+        if let Err(e) = r {
+            self.set_waiting(uid, &c.name, "RunContainerError", e.message.clone());
+            return Err(e.into());
+        }
+        self.clear_waiting(uid, &c.name);
         Ok(Step::Nothing)
     }
 

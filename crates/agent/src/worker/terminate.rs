@@ -25,9 +25,7 @@ impl PodWorkers {
             return Ok(Action::Done);
         }
         let last = self.with_state(uid, |s| {
-            if s.terminating_since.is_none() {
-                s.terminating_since = Some(SystemTime::now());
-            }
+            s.phase.terminate(SystemTime::now());
             s.last_desired.clone()
         });
         if let Some(d) = &last {
@@ -52,7 +50,7 @@ impl PodWorkers {
         let spec = desired.and_then(|d| d.pod.spec.as_ref());
         let spec_grace = spec.and_then(|s| s.termination_grace_period_seconds);
         // An evicted pod gets the eviction's grace period instead.
-        let evict_grace = self.with_state(uid, |s| s.eviction.as_ref().map(|e| e.grace_secs));
+        let evict_grace = self.with_state(uid, |s| s.phase.grace_override());
         let stops = status
             .containers
             .iter()

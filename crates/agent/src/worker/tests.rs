@@ -113,6 +113,7 @@ fn delete(dir: &Path, file: &str) {
 /// The agent's pipeline minus the HTTP server, wired as in `agent.rs`.
 struct Running {
     source: PodSource,
+    store: Arc<StatusStore>,
     queue: WorkQueue<String>,
     tasks: JoinSet<()>,
     cache: Arc<PodCache>,
@@ -167,9 +168,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
     while runtime.version().await.is_err() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    while pleg.mode_in_use().is_none() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    pleg.wait_ready().await;
     let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
     let workers = Arc::new(PodWorkers::new(
@@ -177,7 +176,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
         Arc::clone(&cache),
         pleg.clone(),
         source.clone(),
-        store,
+        Arc::clone(&store),
         probes,
         metrics,
         WorkerConfig {
@@ -197,7 +196,6 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             cache: &cache,
             workers: &workers,
             sync_period: SYNC_PERIOD,
-            worker_count: 4,
         },
         pleg_events,
         probe_rx,
@@ -206,6 +204,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
     .unwrap();
     Running {
         source,
+        store,
         queue,
         tasks,
         cache,
@@ -510,11 +509,16 @@ async fn faults_should_never_create_twice_and_should_converge_in_relist_mode() {
 }
 
 /// Waits up to 10 s for `done`; panics with `what` otherwise.
-async fn wait_for(what: &str, mut done: impl FnMut() -> Option<String>) {
+async fn wait_for(what: &str, done: impl FnMut() -> Option<String>) {
+    wait_within(CONVERGE, what, done).await;
+}
+
+/// Waits up to `within` for `done`; panics with `what` otherwise.
+async fn wait_within(within: Duration, what: &str, mut done: impl FnMut() -> Option<String>) {
     let t = Instant::now();
     loop {
         let Some(why) = done() else { return };
-        assert!(t.elapsed() < CONVERGE, "{what}: {why}");
+        assert!(t.elapsed() < within, "{what} within {within:?}: {why}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -663,4 +667,123 @@ async fn pod_level_change_should_move_the_pod_to_a_new_sandbox_once() {
     assert_eq!(rt.calls("create_container"), creates + 2);
     assert_eq!(rt.violations(), Vec::<String>::new());
     ticker.abort();
+}
+
+/// The state (`running`, `waiting`, `terminated`) of container `name` of
+/// pod `default/pod` as published, with its JSON.
+fn published_state(
+    store: &StatusStore,
+    pod: &str,
+    name: &str,
+) -> Option<(String, serde_json::Value)> {
+    let p = store.get("default", pod)?;
+    let v = serde_json::to_value(&*p).ok()?;
+    let c = v["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)?
+        .clone();
+    let (k, st) = c["state"].as_object()?.iter().next()?;
+    Some((k.clone(), st.clone()))
+}
+
+/// A container that dies is shown terminated as soon as the PLEG sees it,
+/// before its worker restarts it (restartPolicy Always): here the
+/// restart's CreateContainer takes 3 s, and the death shows long before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_should_show_a_dead_container_before_its_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    put(
+        &dir,
+        "plain.yaml",
+        &manifest("plain", "Always", &[], &["one"]),
+    );
+    let rt = Arc::new(FakeRuntime::live(1));
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    wait_for("the pod runs", || {
+        match published_state(&pipeline.store, "plain", "one") {
+            Some((k, _)) if k == "running" => None,
+            other => Some(format!("{other:?}")),
+        }
+    })
+    .await;
+    let id = rt.containers()[0].id.clone();
+    rt.delay("create_container", Duration::from_secs(3));
+    rt.stop_container(&id, 0).await.unwrap();
+    wait_within(
+        Duration::from_millis(1500),
+        "the death shown",
+        || match published_state(&pipeline.store, "plain", "one") {
+            Some((k, st)) if k == "terminated" && st["exitCode"] == 137 => None,
+            other => Some(format!("{other:?}")),
+        },
+    )
+    .await;
+    assert_eq!(rt.containers().len(), 1, "shown before the restart");
+    // Then it restarts.
+    wait_for("the restart", || {
+        match published_state(&pipeline.store, "plain", "one") {
+            Some((k, _)) if k == "running" => None,
+            other => Some(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+/// A container the runtime refuses to create, or to start, keeps being
+/// retried, and the pod is shown meanwhile with kubelet's waiting reason
+/// and the runtime's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_should_show_containers_that_cannot_be_created_or_started() {
+    for (op, reason) in [
+        ("create_container", "CreateContainerError"),
+        ("start_container", "RunContainerError"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir: PathBuf = tmp.path().join("manifests");
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(&dir).unwrap();
+        let rt = Arc::new(FakeRuntime::live(1));
+        rt.fail(op, Some(tonic::Code::Unknown));
+        put(&dir, "bad.yaml", &manifest("bad", "Always", &[], &["one"]));
+        let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+        wait_for(reason, || {
+            match published_state(&pipeline.store, "bad", "one") {
+                Some((k, st))
+                    if k == "waiting"
+                        && st["reason"] == reason
+                        && st["message"] == "injected failure" =>
+                {
+                    None
+                }
+                other => Some(format!("{other:?}")),
+            }
+        })
+        .await;
+        let pod = pipeline.store.get("default", "bad").unwrap();
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        assert_eq!(phase.as_deref(), Some("Pending"));
+        // Retried, and still shown.
+        let tried = rt.calls(op);
+        wait_for("a retry", || {
+            (rt.calls(op) < tried + 2).then(|| format!("{} calls", rt.calls(op)))
+        })
+        .await;
+        assert!(matches!(
+            published_state(&pipeline.store, "bad", "one"),
+            Some((k, st)) if k == "waiting" && st["reason"] == reason
+        ));
+        // Once the runtime cooperates, it runs.
+        rt.fail(op, None);
+        wait_for("running", || {
+            match published_state(&pipeline.store, "bad", "one") {
+                Some((k, _)) if k == "running" => None,
+                other => Some(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
 }

@@ -63,6 +63,12 @@ pub struct AgentFlags {
     /// Initial crash-loop backoff [default: 10s].
     #[arg(long, value_parser = petrel_agent::config::parse_duration)]
     pub backoff_initial: Option<std::time::Duration>,
+    /// At SIGTERM or SIGINT, stop every pod of this node gracefully (grace
+    /// periods, preStop hooks) and remove it before exiting; a second
+    /// signal exits at once. Without it pods keep running, as kubelet's
+    /// do, and the next agent adopts them.
+    #[arg(long)]
+    pub drain_on_exit: bool,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
@@ -211,6 +217,9 @@ impl AgentFlags {
         if let Some(v) = self.backoff_initial {
             c.backoff_initial = v;
         }
+        if self.drain_on_exit {
+            c.drain_on_exit = true;
+        }
         self.eviction.apply(c);
     }
 }
@@ -262,7 +271,8 @@ impl AgentArgs {
     }
 }
 
-/// Runs the agent until SIGTERM or SIGINT.
+/// Runs the agent until SIGTERM or SIGINT (with `--drain-on-exit`, until
+/// its pods are gone too, or a second signal).
 pub fn main(args: AgentArgs) -> ExitCode {
     crate::observability::init(&args.log_level, args.log_json);
     let config = match args.resolve() {
@@ -272,8 +282,14 @@ pub fn main(args: AgentArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    super::run_daemon(
-        "agent",
-        petrel_agent::run(config, crate::commands::runtime::shutdown_signal()),
-    )
+    super::run_daemon("agent", async move {
+        let signals = super::StopSignals::install();
+        tokio::select! {
+            r = petrel_agent::run(config, signals.nth(1)) => r,
+            () = signals.nth(2) => {
+                tracing::warn!("second signal: exiting at once; pods are left as they are");
+                Ok(())
+            }
+        }
+    })
 }

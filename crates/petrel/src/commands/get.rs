@@ -3,6 +3,7 @@
 //! `petrel get node`: the node's pressure conditions (`/node`).
 //!
 //! Errors print `Error: <message>` and exit with 1; usage errors exit with 2.
+//! A reader that closes the pipe (`| head`) ends it quietly with 0.
 
 mod http;
 mod table;
@@ -103,6 +104,9 @@ pub fn main(args: GetArgs) -> ExitCode {
     };
     match rt.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`| head`): it has what it
+        // wanted, which is no failure (a script with pipefail goes on).
+        Err(GetError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("Error: {e}");
             ExitCode::FAILURE
@@ -365,8 +369,10 @@ struct WatchEvent {
     object: Pod,
 }
 
-/// Prints a line per change until interrupted. The agent's stream starts
-/// with every pod (ADDED); those already shown unchanged are skipped. When
+/// Prints a line per change until interrupted, each change once: an event
+/// that changes nothing the output shows (a condition's time, say) prints
+/// nothing. The agent's stream starts with every pod (ADDED); those
+/// already shown unchanged are skipped. When
 /// the stream ends (the agent restarted, or this watcher fell behind), it
 /// reconnects; pods gone meanwhile are printed once more as last seen.
 async fn watch(
@@ -382,7 +388,13 @@ async fn watch(
             p.metadata.name.clone().unwrap_or_default(),
         )
     };
-    let mut last: BTreeMap<(String, String), Pod> =
+    // What each pod's line said last (tables: the cells but AGE; JSON and
+    // YAML: the object): an event that would print the same again is a
+    // change the output does not show, and is skipped.
+    let seen = |p: &Pod| Seen::of(q, p);
+    let mut last: BTreeMap<(String, String), Seen> =
+        shown.iter().map(|p| (key(p), seen(p))).collect();
+    let mut shown: BTreeMap<(String, String), Pod> =
         shown.into_iter().map(|p| (key(&p), p)).collect();
     let mut retry = Duration::from_millis(200);
     let mut reconnect = false;
@@ -396,13 +408,14 @@ async fn watch(
                         .filter(|p| q.wants(p))
                         .map(|p| (key(&p), p))
                         .collect();
-                    let gone: Vec<_> = last
+                    let gone: Vec<_> = shown
                         .keys()
                         .filter(|k| !now.contains_key(*k))
                         .cloned()
                         .collect();
                     for k in gone {
-                        if let Some(p) = last.remove(&k) {
+                        last.remove(&k);
+                        if let Some(p) = shown.remove(&k) {
                             print_change(out, q, &p, &mut widths)?;
                         }
                     }
@@ -451,12 +464,40 @@ async fn watch(
                 let k = key(&ev.object);
                 if ev.kind == "DELETED" {
                     last.remove(&k);
-                } else if last.get(&k) == Some(&ev.object) {
-                    continue;
+                    shown.remove(&k);
                 } else {
-                    last.insert(k, ev.object.clone());
+                    let now = seen(&ev.object);
+                    shown.insert(k.clone(), ev.object.clone());
+                    if last.get(&k) == Some(&now) {
+                        continue;
+                    }
+                    last.insert(k, now);
                 }
                 print_change(out, q, &ev.object, &mut widths)?;
+            }
+        }
+    }
+}
+
+/// What a pod's line in the watch shows, to print each change once.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// A table row's cells without AGE (which changes by itself).
+    Row(Vec<String>),
+    /// The whole pod (JSON and YAML show all of it).
+    Object(Box<Pod>),
+}
+
+impl Seen {
+    fn of(q: &Query, pod: &Pod) -> Self {
+        match q.output {
+            Some(Output::Json) | Some(Output::Yaml) => Self::Object(Box::new(pod.clone())),
+            _ => {
+                let mut row = q.columns.row(pod, Timestamp::UNIX_EPOCH);
+                if let Some(age) = q.columns.age_index() {
+                    row.remove(age);
+                }
+                Self::Row(row)
             }
         }
     }

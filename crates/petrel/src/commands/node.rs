@@ -39,7 +39,9 @@ impl NodeArgs {
     }
 }
 
-/// Runs runtime and agent until SIGTERM or SIGINT; containers keep running.
+/// Runs runtime and agent until SIGTERM or SIGINT; containers keep running
+/// unless `--drain-on-exit` (then the agent stops and removes its pods
+/// before the runtime stops; a second signal exits at once).
 pub fn main(args: NodeArgs) -> ExitCode {
     crate::observability::init(&args.runtime.log_level, args.runtime.log_json);
     let (rt_config, agent_config) = match args.resolve() {
@@ -60,32 +62,48 @@ pub fn main(args: NodeArgs) -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let signals = super::StopSignals::install();
+        let (agent_stop, agent_stopped) = tokio::sync::watch::channel(false);
+        let (runtime_stop, runtime_stopped) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let mut runtime = tokio::spawn(petrel_runtime::serve(rt_config, stopped(stop_rx.clone())));
-        let agent = tokio::spawn(petrel_agent::run(agent_config, stopped(stop_rx)));
+        let mut runtime = tokio::spawn(petrel_runtime::serve(rt_config, stopped(runtime_stopped)));
+        let mut agent = tokio::spawn(petrel_agent::run(agent_config, stopped(agent_stopped)));
         let mut code = ExitCode::SUCCESS;
         let mut runtime_done = false;
         tokio::select! {
-            () = crate::commands::runtime::shutdown_signal() => {}
+            () = signals.nth(1) => {}
             r = &mut runtime => {
                 runtime_done = true;
                 eprintln!("petrel node: runtime stopped: {}", describe(r));
                 code = ExitCode::FAILURE;
             }
         }
-        let _ = stop_tx.send(true);
-        // The agent stops first, then the runtime drains its calls.
-        match agent.await {
-            Ok(Err(e)) => {
+        // The agent stops first (with --drain-on-exit it stops and removes
+        // its pods through the runtime, which must still serve), then the
+        // runtime drains its calls. A second signal stops the agent at once.
+        let _ = agent_stop.send(true);
+        let agent_result = tokio::select! {
+            r = &mut agent => Some(r),
+            () = signals.nth(2) => {
+                tracing::warn!("second signal: exiting at once; pods are left as they are");
+                agent.abort();
+                // Gone before the runtime stops: its calls in flight are
+                // cancelled, not waited for.
+                let _ = (&mut agent).await;
+                None
+            }
+        };
+        match agent_result {
+            Some(Ok(Err(e))) => {
                 eprintln!("petrel node: agent: {e}");
                 code = ExitCode::FAILURE;
             }
-            Err(e) => eprintln!("petrel node: agent: {e}"),
-            Ok(Ok(())) => {}
+            Some(Err(e)) => eprintln!("petrel node: agent: {e}"),
+            Some(Ok(Ok(()))) | None => {}
         }
+        let _ = runtime_stop.send(true);
         if !runtime_done {
             if let Ok(Err(e)) = runtime.await {
                 eprintln!("petrel node: runtime: {e}");

@@ -211,6 +211,16 @@ impl Agent {
     pub fn server_url(&self) -> String {
         format!("unix://{}", self.socket.display())
     }
+
+    /// Runs `petrel get ARGS` against this agent and waits for it.
+    pub fn petrel_get(&self, args: &[&str]) -> std::process::Output {
+        Command::new(petrel_bin())
+            .arg("get")
+            .args(args)
+            .args(["--server", &self.server_url()])
+            .output()
+            .expect("run petrel get")
+    }
 }
 
 /// A GET with `Connection: close` over `s`: (status code, de-chunked body).

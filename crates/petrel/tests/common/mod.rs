@@ -214,21 +214,34 @@ impl Node {
         self.spawn_command(cmd);
     }
 
-    fn spawn_command(&mut self, mut cmd: Command) {
+    fn spawn_command(&mut self, cmd: Command) {
+        self.spawn_as(cmd, "runtime", &[]);
+    }
+
+    /// Starts the prepared runtime as `petrel node`: runtime and agent in
+    /// one process, the agent configured by `agent_args` (its flags; give
+    /// it its own manifests, socket, port and node name). Waits until the
+    /// runtime serves; cleaned up like a runtime.
+    pub fn spawn_node(&mut self, agent_args: &[&str]) {
+        self.spawn_as(Command::new(petrel_bin()), "node", agent_args);
+    }
+
+    fn spawn_as(&mut self, mut cmd: Command, sub: &str, extra: &[&str]) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("runtime.log"))
             .expect("runtime log");
         let child = cmd
-            .args(["runtime", "--config"])
+            .args([sub, "--config"])
             .arg(&self.config_file)
             .args(["--log-level", "debug"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("start petrel runtime");
+            .unwrap_or_else(|e| panic!("start petrel {sub}: {e}"));
         self.child = Some(child);
         self.wait_ready();
     }

@@ -67,9 +67,12 @@ impl CtlError {
         }
     }
 
-    /// The process exit code for this failure: 2 for usage errors, else 1.
+    /// The process exit code for this failure: 2 for usage errors, 0 when
+    /// the reader of standard output went away (`| head` has what it
+    /// wanted: not a failure, and a script with `pipefail` goes on), else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
+            Self::OutputClosed => 0,
             Self::Endpoint(_) | Self::Usage(_) => 2,
             _ => 1,
         }
@@ -138,6 +141,12 @@ mod tests {
     fn usage_error_should_exit_with_two() {
         assert_eq!(CtlError::Usage("bad".into()).exit_code(), 2);
         assert_eq!(CtlError::Endpoint("bad".into()).exit_code(), 2);
+    }
+
+    #[test]
+    fn closed_output_should_exit_quietly_with_zero() {
+        assert_eq!(CtlError::OutputClosed.exit_code(), 0);
+        assert!(CtlError::OutputClosed.is_silent());
     }
 
     #[test]

@@ -200,6 +200,15 @@ async fn copy_out(mut r: Reader, stderr: bool) {
     }
 }
 
+/// Prints a progress line of `port-forward`: a closed standard output (the
+/// reader of `| head` went away) is no reason to stop forwarding.
+fn say(line: &str) {
+    use std::io::Write;
+    if let Err(e) = writeln!(std::io::stdout(), "{line}") {
+        tracing::debug!(error = %e, "standard output closed");
+    }
+}
+
 /// `port-forward`: listens on local ports and forwards each connection to
 /// its port in the pod over one SPDY connection (as kubectl does).
 pub async fn port_forward(ctl: &Ctl, args: PortForwardArgs) -> Result<ExitCode, CtlError> {
@@ -232,7 +241,7 @@ pub async fn port_forward(ctl: &Ctl, args: PortForwardArgs) -> Result<ExitCode, 
         let bound = listener
             .local_addr()
             .map_err(|e| CtlError::Other(format!("listen on {}:{local}: {e}", args.address)))?;
-        println!("Forwarding from {bound} -> {remote}");
+        say(&format!("Forwarding from {bound} -> {remote}"));
         let fwd = forwarder.clone();
         tasks.spawn(async move {
             loop {
@@ -241,7 +250,7 @@ pub async fn port_forward(ctl: &Ctl, args: PortForwardArgs) -> Result<ExitCode, 
                 };
                 let fwd = fwd.clone();
                 tokio::spawn(async move {
-                    println!("Handling connection for {remote}");
+                    say(&format!("Handling connection for {remote}"));
                     if let Err(e) = forward_one(&fwd, conn, remote).await {
                         eprintln!("petrel ctl: connection from {peer} to port {remote}: {e}");
                     }

@@ -27,6 +27,11 @@ impl Columns {
         h.into_iter().map(str::to_string).collect()
     }
 
+    /// The position of AGE among the cells.
+    pub fn age_index(&self) -> Option<usize> {
+        self.header().iter().position(|h| h == "AGE")
+    }
+
     /// One pod's cells, as of `now`.
     pub fn row(&self, pod: &Pod, now: Timestamp) -> Vec<String> {
         let s = summarize(pod, now);

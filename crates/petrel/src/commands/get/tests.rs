@@ -337,6 +337,39 @@ async fn watch_should_print_changes_and_reconnect() {
     }
 }
 
+#[tokio::test]
+async fn watch_should_print_each_change_once() {
+    let (server, store, _dir) = agent().await;
+    store.upsert(pod("default", "web", "Pending"));
+    let q = Query::from_args(&parse(&["pods", "-w"]).unwrap()).unwrap();
+    let pods = fetch(&server, &q).await.unwrap();
+    let mut out = Shared::default();
+    let mut widths = Vec::new();
+    print_initial(&mut out, &q, &pods, &mut widths).unwrap();
+    let reader = out.clone();
+    let lines = |r: &Shared| r.text().lines().filter(|l| l.starts_with("web")).count();
+    let driver = async {
+        // Changes the table does not show (an IP, a condition): no line.
+        let mut p = pod("default", "web", "Pending");
+        p.status.as_mut().unwrap().pod_ip = Some("10.0.0.7".into());
+        store.upsert(p.clone());
+        p.status.as_mut().unwrap().conditions = Some(vec![Default::default()]);
+        store.upsert(p.clone());
+        // A change it shows: one line.
+        p.status.as_mut().unwrap().phase = Some("Running".into());
+        store.upsert(p.clone());
+        reader.wait_for("web    0/1     Running").await;
+        // A marker pod after it: every event before it has been handled.
+        store.upsert(pod("default", "zz", "Running"));
+        reader.wait_for("zz").await;
+        assert_eq!(lines(&reader), 2, "{}", reader.text());
+    };
+    tokio::select! {
+        r = watch(&server, &q, pods, widths, &mut out) => panic!("watch ended: {r:?}"),
+        _ = driver => {}
+    }
+}
+
 /// Serves one raw HTTP answer.
 async fn raw_server(answer: &'static [u8]) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
