@@ -98,6 +98,7 @@ $(PYENV)/.grpcio-$(GRPCIO_VERSION): | deps
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --workspace --no-deps
 
 fmt:
 	$(CARGO) fmt --all

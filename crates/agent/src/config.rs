@@ -54,8 +54,8 @@ pub struct AgentConfig {
     /// `/run/petrel-agent/agent.sock`, in a directory of its own.
     pub socket: PathBuf,
     /// A group (name in /etc/group, or gid) whose members may use the
-    /// socket too: the socket becomes root:<group> 0660 and its directory
-    /// root:<group> 0750. None: root only.
+    /// socket too: the socket becomes `root:<group>` 0660 and its directory
+    /// `root:<group>` 0750. None: root only.
     pub socket_group: Option<String>,
     /// The server's certificate (PEM): serve HTTPS.
     pub tls_cert_file: Option<PathBuf>,

@@ -5,7 +5,7 @@
 //! `/exec/...`, `/attach/...`, `/portForward/...` (`stream_routes`,
 //! proxied to the runtime's streaming server by `proxy`).
 //!
-//! Exposure ([`guard`]): the full API on a unix socket for root and a
+//! Exposure (`guard`): the full API on a unix socket for root and a
 //! configured group ([`socket`], [`peer`]), and on TCP only with TLS and
 //! client certificates ([`tls`]); plain HTTP on loopback serves
 //! `/healthz` and `/metrics` alone. `Host` (TCP) and `Origin` are checked
@@ -73,7 +73,7 @@ struct AppState {
     stopping: watch::Receiver<bool>,
 }
 
-/// Where the server listens ([`guard`] says what each serves).
+/// Where the server listens (`guard` says what each serves).
 #[derive(Debug)]
 pub struct Listeners {
     /// TCP: `/healthz` and `/metrics` in plain HTTP, or everything over

@@ -16,8 +16,8 @@
 //! receiver treats each logical connection as a byte stream, so frame boundaries carry no
 //! meaning.
 //!
-//! Incoming data goes to each logical connection's [`Sink`], called by the trunk's
-//! reader task itself: the ttRPC client and server of [`crate::rpc`] decode messages
+//! Incoming data goes to each logical connection's `Sink`, called by the trunk's
+//! reader task itself: the ttRPC client and server of `rpc` decode messages
 //! right there (a response reaches its caller, a request its handler, with no task in
 //! between, which is most of a call's latency on an idle machine), and a
 //! [`ConnReader`] queue serves everything else.

@@ -151,7 +151,7 @@ pub fn check_mounts(mounts: &[api::Mount], privileged: bool) -> Result<(), SpecE
 /// Checks a mount destination: absolute, without `.` or `..` components
 /// (repeated and trailing slashes are dropped: kubelet passes a pod's
 /// `mountPath` as written), at most PATH_MAX bytes, and not `/`, `/proc` or
-/// a path under it other than [`PROC_MOUNTABLE`], `/sys`, or a path under
+/// a path under it other than `PROC_MOUNTABLE`, `/sys`, or a path under
 /// what runc masks there by default. Returns the clean path.
 pub fn container_path(field: &str, p: &str) -> Result<String, SpecError> {
     let bad = |why: &str| Err(invalid(field, format!("{} {why}", super::shown(p))));
