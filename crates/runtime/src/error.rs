@@ -59,6 +59,34 @@ pub enum RuntimeError {
     /// Something failed inside the runtime or below it (runc, the kernel).
     #[error("{0}")]
     Internal(String),
+    /// A container's exit record is there but cannot be read.
+    #[error("exit of container {id} not recorded: {source}")]
+    ExitUnread {
+        /// The container id.
+        id: String,
+        /// Why the record cannot be read.
+        source: crate::parts::ExitReadError,
+    },
+    /// Several steps failed (each ran to its end): their errors, in order.
+    #[error("{}", join(.0))]
+    Several(Vec<RuntimeError>),
+    /// An operation failed, and undoing what it had made failed too: the
+    /// operation's own error, with the cleanup's.
+    #[error("{error}; undoing it failed too: {}", join(cleanup))]
+    Undone {
+        /// The operation's error (the one its code comes from).
+        error: Box<RuntimeError>,
+        /// What went wrong while undoing it.
+        cleanup: Vec<RuntimeError>,
+    },
+}
+
+fn join(errors: &[RuntimeError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl RuntimeError {
@@ -73,6 +101,37 @@ impl RuntimeError {
     /// An internal error with context.
     pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Self::Internal(format!("{context}: {err}"))
+    }
+
+    /// `Ok` when `errors` is empty, else its one error, or all of them.
+    pub fn all(mut errors: Vec<RuntimeError>) -> Result<()> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Self::Several(errors)),
+        }
+    }
+
+    /// The errors this one is made of (itself alone unless it is
+    /// [`RuntimeError::Several`]).
+    pub fn into_list(self) -> Vec<RuntimeError> {
+        match self {
+            Self::Several(errors) => errors,
+            e => vec![e],
+        }
+    }
+
+    /// `self`, with the errors of undoing what its operation had made
+    /// (none: `self` as it is).
+    pub fn with_cleanup(self, cleanup: Vec<RuntimeError>) -> Self {
+        if cleanup.is_empty() {
+            self
+        } else {
+            Self::Undone {
+                error: Box::new(self),
+                cleanup,
+            }
+        }
     }
 
     /// The gRPC code of this error.
@@ -90,7 +149,9 @@ impl RuntimeError {
             Self::PermissionDenied(_) => Code::PermissionDenied,
             Self::Unsupported(_) => Code::Unimplemented,
             Self::ResourceExhausted(_) => Code::ResourceExhausted,
-            Self::Internal(_) => Code::Internal,
+            Self::Internal(_) | Self::ExitUnread { .. } => Code::Internal,
+            Self::Undone { error, .. } => error.code(),
+            Self::Several(errors) => errors.first().map_or(Code::Internal, Self::code),
         }
     }
 }

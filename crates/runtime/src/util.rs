@@ -132,6 +132,11 @@ pub fn pidfd_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<bool> {
     }
 }
 
+/// Whether `name` is a container or sandbox id (64 hex characters).
+pub fn is_id(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

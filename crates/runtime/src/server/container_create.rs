@@ -12,9 +12,10 @@ use petrel_oci::user::UserDb;
 use petrel_store::Table;
 
 use crate::container::mount_ns::HeldNamespace;
-use crate::container::rootfs::{self, WritableLayer};
-use crate::container::shim::{self, ShimOptions};
+use crate::container::rootfs::WritableLayer;
+use crate::container::shim::ShimOptions;
 use crate::error::{non_empty, required, Result, RuntimeError};
+use crate::parts::{RootfsMounter, ShimWatch};
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
 use crate::sandbox::files::SandboxFiles;
 use crate::sandbox::pid_holder;
@@ -142,33 +143,42 @@ impl Runtime {
         self.state.insert_container(c.clone());
         sb.add_container(&id);
 
-        let made = self.make_container(&mut rec, &sbrec, &image).await;
-        let (pidfd, adjusted) = match made {
+        let made = match self.make_container(&mut rec, &sbrec, &image).await {
+            // The container exists in runc but may not be recorded: undone then.
+            Ok(made) => self.save_container(&c, rec.clone()).map(|()| made),
+            Err(e) => Err(e),
+        };
+        let (watch, adjusted) = match made {
             Ok(made) => made,
             Err(e) => {
-                if let Err(undo) = self.teardown_container(&rec, false, None).await {
-                    tracing::error!(container.id = %id, error = %undo, "rollback of a failed CreateContainer incomplete");
+                let cleanup = self.undo_create(&rec, &sb).await;
+                if !cleanup.is_empty() {
+                    tracing::error!(container.id = %id, errors = cleanup.len(), "rollback of a failed CreateContainer incomplete");
                 }
-                let _ = self.store.delete(Table::Containers, &id);
-                sb.remove_container(&id);
-                self.state.remove_container(&id);
-                self.state.release_name(&name, &id);
-                return Err(e);
+                return Err(e.with_cleanup(cleanup));
             }
         };
-        if let Err(e) = self.save_container(&c, rec.clone()) {
-            // The container exists in runc but could not be recorded: undo it.
-            let _ = self.teardown_container(&rec, false, None).await;
-            let _ = self.store.delete(Table::Containers, &id);
-            sb.remove_container(&id);
-            self.state.remove_container(&id);
-            self.state.release_name(&name, &id);
-            return Err(e);
-        }
-        self.watch_exit(c.clone(), pidfd);
+        self.watch_exit(c.clone(), watch);
         self.publish(&id, api::ContainerEventType::ContainerCreatedEvent, &sb);
         self.nri_created(&c, &sb, adjusted).await;
         Ok(api::CreateContainerResponse { container_id: id })
+    }
+
+    /// Undoes a create that failed after its intent was recorded: what it
+    /// made on the host, its record, its place in memory and its name.
+    /// Every step runs; the errors of those that failed are returned.
+    async fn undo_create(&self, rec: &ContainerRecord, sb: &Sandbox) -> Vec<RuntimeError> {
+        let mut errors = Vec::new();
+        if let Err(e) = self.teardown_container(rec, false, None).await {
+            errors.extend(e.into_list());
+        }
+        if let Err(e) = self.store.delete(Table::Containers, &rec.id) {
+            errors.push(e.into());
+        }
+        sb.remove_container(&rec.id);
+        self.state.remove_container(&rec.id);
+        self.state.release_name(&rec.name, &rec.id);
+        errors
     }
 
     async fn make_container(
@@ -176,10 +186,10 @@ impl Runtime {
         rec: &mut ContainerRecord,
         sbrec: &SandboxRecord,
         image: &petrel_image::Image,
-    ) -> Result<(std::os::fd::OwnedFd, Option<CreateResult>)> {
+    ) -> Result<(ShimWatch, Option<CreateResult>)> {
         let t0 = std::time::Instant::now();
         // runc's move of the init into its cgroup is seconds away at most.
-        self.migration_warmup.start();
+        self.cgroups.warm_up_migration();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
         petrel_fs::create_private_dir_all(&rec.bundle, petrel_fs::PRIVATE)
@@ -196,11 +206,15 @@ impl Runtime {
         let mounting = if known_users.is_some() && self.nri_wants_create() {
             let (lower, layer) = (lower.clone(), layer.clone());
             let (empty, target) = (self.layout.empty_lower(), rootfs_dir.clone());
+            let mounter = self.rootfs.clone();
             Some(tokio::task::spawn_blocking(move || {
-                rootfs::mount(&lower, &layer, &empty, &target).map(|()| Instant::now())
+                mounter
+                    .mount(&lower, &layer, &empty, &target)
+                    .map(|()| Instant::now())
             }))
         } else {
-            rootfs::mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
+            self.rootfs
+                .mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
             None
         };
         let t_rootfs = t0.elapsed();
@@ -243,18 +257,19 @@ impl Runtime {
             }
         }
         let t_spec = t0.elapsed();
-        let started = shim::start(&ShimOptions {
-            binary: self.shim_binary.clone(),
-            id: rec.id.clone(),
-            bundle: rec.bundle.clone(),
-            runc: self.runc.binary().to_path_buf(),
-            runc_root: self.runc.root().to_path_buf(),
-            log_path: rec.log_path.clone(),
-            tty: rec.config.tty,
-            stdin: rec.config.stdin,
-            stdin_once: rec.config.stdin_once,
-        })
-        .await?;
+        let started = self
+            .shims
+            .start(&ShimOptions {
+                id: rec.id.clone(),
+                bundle: rec.bundle.clone(),
+                runc: self.oci.binary().to_path_buf(),
+                runc_root: self.oci.root().to_path_buf(),
+                log_path: rec.log_path.clone(),
+                tty: rec.config.tty,
+                stdin: rec.config.stdin,
+                stdin_once: rec.config.stdin_once,
+            })
+            .await?;
         tracing::debug!(
             container.id = %rec.id,
             rootfs_us = t_rootfs.as_micros() as u64,
@@ -262,11 +277,11 @@ impl Runtime {
             shim_us = (t0.elapsed() - t_spec).as_micros() as u64,
             "container made"
         );
-        rec.pid = started.init_pid;
-        rec.init_start_time = util::process_start_time(started.init_pid).unwrap_or(0);
+        rec.pid = started.init.pid;
+        rec.init_start_time = started.init.start_time;
         rec.shim = Some(started.shim);
         rec.state = ContainerState::Created;
-        Ok((started.pidfd, adjusted))
+        Ok((started.watch, adjusted))
     }
 
     /// Builds the container's OCI spec and lets the NRI plugins adjust it.
@@ -361,7 +376,7 @@ impl Runtime {
     /// Undoes whatever a container has on the host: runc state (killing
     /// its init, which makes the shim exit) unless `runc_deleted` says it is
     /// gone already, the rootfs mount, the bundle and the writable layer.
-    /// Best effort; the first error is returned.
+    /// Every step runs; the errors of those that failed are returned.
     pub(crate) async fn teardown_container(
         &self,
         rec: &ContainerRecord,
@@ -373,7 +388,7 @@ impl Runtime {
             if runc_deleted {
                 return Ok(());
             }
-            self.runc
+            self.oci
                 .delete(&rec.id, true)
                 .await
                 .map_err(RuntimeError::from)
@@ -383,31 +398,40 @@ impl Runtime {
             // Its init is dead, so runc's record and the files are
             // independent: `runc delete` (a process of its own) and the
             // unmount and removal of the rootfs run side by side.
+            let mounter = self.rootfs.clone();
             let files = tokio::task::spawn_blocking(move || {
                 // The namespace's teardown (its copy of the rootfs mount
                 // among the rest) comes before the rootfs is removed.
                 drop(mount_ns);
-                remove_container_files(&bundle, &layer)
+                remove_container_files(mounter.as_ref(), &bundle, &layer)
             });
             let (runc, files) = tokio::join!(runc, files);
             let files =
-                files.unwrap_or_else(|e| Err(RuntimeError::internal("remove container files", e)));
+                files.unwrap_or_else(|e| vec![RuntimeError::internal("remove container files", e)]);
             (runc, files)
         } else {
             // A live init is killed first: its files go once it is dead.
             let runc = runc.await;
             drop(mount_ns);
-            (runc, remove_container_files(&bundle, &layer))
+            (
+                runc,
+                remove_container_files(self.rootfs.as_ref(), &bundle, &layer),
+            )
         };
         // runc removes the container's own cgroup; a container that never
-        // reached runc may still have left an empty one.
-        let _ = self.cgroups.remove(&rec.cgroup_path);
+        // reached runc may still have left an empty one (removing it fails
+        // only when something still lives in it: runc's delete says why).
+        if let Err(e) = self.cgroups.remove(&rec.cgroup_path) {
+            tracing::debug!(container.id = %rec.id, cgroup = %rec.cgroup_path, error = %e, "container cgroup not removed");
+        }
         tracing::debug!(
             container.id = %rec.id,
             teardown_us = t0.elapsed().as_micros() as u64,
             "container torn down"
         );
-        runc.and(files)
+        let mut errors: Vec<RuntimeError> = runc.err().into_iter().collect();
+        errors.extend(files);
+        RuntimeError::all(errors)
     }
 
     /// The sandbox a container belongs to (it always exists while the
@@ -418,10 +442,226 @@ impl Runtime {
 }
 
 /// Unmounts a container's rootfs and removes its bundle and writable layer;
-/// every step runs, the first error is returned.
-pub(crate) fn remove_container_files(bundle: &Path, layer: &Path) -> Result<()> {
-    let unmounted = rootfs::unmount(&bundle.join("rootfs"));
-    let bundle_removed = crate::server::sandbox_run::remove_dir(bundle);
-    let layer_removed = crate::server::sandbox_run::remove_dir(layer);
-    unmounted.and(bundle_removed).and(layer_removed)
+/// every step runs, the errors of those that failed are returned.
+pub(crate) fn remove_container_files(
+    mounter: &dyn RootfsMounter,
+    bundle: &Path,
+    layer: &Path,
+) -> Vec<RuntimeError> {
+    [
+        mounter.unmount(&bundle.join("rootfs")),
+        crate::server::sandbox_run::remove_dir(bundle),
+        crate::server::sandbox_run::remove_dir(layer),
+    ]
+    .into_iter()
+    .filter_map(Result::err)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use petrel_cri::api;
+    use petrel_store::Table;
+
+    use crate::error::RuntimeError;
+    use crate::parts::fake::{container_config, pod_config, Call, Fault, TestRuntime};
+    use crate::records::{ContainerRecord, ContainerState};
+
+    /// Nothing of a failed create is left: no record, nothing in memory, no
+    /// OCI container, shim, mount, container cgroup, bundle or writable
+    /// layer; and its name is free again.
+    async fn assert_nothing_left(t: &TestRuntime, pod: &str) {
+        let sb = t.rt.sandbox(pod).expect("pod");
+        assert!(sb.container_ids().is_empty(), "{:?}", sb.container_ids());
+        assert!(t.rt.state.containers().is_empty());
+        let stored =
+            t.rt.store
+                .list::<ContainerRecord>(Table::Containers)
+                .expect("list");
+        assert!(stored.is_empty(), "records left: {}", stored.len());
+        assert!(t.host.containers().is_empty(), "{:?}", t.host.containers());
+        assert!(t.host.live_shims().is_empty(), "{:?}", t.host.live_shims());
+        assert!(t.host.mounts().is_empty(), "{:?}", t.host.mounts());
+        let pod_cgroup = sb.with(|r| r.cgroup_parent.clone());
+        let cgroups = t.host.cgroups();
+        assert!(
+            cgroups.iter().all(|cg| *cg == pod_cgroup),
+            "cgroups left: {cgroups:?}"
+        );
+        for dir in [
+            t.rt.layout.root.join("containers"),
+            t.rt.layout.state.join("containers"),
+        ] {
+            let left: Vec<_> = std::fs::read_dir(&dir)
+                .expect("read dir")
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
+        }
+        let again = t.create(pod, "c").await;
+        assert!(again.is_ok(), "the name is still taken: {again:?}");
+    }
+
+    #[tokio::test]
+    async fn create_should_leave_nothing_when_the_intent_cannot_be_recorded() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        t.rt.store.fail_writes(0, 1);
+        let err = t.create(&pod, "c").await.expect_err("create must fail");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert!(!t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::ShimStart(_))));
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_leave_nothing_when_the_rootfs_cannot_be_mounted() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        t.host.fail(Fault::Mount, 1);
+        let err = t.create(&pod, "c").await.expect_err("create must fail");
+        assert!(err.to_string().contains("mount overlay"), "{err}");
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_leave_nothing_when_the_spec_cannot_be_built() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let mut config = container_config("c");
+        config.linux = Some(api::LinuxContainerConfig {
+            security_context: Some(api::LinuxContainerSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    pid: api::NamespaceMode::Target as i32,
+                    target_id: "nothing-runs-here".to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let err =
+            t.rt.create_container(api::CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(config),
+                sandbox_config: None,
+            })
+            .await
+            .expect_err("create must fail");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        // The spec is built with the rootfs mounted: it was undone.
+        assert!(t.host.calls().iter().any(|c| matches!(c, Call::Unmount(_))));
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_leave_nothing_when_the_log_directory_cannot_be_made() {
+        let t = TestRuntime::new();
+        let blocker = t.dir.path().join("a-file");
+        std::fs::write(&blocker, "").expect("write");
+        let mut pod_cfg = pod_config("p");
+        pod_cfg.log_directory = blocker.join("logs").display().to_string();
+        let pod =
+            t.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(pod_cfg),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("run pod")
+            .pod_sandbox_id;
+        let mut config = container_config("c");
+        config.log_path = "c/0.log".to_string();
+        let err =
+            t.rt.create_container(api::CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(config),
+                sandbox_config: None,
+            })
+            .await
+            .expect_err("create must fail");
+        assert!(err.to_string().contains("create log directory"), "{err}");
+        assert!(!t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::ShimStart(_))));
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_leave_nothing_when_the_shim_fails() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        t.host.fail(Fault::ShimStart, 1);
+        let err = t.create(&pod, "c").await.expect_err("create must fail");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_undo_the_oci_container_when_the_record_cannot_be_committed() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        // The intent passes, the final record fails.
+        t.rt.store.fail_writes(1, 1);
+        let err = t.create(&pod, "c").await.expect_err("create must fail");
+        assert!(err.to_string().contains("injected write failure"), "{err}");
+        let calls = t.host.calls();
+        let created = calls.iter().position(|c| matches!(c, Call::ShimStart(_)));
+        let deleted = calls
+            .iter()
+            .position(|c| matches!(c, Call::OciDelete { force: true, .. }));
+        assert!(
+            created.is_some() && deleted > created,
+            "runc container not deleted after its create: {calls:?}"
+        );
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_return_its_own_error_with_the_errors_of_its_rollback() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        t.rt.store.fail_writes(1, 1);
+        t.host.fail(Fault::OciDelete, 1);
+        t.host.fail(Fault::Unmount, 1);
+        let err = t.create(&pod, "c").await.expect_err("create must fail");
+        let RuntimeError::Undone { error, cleanup } = &err else {
+            panic!("not an error with its rollback's: {err:?}");
+        };
+        assert!(
+            error.to_string().contains("injected write failure"),
+            "{error}"
+        );
+        assert_eq!(err.code(), error.code());
+        let cleanup: Vec<String> = cleanup.iter().map(ToString::to_string).collect();
+        assert!(
+            cleanup.iter().any(|e| e.contains("runc delete")),
+            "{cleanup:?}"
+        );
+        assert!(cleanup.iter().any(|e| e.contains("unmount")), "{cleanup:?}");
+        let msg = tonic::Status::from(err).message().to_string();
+        assert!(msg.contains("undoing it failed too"), "{msg}");
+        // What could be undone was; the name is free for the retry.
+        assert!(t.rt.state.containers().is_empty());
+        assert!(t.create(&pod, "c").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn create_should_record_a_created_container_when_every_step_succeeds() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let id = t.create(&pod, "c").await.expect("create");
+        assert_eq!(t.state(&id), Some(ContainerState::Created));
+        let rec = t.stored(&id).expect("record");
+        assert_eq!(rec.state, ContainerState::Created);
+        assert!(rec.shim.is_some());
+        assert!(t.host.containers().contains_key(&id));
+        assert!(t.host.mounts().contains(&rec.bundle.join("rootfs")));
+        assert!(t.host.cgroups().contains(&rec.cgroup_path));
+    }
 }

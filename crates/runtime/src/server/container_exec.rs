@@ -34,7 +34,7 @@ impl Runtime {
         let process = exec_process(&bundle.join("config.json"), req.cmd, None)?;
         let timeout =
             (req.timeout > 0).then(|| Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0)));
-        match self.runc.exec(&c.id, &process, &bundle, timeout).await {
+        match self.oci.exec(&c.id, &process, &bundle, timeout).await {
             Ok(out) => Ok(api::ExecSyncResponse {
                 stdout: out.stdout,
                 stderr: out.stderr,

@@ -36,7 +36,7 @@ impl Runtime {
             .ok()
             .flatten()
             .map(|fd| (fd, rec.pid));
-        self.runc.start(&rec.id, init).await?;
+        self.oci.start(&rec.id, init).await?;
         rec.state = ContainerState::Running;
         rec.started_at = util::now_ns();
         self.save_container(&c, rec)?;

@@ -40,7 +40,7 @@ impl Runtime {
         let mut rec = c.record();
         match rec.state {
             ContainerState::Created | ContainerState::Running => {
-                self.runc.update(&rec.id, &oci).await?;
+                self.oci.update(&rec.id, &oci).await?;
             }
             ContainerState::Exited => {
                 return Err(RuntimeError::FailedPrecondition(format!(

@@ -205,7 +205,7 @@ impl Runtime {
         }
 
         if namespace_mode(&rec.config, Ns::Pid) == api::NamespaceMode::Pod {
-            let holder = pid_holder::spawn(&self.shim_binary).await?;
+            let holder = self.shims.spawn_pid_holder().await?;
             rec.pid_holder = Some(holder);
             // Recorded at once: the holder is the one resource that the
             // layout alone cannot find again after a crash.

@@ -62,7 +62,8 @@ impl StreamBackend for RuntimeStreams {
         let target = exec::Target {
             id: c.id.clone(),
             bundle: c.with(|r| r.bundle.clone()),
-            runc: rt.runc.clone(),
+            runtime: rt.oci.binary().to_path_buf(),
+            runtime_root: rt.oci.root().to_path_buf(),
         };
         // The stream may last for hours: hold no reference to the runtime.
         drop((c, rt));
