@@ -121,7 +121,7 @@ impl Drop for CallGuard<'_> {
 fn mkdir_private(path: &Path) -> Result<()> {
     petrel_fs::create_private_dir_all(path, petrel_fs::PRIVATE)
         .map(drop)
-        .map_err(|e| RuntimeError::Internal(e.to_string()))
+        .map_err(|e| RuntimeError::dir("create runtime directory", e))
 }
 
 impl Runtime {
@@ -145,7 +145,7 @@ impl Runtime {
         // made the root first; an older version made it 0755).
         for d in [&layout.root, &layout.state] {
             petrel_fs::ensure_private_root(d, petrel_fs::PRIVATE, None)
-                .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+                .map_err(|e| RuntimeError::dir("open runtime root", e))?;
         }
         for d in [
             layout.root.join("containers"),
@@ -157,7 +157,7 @@ impl Runtime {
         }
         let store = Store::open(&layout.db())?;
         let images = ImageStore::open(&layout.images())
-            .map_err(|e| RuntimeError::internal("open image store", e))?
+            .map_err(RuntimeError::from)?
             .with_limits(petrel_image::Limits {
                 max_layer_bytes: config.max_layer_bytes,
             });

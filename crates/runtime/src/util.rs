@@ -132,6 +132,17 @@ pub fn pidfd_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<bool> {
     }
 }
 
+/// Removes a file the runtime made; a failure (but its absence) is logged
+/// with `what` the file is, for cleanups that have no caller to report to.
+pub fn remove_file_logged(path: &std::path::Path, what: &str) {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!(path = %path.display(), error = %e, "{what} not removed")
+        }
+        _ => {}
+    }
+}
+
 /// Whether `name` is a container or sandbox id (64 hex characters).
 pub fn is_id(name: &str) -> bool {
     name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())

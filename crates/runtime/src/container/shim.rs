@@ -60,9 +60,7 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
         .create(true)
         .append(true)
         .open(opts.bundle.join(SHIM_LOG))
-        .map_err(|e| {
-            RuntimeError::internal(format!("open {}", opts.bundle.join(SHIM_LOG).display()), e)
-        })?;
+        .map_err(|e| RuntimeError::io("open", opts.bundle.join(SHIM_LOG), e))?;
     let mut cmd = std::process::Command::new(binary);
     cmd.arg("--id")
         .arg(&opts.id)
@@ -88,7 +86,7 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
         .stderr(Stdio::from(log));
     let mut child = cmd
         .spawn()
-        .map_err(|e| RuntimeError::internal(format!("start shim {}", binary.display()), e))?;
+        .map_err(|e| RuntimeError::process(format!("start shim {}", binary.display()), e))?;
     let shim_pid = child.id();
     // Opened before anything can reap the shim, so the pidfd names the
     // right process.
@@ -107,7 +105,10 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
                     tracing::warn!(shim.pid = shim_pid, error = %w, "shim without a pidfd not reaped")
                 }
             }
-            return Err(RuntimeError::internal("pidfd_open shim", e));
+            return Err(RuntimeError::process(
+                format!("pidfd_open shim {shim_pid}"),
+                e,
+            ));
         }
     };
     // From here on the guard kills and reaps the shim unless it is kept.
@@ -118,10 +119,10 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
     drop(child);
     let start_time = util::process_start_time(shim_pid).unwrap_or_default();
     let stdout = stdout
-        .ok_or_else(|| RuntimeError::Internal("shim stdout missing".into()))
+        .ok_or_else(|| RuntimeError::Invariant("shim stdout missing".into()))
         .and_then(|out| {
             tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(out))
-                .map_err(|e| RuntimeError::internal("watch shim stdout", e))
+                .map_err(|e| RuntimeError::process(format!("watch shim {shim_pid}'s stdout"), e))
         });
     let stdout = match stdout {
         Ok(s) => s,
@@ -140,7 +141,10 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
         Ok(Ok(_)) => Handshake::parse(&line),
         Ok(Err(e)) => {
             shim.kill_and_reap().await;
-            return Err(RuntimeError::internal("read shim handshake", e));
+            return Err(RuntimeError::process(
+                format!("read shim {shim_pid}'s handshake"),
+                e,
+            ));
         }
         Err(_) => {
             shim.kill_and_reap().await;
@@ -164,19 +168,21 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
         }),
         Some(Handshake::Error(msg)) => {
             shim.reap().await;
-            Err(RuntimeError::Internal(format!(
-                "create container {}: {msg}",
-                opts.id
-            )))
+            Err(RuntimeError::ShimCreate {
+                id: opts.id.clone(),
+                message: msg,
+            })
         }
         None => {
             shim.reap().await;
             let tail = log_tail(&opts.bundle.join(SHIM_LOG));
-            Err(RuntimeError::Internal(format!(
-                "shim for {} failed without a handshake ({:?}): {tail}",
-                opts.id,
-                line.trim()
-            )))
+            Err(RuntimeError::ShimCreate {
+                id: opts.id.clone(),
+                message: format!(
+                    "the shim failed without a handshake ({:?}): {tail}",
+                    line.trim()
+                ),
+            })
         }
     }
 }
@@ -192,7 +198,7 @@ impl Unanswered {
     fn keep(&mut self) -> Result<OwnedFd> {
         self.0
             .take()
-            .ok_or_else(|| RuntimeError::Internal("shim pidfd taken twice".into()))
+            .ok_or_else(|| RuntimeError::Invariant("shim pidfd taken twice".into()))
     }
 
     /// Waits for the shim to exit by itself (it has answered with an error
@@ -324,7 +330,7 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
     let mut ack = pipe::OpenOptions::new()
         .read_write(true)
         .open_receiver(&ack_path)
-        .map_err(|e| RuntimeError::internal(format!("open {}", ack_path.display()), e))?;
+        .map_err(|e| RuntimeError::io("open", &ack_path, e))?;
     let mut ctl = pipe::OpenOptions::new()
         .open_sender(&ctl_path)
         .map_err(|e| {
@@ -335,7 +341,7 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
         })?;
     ctl.write_all(format!("{}\n", command.as_str()).as_bytes())
         .await
-        .map_err(|e| RuntimeError::internal("write shim command", e))?;
+        .map_err(|e| RuntimeError::io("write a command to", &ctl_path, e))?;
     let mut answer = Vec::new();
     let read = tokio::time::timeout(COMMAND_TIMEOUT, async {
         let mut buf = [0u8; 512];
@@ -355,7 +361,7 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
     .await;
     match read {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(RuntimeError::internal("read shim answer", e)),
+        Ok(Err(e)) => return Err(RuntimeError::io("read the answer from", &ack_path, e)),
         Err(_) => {
             return Err(RuntimeError::DeadlineExceeded(format!(
                 "shim did not answer {}",
@@ -368,10 +374,9 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
     if answer == "ok" {
         Ok(())
     } else {
-        Err(RuntimeError::Internal(format!(
-            "shim {}: {}",
-            command.as_str(),
-            answer.strip_prefix("error ").unwrap_or(answer)
-        )))
+        Err(RuntimeError::ShimCommand {
+            command: command.as_str(),
+            message: answer.strip_prefix("error ").unwrap_or(answer).to_string(),
+        })
     }
 }

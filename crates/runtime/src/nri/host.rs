@@ -106,15 +106,6 @@ impl NriHost for RuntimeHost {
     }
 }
 
-impl From<HookError> for RuntimeError {
-    fn from(e: HookError) -> Self {
-        match e {
-            HookError::Timeout { .. } => RuntimeError::DeadlineExceeded(e.to_string()),
-            _ => RuntimeError::FailedPrecondition(e.to_string()),
-        }
-    }
-}
-
 impl Runtime {
     /// NRI, when it runs and is not disabled.
     pub(crate) fn nri(&self) -> Option<&Arc<RuntimeNri>> {

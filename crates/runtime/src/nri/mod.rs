@@ -415,8 +415,12 @@ impl<H: NriHost> Nri<H> {
                     };
                     // A plugin whose connection is gone is done; make sure.
                     if !exited {
-                        let _ = child.start_kill();
-                        let _ = child.wait().await;
+                        if let Err(e) = child.start_kill() {
+                            tracing::warn!(plugin = %file.qualified_name(), error = %e, "nri: plugin not killed");
+                        }
+                        if let Err(e) = child.wait().await {
+                            tracing::warn!(plugin = %file.qualified_name(), error = %e, "nri: plugin not reaped");
+                        }
                     }
                 }
                 Err(e) => {
@@ -565,7 +569,7 @@ impl<H: NriHost> Nri<H> {
             p.conn.close().await;
         }
         if let Some(path) = &self.socket {
-            let _ = std::fs::remove_file(path);
+            crate::util::remove_file_logged(path, "NRI socket");
         }
     }
 }

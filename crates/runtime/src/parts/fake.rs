@@ -599,14 +599,14 @@ impl RootfsMounter for FakeHost {
         let mut w = self.world();
         w.calls.push(Call::Mount(target.to_path_buf()));
         if w.fails(Fault::Mount) {
-            return Err(RuntimeError::Internal(format!(
-                "mount overlay at {}: injected failure",
-                target.display()
-            )));
+            return Err(RuntimeError::io(
+                "mount overlay at",
+                target,
+                io::Error::other("injected failure"),
+            ));
         }
         // As the real mount, it makes its mount point.
-        std::fs::create_dir_all(target)
-            .map_err(|e| RuntimeError::internal(format!("create {}", target.display()), e))?;
+        std::fs::create_dir_all(target).map_err(|e| RuntimeError::io("create", target, e))?;
         w.mounts.insert(target.to_path_buf());
         Ok(())
     }
@@ -615,10 +615,11 @@ impl RootfsMounter for FakeHost {
         let mut w = self.world();
         w.calls.push(Call::Unmount(target.to_path_buf()));
         if w.fails(Fault::Unmount) {
-            return Err(RuntimeError::Internal(format!(
-                "unmount {}: injected failure",
-                target.display()
-            )));
+            return Err(RuntimeError::io(
+                "unmount",
+                target,
+                io::Error::other("injected failure"),
+            ));
         }
         w.mounts.remove(target);
         Ok(())
@@ -701,18 +702,14 @@ impl ShimLauncher for FakeHost {
         let mut w = self.world();
         w.calls.push(Call::ShimStart(opts.id.clone()));
         if w.fails(Fault::ShimStart) {
-            return Err(RuntimeError::Internal(format!(
-                "create container {}: injected failure",
-                opts.id
-            )));
+            return Err(RuntimeError::ShimCreate {
+                id: opts.id.clone(),
+                message: "injected failure".to_string(),
+            });
         }
         // The shim runs `runc create` on what the runtime wrote.
-        let config = std::fs::read(opts.bundle.join("config.json")).map_err(|e| {
-            RuntimeError::internal(
-                format!("shim: read {}/config.json", opts.bundle.display()),
-                e,
-            )
-        })?;
+        let config = std::fs::read(opts.bundle.join("config.json"))
+            .map_err(|e| RuntimeError::io("shim: read", opts.bundle.join("config.json"), e))?;
         let cgroup = serde_json::from_slice::<serde_json::Value>(&config)
             .ok()
             .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(str::to_string));

@@ -64,7 +64,7 @@ impl Parts {
     pub fn host(config: &RuntimeConfig) -> Result<Self> {
         let shim_binary = find_shim(config.shim_binary.as_deref())?;
         let runc_binary = find_runc(&config.runtime_binary)?;
-        let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
+        let cgroups = Cgroups::detect().map_err(|e| RuntimeError::cgroup("detect cgroups", e))?;
         let mut host = HostLimits::detect()?;
         host.hugetlb = cgroups.has_controller("hugetlb");
         // Before anything holds descriptors; containers get what we started with.
@@ -89,7 +89,7 @@ fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
         return if p.is_file() {
             Ok(p.to_path_buf())
         } else {
-            Err(RuntimeError::Internal(format!(
+            Err(RuntimeError::Setup(format!(
                 "shim binary {} not found",
                 p.display()
             )))
@@ -108,7 +108,7 @@ fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
         }
     }
     on_path("petrel-shim").ok_or_else(|| {
-        RuntimeError::Internal(
+        RuntimeError::Setup(
             "petrel-shim not found beside the petrel binary or on PATH (set shim_binary)".into(),
         )
     })
@@ -131,7 +131,7 @@ fn find_runc(configured: &Path) -> Result<PathBuf> {
         on_path(&configured.to_string_lossy())
     };
     found.ok_or_else(|| {
-        RuntimeError::Internal(format!(
+        RuntimeError::Setup(format!(
             "OCI runtime {} not found (install runc or set runtime_binary)",
             configured.display()
         ))

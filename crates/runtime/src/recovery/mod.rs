@@ -91,7 +91,7 @@ impl Runtime {
             } else if rec.state == SandboxState::Ready && rec.network.is_some() {
                 self.check_network_later(&rec);
             }
-            let _ = self.state.reserve_name(&rec.name, &rec.id);
+            self.reserve_recovered_name(&rec.name, &rec.id);
             self.state.insert_sandbox(Arc::new(Sandbox::new(rec)));
             sandboxes += 1;
         }
@@ -116,7 +116,7 @@ impl Runtime {
                 continue;
             };
             let c = Arc::new(Container::new(rec.clone()));
-            let _ = self.state.reserve_name(&rec.name, &rec.id);
+            self.reserve_recovered_name(&rec.name, &rec.id);
             self.state.insert_container(c.clone());
             sb.add_container(&rec.id);
             containers += 1;
@@ -144,12 +144,24 @@ impl Runtime {
 
         for rec in interrupted_pods {
             tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");
-            let _ = self.teardown_sandbox(&rec).await;
+            if let Err(e) = self.teardown_sandbox(&rec).await {
+                for e in e.into_list() {
+                    tracing::warn!(sandbox.id = %rec.id, error = %e, "part of an interrupted RunPodSandbox not undone");
+                }
+            }
             self.store.delete(Table::Sandboxes, &rec.id)?;
         }
         self.remove_orphans().await;
         tracing::info!(sandboxes, containers, "state recovered");
         Ok(())
+    }
+
+    /// Holds a recovered object's name again; two records with one name
+    /// (a store edited by hand) are logged, the first keeps it.
+    fn reserve_recovered_name(&self, name: &str, id: &str) {
+        if let Err(e) = self.state.reserve_name(name, id) {
+            tracing::warn!(id, error = %e, "recovered object's name is held by another");
+        }
     }
 
     /// CNI CHECK of a pod that survived a restart, off the start-up path:
@@ -276,16 +288,24 @@ impl Runtime {
                 let dir = self.layout.sandbox_dir(&id);
                 tracing::warn!(sandbox.id = %id, "removing orphan sandbox directory");
                 for kind in ["net", "ipc", "uts"] {
-                    let _ = namespaces::unpin(&dir.join(kind));
+                    if let Err(e) = namespaces::unpin(&dir.join(kind)) {
+                        tracing::warn!(sandbox.id = %id, error = %e, "namespace of an orphan sandbox not released");
+                    }
                 }
-                let _ = crate::sandbox::files::unmount(&dir.join("shm"));
-                let _ = remove_dir(&dir);
+                let removed = crate::sandbox::files::unmount(&dir.join("shm"))
+                    .and_then(|()| remove_dir(&dir));
+                if let Err(e) = removed {
+                    tracing::warn!(sandbox.id = %id, error = %e, "orphan sandbox directory not removed");
+                }
                 // A pod cgroup of ours is named after the sandbox id.
                 let cg = format!(
                     "{}/{id}",
                     self.config.default_cgroup_parent.trim_end_matches('/')
                 );
-                let _ = self.cgroups.remove(&cg);
+                // Absent when the pod had a cgroup parent of its own.
+                if let Err(e) = self.cgroups.remove(&cg) {
+                    tracing::debug!(sandbox.id = %id, cgroup = %cg, error = %e, "cgroup of an orphan sandbox not removed");
+                }
             }
         }
     }

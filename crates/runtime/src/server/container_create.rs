@@ -103,7 +103,7 @@ impl Runtime {
             "{}_{}_{}_{}_{}",
             md.name, pod_md.name, pod_md.namespace, pod_md.uid, md.attempt
         );
-        let id = util::new_id().map_err(|e| RuntimeError::internal("generate id", e))?;
+        let id = util::new_id().map_err(RuntimeError::Id)?;
         self.state.reserve_name(&name, &id)?;
 
         let mut rec = ContainerRecord {
@@ -193,11 +193,8 @@ impl Runtime {
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
         petrel_fs::create_private_dir_all(&rec.bundle, petrel_fs::PRIVATE)
-            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        let lower = self
-            .images
-            .layer_paths(image)
-            .map_err(|e| RuntimeError::internal(format!("layers of {}", image.id), e))?;
+            .map_err(|e| RuntimeError::dir("create bundle", e))?;
+        let lower = self.images.layer_paths(image)?;
         let rootfs_dir = rec.bundle.join("rootfs");
         let known_users = self.image_users.get(&image.id);
         // With the image's user databases known, nothing before runc needs
@@ -226,7 +223,7 @@ impl Runtime {
         let mounted = match mounting {
             Some(task) => Some(
                 task.await
-                    .unwrap_or_else(|e| Err(RuntimeError::internal("mount rootfs", e))),
+                    .unwrap_or_else(|e| Err(RuntimeError::task("mount rootfs", e))),
             ),
             None => None,
         };
@@ -241,19 +238,19 @@ impl Runtime {
         } else if let Some((start, end)) = nri_span {
             self.nri_observe_create_wait(end - start);
         }
-        let json = serde_json::to_vec(&oci)
-            .map_err(|e| RuntimeError::internal("encode config.json", e))?;
+        let json = serde_json::to_vec(&oci).map_err(|source| RuntimeError::Encode {
+            what: "config.json",
+            source,
+        })?;
         let cfg_path = rec.bundle.join("config.json");
-        std::fs::write(&cfg_path, json)
-            .map_err(|e| RuntimeError::internal(format!("write {}", cfg_path.display()), e))?;
+        std::fs::write(&cfg_path, json).map_err(|e| RuntimeError::io("write", &cfg_path, e))?;
 
         if let Some(log) = &rec.log_path {
             if let Some(dir) = log.parent() {
                 // Container output may hold secrets: what we create of the
                 // log path is private (kubelet makes the pod's directory).
-                petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE).map_err(|e| {
-                    RuntimeError::internal(format!("create log directory {}", dir.display()), e)
-                })?;
+                petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE)
+                    .map_err(|e| RuntimeError::dir("create log directory", e))?;
             }
         }
         let t_spec = t0.elapsed();
@@ -407,7 +404,7 @@ impl Runtime {
             });
             let (runc, files) = tokio::join!(runc, files);
             let files =
-                files.unwrap_or_else(|e| vec![RuntimeError::internal("remove container files", e)]);
+                files.unwrap_or_else(|e| vec![RuntimeError::task("remove container files", e)]);
             (runc, files)
         } else {
             // A live init is killed first: its files go once it is dead.

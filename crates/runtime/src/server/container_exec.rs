@@ -50,7 +50,7 @@ impl Runtime {
     /// Exec: a URL of the streaming server for this command.
     pub(crate) async fn exec(self: &Arc<Self>, req: api::ExecRequest) -> Result<api::ExecResponse> {
         let spec = self.validate_exec(&req)?;
-        let url = self.stream_server()?.exec_url(spec).map_err(stream_error)?;
+        let url = self.stream_server()?.exec_url(spec)?;
         Ok(api::ExecResponse { url })
     }
 
@@ -60,10 +60,7 @@ impl Runtime {
         req: api::AttachRequest,
     ) -> Result<api::AttachResponse> {
         let spec = self.validate_attach(&req)?;
-        let url = self
-            .stream_server()?
-            .attach_url(spec)
-            .map_err(stream_error)?;
+        let url = self.stream_server()?.attach_url(spec)?;
         Ok(api::AttachResponse { url })
     }
 
@@ -78,10 +75,7 @@ impl Runtime {
             .iter()
             .filter_map(|p| u16::try_from(*p).ok())
             .collect();
-        let url = self
-            .stream_server()?
-            .port_forward_url(pod, ports)
-            .map_err(stream_error)?;
+        let url = self.stream_server()?.port_forward_url(pod, ports)?;
         Ok(api::PortForwardResponse { url })
     }
 
@@ -112,11 +106,10 @@ pub(crate) fn exec_process(
     terminal: Option<(u16, u16)>,
 ) -> Result<Process> {
     let spec = Spec::load(spec_path)
-        .map_err(|e| RuntimeError::internal(format!("read {}", spec_path.display()), e))?;
-    let mut p = spec
-        .process()
-        .clone()
-        .ok_or_else(|| RuntimeError::Internal(format!("{} has no process", spec_path.display())))?;
+        .map_err(|e| RuntimeError::io("read", spec_path, std::io::Error::other(e)))?;
+    let mut p = spec.process().clone().ok_or_else(|| {
+        RuntimeError::Invariant(format!("{} has no process", spec_path.display()))
+    })?;
     p.set_args(Some(cmd));
     p.set_terminal(Some(terminal.is_some()));
     let size = match terminal.filter(|&(w, h)| w > 0 && h > 0) {
@@ -125,19 +118,10 @@ pub(crate) fn exec_process(
                 .width(u64::from(width))
                 .height(u64::from(height))
                 .build()
-                .map_err(|e| RuntimeError::internal("terminal size", e))?,
+                .map_err(|e| RuntimeError::Invariant(format!("terminal size: {e}")))?,
         ),
         None => None,
     };
     p.set_console_size(size);
     Ok(p)
-}
-
-/// A streaming server refusal as a CRI error.
-fn stream_error(e: petrel_stream::StreamError) -> RuntimeError {
-    match e {
-        petrel_stream::StreamError::InvalidArgument(m) => RuntimeError::invalid("request", m),
-        petrel_stream::StreamError::Token(t) => RuntimeError::ResourceExhausted(t.to_string()),
-        other => RuntimeError::Unavailable(other.to_string()),
-    }
 }

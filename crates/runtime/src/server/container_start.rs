@@ -28,7 +28,7 @@ impl Runtime {
             )));
         }
         let sb = self.sandbox_of(&c).ok_or_else(|| {
-            RuntimeError::Internal(format!("container {} has no sandbox", rec.id))
+            RuntimeError::Invariant(format!("container {} has no sandbox", rec.id))
         })?;
         self.nri_start(&rec, &sb).await?;
         // A pidfd on the init lets the start skip `runc start` (exec FIFO).

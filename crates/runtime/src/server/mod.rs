@@ -98,8 +98,10 @@ pub async fn serve_runtime(
         },
         Arc::new(crate::RuntimeStreams::new(&rt)),
     )
-    .map_err(|e| RuntimeError::internal("start the streaming server", e))?;
-    let _ = rt.streams.set(streams);
+    .map_err(RuntimeError::from)?;
+    if rt.streams.set(streams).is_err() {
+        tracing::warn!("the streaming server was started twice; the first one serves");
+    }
     // After recovery (plugins are synchronized with what it found), before
     // the first CRI call (which may already need a plugin).
     let nri = crate::nri::Nri::start(
@@ -109,7 +111,9 @@ pub async fn serve_runtime(
         "petrel",
         env!("CARGO_PKG_VERSION"),
     )?;
-    let _ = rt.nri.set(nri.clone());
+    if rt.nri.set(nri.clone()).is_err() {
+        tracing::warn!("NRI was started twice; the first one serves");
+    }
     let incoming = match petrel_cri::bind_unix(&socket, mode) {
         Ok(i) => i,
         Err(e) => {
@@ -123,10 +127,10 @@ pub async fn serve_runtime(
     tokio::select! {
         r = &mut serving => {
             nri.shutdown().await;
-            let _ = std::fs::remove_file(&socket);
+            crate::util::remove_file_logged(&socket, "CRI socket");
             return match r {
                 Ok(r) => r.map_err(ServeError::from),
-                Err(e) => Err(RuntimeError::internal("gRPC server task", e).into()),
+                Err(e) => Err(RuntimeError::task("gRPC server", e).into()),
             };
         }
         () = shutdown => {}
@@ -148,7 +152,7 @@ pub async fn serve_runtime(
     }
     serving.abort();
     nri.shutdown().await;
-    let _ = std::fs::remove_file(&socket);
+    crate::util::remove_file_logged(&socket, "CRI socket");
     Ok(())
 }
 
@@ -214,9 +218,7 @@ impl CriServer {
             matches!(op, "ExecSync" | "PullImage").then(|| AbortOnDrop(task.abort_handle()));
         let res = match task.await {
             Ok(r) => r,
-            Err(e) => Err(RuntimeError::Internal(format!(
-                "{op} failed unexpectedly: {e}"
-            ))),
+            Err(e) => Err(RuntimeError::task(op, e)),
         };
         let took = start.elapsed();
         self.rt.metrics.observe(op, took, res.is_err());

@@ -97,7 +97,7 @@ impl Runtime {
             network::port_mappings(&config)?;
             self.networks.current()?
         };
-        let id = util::new_id().map_err(|e| RuntimeError::internal("generate id", e))?;
+        let id = util::new_id().map_err(RuntimeError::Id)?;
         let cgroup_parent = match config.linux.as_ref().map(|l| l.cgroup_parent.as_str()) {
             Some(p) if !p.is_empty() => p.trim_end_matches('/').to_string(),
             _ => format!(
@@ -149,13 +149,19 @@ impl Runtime {
         match made {
             Ok(()) => {}
             Err(e) => {
+                let mut cleanup = Vec::new();
                 if let Err(undo) = self.teardown_sandbox(&rec).await {
-                    tracing::error!(sandbox.id = %id, error = %undo, "rollback of a failed RunPodSandbox incomplete");
+                    cleanup.extend(undo.into_list());
                 }
-                let _ = self.store.delete(Table::Sandboxes, &id);
+                if let Err(undo) = self.store.delete(Table::Sandboxes, &id) {
+                    cleanup.push(undo.into());
+                }
+                if !cleanup.is_empty() {
+                    tracing::error!(sandbox.id = %id, errors = cleanup.len(), "rollback of a failed RunPodSandbox incomplete");
+                }
                 self.state.remove_sandbox(&id);
                 self.state.release_name(&name, &id);
-                return Err(e);
+                return Err(e.with_cleanup(cleanup));
             }
         }
         self.publish(&id, api::ContainerEventType::ContainerCreatedEvent, &sb);
@@ -172,7 +178,7 @@ impl Runtime {
     ) -> Result<()> {
         let dir = rec.dir.clone();
         petrel_fs::create_private_dir_all(&dir, petrel_fs::PRIVATE)
-            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+            .map_err(|e| RuntimeError::dir("create pod directory", e))?;
         let f = SandboxFiles::new(&dir);
         files::write_etc_files(&f, hostname, &rec.config, host_network)?;
 
@@ -189,8 +195,11 @@ impl Runtime {
         let rest = self.make_sandbox_shm_and_cgroup(rec, &f, host_ipc);
         let pinned = pinning
             .await
-            .map_err(|e| RuntimeError::internal("pin pod namespaces", e))?
-            .map_err(|e| RuntimeError::internal("pin pod namespaces", e));
+            .map_err(|e| RuntimeError::task("pin pod namespaces", e))?
+            .map_err(|source| RuntimeError::Namespace {
+                op: "pin pod namespaces",
+                source,
+            });
         // Record whatever was made before reporting any failure, so that the
         // rollback undoes all of it.
         if let Ok(p) = &pinned {
@@ -213,7 +222,7 @@ impl Runtime {
         }
         rec.state = SandboxState::Ready;
         let sb = self.state.sandbox(&rec.id).ok_or_else(|| {
-            RuntimeError::Internal(format!("sandbox {} vanished while created", rec.id))
+            RuntimeError::Invariant(format!("sandbox {} vanished while created", rec.id))
         })?;
         self.save_sandbox(&sb, rec.clone())
     }
@@ -255,35 +264,40 @@ impl Runtime {
     }
 
     /// Undoes everything a sandbox may have made, in reverse order, from
-    /// what its record says and what its directory holds. Best effort: every
-    /// step runs; the first error is returned.
+    /// what its record says and what its directory holds. Every step runs;
+    /// the errors of those that failed are returned.
     pub(crate) async fn teardown_sandbox(&self, rec: &SandboxRecord) -> Result<()> {
-        let mut first: Option<RuntimeError> = None;
+        let mut errors: Vec<RuntimeError> = Vec::new();
         if let Some(h) = &rec.pid_holder {
             pid_holder::kill(h);
         }
         // CNI DEL while the namespace still exists (plugins may look in it).
         if let Some(net) = &rec.network {
             if let Err(e) = self.networks.del(rec, net).await {
-                first.get_or_insert(e);
+                errors.push(e);
             }
         }
         let mut note = |r: Result<()>| {
             if let Err(e) = r {
-                first.get_or_insert(e);
+                errors.push(e);
             }
         };
         let dir = &rec.dir;
         for kind in ["net", "ipc", "uts"] {
             let p = dir.join(kind);
-            note(namespaces::unpin(&p).map_err(|e| RuntimeError::internal("release namespace", e)));
+            note(
+                namespaces::unpin(&p).map_err(|source| RuntimeError::Namespace {
+                    op: "release namespace",
+                    source,
+                }),
+            );
         }
         note(files::unmount(&dir.join("shm")));
         // Only what this pod made, and not what other pods still live in
         // (the runtime's default parent among them): see `cgroup_owner`.
         note(self.release_pod_cgroups(rec));
         note(remove_dir(dir));
-        first.map_or(Ok(()), Err)
+        RuntimeError::all(errors)
     }
 }
 
@@ -293,9 +307,6 @@ pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(RuntimeError::internal(
-            format!("remove {}", dir.display()),
-            e,
-        )),
+        Err(e) => Err(RuntimeError::io("remove", dir, e)),
     }
 }

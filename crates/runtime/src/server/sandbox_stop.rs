@@ -51,8 +51,10 @@ impl Runtime {
             return Ok(());
         }
         if let Some(netns) = rec.netns.take() {
-            namespaces::unpin(&netns)
-                .map_err(|e| RuntimeError::internal("release network namespace", e))?;
+            namespaces::unpin(&netns).map_err(|source| RuntimeError::Namespace {
+                op: "release network namespace",
+                source,
+            })?;
         }
         rec.state = SandboxState::NotReady;
         self.save_sandbox(sb, rec)?;

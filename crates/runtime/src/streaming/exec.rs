@@ -183,7 +183,7 @@ impl ExecFiles {
 impl Drop for ExecFiles {
     fn drop(&mut self) {
         for name in [&self.process, &self.pid, &self.log, &self.console] {
-            let _ = std::fs::remove_file(self.dir.join(name));
+            crate::util::remove_file_logged(&self.dir.join(name), "exec file");
         }
     }
 }
@@ -444,8 +444,14 @@ async fn copy_in(from: Option<Reader>, to: Option<impl AsyncWrite + Unpin>) {
     let (Some(mut from), Some(mut to)) = (from, to) else {
         return;
     };
-    let _ = tokio::io::copy(&mut from, &mut to).await;
-    let _ = to.shutdown().await;
+    // Either end may go first (the client hangs up, the process exits):
+    // nothing to report but to the log.
+    if let Err(e) = tokio::io::copy(&mut from, &mut to).await {
+        tracing::debug!(error = %e, "exec input not copied to its end");
+    }
+    if let Err(e) = to.shutdown().await {
+        tracing::debug!(error = %e, "exec stdin not closed");
+    }
 }
 
 /// Copies the terminal's output to the client until it hangs up.

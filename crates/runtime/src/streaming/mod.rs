@@ -238,7 +238,7 @@ mod tests {
         assert!(matches!(nf, BackendError::NotFound(m) if m.contains("abc")));
         let fp = BackendError::from(RuntimeError::FailedPrecondition("x".into()));
         assert!(matches!(fp, BackendError::FailedPrecondition(m) if m == "x"));
-        let other = BackendError::from(RuntimeError::Internal("boom".into()));
+        let other = BackendError::from(RuntimeError::Invariant("boom".into()));
         assert!(matches!(other, BackendError::Internal(m) if m == "boom"));
     }
 }
