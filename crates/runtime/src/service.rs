@@ -274,6 +274,12 @@ impl Runtime {
             })
     }
 
+    /// The sandbox a container belongs to (it always exists while the
+    /// container does).
+    pub(crate) fn sandbox_of(&self, c: &Container) -> Option<Arc<Sandbox>> {
+        self.state.sandbox(&c.with(|r| r.sandbox_id.clone()))
+    }
+
     // ---- durable updates ------------------------------------------------
 
     /// Commits a sandbox record, then shows it in memory.
@@ -295,8 +301,9 @@ impl Runtime {
     /// The CRI status of a sandbox.
     pub(crate) fn sandbox_status(&self, sb: &Sandbox) -> api::PodSandboxStatus {
         sb.with(|r| {
-            let host_network = crate::server::sandbox_run::namespace_mode(&r.config, Ns::Network)
-                == api::NamespaceMode::Node;
+            let host_network =
+                crate::sandbox::namespace_mode(&r.config, crate::sandbox::Ns::Network)
+                    == api::NamespaceMode::Node;
             api::PodSandboxStatus {
                 id: r.id.clone(),
                 metadata: r.config.metadata.clone(),
@@ -405,12 +412,4 @@ impl Runtime {
         };
         self.events.publish(ev);
     }
-}
-
-/// The pod-level namespaces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ns {
-    Network,
-    Pid,
-    Ipc,
 }

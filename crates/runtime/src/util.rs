@@ -143,6 +143,16 @@ pub fn remove_file_logged(path: &std::path::Path, what: &str) {
     }
 }
 
+/// Removes a directory tree the runtime owns; missing is fine. Callers
+/// unmount what they mounted inside it first.
+pub fn remove_dir(dir: &std::path::Path) -> Result<(), crate::RuntimeError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(crate::RuntimeError::io("remove", dir, e)),
+    }
+}
+
 /// Whether `name` is a container or sandbox id (64 hex characters).
 pub fn is_id(name: &str) -> bool {
     name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())

@@ -396,7 +396,7 @@ impl Runtime {
         let base = c.with(|rec| rec.resources.clone()).unwrap_or_default();
         let wanted = spec::update_cri_resources(&base, r)
             .map_err(|e| RuntimeError::FailedPrecondition(e.to_string()))?;
-        self.set_container_resources(&c, wanted).await
+        self.container_set_resources(&c, wanted).await
     }
 
     /// Carries out plugins' evictions, each in its own task: the container
@@ -420,7 +420,7 @@ impl Runtime {
         tracing::warn!(id = %id, plugin = %e.plugin, reason, "nri: eviction");
         let r = if let Some(c) = self.state.container(id) {
             self.mark_evicted(&c, &message).await;
-            self.stop_container_inner(&c, EVICTION_GRACE_SECS).await
+            self.container_stop(&c, EVICTION_GRACE_SECS).await
         } else if let Some(sb) = self.state.sandbox(id) {
             for cid in sb.container_ids() {
                 if let Some(c) = self.state.container(&cid) {
@@ -432,13 +432,11 @@ impl Runtime {
             for cid in sb.container_ids() {
                 if let Some(c) = self.state.container(&cid) {
                     let rt = self.clone();
-                    stops.spawn(
-                        async move { rt.stop_container_inner(&c, EVICTION_GRACE_SECS).await },
-                    );
+                    stops.spawn(async move { rt.container_stop(&c, EVICTION_GRACE_SECS).await });
                 }
             }
             while stops.join_next().await.is_some() {}
-            self.stop_sandbox(&sb).await
+            self.sandbox_stop(&sb).await
         } else {
             Err(RuntimeError::NotFound {
                 kind: "container or pod sandbox",

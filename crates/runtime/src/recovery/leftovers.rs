@@ -155,11 +155,7 @@ impl Runtime {
         let layer = self.layout.container_layer(id);
         let mounter = self.rootfs.clone();
         let files = tokio::task::spawn_blocking(move || {
-            crate::server::container_create::remove_container_files(
-                mounter.as_ref(),
-                &bundle,
-                &layer,
-            )
+            crate::container::teardown::remove_container_files(mounter.as_ref(), &bundle, &layer)
         })
         .await;
         match files {

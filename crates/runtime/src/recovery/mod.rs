@@ -33,10 +33,10 @@ use petrel_store::Table;
 use crate::error::Result;
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
 use crate::sandbox::namespaces;
-use crate::server::sandbox_run::remove_dir;
 use crate::service::Runtime;
 use crate::state::{Container, Sandbox};
 use crate::util;
+use crate::util::remove_dir;
 
 use crate::parts::{InitSeen, ShimSeen};
 use crate::records::ProcessRef;
@@ -144,7 +144,7 @@ impl Runtime {
 
         for rec in interrupted_pods {
             tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");
-            if let Err(e) = self.teardown_sandbox(&rec).await {
+            if let Err(e) = self.sandbox_teardown(&rec).await {
                 for e in e.into_list() {
                     tracing::warn!(sandbox.id = %rec.id, error = %e, "part of an interrupted RunPodSandbox not undone");
                 }

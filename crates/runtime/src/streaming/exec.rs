@@ -21,7 +21,7 @@ use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use super::fd::{self, Terminal};
-use crate::server::container_exec::exec_process;
+use crate::container::exec_process::exec_process;
 use crate::util;
 
 /// How long output is still copied after the exec'd process exited: a
