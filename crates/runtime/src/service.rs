@@ -95,10 +95,11 @@ pub struct Runtime {
     pub(crate) events: Mailbox<api::ContainerEventResponse>,
     pub(crate) metrics: Metrics,
     pub(crate) networks: crate::sandbox::network::PodNetworks,
-    /// The streaming server, once serving (set by `serve_runtime`).
-    pub(crate) streams: std::sync::OnceLock<petrel_stream::StreamServer>,
-    /// NRI, once serving (set by `serve_runtime`).
-    pub(crate) nri: std::sync::OnceLock<Arc<crate::nri::host::RuntimeNri>>,
+    /// The streaming server (serving from the open on; URLs are only
+    /// handed out by calls, which wait for recovery).
+    pub(crate) streams: petrel_stream::StreamServer,
+    /// NRI: idle until `serve_runtime` launches it after recovery.
+    pub(crate) nri: Arc<crate::nri::host::RuntimeNri>,
     initialized: AtomicBool,
     stopping: AtomicBool,
     calls: AtomicUsize,
@@ -137,7 +138,8 @@ impl Runtime {
     }
 
     /// Opens the runtime's directories, store and image store, driving the
-    /// host through `parts`.
+    /// host through `parts`, and binds the streaming server. Must be called
+    /// within a tokio runtime.
     pub fn with_parts(config: RuntimeConfig, parts: Parts) -> Result<Arc<Self>> {
         let layout = Layout::of(&config);
         // Root and state are the runtime's own: created 0700, or narrowed
@@ -178,7 +180,22 @@ impl Runtime {
             rootfs,
             host,
         } = parts;
-        Ok(Arc::new(Self {
+        let listening = petrel_stream::StreamServer::listen(petrel_stream::StreamConfig {
+            address: config.stream_address,
+            token_ttl: std::time::Duration::from_secs(config.stream_token_ttl_secs.max(1)),
+            ..Default::default()
+        })?;
+        // The streaming backend and NRI's host hold the runtime weakly: both
+        // are made with it, in one step.
+        Ok(Arc::new_cyclic(|rt| Self {
+            streams: listening.serve(Arc::new(crate::RuntimeStreams::of(rt.clone()))),
+            nri: crate::nri::Nri::new(
+                config.nri.clone(),
+                Arc::new(crate::nri::host::RuntimeHost::of(rt.clone())),
+                metrics.nri.clone(),
+                "petrel",
+                env!("CARGO_PKG_VERSION"),
+            ),
             config,
             layout,
             store,
@@ -195,8 +212,6 @@ impl Runtime {
             events,
             metrics,
             networks,
-            streams: std::sync::OnceLock::new(),
-            nri: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             calls: AtomicUsize::new(0),

@@ -34,9 +34,12 @@ pub struct RuntimeHost {
 impl RuntimeHost {
     /// The host for `rt`.
     pub fn new(rt: &Arc<Runtime>) -> Self {
-        RuntimeHost {
-            rt: Arc::downgrade(rt),
-        }
+        Self::of(Arc::downgrade(rt))
+    }
+
+    /// The host for the runtime behind `rt` (one being made, too).
+    pub(crate) fn of(rt: Weak<Runtime>) -> Self {
+        RuntimeHost { rt }
     }
 }
 
@@ -82,9 +85,7 @@ impl NriHost for RuntimeHost {
                     "the runtime is shutting down",
                 ));
             };
-            let Some(nri) = rt.nri.get() else {
-                return Err(Status::new(Code::Unavailable, "NRI is not running"));
-            };
+            let nri = &rt.nri;
             let checked = nri.check_updates(&who, &req).map_err(|e| {
                 tracing::warn!(plugin = %name, error = %e, "nri: plugin's updates refused");
                 Status::new(Code::FailedPrecondition, e.to_string())
@@ -109,7 +110,7 @@ impl NriHost for RuntimeHost {
 impl Runtime {
     /// NRI, when it runs and is not disabled.
     pub(crate) fn nri(&self) -> Option<&Arc<RuntimeNri>> {
-        self.nri.get().filter(|n| !n.disabled())
+        Some(&self.nri).filter(|n| !n.disabled())
     }
 
     /// Held by the calls that create, start or remove pods and containers,

@@ -90,30 +90,10 @@ pub async fn serve_runtime(
     // Ended with this function, whichever way it returns.
     let _reaper = AbortOnDrop(tokio::spawn(crate::orphans::reap_orphans()).abort_handle());
     rt.recover().await?;
-    let streams = petrel_stream::StreamServer::bind(
-        petrel_stream::StreamConfig {
-            address: rt.config.stream_address,
-            token_ttl: Duration::from_secs(rt.config.stream_token_ttl_secs.max(1)),
-            ..Default::default()
-        },
-        Arc::new(crate::RuntimeStreams::new(&rt)),
-    )
-    .map_err(RuntimeError::from)?;
-    if rt.streams.set(streams).is_err() {
-        tracing::warn!("the streaming server was started twice; the first one serves");
-    }
     // After recovery (plugins are synchronized with what it found), before
     // the first CRI call (which may already need a plugin).
-    let nri = crate::nri::Nri::start(
-        rt.config.nri.clone(),
-        Arc::new(crate::nri::host::RuntimeHost::new(&rt)),
-        rt.metrics.nri.clone(),
-        "petrel",
-        env!("CARGO_PKG_VERSION"),
-    )?;
-    if rt.nri.set(nri.clone()).is_err() {
-        tracing::warn!("NRI was started twice; the first one serves");
-    }
+    let nri = rt.nri.clone();
+    nri.launch()?;
     let incoming = match petrel_cri::bind_unix(&socket, mode) {
         Ok(i) => i,
         Err(e) => {
@@ -141,9 +121,7 @@ pub async fn serve_runtime(
     tracing::info!("shutting down; containers keep running");
     rt.begin_shutdown();
     rt.events.close();
-    if let Some(streams) = rt.streams.get() {
-        streams.shutdown().await;
-    }
+    rt.streams.shutdown().await;
     if tokio::time::timeout(Duration::from_secs(10), rt.calls_drained())
         .await
         .is_err()

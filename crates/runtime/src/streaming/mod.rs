@@ -42,9 +42,12 @@ pub struct RuntimeStreams {
 impl RuntimeStreams {
     /// A backend serving streams of `rt`'s containers and pods.
     pub fn new(rt: &Arc<Runtime>) -> Self {
-        Self {
-            rt: Arc::downgrade(rt),
-        }
+        Self::of(Arc::downgrade(rt))
+    }
+
+    /// A backend for the runtime behind `rt` (one being made, too).
+    pub(crate) fn of(rt: Weak<Runtime>) -> Self {
+        Self { rt }
     }
 
     fn runtime(&self) -> Result<Arc<Runtime>, BackendError> {
