@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod nri;
 pub mod open_files;
 pub mod orphans;
+pub mod parts;
 pub mod records;
 pub mod sandbox;
 pub mod server;
@@ -27,6 +28,7 @@ mod validate;
 
 pub use config::RuntimeConfig;
 pub use error::RuntimeError;
+pub use parts::Parts;
 pub use server::{serve, serve_runtime};
 pub use service::Runtime;
 pub use streaming::RuntimeStreams;

@@ -8,8 +8,6 @@ use std::sync::Arc;
 use petrel_cri::api;
 use petrel_image::registry::{Puller, RegistryHosts};
 use petrel_image::ImageStore;
-use petrel_oci::cgroups::Cgroups;
-use petrel_oci::runc::Runc;
 use petrel_oci::spec::HostLimits;
 use petrel_store::{Store, Table};
 use tokio::sync::Notify;
@@ -18,6 +16,7 @@ use crate::config::RuntimeConfig;
 use crate::error::{non_empty, Result, RuntimeError};
 use crate::events::Mailbox;
 use crate::metrics::Metrics;
+use crate::parts::{CgroupOps, OciRuntime, Parts, RootfsMounter, ShimLauncher};
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
 use crate::state::{Container, Sandbox, State};
 use crate::util;
@@ -32,6 +31,14 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of a configuration's root and state directories.
+    pub fn of(config: &RuntimeConfig) -> Self {
+        Self {
+            root: config.root.clone(),
+            state: config.state.clone(),
+        }
+    }
+
     /// The metadata database.
     pub fn db(&self) -> PathBuf {
         self.root.join("meta.redb")
@@ -71,24 +78,28 @@ pub struct Runtime {
     pub(crate) state: State,
     pub(crate) images: ImageStore,
     pub(crate) puller: Puller,
-    pub(crate) runc: Runc,
-    pub(crate) cgroups: Cgroups,
+    /// The OCI runtime (runc).
+    pub(crate) oci: Arc<dyn OciRuntime>,
+    /// The cgroup operations.
+    pub(crate) cgroups: Arc<dyn CgroupOps>,
+    /// The shims.
+    pub(crate) shims: Arc<dyn ShimLauncher>,
+    /// Containers' rootfs mounts.
+    pub(crate) rootfs: Arc<dyn RootfsMounter>,
     /// The user and group databases of images, read from their first container.
     pub(crate) image_users: crate::container::image_users::ImageUsers,
-    /// Warms the cgroup migration lock at the start of each create.
-    pub(crate) migration_warmup: Arc<crate::container::migration_warmup::MigrationWarmup>,
     pub(crate) host: HostLimits,
     /// Serialises the making and the removal of pod cgroup directories
     /// (`sandbox::cgroup_owner`).
     pub(crate) cgroup_owners: std::sync::Mutex<()>,
     pub(crate) events: Mailbox<api::ContainerEventResponse>,
     pub(crate) metrics: Metrics,
-    pub(crate) shim_binary: PathBuf,
     pub(crate) networks: crate::sandbox::network::PodNetworks,
-    /// The streaming server, once serving (set by `serve_runtime`).
-    pub(crate) streams: std::sync::OnceLock<petrel_stream::StreamServer>,
-    /// NRI, once serving (set by `serve_runtime`).
-    pub(crate) nri: std::sync::OnceLock<Arc<crate::nri::host::RuntimeNri>>,
+    /// The streaming server (serving from the open on; URLs are only
+    /// handed out by calls, which wait for recovery).
+    pub(crate) streams: petrel_stream::StreamServer,
+    /// NRI: idle until `serve_runtime` launches it after recovery.
+    pub(crate) nri: Arc<crate::nri::host::RuntimeNri>,
     initialized: AtomicBool,
     stopping: AtomicBool,
     calls: AtomicUsize,
@@ -111,87 +122,32 @@ impl Drop for CallGuard<'_> {
 fn mkdir_private(path: &Path) -> Result<()> {
     petrel_fs::create_private_dir_all(path, petrel_fs::PRIVATE)
         .map(drop)
-        .map_err(|e| RuntimeError::Internal(e.to_string()))
-}
-
-/// Finds the shim: configured path, else beside the running executable,
-/// else on PATH.
-fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = configured {
-        return if p.is_file() {
-            Ok(p.to_path_buf())
-        } else {
-            Err(RuntimeError::Internal(format!(
-                "shim binary {} not found",
-                p.display()
-            )))
-        };
-    }
-    if let Some(dir) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf))
-    {
-        // Test binaries live in target/<profile>/deps: look one level up too.
-        for d in [dir.clone(), dir.join("..")] {
-            let p = d.join("petrel-shim");
-            if p.is_file() {
-                return Ok(p);
-            }
-        }
-    }
-    on_path("petrel-shim").ok_or_else(|| {
-        RuntimeError::Internal(
-            "petrel-shim not found beside the petrel binary or on PATH (set shim_binary)".into(),
-        )
-    })
-}
-
-/// The first executable file `name` in a PATH directory.
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// The OCI runtime binary as an absolute path, resolved once at start so
-/// that a missing runc is reported before any pod is asked for.
-fn find_runc(configured: &Path) -> Result<PathBuf> {
-    let found = if configured.components().count() > 1 {
-        configured.is_file().then(|| configured.to_path_buf())
-    } else {
-        on_path(&configured.to_string_lossy())
-    };
-    found.ok_or_else(|| {
-        RuntimeError::Internal(format!(
-            "OCI runtime {} not found (install runc or set runtime_binary)",
-            configured.display()
-        ))
-    })
+        .map_err(|e| RuntimeError::dir("create runtime directory", e))
 }
 
 impl Runtime {
-    /// Opens the runtime's directories, store and parts. Nothing is served
-    /// and nothing recovered yet.
+    /// Opens the runtime on the host's parts ([`Parts::host`]): its
+    /// directories, store and image store. Nothing is served and nothing
+    /// recovered yet.
     pub fn open(config: RuntimeConfig) -> Result<Arc<Self>> {
         // What the host must provide is checked before anything is created.
-        let shim_binary = find_shim(config.shim_binary.as_deref())?;
-        let runc_binary = find_runc(&config.runtime_binary)?;
-        let cgroups = Cgroups::detect().map_err(|e| RuntimeError::internal("detect cgroups", e))?;
-        let mut host = HostLimits::detect()?;
-        host.hugetlb = cgroups.has_controller("hugetlb");
-        // Before anything holds descriptors; containers get what we started with.
-        host.open_files = Some(crate::open_files::raise_once());
-        let layout = Layout {
-            root: config.root.clone(),
-            state: config.state.clone(),
-        };
+        let parts = Parts::host(&config)?;
+        let rt = Self::with_parts(config, parts)?;
+        crate::sandbox::pid_holder::become_subreaper();
+        Ok(rt)
+    }
+
+    /// Opens the runtime's directories, store and image store, driving the
+    /// host through `parts`, and binds the streaming server. Must be called
+    /// within a tokio runtime.
+    pub fn with_parts(config: RuntimeConfig, parts: Parts) -> Result<Arc<Self>> {
+        let layout = Layout::of(&config);
         // Root and state are the runtime's own: created 0700, or narrowed
         // to 0700 if they exist wider (the agent of `petrel node` may have
         // made the root first; an older version made it 0755).
         for d in [&layout.root, &layout.state] {
             petrel_fs::ensure_private_root(d, petrel_fs::PRIVATE, None)
-                .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+                .map_err(|e| RuntimeError::dir("open runtime root", e))?;
         }
         for d in [
             layout.root.join("containers"),
@@ -203,7 +159,7 @@ impl Runtime {
         }
         let store = Store::open(&layout.db())?;
         let images = ImageStore::open(&layout.images())
-            .map_err(|e| RuntimeError::internal("open image store", e))?
+            .map_err(RuntimeError::from)?
             .with_limits(petrel_image::Limits {
                 max_layer_bytes: config.max_layer_bytes,
             });
@@ -214,33 +170,48 @@ impl Runtime {
             },
             &images,
         );
-        crate::sandbox::pid_holder::become_subreaper();
-        let in_process = petrel_oci::runc::is_runc(&runc_binary);
-        let runc = Runc::new(runc_binary, layout.runc_root()).with_in_process(in_process);
         let metrics = Metrics::new();
         let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
         let networks = crate::sandbox::network::PodNetworks::new(&config);
-        Ok(Arc::new(Self {
+        let Parts {
+            oci,
+            cgroups,
+            shims,
+            rootfs,
+            host,
+        } = parts;
+        let listening = petrel_stream::StreamServer::listen(petrel_stream::StreamConfig {
+            address: config.stream_address,
+            token_ttl: std::time::Duration::from_secs(config.stream_token_ttl_secs.max(1)),
+            ..Default::default()
+        })?;
+        // The streaming backend and NRI's host hold the runtime weakly: both
+        // are made with it, in one step.
+        Ok(Arc::new_cyclic(|rt| Self {
+            streams: listening.serve(Arc::new(crate::RuntimeStreams::of(rt.clone()))),
+            nri: crate::nri::Nri::new(
+                config.nri.clone(),
+                Arc::new(crate::nri::host::RuntimeHost::of(rt.clone())),
+                metrics.nri.clone(),
+                "petrel",
+                env!("CARGO_PKG_VERSION"),
+            ),
             config,
             layout,
             store,
             state: State::default(),
             images,
             puller,
-            runc,
-            image_users: Default::default(),
-            migration_warmup: Arc::new(crate::container::migration_warmup::MigrationWarmup::new(
-                &cgroups,
-            )),
+            oci,
             cgroups,
+            shims,
+            rootfs,
+            image_users: Default::default(),
             host,
             cgroup_owners: std::sync::Mutex::new(()),
             events,
             metrics,
-            shim_binary,
             networks,
-            streams: std::sync::OnceLock::new(),
-            nri: std::sync::OnceLock::new(),
             initialized: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
@@ -318,6 +289,12 @@ impl Runtime {
             })
     }
 
+    /// The sandbox a container belongs to (it always exists while the
+    /// container does).
+    pub(crate) fn sandbox_of(&self, c: &Container) -> Option<Arc<Sandbox>> {
+        self.state.sandbox(&c.with(|r| r.sandbox_id.clone()))
+    }
+
     // ---- durable updates ------------------------------------------------
 
     /// Commits a sandbox record, then shows it in memory.
@@ -339,8 +316,9 @@ impl Runtime {
     /// The CRI status of a sandbox.
     pub(crate) fn sandbox_status(&self, sb: &Sandbox) -> api::PodSandboxStatus {
         sb.with(|r| {
-            let host_network = crate::server::sandbox_run::namespace_mode(&r.config, Ns::Network)
-                == api::NamespaceMode::Node;
+            let host_network =
+                crate::sandbox::namespace_mode(&r.config, crate::sandbox::Ns::Network)
+                    == api::NamespaceMode::Node;
             api::PodSandboxStatus {
                 id: r.id.clone(),
                 metadata: r.config.metadata.clone(),
@@ -449,12 +427,4 @@ impl Runtime {
         };
         self.events.publish(ev);
     }
-}
-
-/// The pod-level namespaces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ns {
-    Network,
-    Pid,
-    Ipc,
 }

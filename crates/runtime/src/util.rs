@@ -132,6 +132,32 @@ pub fn pidfd_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<bool> {
     }
 }
 
+/// Removes a file the runtime made; a failure (but its absence) is logged
+/// with `what` the file is, for cleanups that have no caller to report to.
+pub fn remove_file_logged(path: &std::path::Path, what: &str) {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!(path = %path.display(), error = %e, "{what} not removed")
+        }
+        _ => {}
+    }
+}
+
+/// Removes a directory tree the runtime owns; missing is fine. Callers
+/// unmount what they mounted inside it first.
+pub fn remove_dir(dir: &std::path::Path) -> Result<(), crate::RuntimeError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(crate::RuntimeError::io("remove", dir, e)),
+    }
+}
+
+/// Whether `name` is a container or sandbox id (64 hex characters).
+pub fn is_id(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

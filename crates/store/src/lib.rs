@@ -117,6 +117,17 @@ pub type Listing<T> = Vec<(String, Result<T, StoreError>)>;
 #[derive(Debug)]
 pub struct Store {
     db: Database,
+    /// Scripted write failures (tests of callers' rollbacks).
+    #[cfg(feature = "fault-injection")]
+    faults: std::sync::Mutex<WriteFaults>,
+}
+
+/// Writes to let through, then writes to fail.
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Default)]
+struct WriteFaults {
+    pass: usize,
+    fail: usize,
 }
 
 impl Store {
@@ -145,7 +156,19 @@ impl Store {
             w.open_table(t.def()).map_err(tx)?;
         }
         w.commit().map_err(tx)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            #[cfg(feature = "fault-injection")]
+            faults: Default::default(),
+        })
+    }
+
+    /// Lets the next `pass` writes through, then fails the `fail` after
+    /// them with a transaction error (feature `fault-injection`, for tests
+    /// of what callers do when the store refuses a write).
+    #[cfg(feature = "fault-injection")]
+    pub fn fail_writes(&self, pass: usize, fail: usize) {
+        *self.faults.lock().unwrap_or_else(|p| p.into_inner()) = WriteFaults { pass, fail };
     }
 
     /// Inserts or replaces one record, durably.
@@ -182,6 +205,18 @@ impl Store {
     }
 
     fn apply_with(&self, ops: Vec<Op>, durability: Durability) -> Result<(), StoreError> {
+        #[cfg(feature = "fault-injection")]
+        {
+            let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+            if f.pass > 0 {
+                f.pass -= 1;
+            } else if f.fail > 0 {
+                f.fail -= 1;
+                return Err(StoreError::Transaction(
+                    "injected write failure".to_string(),
+                ));
+            }
+        }
         let mut w = self.db.begin_write().map_err(tx)?;
         w.set_durability(durability);
         {

@@ -32,5 +32,5 @@ pub use backend::{
 pub use config::StreamConfig;
 pub use error::StreamError;
 pub use protocol::status::Outcome;
-pub use server::StreamServer;
+pub use server::{Listening, StreamServer};
 pub use tokens::TokenError;

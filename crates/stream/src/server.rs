@@ -65,24 +65,29 @@ impl std::fmt::Debug for StreamServer {
     }
 }
 
-impl StreamServer {
-    /// Listens on `config.address` and starts serving. Must be called
-    /// within a tokio runtime.
-    pub fn bind(
-        config: StreamConfig,
-        backend: Arc<dyn StreamBackend>,
-    ) -> Result<StreamServer, StreamError> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(StreamError::NoRuntime);
-        }
-        let bind_err = |source| StreamError::Bind {
-            address: config.address,
-            source,
-        };
-        let std_listener = std::net::TcpListener::bind(config.address).map_err(bind_err)?;
-        std_listener.set_nonblocking(true).map_err(bind_err)?;
-        let listener = TcpListener::from_std(std_listener).map_err(bind_err)?;
-        let local_addr = listener.local_addr().map_err(bind_err)?;
+/// A streaming server's socket, bound but not served yet (see
+/// [`StreamServer::listen`]).
+#[derive(Debug)]
+pub struct Listening {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    config: StreamConfig,
+}
+
+impl Listening {
+    /// The address listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Starts serving with `backend`. Must be called within the tokio
+    /// runtime the socket was bound in.
+    pub fn serve(self, backend: Arc<dyn StreamBackend>) -> StreamServer {
+        let Listening {
+            listener,
+            local_addr,
+            config,
+        } = self;
         let base_url = config
             .base_url
             .clone()
@@ -111,10 +116,44 @@ impl StreamServer {
         });
         ctx.tracker.spawn(accept_loop(listener, ctx.clone()));
         tracing::info!(address = %local_addr, "streaming server listening");
-        Ok(StreamServer {
+        StreamServer {
             ctx,
             local_addr,
             base_url,
+        }
+    }
+}
+
+impl StreamServer {
+    /// Listens on `config.address` and starts serving. Must be called
+    /// within a tokio runtime.
+    pub fn bind(
+        config: StreamConfig,
+        backend: Arc<dyn StreamBackend>,
+    ) -> Result<StreamServer, StreamError> {
+        Ok(Self::listen(config)?.serve(backend))
+    }
+
+    /// Listens on `config.address`; [`Listening::serve`] then starts
+    /// serving. Apart, so that the backend can be made once the address is
+    /// known to be free (a backend that lives in the object holding the
+    /// server). Must be called within a tokio runtime.
+    pub fn listen(config: StreamConfig) -> Result<Listening, StreamError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StreamError::NoRuntime);
+        }
+        let bind_err = |source| StreamError::Bind {
+            address: config.address,
+            source,
+        };
+        let std_listener = std::net::TcpListener::bind(config.address).map_err(bind_err)?;
+        std_listener.set_nonblocking(true).map_err(bind_err)?;
+        let listener = TcpListener::from_std(std_listener).map_err(bind_err)?;
+        let local_addr = listener.local_addr().map_err(bind_err)?;
+        Ok(Listening {
+            listener,
+            local_addr,
+            config,
         })
     }
 

@@ -1,6 +1,16 @@
-//! What a container is made of on the host: its rootfs and its shim.
+//! What a container is made of on the host (its rootfs and its shim), and
+//! its lifecycle: created all or nothing (`create`), started, updated and
+//! removed (`lifecycle`), stopped (`stop`), its exit recorded (`exit`),
+//! undone (`teardown`).
+pub(crate) mod create;
+pub(crate) mod exec_process;
+pub(crate) mod exit;
+pub mod found_shims;
 pub mod image_users;
+pub(crate) mod lifecycle;
 pub mod migration_warmup;
 pub mod mount_ns;
 pub mod rootfs;
 pub mod shim;
+pub(crate) mod stop;
+pub(crate) mod teardown;

@@ -29,7 +29,7 @@ impl WritableLayer {
     /// the container's `/` the mode of `upper`, and a container running as
     /// another user than root must be able to enter it.
     pub fn create(&self) -> Result<()> {
-        let io = |e: petrel_fs::DirError| RuntimeError::Internal(e.to_string());
+        let io = |e| RuntimeError::dir("create writable layer", e);
         if let Some(dir) = self.upper.parent() {
             petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE).map_err(io)?;
         }
@@ -47,7 +47,7 @@ pub fn mount(
     empty_lower: &Path,
     target: &Path,
 ) -> Result<()> {
-    let io = |e: petrel_fs::DirError| RuntimeError::Internal(e.to_string());
+    let io = |e| RuntimeError::dir("create rootfs mount point", e);
     petrel_fs::create_private_dir_all(target, petrel_fs::PRIVATE).map_err(io)?;
     let lowers: Vec<String> = if lower.is_empty() {
         // With `upper` on top, the merged `/` takes upper's mode, not this one's.
@@ -62,7 +62,7 @@ pub fn mount(
     ]) {
         // overlayfs splits its options on ',' and its lower dirs on ':'.
         if p.contains([',', ':']) {
-            return Err(RuntimeError::Internal(format!(
+            return Err(RuntimeError::Invariant(format!(
                 "overlay path {p} contains ',' or ':'"
             )));
         }
@@ -75,7 +75,7 @@ pub fn mount(
     );
     // The options, `volatile` included, must fit in one page.
     if data.len() + VOLATILE_OPTION.len() >= 4096 {
-        return Err(RuntimeError::Internal(format!(
+        return Err(RuntimeError::Invariant(format!(
             "overlay options for {} exceed a page ({} layers)",
             target.display(),
             lowers.len()
@@ -104,7 +104,7 @@ pub fn mount(
     } else {
         mount_overlay(&data, target)
     };
-    mounted.map_err(|e| RuntimeError::internal(format!("mount overlay at {}", target.display()), e))
+    mounted.map_err(|e| RuntimeError::io("mount overlay at", target, e.into()))
 }
 
 const VOLATILE_OPTION: &str = ",volatile";

@@ -16,6 +16,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::error::{Result, RuntimeError};
+use crate::parts::{ExitReadError, ShimWatch, StartedShim};
 use crate::records::ProcessRef;
 use crate::util;
 
@@ -27,8 +28,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a shim needs to create a container.
 #[derive(Debug, Clone)]
 pub struct ShimOptions {
-    /// The shim binary.
-    pub binary: PathBuf,
     /// The container id.
     pub id: String,
     /// The bundle directory (holds config.json).
@@ -47,17 +46,6 @@ pub struct ShimOptions {
     pub stdin_once: bool,
 }
 
-/// A started shim: its identity, the container's init pid and a pidfd.
-#[derive(Debug)]
-pub struct StartedShim {
-    /// The shim process.
-    pub shim: ProcessRef,
-    /// The container's init process.
-    pub init_pid: u32,
-    /// Readable once the shim has exited.
-    pub pidfd: OwnedFd,
-}
-
 /// Starts the shim, which runs `runc create`. On error the shim has already
 /// removed the container from runc, or has been killed (no answer in time)
 /// and reaped.
@@ -67,15 +55,13 @@ pub struct StartedShim {
 /// each SIGCHLD, which would make every container exit cost the runtime one
 /// syscall per running container. The runtime reaps each shim itself,
 /// through its pidfd ([`wait_exit`]).
-pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
+pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(opts.bundle.join(SHIM_LOG))
-        .map_err(|e| {
-            RuntimeError::internal(format!("open {}", opts.bundle.join(SHIM_LOG).display()), e)
-        })?;
-    let mut cmd = std::process::Command::new(&opts.binary);
+        .map_err(|e| RuntimeError::io("open", opts.bundle.join(SHIM_LOG), e))?;
+    let mut cmd = std::process::Command::new(binary);
     cmd.arg("--id")
         .arg(&opts.id)
         .arg("--bundle")
@@ -100,16 +86,29 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
         .stderr(Stdio::from(log));
     let mut child = cmd
         .spawn()
-        .map_err(|e| RuntimeError::internal(format!("start shim {}", opts.binary.display()), e))?;
+        .map_err(|e| RuntimeError::process(format!("start shim {}", binary.display()), e))?;
     let shim_pid = child.id();
     // Opened before anything can reap the shim, so the pidfd names the
     // right process.
     let pidfd = match util::pidfd_open(shim_pid) {
         Ok(fd) => fd,
         Err(e) => {
-            let _ = child.kill();
-            let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-            return Err(RuntimeError::internal("pidfd_open shim", e));
+            if let Err(k) = child.kill() {
+                tracing::warn!(shim.pid = shim_pid, error = %k, "shim without a pidfd not killed");
+            }
+            match tokio::task::spawn_blocking(move || child.wait()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(w)) => {
+                    tracing::warn!(shim.pid = shim_pid, error = %w, "shim without a pidfd not reaped")
+                }
+                Err(w) => {
+                    tracing::warn!(shim.pid = shim_pid, error = %w, "shim without a pidfd not reaped")
+                }
+            }
+            return Err(RuntimeError::process(
+                format!("pidfd_open shim {shim_pid}"),
+                e,
+            ));
         }
     };
     // From here on the guard kills and reaps the shim unless it is kept.
@@ -120,10 +119,10 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
     drop(child);
     let start_time = util::process_start_time(shim_pid).unwrap_or_default();
     let stdout = stdout
-        .ok_or_else(|| RuntimeError::Internal("shim stdout missing".into()))
+        .ok_or_else(|| RuntimeError::Invariant("shim stdout missing".into()))
         .and_then(|out| {
             tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(out))
-                .map_err(|e| RuntimeError::internal("watch shim stdout", e))
+                .map_err(|e| RuntimeError::process(format!("watch shim {shim_pid}'s stdout"), e))
         });
     let stdout = match stdout {
         Ok(s) => s,
@@ -142,7 +141,10 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
         Ok(Ok(_)) => Handshake::parse(&line),
         Ok(Err(e)) => {
             shim.kill_and_reap().await;
-            return Err(RuntimeError::internal("read shim handshake", e));
+            return Err(RuntimeError::process(
+                format!("read shim {shim_pid}'s handshake"),
+                e,
+            ));
         }
         Err(_) => {
             shim.kill_and_reap().await;
@@ -158,24 +160,29 @@ pub async fn start(opts: &ShimOptions) -> Result<StartedShim> {
                 pid: shim_pid,
                 start_time,
             },
-            init_pid,
-            pidfd: shim.keep()?,
+            init: ProcessRef {
+                pid: init_pid,
+                start_time: util::process_start_time(init_pid).unwrap_or(0),
+            },
+            watch: ShimWatch::pidfd(shim_pid, shim.keep()?),
         }),
         Some(Handshake::Error(msg)) => {
             shim.reap().await;
-            Err(RuntimeError::Internal(format!(
-                "create container {}: {msg}",
-                opts.id
-            )))
+            Err(RuntimeError::ShimCreate {
+                id: opts.id.clone(),
+                message: msg,
+            })
         }
         None => {
             shim.reap().await;
             let tail = log_tail(&opts.bundle.join(SHIM_LOG));
-            Err(RuntimeError::Internal(format!(
-                "shim for {} failed without a handshake ({:?}): {tail}",
-                opts.id,
-                line.trim()
-            )))
+            Err(RuntimeError::ShimCreate {
+                id: opts.id.clone(),
+                message: format!(
+                    "the shim failed without a handshake ({:?}): {tail}",
+                    line.trim()
+                ),
+            })
         }
     }
 }
@@ -191,14 +198,14 @@ impl Unanswered {
     fn keep(&mut self) -> Result<OwnedFd> {
         self.0
             .take()
-            .ok_or_else(|| RuntimeError::Internal("shim pidfd taken twice".into()))
+            .ok_or_else(|| RuntimeError::Invariant("shim pidfd taken twice".into()))
     }
 
     /// Waits for the shim to exit by itself (it has answered with an error
     /// and is cleaning up) and reaps it.
     async fn reap(&mut self) {
         if let Some(fd) = self.0.take() {
-            if let Err(e) = wait_exit(fd).await {
+            if let Err((_, e)) = wait_exit(fd).await {
                 tracing::warn!(error = %e, "cannot wait for a failed shim");
             }
         }
@@ -207,9 +214,17 @@ impl Unanswered {
     /// Kills the shim and reaps it.
     async fn kill_and_reap(&mut self) {
         if let Some(fd) = &self.0 {
-            let _ = util::pidfd_signal(fd, libc::SIGKILL);
+            kill_unanswered(fd);
         }
         self.reap().await;
+    }
+}
+
+/// SIGKILL to a shim that did not answer; failing that is logged (its
+/// reaping then waits for it to exit by itself).
+fn kill_unanswered(fd: &OwnedFd) {
+    if let Err(e) = util::pidfd_signal(fd, libc::SIGKILL) {
+        tracing::warn!(error = %e, "shim that did not answer not killed");
     }
 }
 
@@ -218,11 +233,13 @@ impl Drop for Unanswered {
         let Some(fd) = self.0.take() else {
             return;
         };
-        let _ = util::pidfd_signal(&fd, libc::SIGKILL);
+        kill_unanswered(&fd);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    let _ = wait_exit(fd).await;
+                    if let Err((_, e)) = wait_exit(fd).await {
+                        tracing::warn!(error = %e, "killed shim not reaped");
+                    }
                 });
             }
             Err(_) => tracing::warn!("a killed shim is left unreaped (no runtime to wait on)"),
@@ -238,15 +255,37 @@ fn log_tail(path: &Path) -> String {
 
 /// Waits until the process behind `pidfd` has exited, and reaps it when it
 /// is our child (a shim this runtime started; one adopted after a restart
-/// is not). Reaping through the pidfd cannot hit a reused pid.
-pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<()> {
+/// is not). Reaping through the pidfd cannot hit a reused pid. When the
+/// wait itself fails, the pidfd is handed back with the error.
+pub async fn wait_exit(pidfd: OwnedFd) -> Result<(), (OwnedFd, std::io::Error)> {
     // SAFETY: OwnedFd is a valid open descriptor that AsyncFd owns (and so
     // keeps open and unchanged) for its whole lifetime.
     let fd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
-        .map_err(|e| e.into_parts().1)?;
-    let _guard = fd.readable().await?;
-    let _ = crate::util::try_reap(fd.get_ref());
+        .map_err(|e| e.into_parts())?;
+    if let Err(e) = fd.readable().await.map(drop) {
+        return Err((fd.into_inner(), e));
+    }
+    if let Err(e) = util::try_reap(fd.get_ref()) {
+        // ECHILD: a shim adopted after a restart is not our child.
+        if e.raw_os_error() != Some(libc::ECHILD) {
+            tracing::debug!(error = %e, "exited shim not reaped");
+        }
+    }
     Ok(())
+}
+
+/// Whether the process behind `pidfd` has exited (a pidfd polls readable
+/// once its process has exited); does not wait.
+pub fn has_exited(pidfd: &OwnedFd) -> std::io::Result<bool> {
+    let mut fds = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    Ok(rustix::event::poll(&mut fds, Some(&zero))? > 0)
 }
 
 /// Whether the process behind `pidfd` exits within `within` (it is not
@@ -265,11 +304,20 @@ pub async fn exited_within(pidfd: &OwnedFd, within: Duration) -> bool {
     matches!(tokio::time::timeout(within, fd.readable()).await, Ok(Ok(_)))
 }
 
-/// Reads the container's exit record, if the shim wrote one.
-pub fn read_exit(bundle: &Path) -> Option<ExitRecord> {
-    std::fs::read_to_string(bundle.join(EXIT_FILE))
-        .ok()
-        .and_then(|s| ExitRecord::parse(&s))
+/// Reads the container's exit record: `None` when the shim wrote none (it
+/// writes it whole, by a rename, so a file that is there is complete).
+pub fn read_exit(bundle: &Path) -> Result<Option<ExitRecord>, ExitReadError> {
+    let path = bundle.join(EXIT_FILE);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(ExitReadError::Io { path, source }),
+    };
+    let parsed = std::str::from_utf8(&text).ok().and_then(ExitRecord::parse);
+    parsed.map(Some).ok_or_else(|| ExitReadError::Corrupt {
+        content: String::from_utf8_lossy(&text[..text.len().min(64)]).into_owned(),
+        path,
+    })
 }
 
 /// Sends a command to a running shim and waits for its answer.
@@ -282,7 +330,7 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
     let mut ack = pipe::OpenOptions::new()
         .read_write(true)
         .open_receiver(&ack_path)
-        .map_err(|e| RuntimeError::internal(format!("open {}", ack_path.display()), e))?;
+        .map_err(|e| RuntimeError::io("open", &ack_path, e))?;
     let mut ctl = pipe::OpenOptions::new()
         .open_sender(&ctl_path)
         .map_err(|e| {
@@ -293,7 +341,7 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
         })?;
     ctl.write_all(format!("{}\n", command.as_str()).as_bytes())
         .await
-        .map_err(|e| RuntimeError::internal("write shim command", e))?;
+        .map_err(|e| RuntimeError::io("write a command to", &ctl_path, e))?;
     let mut answer = Vec::new();
     let read = tokio::time::timeout(COMMAND_TIMEOUT, async {
         let mut buf = [0u8; 512];
@@ -313,7 +361,7 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
     .await;
     match read {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(RuntimeError::internal("read shim answer", e)),
+        Ok(Err(e)) => return Err(RuntimeError::io("read the answer from", &ack_path, e)),
         Err(_) => {
             return Err(RuntimeError::DeadlineExceeded(format!(
                 "shim did not answer {}",
@@ -326,10 +374,9 @@ pub async fn send_command(bundle: &Path, command: Command) -> Result<()> {
     if answer == "ok" {
         Ok(())
     } else {
-        Err(RuntimeError::Internal(format!(
-            "shim {}: {}",
-            command.as_str(),
-            answer.strip_prefix("error ").unwrap_or(answer)
-        )))
+        Err(RuntimeError::ShimCommand {
+            command: command.as_str(),
+            message: answer.strip_prefix("error ").unwrap_or(answer).to_string(),
+        })
     }
 }

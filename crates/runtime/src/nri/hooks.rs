@@ -155,12 +155,12 @@ impl<H: NriHost> Nri<H> {
         let req = api::StopPodSandboxRequest {
             pod: Some(pod.clone()),
         };
-        let _ = self
-            .each(Event::StopPodSandbox, Veto::Never, |p| {
-                let req = req.clone();
-                async move { p.conn.stop_pod_sandbox(&req).await }
-            })
-            .await;
+        self.each(Event::StopPodSandbox, Veto::Never, |p| {
+            let req = req.clone();
+            async move { p.conn.stop_pod_sandbox(&req).await }
+        })
+        .await
+        .map_or_else(|e| notification_failed(Event::StopPodSandbox, &e), drop);
     }
 
     /// RemovePodSandbox (a notification).
@@ -171,12 +171,12 @@ impl<H: NriHost> Nri<H> {
         let req = api::RemovePodSandboxRequest {
             pod: Some(pod.clone()),
         };
-        let _ = self
-            .each(Event::RemovePodSandbox, Veto::Never, |p| {
-                let req = req.clone();
-                async move { p.conn.remove_pod_sandbox(&req).await }
-            })
-            .await;
+        self.each(Event::RemovePodSandbox, Veto::Never, |p| {
+            let req = req.clone();
+            async move { p.conn.remove_pod_sandbox(&req).await }
+        })
+        .await
+        .map_or_else(|e| notification_failed(Event::RemovePodSandbox, &e), drop);
     }
 
     /// PostCreateContainer (a notification).
@@ -188,12 +188,15 @@ impl<H: NriHost> Nri<H> {
             pod: Some(pod.clone()),
             container: Some(ctr.clone()),
         };
-        let _ = self
-            .each(Event::PostCreateContainer, Veto::Never, |p| {
-                let req = req.clone();
-                async move { p.conn.post_create_container(&req).await }
-            })
-            .await;
+        self.each(Event::PostCreateContainer, Veto::Never, |p| {
+            let req = req.clone();
+            async move { p.conn.post_create_container(&req).await }
+        })
+        .await
+        .map_or_else(
+            |e| notification_failed(Event::PostCreateContainer, &e),
+            drop,
+        );
     }
 
     /// StartContainer: a plugin may refuse the start.
@@ -226,12 +229,12 @@ impl<H: NriHost> Nri<H> {
             pod: Some(pod.clone()),
             container: Some(ctr.clone()),
         };
-        let _ = self
-            .each(Event::PostStartContainer, Veto::Never, |p| {
-                let req = req.clone();
-                async move { p.conn.post_start_container(&req).await }
-            })
-            .await;
+        self.each(Event::PostStartContainer, Veto::Never, |p| {
+            let req = req.clone();
+            async move { p.conn.post_start_container(&req).await }
+        })
+        .await
+        .map_or_else(|e| notification_failed(Event::PostStartContainer, &e), drop);
     }
 
     /// PostUpdateContainer (a notification).
@@ -243,12 +246,15 @@ impl<H: NriHost> Nri<H> {
             pod: Some(pod.clone()),
             container: Some(ctr.clone()),
         };
-        let _ = self
-            .each(Event::PostUpdateContainer, Veto::Never, |p| {
-                let req = req.clone();
-                async move { p.conn.post_update_container(&req).await }
-            })
-            .await;
+        self.each(Event::PostUpdateContainer, Veto::Never, |p| {
+            let req = req.clone();
+            async move { p.conn.post_update_container(&req).await }
+        })
+        .await
+        .map_or_else(
+            |e| notification_failed(Event::PostUpdateContainer, &e),
+            drop,
+        );
     }
 
     /// RemoveContainer (a notification).
@@ -260,11 +266,17 @@ impl<H: NriHost> Nri<H> {
             pod: Some(pod.clone()),
             container: Some(ctr.clone()),
         };
-        let _ = self
-            .each(Event::RemoveContainer, Veto::Never, |p| {
-                let req = req.clone();
-                async move { p.conn.remove_container(&req).await }
-            })
-            .await;
+        self.each(Event::RemoveContainer, Veto::Never, |p| {
+            let req = req.clone();
+            async move { p.conn.remove_container(&req).await }
+        })
+        .await
+        .map_or_else(|e| notification_failed(Event::RemoveContainer, &e), drop);
     }
+}
+
+/// A notification's failure: the plugin's, already logged by `settle`; the
+/// CRI call it follows goes on.
+fn notification_failed(event: Event, e: &HookError) {
+    tracing::debug!(event = event.as_str_name(), error = %e, "nri: notification failed");
 }

@@ -34,9 +34,12 @@ pub struct RuntimeHost {
 impl RuntimeHost {
     /// The host for `rt`.
     pub fn new(rt: &Arc<Runtime>) -> Self {
-        RuntimeHost {
-            rt: Arc::downgrade(rt),
-        }
+        Self::of(Arc::downgrade(rt))
+    }
+
+    /// The host for the runtime behind `rt` (one being made, too).
+    pub(crate) fn of(rt: Weak<Runtime>) -> Self {
+        RuntimeHost { rt }
     }
 }
 
@@ -82,9 +85,7 @@ impl NriHost for RuntimeHost {
                     "the runtime is shutting down",
                 ));
             };
-            let Some(nri) = rt.nri.get() else {
-                return Err(Status::new(Code::Unavailable, "NRI is not running"));
-            };
+            let nri = &rt.nri;
             let checked = nri.check_updates(&who, &req).map_err(|e| {
                 tracing::warn!(plugin = %name, error = %e, "nri: plugin's updates refused");
                 Status::new(Code::FailedPrecondition, e.to_string())
@@ -106,19 +107,10 @@ impl NriHost for RuntimeHost {
     }
 }
 
-impl From<HookError> for RuntimeError {
-    fn from(e: HookError) -> Self {
-        match e {
-            HookError::Timeout { .. } => RuntimeError::DeadlineExceeded(e.to_string()),
-            _ => RuntimeError::FailedPrecondition(e.to_string()),
-        }
-    }
-}
-
 impl Runtime {
     /// NRI, when it runs and is not disabled.
     pub(crate) fn nri(&self) -> Option<&Arc<RuntimeNri>> {
-        self.nri.get().filter(|n| !n.disabled())
+        Some(&self.nri).filter(|n| !n.disabled())
     }
 
     /// Held by the calls that create, start or remove pods and containers,
@@ -405,7 +397,7 @@ impl Runtime {
         let base = c.with(|rec| rec.resources.clone()).unwrap_or_default();
         let wanted = spec::update_cri_resources(&base, r)
             .map_err(|e| RuntimeError::FailedPrecondition(e.to_string()))?;
-        self.set_container_resources(&c, wanted).await
+        self.container_set_resources(&c, wanted).await
     }
 
     /// Carries out plugins' evictions, each in its own task: the container
@@ -429,7 +421,7 @@ impl Runtime {
         tracing::warn!(id = %id, plugin = %e.plugin, reason, "nri: eviction");
         let r = if let Some(c) = self.state.container(id) {
             self.mark_evicted(&c, &message).await;
-            self.stop_container_inner(&c, EVICTION_GRACE_SECS).await
+            self.container_stop(&c, EVICTION_GRACE_SECS).await
         } else if let Some(sb) = self.state.sandbox(id) {
             for cid in sb.container_ids() {
                 if let Some(c) = self.state.container(&cid) {
@@ -441,13 +433,11 @@ impl Runtime {
             for cid in sb.container_ids() {
                 if let Some(c) = self.state.container(&cid) {
                     let rt = self.clone();
-                    stops.spawn(
-                        async move { rt.stop_container_inner(&c, EVICTION_GRACE_SECS).await },
-                    );
+                    stops.spawn(async move { rt.container_stop(&c, EVICTION_GRACE_SECS).await });
                 }
             }
             while stops.join_next().await.is_some() {}
-            self.stop_sandbox(&sb).await
+            self.sandbox_stop(&sb).await
         } else {
             Err(RuntimeError::NotFound {
                 kind: "container or pod sandbox",

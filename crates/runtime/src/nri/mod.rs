@@ -22,7 +22,7 @@ pub use hooks::HookError;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,8 +101,9 @@ pub struct Nri<H: NriHost> {
     runtime_name: String,
     runtime_version: String,
     stop: CancellationToken,
-    /// The socket this NRI bound (removed at shutdown).
-    socket: Option<std::path::PathBuf>,
+    /// The socket this NRI bound, once [`Nri::launch`] bound it (removed
+    /// at shutdown; never one it did not bind).
+    socket: std::sync::OnceLock<std::path::PathBuf>,
     /// The built-in validator, if `[nri.default_validator]` enables it.
     validator: Option<DefaultValidator>,
     /// Who set what in each container, from CreateContainer and accepted
@@ -165,9 +166,7 @@ impl<H: NriHost> std::fmt::Debug for Nri<H> {
 }
 
 impl<H: NriHost> Nri<H> {
-    /// Starts NRI: launches the pre-registered plugins and, unless
-    /// connections are disabled, listens for external ones. Disabled NRI
-    /// starts nothing and every hook is a no-op.
+    /// Starts NRI: [`Nri::new`], then [`Nri::launch`].
     pub fn start(
         config: NriConfig,
         host: Arc<H>,
@@ -175,13 +174,22 @@ impl<H: NriHost> Nri<H> {
         runtime_name: &str,
         runtime_version: &str,
     ) -> Result<Arc<Self>, NriError> {
-        let listener = if config.disable || config.disable_connections {
-            None
-        } else {
-            Some(bind(&config.socket_path)?)
-        };
-        let nri = Arc::new(Nri {
-            socket: listener.as_ref().map(|_| config.socket_path.clone()),
+        let nri = Self::new(config, host, metrics, runtime_name, runtime_version);
+        nri.launch()?;
+        Ok(nri)
+    }
+
+    /// NRI, idle: no plugin runs and every hook is a no-op until
+    /// [`Nri::launch`].
+    pub fn new(
+        config: NriConfig,
+        host: Arc<H>,
+        metrics: NriMetrics,
+        runtime_name: &str,
+        runtime_version: &str,
+    ) -> Arc<Self> {
+        Arc::new(Nri {
+            socket: std::sync::OnceLock::new(),
             validator: DefaultValidator::from_config(config.default_validator.clone()),
             owners: std::sync::Mutex::default(),
             metrics,
@@ -193,17 +201,33 @@ impl<H: NriHost> Nri<H> {
             runtime_name: runtime_name.to_string(),
             runtime_version: runtime_version.to_string(),
             stop: CancellationToken::new(),
-        });
-        if nri.config.disable {
-            return Ok(nri);
+        })
+    }
+
+    /// Launches the pre-registered plugins and, unless connections are
+    /// disabled, listens for external ones (each plugin is synchronized
+    /// with the host's pods and containers as it registers). Disabled NRI
+    /// launches nothing. Call it once.
+    pub fn launch(self: &Arc<Self>) -> Result<(), NriError> {
+        if self.config.disable {
+            return Ok(());
         }
-        let files = discover::discover(&nri.config.plugin_path, &nri.config.plugin_config_path)
+        let listener = if self.config.disable_connections {
+            None
+        } else {
+            let listener = bind(&self.config.socket_path)?;
+            if self.socket.set(self.config.socket_path.clone()).is_err() {
+                tracing::warn!("nri: launched twice");
+            }
+            Some(listener)
+        };
+        let files = discover::discover(&self.config.plugin_path, &self.config.plugin_config_path)
             .map_err(|source| NriError::PluginDir {
-                path: nri.config.plugin_path.clone(),
-                source,
-            })?;
+            path: self.config.plugin_path.clone(),
+            source,
+        })?;
         for file in files {
-            if nri
+            if self
                 .config
                 .plugin(&file.index, &file.name)
                 .is_some_and(|o| o.disable)
@@ -211,12 +235,12 @@ impl<H: NriHost> Nri<H> {
                 tracing::info!(plugin = %file.qualified_name(), "nri: plugin disabled in the configuration");
                 continue;
             }
-            tokio::spawn(nri.clone().supervise(file));
+            tokio::spawn(self.clone().supervise(file));
         }
         if let Some(listener) = listener {
-            tokio::spawn(nri.clone().accept_loop(listener));
+            tokio::spawn(self.clone().accept_loop(listener));
         }
-        Ok(nri)
+        Ok(())
     }
 
     /// The connected plugins.
@@ -241,7 +265,7 @@ impl<H: NriHost> Nri<H> {
 
     /// The socket external plugins dial, if NRI listens.
     pub fn socket(&self) -> Option<&Path> {
-        self.socket.as_deref()
+        self.socket.get().map(PathBuf::as_path)
     }
 
     /// Records one call to a plugin, in its counters and the metrics.
@@ -415,8 +439,12 @@ impl<H: NriHost> Nri<H> {
                     };
                     // A plugin whose connection is gone is done; make sure.
                     if !exited {
-                        let _ = child.start_kill();
-                        let _ = child.wait().await;
+                        if let Err(e) = child.start_kill() {
+                            tracing::warn!(plugin = %file.qualified_name(), error = %e, "nri: plugin not killed");
+                        }
+                        if let Err(e) = child.wait().await {
+                            tracing::warn!(plugin = %file.qualified_name(), error = %e, "nri: plugin not reaped");
+                        }
                     }
                 }
                 Err(e) => {
@@ -564,8 +592,8 @@ impl<H: NriHost> Nri<H> {
             }
             p.conn.close().await;
         }
-        if let Some(path) = &self.socket {
-            let _ = std::fs::remove_file(path);
+        if let Some(path) = self.socket.get() {
+            crate::util::remove_file_logged(path, "NRI socket");
         }
     }
 }

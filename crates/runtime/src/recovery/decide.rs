@@ -1,31 +1,8 @@
 //! What start-up recovery does with one container, from what it finds: a
 //! pure decision table, so that every case is tested without a host.
 
+use crate::parts::{InitSeen, ShimSeen};
 use crate::records::ContainerState;
-
-/// The container's shim as found at start-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ShimSeen {
-    /// No shim (exited, or never started).
-    Gone,
-    /// Still inside its create: `runc create` running, or the handshake
-    /// not yet written (its standard output is still the pipe to the
-    /// runtime that started it).
-    InCreate,
-    /// Past its handshake, serving the container.
-    Serving,
-}
-
-/// The container's init process as found at start-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum InitSeen {
-    /// Gone, or not known.
-    Gone,
-    /// Alive and still holding runc's exec FIFO: waiting for its start.
-    AwaitingStart,
-    /// Alive, the container's own process: started.
-    Started,
-}
 
 /// What recovery found of one container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

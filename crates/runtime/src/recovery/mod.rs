@@ -21,6 +21,8 @@
 
 mod decide;
 mod leftovers;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -31,13 +33,16 @@ use petrel_store::Table;
 use crate::error::Result;
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
 use crate::sandbox::namespaces;
-use crate::server::sandbox_run::remove_dir;
 use crate::service::Runtime;
 use crate::state::{Container, Sandbox};
 use crate::util;
+use crate::util::remove_dir;
 
-use decide::{decide, Action, InitSeen, Seen, ShimSeen};
-use leftovers::{is_id, Leftovers};
+use crate::parts::{InitSeen, ShimSeen};
+use crate::records::ProcessRef;
+use crate::util::is_id;
+use decide::{decide, Action, Seen};
+use leftovers::Leftovers;
 
 fn ids_in(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -86,7 +91,7 @@ impl Runtime {
             } else if rec.state == SandboxState::Ready && rec.network.is_some() {
                 self.check_network_later(&rec);
             }
-            let _ = self.state.reserve_name(&rec.name, &rec.id);
+            self.reserve_recovered_name(&rec.name, &rec.id);
             self.state.insert_sandbox(Arc::new(Sandbox::new(rec)));
             sandboxes += 1;
         }
@@ -111,7 +116,7 @@ impl Runtime {
                 continue;
             };
             let c = Arc::new(Container::new(rec.clone()));
-            let _ = self.state.reserve_name(&rec.name, &rec.id);
+            self.reserve_recovered_name(&rec.name, &rec.id);
             self.state.insert_container(c.clone());
             sb.add_container(&rec.id);
             containers += 1;
@@ -123,7 +128,7 @@ impl Runtime {
         let unrecorded = ids_in(&self.layout.state.join("containers"))
             .into_iter()
             .chain(ids_in(&self.layout.root.join("containers")));
-        let in_runc = match self.runc.list().await {
+        let in_runc = match self.oci.list().await {
             Ok(list) => list.into_iter().map(|st| st.id).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list runc containers");
@@ -139,12 +144,24 @@ impl Runtime {
 
         for rec in interrupted_pods {
             tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");
-            let _ = self.teardown_sandbox(&rec).await;
+            if let Err(e) = self.sandbox_teardown(&rec).await {
+                for e in e.into_list() {
+                    tracing::warn!(sandbox.id = %rec.id, error = %e, "part of an interrupted RunPodSandbox not undone");
+                }
+            }
             self.store.delete(Table::Sandboxes, &rec.id)?;
         }
         self.remove_orphans().await;
         tracing::info!(sandboxes, containers, "state recovered");
         Ok(())
+    }
+
+    /// Holds a recovered object's name again; two records with one name
+    /// (a store edited by hand) are logged, the first keeps it.
+    fn reserve_recovered_name(&self, name: &str, id: &str) {
+        if let Err(e) = self.state.reserve_name(name, id) {
+            tracing::warn!(id, error = %e, "recovered object's name is held by another");
+        }
     }
 
     /// CNI CHECK of a pod that survived a restart, off the start-up path:
@@ -169,57 +186,63 @@ impl Runtime {
     /// happened while the runtime was down, or records the start that a
     /// crash interrupted after the init had taken it.
     async fn readopt(self: &Arc<Self>, c: &Arc<Container>, rec: &ContainerRecord) {
-        let shim = rec
-            .shim
-            .filter(|s| util::process_alive(s.pid, s.start_time));
-        let runc_dir = self.runc.root().join(&rec.id);
+        let watch = match rec.shim.map(|s| self.shims.adopt(&s)) {
+            Some(Ok(w)) => w,
+            Some(Err(e)) => {
+                tracing::warn!(container.id = %rec.id, error = %e, "cannot watch shim");
+                None
+            }
+            None => None,
+        };
+        let init = ProcessRef {
+            pid: rec.pid,
+            start_time: rec.init_start_time,
+        };
         let seen = Seen {
             record: Some(rec.state),
             pod_known: true,
-            shim: if shim.is_some() {
+            shim: if watch.is_some() {
                 ShimSeen::Serving
             } else {
                 ShimSeen::Gone
             },
-            init: init_seen(rec, &runc_dir),
-            fifo: runc_dir.join(petrel_oci::exec_fifo::EXEC_FIFO).exists(),
+            init: if rec.pid == 0 {
+                InitSeen::Gone
+            } else {
+                self.oci
+                    .init_seen(&rec.id, init, rec.state == ContainerState::Created)
+            },
+            fifo: self.oci.start_pending(&rec.id),
         };
         match decide(&seen) {
-            Action::MarkRunning { remove_fifo } => self.record_started(c, &runc_dir, remove_fifo),
+            Action::MarkRunning { remove_fifo } => self.record_started(c, remove_fifo),
             Action::Watch => {}
             Action::RecordExit | Action::Keep | Action::Remove | Action::WaitForShim => {
                 // The shim is gone: the exit happened while we were down.
-                self.handle_exit(c).await;
+                self.record_exit(c).await;
                 return;
             }
         }
-        if let Some(shim) = shim {
-            match util::pidfd_open(shim.pid) {
-                Ok(pidfd) => {
-                    self.watch_exit(c.clone(), pidfd);
-                    return;
-                }
-                Err(e) => tracing::warn!(container.id = %rec.id, error = %e, "cannot watch shim"),
-            }
+        match watch {
+            Some(watch) => self.watch_exit(c.clone(), watch),
+            None => self.record_exit(c).await,
         }
-        self.handle_exit(c).await;
     }
 
     /// Records `Running` a container whose init took its start while the
     /// runtime died in StartContainer; removes the FIFO runc still sees.
-    fn record_started(&self, c: &Container, runc_dir: &Path, remove_fifo: bool) {
+    fn record_started(&self, c: &Container, remove_fifo: bool) {
         let mut rec = c.record();
         // Read before the FIFO goes: the init's write is its start.
-        let at = petrel_oci::exec_fifo::started_at(runc_dir)
+        let at = self
+            .oci
+            .started_at(&rec.id)
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .and_then(|d| i64::try_from(d.as_nanos()).ok())
             .unwrap_or_else(util::now_ns);
         if remove_fifo {
-            let fifo = runc_dir.join(petrel_oci::exec_fifo::EXEC_FIFO);
-            if let Err(e) = std::fs::remove_file(&fifo) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(container.id = %rec.id, error = %e, "exec fifo of a started container not removed");
-                }
+            if let Err(e) = self.oci.clear_start(&rec.id) {
+                tracing::warn!(container.id = %rec.id, error = %e, "exec fifo of a started container not removed");
             }
         }
         if rec.state == ContainerState::Created {
@@ -249,11 +272,11 @@ impl Runtime {
             .iter()
             .map(|s| s.id.clone())
             .collect();
-        match self.runc.list().await {
+        match self.oci.list().await {
             Ok(list) => {
                 for st in list.into_iter().filter(|s| !known_c.contains(&s.id)) {
                     tracing::warn!(container.id = %st.id, status = %st.status, "removing runc container unknown to the store");
-                    if let Err(e) = self.runc.delete(&st.id, true).await {
+                    if let Err(e) = self.oci.delete(&st.id, true).await {
                         tracing::error!(container.id = %st.id, error = %e, "orphan not removed");
                     }
                 }
@@ -265,34 +288,26 @@ impl Runtime {
                 let dir = self.layout.sandbox_dir(&id);
                 tracing::warn!(sandbox.id = %id, "removing orphan sandbox directory");
                 for kind in ["net", "ipc", "uts"] {
-                    let _ = namespaces::unpin(&dir.join(kind));
+                    if let Err(e) = namespaces::unpin(&dir.join(kind)) {
+                        tracing::warn!(sandbox.id = %id, error = %e, "namespace of an orphan sandbox not released");
+                    }
                 }
-                let _ = crate::sandbox::files::unmount(&dir.join("shm"));
-                let _ = remove_dir(&dir);
+                let removed = crate::sandbox::files::unmount(&dir.join("shm"))
+                    .and_then(|()| remove_dir(&dir));
+                if let Err(e) = removed {
+                    tracing::warn!(sandbox.id = %id, error = %e, "orphan sandbox directory not removed");
+                }
                 // A pod cgroup of ours is named after the sandbox id.
                 let cg = format!(
                     "{}/{id}",
                     self.config.default_cgroup_parent.trim_end_matches('/')
                 );
-                let _ = self.cgroups.remove(&cg);
+                // Absent when the pod had a cgroup parent of its own.
+                if let Err(e) = self.cgroups.remove(&cg) {
+                    tracing::debug!(sandbox.id = %id, cgroup = %cg, error = %e, "cgroup of an orphan sandbox not removed");
+                }
             }
         }
-    }
-}
-
-/// The init of a container that has a record: started, waiting for its
-/// start (holding runc's exec FIFO), or gone.
-fn init_seen(rec: &ContainerRecord, runc_dir: &Path) -> InitSeen {
-    if !util::process_alive(rec.pid, rec.init_start_time) {
-        return InitSeen::Gone;
-    }
-    if rec.state != ContainerState::Created {
-        return InitSeen::Started;
-    }
-    match petrel_oci::exec_fifo::init_awaits_start(rec.pid, runc_dir) {
-        Ok(false) => InitSeen::Started,
-        // Unreadable: assume what the record says.
-        Ok(true) | Err(_) => InitSeen::AwaitingStart,
     }
 }
 

@@ -88,9 +88,9 @@ impl Runtime {
             .cgroup_owners
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.cgroups.ensure_dirs(path).map_err(|e| {
-            crate::error::RuntimeError::internal(format!("create pod cgroup {path}"), e)
-        })
+        self.cgroups
+            .ensure_dirs(path)
+            .map_err(|e| crate::error::RuntimeError::cgroup("create pod cgroup", e))
     }
 
     /// Removes the cgroup directories a pod made, and held ones only it

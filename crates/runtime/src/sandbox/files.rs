@@ -33,8 +33,7 @@ impl SandboxFiles {
 }
 
 fn write(path: &Path, content: &str) -> Result<()> {
-    std::fs::write(path, content)
-        .map_err(|e| RuntimeError::internal(format!("write {}", path.display()), e))
+    std::fs::write(path, content).map_err(|e| RuntimeError::io("write", path, e))
 }
 
 /// Writes hostname, hosts and resolv.conf for a pod.
@@ -77,8 +76,7 @@ pub fn write_hosts(path: &Path, hostname: &str, pod_ip: Option<std::net::IpAddr>
 
 fn copy_or_empty(from: &Path, to: &Path) -> Result<()> {
     let content = std::fs::read(from).unwrap_or_default();
-    std::fs::write(to, content)
-        .map_err(|e| RuntimeError::internal(format!("write {}", to.display()), e))
+    std::fs::write(to, content).map_err(|e| RuntimeError::io("write", to, e))
 }
 
 /// Renders a resolv.conf from the CRI DNS config.
@@ -124,9 +122,9 @@ pub fn validate_dns(dns: &api::DnsConfig) -> Result<()> {
 /// Mounts the pod's /dev/shm tmpfs at `path` (created if missing).
 pub fn mount_shm(path: &Path, size: u64) -> Result<()> {
     petrel_fs::create_private_dir_all(path, petrel_fs::PRIVATE)
-        .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        .map_err(|e| RuntimeError::dir("create shm mount point", e))?;
     let data = std::ffi::CString::new(format!("mode=1777,size={size}"))
-        .map_err(|e| RuntimeError::internal("shm options", e))?;
+        .map_err(|e| RuntimeError::Invariant(format!("shm mount options: {e}")))?;
     rustix::mount::mount(
         "shm",
         path,
@@ -136,7 +134,7 @@ pub fn mount_shm(path: &Path, size: u64) -> Result<()> {
             | rustix::mount::MountFlags::NOEXEC,
         data.as_c_str(),
     )
-    .map_err(|e| RuntimeError::internal(format!("mount shm at {}", path.display()), e))
+    .map_err(|e| RuntimeError::io("mount shm at", path, e.into()))
 }
 
 /// Unmounts a mount point the runtime made (missing or not mounted is fine).
@@ -144,10 +142,7 @@ pub fn unmount(path: &Path) -> Result<()> {
     match rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH) {
         Ok(()) => Ok(()),
         Err(e) if e == rustix::io::Errno::INVAL || e == rustix::io::Errno::NOENT => Ok(()),
-        Err(e) => Err(RuntimeError::internal(
-            format!("unmount {}", path.display()),
-            e,
-        )),
+        Err(e) => Err(RuntimeError::io("unmount", path, e.into())),
     }
 }
 

@@ -133,7 +133,9 @@ fn pin_in_this_thread(dir: &Path, req: &NamespaceRequest) -> Result<Pinned, Name
         match pin_one(dir, kind) {
             Ok(p) => *pinned.slot(kind) = Some(p),
             Err(e) => {
-                let _ = pinned.release();
+                if let Err(undo) = pinned.release() {
+                    tracing::warn!(dir = %dir.display(), error = %undo, "namespaces pinned before a failure not released");
+                }
                 return Err(e);
             }
         }
@@ -150,7 +152,7 @@ fn pin_one(dir: &Path, kind: &str) -> Result<PathBuf, NamespaceError> {
         .map_err(|e| sys("create", &target, e))?;
     let source = format!("/proc/thread-self/ns/{kind}");
     if let Err(e) = rustix::mount::mount_bind(source.as_str(), &target) {
-        let _ = std::fs::remove_file(&target);
+        crate::util::remove_file_logged(&target, "namespace pin file");
         return Err(sys("bind-mount namespace onto", &target, e.into()));
     }
     Ok(target)

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use petrel_cni::{Attachment, CniError, DnsCapability, NetworkList, PluginRunner, PortMapping};
+use petrel_cni::{Attachment, DnsCapability, NetworkList, PluginRunner, PortMapping};
 use petrel_cri::api;
 
 use crate::config::{PodNetworkMode, RuntimeConfig};
@@ -114,7 +114,7 @@ impl PodNetworks {
     /// ADD: attaches the pod in `rec` (whose namespace is pinned) to `list`.
     pub async fn add(&self, list: &NetworkList, rec: &SandboxRecord) -> Result<NetworkRecord> {
         let att = attachment(rec, rec.netns.as_deref(), POD_IFNAME)?;
-        let result = list.add(&self.runner, &att).await.map_err(cni_error)?;
+        let result = list.add(&self.runner, &att).await?;
         Ok(NetworkRecord {
             conflist: list.to_json(),
             ifname: POD_IFNAME.to_string(),
@@ -135,7 +135,7 @@ impl PodNetworks {
         let att = attachment(rec, rec.netns.as_deref(), &net.ifname)?;
         list.del(&self.runner, &att, net.result.as_ref())
             .await
-            .map_err(cni_error)
+            .map_err(RuntimeError::from)
     }
 
     /// CHECK: whether the pod's network is still as ADD made it.
@@ -150,19 +150,14 @@ impl PodNetworks {
         match list.check(&self.runner, &att, prev).await {
             Ok(true) => Ok(Some(())),
             Ok(false) => Ok(None),
-            Err(e) => Err(cni_error(e)),
+            Err(e) => Err(e.into()),
         }
     }
 }
 
 fn stored_list(net: &NetworkRecord) -> Result<NetworkList> {
     NetworkList::parse(Path::new("<stored with the pod>"), net.conflist.as_bytes())
-        .map_err(|e| RuntimeError::internal("read the pod's stored network config", e))
-}
-
-/// A plugin's failure as the CRI client sees it: the plugin's own message.
-fn cni_error(e: CniError) -> RuntimeError {
-    RuntimeError::Internal(e.to_string())
+        .map_err(RuntimeError::from)
 }
 
 /// The port mappings of a pod config, validated. Mappings without a host

@@ -24,23 +24,30 @@ pub async fn spawn(shim: &Path) -> Result<ProcessRef> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| RuntimeError::internal(format!("start pid holder {}", shim.display()), e))?;
+        .map_err(|e| RuntimeError::process(format!("start pid holder {}", shim.display()), e))?;
     let mut out = String::new();
     if let Some(mut stdout) = child.stdout.take() {
         stdout
             .read_to_string(&mut out)
             .await
-            .map_err(|e| RuntimeError::internal("read pid holder handshake", e))?;
+            .map_err(|e| RuntimeError::process("read pid holder handshake", e))?;
     }
     let status = child
         .wait()
         .await
-        .map_err(|e| RuntimeError::internal("wait for pid holder", e))?;
+        .map_err(|e| RuntimeError::process("wait for pid holder", e))?;
     let pid: u32 = out.trim().parse().map_err(|_| {
-        RuntimeError::Internal(format!("pid holder failed ({status}): {:?}", out.trim()))
+        RuntimeError::process(
+            format!("pid holder answered {:?}", out.trim()),
+            std::io::Error::other(format!("it failed ({status})")),
+        )
     })?;
-    let start_time = util::process_start_time(pid)
-        .ok_or_else(|| RuntimeError::Internal(format!("pid holder {pid} died at once")))?;
+    let start_time = util::process_start_time(pid).ok_or_else(|| {
+        RuntimeError::process(
+            format!("pid holder {pid}"),
+            std::io::Error::other("it died at once"),
+        )
+    })?;
     Ok(ProcessRef { pid, start_time })
 }
 

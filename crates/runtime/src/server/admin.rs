@@ -35,7 +35,7 @@ impl Runtime {
         let rt = self.clone();
         let imported = tokio::task::spawn_blocking(move || rt.images.import(&path, &req.tags))
             .await
-            .map_err(|e| RuntimeError::internal("import image", e))?
+            .map_err(|e| RuntimeError::task("import image", e))?
             .map_err(|e| match e {
                 petrel_image::ImageError::Io { .. }
                 | petrel_image::ImageError::Store(_)

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oci_spec::runtime::{Process, Spec};
 use petrel_cri::api;
 use petrel_oci::runc::RuncError;
 
+use crate::container::exec_process::exec_process;
 use crate::error::{Result, RuntimeError};
 use crate::records::ContainerState;
 use crate::service::Runtime;
@@ -34,7 +34,7 @@ impl Runtime {
         let process = exec_process(&bundle.join("config.json"), req.cmd, None)?;
         let timeout =
             (req.timeout > 0).then(|| Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0)));
-        match self.runc.exec(&c.id, &process, &bundle, timeout).await {
+        match self.oci.exec(&c.id, &process, &bundle, timeout).await {
             Ok(out) => Ok(api::ExecSyncResponse {
                 stdout: out.stdout,
                 stderr: out.stderr,
@@ -50,7 +50,7 @@ impl Runtime {
     /// Exec: a URL of the streaming server for this command.
     pub(crate) async fn exec(self: &Arc<Self>, req: api::ExecRequest) -> Result<api::ExecResponse> {
         let spec = self.validate_exec(&req)?;
-        let url = self.stream_server()?.exec_url(spec).map_err(stream_error)?;
+        let url = self.stream_server()?.exec_url(spec)?;
         Ok(api::ExecResponse { url })
     }
 
@@ -60,10 +60,7 @@ impl Runtime {
         req: api::AttachRequest,
     ) -> Result<api::AttachResponse> {
         let spec = self.validate_attach(&req)?;
-        let url = self
-            .stream_server()?
-            .attach_url(spec)
-            .map_err(stream_error)?;
+        let url = self.stream_server()?.attach_url(spec)?;
         Ok(api::AttachResponse { url })
     }
 
@@ -78,17 +75,12 @@ impl Runtime {
             .iter()
             .filter_map(|p| u16::try_from(*p).ok())
             .collect();
-        let url = self
-            .stream_server()?
-            .port_forward_url(pod, ports)
-            .map_err(stream_error)?;
+        let url = self.stream_server()?.port_forward_url(pod, ports)?;
         Ok(api::PortForwardResponse { url })
     }
 
     fn stream_server(&self) -> Result<&petrel_stream::StreamServer> {
-        self.streams
-            .get()
-            .ok_or_else(|| RuntimeError::Unavailable("the streaming server is not running".into()))
+        Ok(&self.streams)
     }
 
     /// CheckpointContainer is not supported (no CRIU).
@@ -99,45 +91,5 @@ impl Runtime {
         Err(RuntimeError::Unsupported(
             "checkpointing containers is not supported".into(),
         ))
-    }
-}
-
-/// The process of an exec: the container's own process settings (user,
-/// environment, working directory, capabilities) with `cmd` as arguments,
-/// on a terminal of `terminal` size (`Some((0, 0))`: size unknown yet) or
-/// none.
-pub(crate) fn exec_process(
-    spec_path: &std::path::Path,
-    cmd: Vec<String>,
-    terminal: Option<(u16, u16)>,
-) -> Result<Process> {
-    let spec = Spec::load(spec_path)
-        .map_err(|e| RuntimeError::internal(format!("read {}", spec_path.display()), e))?;
-    let mut p = spec
-        .process()
-        .clone()
-        .ok_or_else(|| RuntimeError::Internal(format!("{} has no process", spec_path.display())))?;
-    p.set_args(Some(cmd));
-    p.set_terminal(Some(terminal.is_some()));
-    let size = match terminal.filter(|&(w, h)| w > 0 && h > 0) {
-        Some((width, height)) => Some(
-            oci_spec::runtime::BoxBuilder::default()
-                .width(u64::from(width))
-                .height(u64::from(height))
-                .build()
-                .map_err(|e| RuntimeError::internal("terminal size", e))?,
-        ),
-        None => None,
-    };
-    p.set_console_size(size);
-    Ok(p)
-}
-
-/// A streaming server refusal as a CRI error.
-fn stream_error(e: petrel_stream::StreamError) -> RuntimeError {
-    match e {
-        petrel_stream::StreamError::InvalidArgument(m) => RuntimeError::invalid("request", m),
-        petrel_stream::StreamError::Token(t) => RuntimeError::ResourceExhausted(t.to_string()),
-        other => RuntimeError::Unavailable(other.to_string()),
     }
 }

@@ -30,8 +30,8 @@ impl Runtime {
                     "shimPid": r.shim.map(|s| s.pid),
                     "bundle": r.bundle,
                     "cgroupPath": r.cgroup_path,
-                    "runtime": self.runc.binary(),
-                    "runtimeRoot": self.runc.root(),
+                    "runtime": self.oci.binary(),
+                    "runtimeRoot": self.oci.root(),
                     "config": r.config,
                 })
             });

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use petrel_cri::api;
 
-use crate::container::shim;
 use crate::error::{Result, RuntimeError};
 use crate::records::ContainerState;
 use crate::service::Runtime;
@@ -29,7 +28,9 @@ impl Runtime {
                 c.id
             )));
         }
-        shim::send_command(&bundle, petrel_shim::Command::ReopenLog).await?;
+        self.shims
+            .send_command(&bundle, petrel_shim::Command::ReopenLog)
+            .await?;
         Ok(api::ReopenContainerLogResponse {})
     }
 }

@@ -32,7 +32,7 @@ impl Runtime {
         let image = req.image.clone();
         let e = tokio::task::spawn_blocking(move || rt.images.export(&image, &path))
             .await
-            .map_err(|e| RuntimeError::internal("export image", e))??;
+            .map_err(|e| RuntimeError::task("export image", e))??;
         Ok(adm::ExportImageResponse {
             id: e.id,
             source_id: e.source_id,

@@ -39,7 +39,7 @@ impl Runtime {
             }
         })
         .await
-        .map_err(|e| RuntimeError::internal("garbage collect images", e))??;
+        .map_err(|e| RuntimeError::task("garbage collect images", e))??;
         tracing::info!(
             prune,
             removed = report.removed.len(),

@@ -112,7 +112,7 @@ impl Runtime {
                 biased;
                 joined = &mut pull => {
                     break joined
-                        .map_err(|e| RuntimeError::internal("PullImage failed unexpectedly", e))
+                        .map_err(|e| RuntimeError::task("PullImage", e))
                         .and_then(|r| r);
                 }
                 () = tx.closed() => {

@@ -129,7 +129,7 @@ impl Runtime {
             rt.images.import_pulled(&pulled, &progress)
         })
         .await
-        .map_err(|e| RuntimeError::internal("store pulled image", e))??;
+        .map_err(|e| RuntimeError::task("store pulled image", e))??;
         Ok(image)
     }
 
@@ -190,7 +190,7 @@ impl Runtime {
         let rt = self.clone();
         tokio::task::spawn_blocking(move || rt.images.apply_removal(&removal))
             .await
-            .map_err(|e| RuntimeError::internal("remove image", e))??;
+            .map_err(|e| RuntimeError::task("remove image", e))??;
         Ok(api::RemoveImageResponse {})
     }
 

@@ -90,26 +90,10 @@ pub async fn serve_runtime(
     // Ended with this function, whichever way it returns.
     let _reaper = AbortOnDrop(tokio::spawn(crate::orphans::reap_orphans()).abort_handle());
     rt.recover().await?;
-    let streams = petrel_stream::StreamServer::bind(
-        petrel_stream::StreamConfig {
-            address: rt.config.stream_address,
-            token_ttl: Duration::from_secs(rt.config.stream_token_ttl_secs.max(1)),
-            ..Default::default()
-        },
-        Arc::new(crate::RuntimeStreams::new(&rt)),
-    )
-    .map_err(|e| RuntimeError::internal("start the streaming server", e))?;
-    let _ = rt.streams.set(streams);
     // After recovery (plugins are synchronized with what it found), before
     // the first CRI call (which may already need a plugin).
-    let nri = crate::nri::Nri::start(
-        rt.config.nri.clone(),
-        Arc::new(crate::nri::host::RuntimeHost::new(&rt)),
-        rt.metrics.nri.clone(),
-        "petrel",
-        env!("CARGO_PKG_VERSION"),
-    )?;
-    let _ = rt.nri.set(nri.clone());
+    let nri = rt.nri.clone();
+    nri.launch()?;
     let incoming = match petrel_cri::bind_unix(&socket, mode) {
         Ok(i) => i,
         Err(e) => {
@@ -123,10 +107,10 @@ pub async fn serve_runtime(
     tokio::select! {
         r = &mut serving => {
             nri.shutdown().await;
-            let _ = std::fs::remove_file(&socket);
+            crate::util::remove_file_logged(&socket, "CRI socket");
             return match r {
                 Ok(r) => r.map_err(ServeError::from),
-                Err(e) => Err(RuntimeError::internal("gRPC server task", e).into()),
+                Err(e) => Err(RuntimeError::task("gRPC server", e).into()),
             };
         }
         () = shutdown => {}
@@ -137,9 +121,7 @@ pub async fn serve_runtime(
     tracing::info!("shutting down; containers keep running");
     rt.begin_shutdown();
     rt.events.close();
-    if let Some(streams) = rt.streams.get() {
-        streams.shutdown().await;
-    }
+    rt.streams.shutdown().await;
     if tokio::time::timeout(Duration::from_secs(10), rt.calls_drained())
         .await
         .is_err()
@@ -148,7 +130,7 @@ pub async fn serve_runtime(
     }
     serving.abort();
     nri.shutdown().await;
-    let _ = std::fs::remove_file(&socket);
+    crate::util::remove_file_logged(&socket, "CRI socket");
     Ok(())
 }
 
@@ -214,9 +196,7 @@ impl CriServer {
             matches!(op, "ExecSync" | "PullImage").then(|| AbortOnDrop(task.abort_handle()));
         let res = match task.await {
             Ok(r) => r,
-            Err(e) => Err(RuntimeError::Internal(format!(
-                "{op} failed unexpectedly: {e}"
-            ))),
+            Err(e) => Err(RuntimeError::task(op, e)),
         };
         let took = start.elapsed();
         self.rt.metrics.observe(op, took, res.is_err());

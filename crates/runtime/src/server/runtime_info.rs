@@ -58,7 +58,10 @@ impl Runtime {
                 "cgroupVersion".to_string(),
                 format!("{:?}", self.cgroups.version()),
             );
-            info.insert("shim".to_string(), self.shim_binary.display().to_string());
+            info.insert(
+                "shim".to_string(),
+                self.shims.binary().display().to_string(),
+            );
         }
         Ok(api::StatusResponse {
             status: Some(api::RuntimeStatus { conditions }),

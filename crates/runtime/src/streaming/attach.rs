@@ -120,7 +120,9 @@ async fn send_input(
     }
     if carries_stdin && stdin.is_none() {
         // Asked for input without giving any: it ends at once.
-        let _ = to.write_all(&attach::header(attach::STDIN_CLOSE, 0)).await;
+        if let Err(e) = to.write_all(&attach::header(attach::STDIN_CLOSE, 0)).await {
+            tracing::debug!(error = %e, "attach: stdin close not sent to the shim");
+        }
     }
     let mut buf = vec![0u8; INPUT_CHUNK];
     while stdin.is_some() || resize.is_some() {

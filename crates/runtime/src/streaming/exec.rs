@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use petrel_oci::runc::Runc;
 use petrel_stream::{BackendError, ExecSpec, Reader, StreamIo, TermSize, Writer};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -22,7 +21,7 @@ use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use super::fd::{self, Terminal};
-use crate::server::container_exec::exec_process;
+use crate::container::exec_process::exec_process;
 use crate::util;
 
 /// How long output is still copied after the exec'd process exited: a
@@ -39,8 +38,10 @@ pub(super) struct Target {
     pub id: String,
     /// Its bundle (config.json; the exec's temporary files go here).
     pub bundle: PathBuf,
-    /// The OCI runtime.
-    pub runc: Runc,
+    /// The OCI runtime's binary (runc: `exec` is its command line).
+    pub runtime: PathBuf,
+    /// The OCI runtime's state directory.
+    pub runtime_root: PathBuf,
 }
 
 /// Runs `spec` in the container, serving `io`, and returns the exit code.
@@ -182,7 +183,7 @@ impl ExecFiles {
 impl Drop for ExecFiles {
     fn drop(&mut self) {
         for name in [&self.process, &self.pid, &self.log, &self.console] {
-            let _ = std::fs::remove_file(self.dir.join(name));
+            crate::util::remove_file_logged(&self.dir.join(name), "exec file");
         }
     }
 }
@@ -202,8 +203,8 @@ async fn start(
     // other path it gets must not depend on the working directory.
     let bundle = std::path::absolute(&t.bundle)
         .map_err(|e| internal(format!("resolve {}", t.bundle.display()), e))?;
-    let runc_root = std::path::absolute(t.runc.root())
-        .map_err(|e| internal(format!("resolve {}", t.runc.root().display()), e))?;
+    let runc_root = std::path::absolute(&t.runtime_root)
+        .map_err(|e| internal(format!("resolve {}", t.runtime_root.display()), e))?;
     let files = ExecFiles::new(&bundle);
     let json = serde_json::to_vec(process).map_err(|e| internal("encode exec process", e))?;
     tokio::fs::write(files.path(&files.process), json)
@@ -227,7 +228,7 @@ async fn start(
             Stdio::null()
         }
     };
-    let mut cmd = tokio::process::Command::new(t.runc.binary());
+    let mut cmd = tokio::process::Command::new(&t.runtime);
     cmd.arg("--root")
         .arg(&runc_root)
         .arg("--log")
@@ -247,7 +248,7 @@ async fn start(
         .kill_on_drop(true);
     let mut child = cmd
         .spawn()
-        .map_err(|e| internal(format!("run {}", t.runc.binary().display()), e))?;
+        .map_err(|e| internal(format!("run {}", t.runtime.display()), e))?;
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let status = child
         .wait()
@@ -443,8 +444,14 @@ async fn copy_in(from: Option<Reader>, to: Option<impl AsyncWrite + Unpin>) {
     let (Some(mut from), Some(mut to)) = (from, to) else {
         return;
     };
-    let _ = tokio::io::copy(&mut from, &mut to).await;
-    let _ = to.shutdown().await;
+    // Either end may go first (the client hangs up, the process exits):
+    // nothing to report but to the log.
+    if let Err(e) = tokio::io::copy(&mut from, &mut to).await {
+        tracing::debug!(error = %e, "exec input not copied to its end");
+    }
+    if let Err(e) = to.shutdown().await {
+        tracing::debug!(error = %e, "exec stdin not closed");
+    }
 }
 
 /// Copies the terminal's output to the client until it hangs up.

@@ -42,9 +42,12 @@ pub struct RuntimeStreams {
 impl RuntimeStreams {
     /// A backend serving streams of `rt`'s containers and pods.
     pub fn new(rt: &Arc<Runtime>) -> Self {
-        Self {
-            rt: Arc::downgrade(rt),
-        }
+        Self::of(Arc::downgrade(rt))
+    }
+
+    /// A backend for the runtime behind `rt` (one being made, too).
+    pub(crate) fn of(rt: Weak<Runtime>) -> Self {
+        Self { rt }
     }
 
     fn runtime(&self) -> Result<Arc<Runtime>, BackendError> {
@@ -62,7 +65,8 @@ impl StreamBackend for RuntimeStreams {
         let target = exec::Target {
             id: c.id.clone(),
             bundle: c.with(|r| r.bundle.clone()),
-            runc: rt.runc.clone(),
+            runtime: rt.oci.binary().to_path_buf(),
+            runtime_root: rt.oci.root().to_path_buf(),
         };
         // The stream may last for hours: hold no reference to the runtime.
         drop((c, rt));
@@ -237,7 +241,7 @@ mod tests {
         assert!(matches!(nf, BackendError::NotFound(m) if m.contains("abc")));
         let fp = BackendError::from(RuntimeError::FailedPrecondition("x".into()));
         assert!(matches!(fp, BackendError::FailedPrecondition(m) if m == "x"));
-        let other = BackendError::from(RuntimeError::Internal("boom".into()));
+        let other = BackendError::from(RuntimeError::Invariant("boom".into()));
         assert!(matches!(other, BackendError::Internal(m) if m == "boom"));
     }
 }

@@ -1,0 +1,42 @@
+//! The mount seam: a container's overlay rootfs.
+
+use std::path::{Path, PathBuf};
+
+use crate::container::rootfs::{self, WritableLayer};
+use crate::error::Result;
+
+/// Mounts and unmounts containers' root filesystems.
+pub trait RootfsMounter: Send + Sync + std::fmt::Debug {
+    /// Mounts the overlay of `lower` (topmost first; `empty_lower` for an
+    /// image without layers) and `layer` at `target`.
+    fn mount(
+        &self,
+        lower: &[PathBuf],
+        layer: &WritableLayer,
+        empty_lower: &Path,
+        target: &Path,
+    ) -> Result<()>;
+
+    /// Unmounts `target`; not mounted or missing is fine.
+    fn unmount(&self, target: &Path) -> Result<()>;
+}
+
+/// Overlay mounts of the host's kernel.
+#[derive(Debug, Default)]
+pub struct OverlayMounter;
+
+impl RootfsMounter for OverlayMounter {
+    fn mount(
+        &self,
+        lower: &[PathBuf],
+        layer: &WritableLayer,
+        empty_lower: &Path,
+        target: &Path,
+    ) -> Result<()> {
+        rootfs::mount(lower, layer, empty_lower, target)
+    }
+
+    fn unmount(&self, target: &Path) -> Result<()> {
+        rootfs::unmount(target)
+    }
+}

@@ -1,0 +1,413 @@
+//! The whole recovery pass on a fake host: every combination of what a
+//! crash can leave of a container (its record, its pod, its shim, its init
+//! and runc's view) is set up at once, recovered in one pass, and checked
+//! against what the module's doc promises for it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use petrel_store::Table;
+
+use crate::parts::fake::{Call, ExitFile, FakeContainer, FakeShim, Status, TestRuntime};
+use crate::parts::{InitSeen, RootfsMounter, ShimSeen};
+use crate::records::{ContainerRecord, ContainerState, ProcessRef, SandboxRecord, SandboxState};
+use crate::util;
+
+use ContainerState::*;
+
+/// What a crash left of one container.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    record: Option<ContainerState>,
+    pod_known: bool,
+    shim: ShimSeen,
+    init: InitSeen,
+    /// runc's exec FIFO is there.
+    fifo: bool,
+    /// runc knows the container.
+    in_runc: bool,
+}
+
+/// What recovery must have done with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Everything of it is gone, its name free.
+    Removed,
+    /// Its exited record stays as it was.
+    Kept,
+    /// The exit its shim recorded while the runtime was down is committed.
+    ExitRecorded,
+    /// An interrupted start is recorded: `Running`; the FIFO cleared when
+    /// it was there.
+    MarkedRunning { fifo_cleared: bool },
+    /// Left in its state and watched: a later exit is recorded.
+    Watched(ContainerState),
+}
+
+/// The promise of `recovery`'s doc, case by case.
+fn expected(c: &Case) -> Outcome {
+    let acknowledged = matches!(c.record, Some(Created | Running | Exited));
+    if !acknowledged || !c.pod_known {
+        return Outcome::Removed;
+    }
+    match (c.record, c.shim, c.init) {
+        (Some(Exited), ..) => Outcome::Kept,
+        (_, ShimSeen::Gone, _) => Outcome::ExitRecorded,
+        (Some(Created), _, InitSeen::Started) => Outcome::MarkedRunning {
+            fifo_cleared: c.fifo,
+        },
+        (Some(Running), _, InitSeen::Started) if c.fifo => {
+            Outcome::MarkedRunning { fifo_cleared: true }
+        }
+        (Some(state), ..) => Outcome::Watched(state),
+        (None, ..) => Outcome::Removed,
+    }
+}
+
+/// Every combination a crash can leave (a live init or shim is one runc
+/// knows; an init waits for its start only through the FIFO; a shim is
+/// inside its create only for a create no client was answered for).
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for record in [
+        None,
+        Some(Creating),
+        Some(Created),
+        Some(Running),
+        Some(Exited),
+    ] {
+        for pod_known in [true, false] {
+            for shim in [ShimSeen::Gone, ShimSeen::InCreate, ShimSeen::Serving] {
+                for init in [InitSeen::Gone, InitSeen::AwaitingStart, InitSeen::Started] {
+                    for fifo in [false, true] {
+                        for in_runc in [false, true] {
+                            let c = Case {
+                                record,
+                                pod_known,
+                                shim,
+                                init,
+                                fifo,
+                                in_runc,
+                            };
+                            let acknowledged = matches!(record, Some(Created | Running | Exited));
+                            let live = init != InitSeen::Gone || shim != ShimSeen::Gone;
+                            let valid = (!live || in_runc)
+                                && (init != InitSeen::AwaitingStart || fifo)
+                                && (!fifo || in_runc)
+                                && (shim != ShimSeen::InCreate || !acknowledged || !pod_known)
+                                && (record.is_some() || pod_known);
+                            if valid {
+                                out.push(c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One container as the crash left it.
+struct Left {
+    case: Case,
+    id: String,
+    bundle: PathBuf,
+    layer: PathBuf,
+    cgroup: String,
+}
+
+fn set_up(t: &TestRuntime, pod: &SandboxRecord, n: usize, case: Case) -> Left {
+    let rt = &t.rt;
+    let id = util::new_id().expect("id");
+    let sandbox_id = if case.pod_known {
+        pod.id.clone()
+    } else {
+        util::new_id().expect("id")
+    };
+    let bundle = rt.layout.bundle(&id);
+    let layer = rt.layout.container_layer(&id);
+    let cgroup = format!("{}/{id}", pod.cgroup_parent);
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    std::fs::create_dir_all(layer.join("upper")).expect("layer");
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::json!({ "linux": { "cgroupsPath": cgroup } }).to_string(),
+    )
+    .expect("config.json");
+    t.host
+        .mount(
+            &[],
+            &crate::container::rootfs::WritableLayer::new(&layer),
+            &layer,
+            &bundle.join("rootfs"),
+        )
+        .expect("mount");
+    crate::parts::CgroupOps::ensure_dirs(t.host.as_ref(), &cgroup).expect("cgroup");
+    let init_pid = t.host.new_pid();
+    if case.in_runc {
+        let (status, start_pending) = match case.init {
+            InitSeen::Gone => (Status::Stopped, case.fifo),
+            InitSeen::AwaitingStart => (Status::Created, true),
+            InitSeen::Started => (Status::Running, case.fifo),
+        };
+        t.host.put_container(
+            &id,
+            FakeContainer {
+                status,
+                init_pid,
+                bundle: bundle.clone(),
+                start_pending,
+                cgroup: Some(cgroup.clone()),
+            },
+        );
+    }
+    let shim_pid = t.host.put_shim(FakeShim {
+        id: id.clone(),
+        bundle: bundle.clone(),
+        alive: case.shim != ShimSeen::Gone,
+        seen: case.shim,
+        create_looks: 2,
+    });
+    if case.shim == ShimSeen::Gone {
+        // The exit the shim recorded before it went.
+        std::fs::write(bundle.join(petrel_shim::EXIT_FILE), "5 2000\n").expect("exit");
+    }
+    if let Some(state) = case.record {
+        let rec = ContainerRecord {
+            id: id.clone(),
+            sandbox_id,
+            name: format!("c{n}_p_unit_uid_0"),
+            config: crate::parts::fake::container_config(&format!("c{n}")),
+            image_id: String::new(),
+            state,
+            created_at: 1,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            pid: init_pid,
+            init_start_time: 1,
+            own_pid_ns: false,
+            shim: Some(ProcessRef {
+                pid: shim_pid,
+                start_time: 1,
+            }),
+            bundle: bundle.clone(),
+            layer_dir: layer.clone(),
+            log_path: None,
+            cgroup_path: cgroup.clone(),
+            resources: None,
+        };
+        // Unsynced: hundreds of fsyncs would make the test slow.
+        rt.store
+            .put_unsynced(Table::Containers, &id, &rec)
+            .expect("store record");
+    }
+    Left {
+        case,
+        id,
+        bundle,
+        layer,
+        cgroup,
+    }
+}
+
+fn pod_record(t: &TestRuntime) -> SandboxRecord {
+    let id = util::new_id().expect("id");
+    let rec = SandboxRecord {
+        id: id.clone(),
+        name: "p_unit_uid_0".to_string(),
+        config: crate::parts::fake::pod_config("p"),
+        runtime_handler: String::new(),
+        state: SandboxState::Ready,
+        created_at: 1,
+        dir: t.rt.layout.sandbox_dir(&id),
+        netns: None,
+        ipcns: None,
+        utsns: None,
+        pid_holder: None,
+        shm_mounted: false,
+        cgroup_parent: format!("/petrel-unit/{id}"),
+        created_cgroups: Vec::new(),
+        created_cgroup_dirs: Vec::new(),
+        network: None,
+    };
+    t.rt.store
+        .put(Table::Sandboxes, &id, &rec)
+        .expect("store pod");
+    rec
+}
+
+#[tokio::test]
+async fn recovery_should_reconcile_every_combination_of_record_shim_and_runc_state() {
+    let t = TestRuntime::new();
+    let pod = pod_record(&t);
+    let left: Vec<Left> = cases()
+        .into_iter()
+        .enumerate()
+        .map(|(n, case)| set_up(&t, &pod, n, case))
+        .collect();
+    assert!(left.len() > 50, "only {} cases", left.len());
+    t.host.clear_calls();
+    t.rt.recover().await.expect("recover");
+    let calls = t.host.calls();
+    let mut watched = Vec::new();
+    for l in &left {
+        let want = expected(&l.case);
+        let what = format!("{:?} expected {want:?}", l.case);
+        let state = t.state(&l.id);
+        let stored = t.stored(&l.id);
+        let cleared = calls.contains(&Call::ClearStart(l.id.clone()));
+        match want {
+            Outcome::Removed => {
+                assert_eq!(state, None, "{what}");
+                assert!(stored.is_none(), "{what}: record left");
+                assert!(
+                    !t.host.containers().contains_key(&l.id),
+                    "{what}: runc container left"
+                );
+                assert!(
+                    !t.host.live_shims().iter().any(|(_, s)| s.id == l.id),
+                    "{what}: shim left"
+                );
+                assert!(
+                    !t.host.mounts().contains(&l.bundle.join("rootfs")),
+                    "{what}: mount left"
+                );
+                assert!(!l.bundle.exists(), "{what}: bundle left");
+                assert!(!l.layer.exists(), "{what}: layer left");
+                assert!(!t.host.cgroups().contains(&l.cgroup), "{what}: cgroup left");
+            }
+            Outcome::Kept => {
+                assert_eq!(state, Some(Exited), "{what}");
+                let rec = stored.expect("record");
+                assert_eq!((rec.state, rec.exit_code), (Exited, 0), "{what}");
+            }
+            Outcome::ExitRecorded => {
+                assert_eq!(state, Some(Exited), "{what}");
+                let rec = stored.expect("record");
+                assert_eq!((rec.exit_code, rec.finished_at), (5, 2000), "{what}");
+            }
+            Outcome::MarkedRunning { fifo_cleared } => {
+                assert_eq!(state, Some(Running), "{what}");
+                assert_eq!(stored.expect("record").state, Running, "{what}");
+                assert_eq!(cleared, fifo_cleared, "{what}");
+                watched.push(l);
+            }
+            Outcome::Watched(s) => {
+                assert_eq!(state, Some(s), "{what}");
+                assert!(!cleared, "{what}: FIFO cleared");
+                watched.push(l);
+            }
+        }
+        if want != Outcome::Removed {
+            // Its name is held again.
+            let name = stored_name(&t, &l.id);
+            assert!(
+                t.rt.state.reserve_name(&name, "someone-else").is_err(),
+                "{what}"
+            );
+        }
+    }
+    // Watched containers' exits are recorded as they come.
+    assert!(!watched.is_empty());
+    for l in &watched {
+        t.host.exit(&l.id, ExitFile::Code(9));
+    }
+    for l in &watched {
+        assert!(
+            t.wait_state(&l.id, Exited).await,
+            "{:?}: exit not recorded",
+            l.case
+        );
+        assert_eq!(
+            t.stored(&l.id).expect("record").exit_code,
+            9,
+            "{:?}",
+            l.case
+        );
+    }
+}
+
+fn stored_name(t: &TestRuntime, id: &str) -> String {
+    t.stored(id).map(|r| r.name).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn recovery_should_kill_a_container_whose_shim_died_without_an_exit_record() {
+    let t = TestRuntime::new();
+    let pod = pod_record(&t);
+    let case = Case {
+        record: Some(Running),
+        pod_known: true,
+        shim: ShimSeen::Gone,
+        init: InitSeen::Started,
+        fifo: false,
+        in_runc: true,
+    };
+    let l = set_up(&t, &pod, 0, case);
+    std::fs::remove_file(l.bundle.join(petrel_shim::EXIT_FILE)).expect("rm exit");
+    t.rt.recover().await.expect("recover");
+    let rec = t.stored(&l.id).expect("record");
+    assert_eq!(
+        (rec.state, rec.exit_code, rec.reason.as_str()),
+        (Exited, 255, "Unknown")
+    );
+    assert!(t.host.calls().contains(&Call::OciKill {
+        id: l.id.clone(),
+        signal: libc::SIGKILL,
+        all: true
+    }));
+}
+
+#[tokio::test]
+async fn recovery_should_undo_a_pod_whose_create_was_interrupted() {
+    let t = TestRuntime::new();
+    let mut pod = pod_record(&t);
+    pod.state = SandboxState::Creating;
+    std::fs::create_dir_all(&pod.dir).expect("pod dir");
+    std::fs::write(pod.dir.join("hostname"), "p\n").expect("hostname");
+    let dirs =
+        crate::parts::CgroupOps::ensure_dirs(t.host.as_ref(), &pod.cgroup_parent).expect("cgroup");
+    pod.created_cgroup_dirs = dirs;
+    t.rt.store
+        .put(Table::Sandboxes, &pod.id, &pod)
+        .expect("store pod");
+    t.rt.recover().await.expect("recover");
+    assert!(t.rt.state.sandbox(&pod.id).is_none());
+    let stored: Option<SandboxRecord> = t.rt.store.get(Table::Sandboxes, &pod.id).expect("get");
+    assert!(stored.is_none(), "record left");
+    assert!(!pod.dir.exists(), "directory left");
+    assert!(
+        !t.host.cgroups().contains(&pod.cgroup_parent),
+        "cgroup left"
+    );
+}
+
+#[tokio::test]
+async fn recovery_should_wait_for_a_shim_inside_its_create_before_removing_it() {
+    let t = TestRuntime::new();
+    let pod = pod_record(&t);
+    let case = Case {
+        record: None,
+        pod_known: true,
+        shim: ShimSeen::InCreate,
+        init: InitSeen::AwaitingStart,
+        fifo: true,
+        in_runc: true,
+    };
+    let l = set_up(&t, &pod, 0, case);
+    t.host.clear_calls();
+    let recovered = tokio::time::timeout(Duration::from_secs(20), t.rt.recover()).await;
+    recovered.expect("in time").expect("recover");
+    // Nothing was deleted while the shim was still inside its create.
+    let calls = t.host.calls();
+    let deleted = calls
+        .iter()
+        .position(|c| matches!(c, Call::OciDelete { id, .. } if *id == l.id));
+    assert!(deleted.is_some(), "{calls:?}");
+    assert!(t.host.containers().is_empty());
+    assert!(!l.bundle.exists());
+}
