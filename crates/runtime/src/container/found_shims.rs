@@ -46,10 +46,33 @@ pub fn find_shims(containers: &Path) -> HashMap<String, u32> {
             continue;
         };
         if let Some(id) = shim_id(&cmdline, containers) {
-            found.insert(id, pid);
+            match found.entry(id) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(pid);
+                }
+                // A shim between fork and exec of runc has a child with its
+                // own command line: the shim is the one that is not a child
+                // of the other.
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    if parent_of(*o.get()) == Some(pid) {
+                        o.insert(pid);
+                    }
+                }
+            }
         }
     }
     found
+}
+
+/// The parent pid of `pid`, from `/proc/<pid>/stat` (None when it is gone).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command, which may hold spaces and parentheses: state, ppid.
+    stat.get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// A found shim, pinned by a pidfd.
@@ -174,6 +197,47 @@ mod tests {
         ] {
             assert_eq!(shim_id(&bad, containers), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn find_shims_should_take_the_shim_not_its_forked_child() {
+        let containers = tempfile::tempdir().expect("tempdir");
+        // The subshell is a forked child with the parent's command line, as
+        // a shim's child is between fork and exec of runc.
+        use std::os::unix::process::CommandExt;
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "(sleep 30; :); :", "--id", ID, "--bundle"])
+            .process_group(0)
+            .arg(containers.path().join(ID))
+            .spawn()
+            .expect("spawn");
+        let mut found = HashMap::new();
+        let mut twins = 0;
+        for _ in 0..200 {
+            twins = std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| {
+                    std::fs::read(e.path().join("cmdline"))
+                        .is_ok_and(|c| shim_id(&c, containers.path()).as_deref() == Some(ID))
+                })
+                .count();
+            if twins == 2 {
+                found = find_shims(containers.path());
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let pid = sh.id();
+        // The shell, its subshell and their sleep: one process group.
+        if let Some(group) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+        let _ = sh.kill();
+        let _ = sh.wait();
+        assert_eq!(twins, 2, "the subshell never showed");
+        assert_eq!(found.get(ID), Some(&pid), "{found:?}");
     }
 
     #[test]
