@@ -21,8 +21,8 @@ mod volumes;
 use std::path::PathBuf;
 
 pub use container::{
-    container_config, container_plan, ContainerPlan, ANNOTATION_TERMINATION_MESSAGE_PATH,
-    DEFAULT_TERMINATION_GRACE_SECONDS,
+    container_config, container_plan, is_sidecar, ContainerPlan,
+    ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
 };
 pub use hash::{container_hash, sandbox_hash};
 pub(crate) use qos::effective_request;

@@ -8,7 +8,8 @@ use petrel_cri::api;
 use crate::cri::{ContainerSummary, CriResult, RuntimeApi};
 use crate::types::{
     ContainerMeta, PodRuntimeStatus, ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND,
-    ANNOTATION_RESTART_COUNT, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+    ANNOTATION_RESTART_COUNT, KIND_INIT, KIND_SIDECAR, LABEL_MANAGED_BY, LABEL_POD_NAME,
+    LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };
 
 /// The label selector of everything this node made.
@@ -143,7 +144,10 @@ pub(crate) fn container_meta(annotations: &HashMap<String, String>) -> Container
     ContainerMeta {
         init: annotations
             .get(ANNOTATION_CONTAINER_KIND)
-            .is_some_and(|k| k == "init"),
+            .is_some_and(|k| k == KIND_INIT || k == KIND_SIDECAR),
+        sidecar: annotations
+            .get(ANNOTATION_CONTAINER_KIND)
+            .is_some_and(|k| k == KIND_SIDECAR),
         hash: annotations
             .get(ANNOTATION_CONTAINER_HASH)
             .cloned()

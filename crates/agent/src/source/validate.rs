@@ -70,10 +70,16 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     for (i, c) in init.iter().enumerate() {
         let path = format!("spec.initContainers[{i}]");
         container(&mut errs, &path, c, &mut names, &volume_names);
+        init_container(&mut errs, &path, c);
     }
     for (i, c) in spec.containers.iter().enumerate() {
         let path = format!("spec.containers[{i}]");
         container(&mut errs, &path, c, &mut names, &volume_names);
+        if c.restart_policy.is_some() {
+            errs.push(format!(
+                "{path}.restartPolicy: Forbidden: may not be set for non-init containers"
+            ));
+        }
     }
     errs
 }
@@ -229,6 +235,29 @@ fn container(
         for (field, h) in [("postStart", &l.post_start), ("preStop", &l.pre_stop)] {
             if let Some(h) = h {
                 check_handler(errs, &format!("{path}.lifecycle.{field}"), h);
+            }
+        }
+    }
+}
+
+/// What only init containers may or may not set: `restartPolicy: Always`
+/// makes a sidecar, which alone may have probes and lifecycle hooks (it
+/// runs beside the app containers; the others run to completion).
+fn init_container(errs: &mut Vec<String>, path: &str, c: &Container) {
+    match c.restart_policy.as_deref() {
+        Some(p) => check_enum(errs, &format!("{path}.restartPolicy"), p, &["Always"]),
+        None => {
+            for (field, set) in [
+                ("lifecycle", c.lifecycle.is_some()),
+                ("livenessProbe", c.liveness_probe.is_some()),
+                ("readinessProbe", c.readiness_probe.is_some()),
+                ("startupProbe", c.startup_probe.is_some()),
+            ] {
+                if set {
+                    errs.push(format!(
+                        "{path}.{field}: Forbidden: may not be set for init containers without restartPolicy=Always"
+                    ));
+                }
             }
         }
     }
@@ -457,6 +486,23 @@ spec:
         assert_eq!(
             one("metadata: {name: a}\nspec: {containers: [{name: y, image: i, ports: [{containerPort: 0}]}]}"),
             r#"spec.containers[0].ports[0].containerPort: Invalid value: "0": must be between 1 and 65535, inclusive"#
+        );
+    }
+
+    #[test]
+    fn validate_should_accept_sidecars_only_among_init_containers() {
+        assert!(errors("metadata: {name: a}\nspec: {initContainers: [{name: s, image: i, restartPolicy: Always, readinessProbe: {exec: {command: [x]}}}], containers: [{name: a, image: i}]}").is_empty());
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {initContainers: [{name: s, image: i, restartPolicy: Never}], containers: [{name: a, image: i}]}"),
+            r#"spec.initContainers[0].restartPolicy: Unsupported value: "Never": supported: Always"#
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {initContainers: [{name: s, image: i, livenessProbe: {exec: {command: [x]}}}], containers: [{name: a, image: i}]}"),
+            "spec.initContainers[0].livenessProbe: Forbidden: may not be set for init containers without restartPolicy=Always"
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {containers: [{name: a, image: i, restartPolicy: Always}]}"),
+            "spec.containers[0].restartPolicy: Forbidden: may not be set for non-init containers"
         );
     }
 

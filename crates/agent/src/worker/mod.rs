@@ -22,6 +22,7 @@
 
 mod backoff;
 mod hooks;
+mod init;
 mod phase;
 mod sync;
 mod terminate;
@@ -704,11 +705,25 @@ impl PodWorkers {
             crate::status::compute::mark_evicted(&mut status, message);
         }
         let prev = self.store.get(&pod.namespace, &pod.name);
-        carry_transition_times(
-            prev.as_ref().and_then(|p| p.status.as_ref()),
-            &mut status,
-            ctx.now,
-        );
+        let prev_status = prev.as_ref().and_then(|p| p.status.as_ref());
+        // A pod whose sandboxes all stopped (it completed, say: stopping
+        // released its network) keeps showing the IPs it had, as kubelet
+        // shows a dead pod's.
+        let all_stopped = runtime.as_deref().is_some_and(|r| {
+            r.sandboxes
+                .iter()
+                .all(|sb| sb.state != petrel_cri::api::PodSandboxState::SandboxReady as i32)
+        });
+        let same_pod = prev
+            .as_ref()
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(pod.uid.as_str()));
+        if status.pod_ip.is_none() && all_stopped && same_pod {
+            if let Some(p) = prev_status.filter(|p| p.pod_ip.is_some()) {
+                status.pod_ip.clone_from(&p.pod_ip);
+                status.pod_ips.clone_from(&p.pod_ips);
+            }
+        }
+        carry_transition_times(prev_status, &mut status, ctx.now);
         self.store
             .upsert(published_pod(pod, status, terminating_since));
     }
