@@ -230,3 +230,92 @@ async fn agent_should_stop_the_sandbox_of_a_completed_pod_and_release_its_ip() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The pod's `..data` link of its downwardAPI volume `name`, on the host.
+fn downward_data(agent: &Agent, uid: &str, name: &str) -> std::path::PathBuf {
+    agent
+        .root
+        .join("pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~downward-api")
+        .join(name)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_serve_downward_api_volumes() {
+    let node = Node::start_with_busybox().await;
+    let agent = Agent::for_node(&node, &[]);
+    let out = node.dir.path().join("downward-out");
+    std::fs::create_dir_all(&out).unwrap();
+    // The container copies what it sees to /out, and tries to write.
+    let script = "for f in name labels annotations tier cpu mem; do cat /podinfo/$f > /out/$f; done; \
+        stat -c %a /podinfo/..data/uid > /out/uid-mode; stat -c %a /podinfo/..data/name > /out/name-mode; \
+        if touch /podinfo/x 2>/dev/null; then echo rw > /out/rw; else echo ro > /out/rw; fi; \
+        exec sleep 3600";
+    let manifest = |tier: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: info\n  namespace: default\n  labels: {{app: web, tier: {tier}}}\n  annotations:\n    note: \"a \\\"quoted\\\"\\nline\"\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes:\n  - name: out\n    hostPath: {{path: {}}}\n  - name: podinfo\n    downwardAPI:\n      defaultMode: 0644\n      items:\n      - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}\n      - {{path: uid, fieldRef: {{fieldPath: metadata.uid}}, mode: 0400}}\n      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}\n      - {{path: annotations, fieldRef: {{fieldPath: metadata.annotations}}}}\n      - {{path: tier, fieldRef: {{fieldPath: \"metadata.labels['tier']\"}}}}\n      - {{path: cpu, resourceFieldRef: {{containerName: c, resource: limits.cpu, divisor: 1m}}}}\n      - {{path: mem, resourceFieldRef: {{containerName: c, resource: requests.memory, divisor: 1Mi}}}}\n  containers:\n{}    resources:\n      limits: {{cpu: 500m, memory: 64Mi}}\n    volumeMounts:\n    - {{name: out, mountPath: /out}}\n    - {{name: podinfo, mountPath: /podinfo}}\n",
+            out.display(),
+            sh("c", script)
+        )
+    };
+    agent.write_manifest("info.yaml", &manifest("front"));
+    let pod = agent.wait_pod("default", "info", T, "running", |p| running(p, "c"));
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let read = |f: &str| {
+        let t = Instant::now();
+        loop {
+            if let Ok(s) = std::fs::read_to_string(out.join(f)) {
+                if !s.is_empty() {
+                    return s;
+                }
+            }
+            assert!(t.elapsed() < T, "/out/{f} not written:\n{}", agent.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(read("rw"), "ro\n", "the volume is read-only");
+    assert_eq!(read("name"), "info");
+    assert_eq!(read("labels"), "app=\"web\"\ntier=\"front\"");
+    assert_eq!(read("annotations"), r#"note="a \"quoted\"\nline""#);
+    assert_eq!(read("tier"), "front");
+    assert_eq!(read("cpu"), "500");
+    assert_eq!(read("mem"), "64");
+    assert_eq!(read("uid-mode"), "400\n");
+    assert_eq!(read("name-mode"), "644\n");
+
+    // On the host: kubelet's layout, one version behind `..data`.
+    let dir = downward_data(&agent, &uid, "podinfo");
+    let first = std::fs::read_link(dir.join("..data")).unwrap();
+    assert!(first.to_string_lossy().starts_with("..20"), "{first:?}");
+    assert_eq!(
+        std::fs::read_link(dir.join("labels")).unwrap(),
+        std::path::Path::new("..data/labels")
+    );
+
+    // A changed label (a pod-level change: a new sandbox) rewrites the
+    // volume in place, as a new version swapped in at once.
+    for f in ["rw", "labels"] {
+        std::fs::remove_file(out.join(f)).unwrap();
+    }
+    agent.write_manifest("info.yaml", &manifest("back"));
+    assert_eq!(read("rw"), "ro\n");
+    assert_eq!(read("labels"), "app=\"web\"\ntier=\"back\"");
+    let second = std::fs::read_link(dir.join("..data")).unwrap();
+    assert_ne!(first, second);
+    let versions: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("..20"))
+        .collect();
+    assert_eq!(versions, [second.to_string_lossy().into_owned()]);
+
+    agent.remove_manifest("info.yaml");
+    agent.wait_gone("default", "info", T);
+    // (The status goes just before the pod's directory.)
+    let t = Instant::now();
+    while dir.exists() {
+        assert!(t.elapsed() < T, "the volume stays after the pod");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
