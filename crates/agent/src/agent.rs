@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 
 use crate::cache::PodCache;
 use crate::config::AgentConfig;
-use crate::cri::{CriRuntime, RuntimeApi};
+use crate::cri::{CriRuntime, RuntimeActuator, RuntimeObserver};
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::pleg::{Pleg, PlegConfig, PodLifecycleEvent, PodLifecycleEventType};
@@ -103,11 +103,13 @@ pub async fn run(
     let metrics = AgentMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let runtime: Arc<dyn RuntimeApi> = Arc::new(CriRuntime::new(
+    let runtime: Arc<dyn RuntimeActuator> = Arc::new(CriRuntime::new(
         &config.runtime_endpoint,
         metrics.clone(),
         config.runtime_request_timeout,
     )?);
+    // The PLEG and the server only observe; the workers act.
+    let observer: Arc<dyn RuntimeObserver> = runtime.clone();
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(config.relist_threshold));
     let store = Arc::new(StatusStore::new());
@@ -156,7 +158,7 @@ pub async fn run(
             store: Arc::clone(&store),
             health: Arc::clone(&health),
             registry: Arc::new(registry),
-            runtime: Arc::clone(&runtime),
+            runtime: Arc::clone(&observer),
             cache: Arc::clone(&cache),
             node: Arc::clone(&node_state),
             node_name: node_name.clone(),
@@ -167,7 +169,7 @@ pub async fn run(
 
     let mut tasks = JoinSet::new();
     let (pleg, pleg_events) = Pleg::new(
-        Arc::clone(&runtime),
+        Arc::clone(&observer),
         Arc::clone(&cache),
         Arc::clone(&health),
         metrics.clone(),
@@ -383,7 +385,7 @@ pub(crate) fn start_pipeline(
 #[allow(clippy::too_many_arguments)]
 fn start_eviction(
     config: &AgentConfig,
-    runtime: &Arc<dyn RuntimeApi>,
+    runtime: &Arc<dyn RuntimeActuator>,
     node_name: &str,
     queue: &WorkQueue<String>,
     source: &PodSource,
@@ -435,7 +437,7 @@ fn start_eviction(
 
 /// Waits until the runtime answers Version; returns its name. Meanwhile
 /// the agent reports the runtime unhealthy.
-async fn wait_for_runtime(runtime: &dyn RuntimeApi, health: &Health) -> String {
+async fn wait_for_runtime(runtime: &dyn RuntimeObserver, health: &Health) -> String {
     let mut delay = Duration::from_millis(20);
     loop {
         match runtime.version().await {

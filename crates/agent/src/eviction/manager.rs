@@ -34,7 +34,7 @@ use super::summary::{
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
 use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeActuator;
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
 use crate::types::{LABEL_CONTAINER_NAME, LABEL_MANAGED_BY, LABEL_POD_UID};
@@ -56,7 +56,7 @@ const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the manager works with.
 pub struct ManagerParts {
     /// The runtime (image filesystem, node-level reclaim).
-    pub runtime: Arc<dyn RuntimeApi>,
+    pub runtime: Arc<dyn RuntimeActuator>,
     /// The node's name: the label value of what this agent made.
     pub node_name: String,
     /// The desired pods.

@@ -1,4 +1,4 @@
-//! An in-memory [`RuntimeApi`] for unit tests of the PLEG and the pod
+//! An in-memory [`RuntimeObserver`] and [`RuntimeActuator`] for unit tests of the PLEG and the pod
 //! workers.
 //!
 //! Two ways to use it:
@@ -28,7 +28,8 @@ use tokio::sync::mpsc;
 
 use crate::cache::now_ns;
 use crate::cri::{
-    ContainerSummary, CriError, CriResult, EventStream, ExecOutput, RuntimeApi, LISTED_LABELS,
+    ContainerSummary, CriError, CriResult, EventStream, ExecOutput, RuntimeActuator,
+    RuntimeObserver, LISTED_LABELS,
 };
 use crate::types::{
     ANNOTATION_CONTAINER_KIND, KIND_APP, KIND_INIT, KIND_SIDECAR, LABEL_MANAGED_BY, LABEL_POD_UID,
@@ -972,7 +973,7 @@ fn container_status(id: &str, c: &Container) -> api::ContainerStatus {
 }
 
 #[async_trait::async_trait]
-impl RuntimeApi for FakeRuntime {
+impl RuntimeObserver for FakeRuntime {
     async fn version(&self) -> CriResult<api::VersionResponse> {
         self.enter("version").await?;
         self.leave("version").await?;
@@ -1055,6 +1056,109 @@ impl RuntimeApi for FakeRuntime {
         .await
     }
 
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
+        self.enter("image_status").await?;
+        self.leave("image_status").await?;
+        Ok(Some(api::Image {
+            id: format!("sha256:{image}"),
+            repo_tags: vec![image.to_string()],
+            ..Default::default()
+        }))
+    }
+
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
+        self.enter("image_fs_info").await?;
+        self.leave("image_fs_info").await?;
+        // The fake keeps no images on any filesystem.
+        Ok(api::ImageFsInfoResponse::default())
+    }
+
+    async fn list_container_stats(
+        &self,
+        _labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>> {
+        self.enter("list_container_stats").await?;
+        self.leave("list_container_stats").await?;
+        // The fake's containers have no writable layers.
+        Ok(Vec::new())
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
+        self.enter("list_images").await?;
+        self.leave("list_images").await?;
+        Ok(Vec::new())
+    }
+
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
+        self.enter("list_containers").await?;
+        let used = lock(&self.state)
+            .containers
+            .values()
+            .map(|c| c.image.clone())
+            .collect();
+        self.leave("list_containers").await?;
+        Ok(used)
+    }
+
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
+        self.stream_url("exec", &req.container_id).await
+    }
+
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
+        self.stream_url("attach", &req.container_id).await
+    }
+
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
+        const OP: &str = "portforward";
+        self.enter(OP).await?;
+        let known = lock(&self.state)
+            .sandboxes
+            .contains_key(&req.pod_sandbox_id);
+        self.leave(OP).await?;
+        if !known {
+            return Err(err(OP, tonic::Code::NotFound, &req.pod_sandbox_id));
+        }
+        Ok(format!(
+            "{}/{OP}/{}",
+            lock(&self.stream_base),
+            req.pod_sandbox_id
+        ))
+    }
+
+    async fn container_events(&self) -> CriResult<EventStream> {
+        *lock(&self.calls).entry("get_container_events").or_default() += 1;
+        let script = lock(&self.scripts).pop_front();
+        match script {
+            Some(Script::Stream(rx)) => Ok(Box::pin(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            )),
+            Some(Script::Fail(code)) => Err(err("get_container_events", code, "scripted")),
+            None if self.live_events.load(Ordering::SeqCst) => {
+                let faults = lock(&self.faults).clone();
+                if self.roll(faults.fail_before) {
+                    return Err(err(
+                        "get_container_events",
+                        tonic::Code::Unavailable,
+                        "injected failure",
+                    ));
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                lock(&self.subscribers).push(tx);
+                Ok(Box::pin(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                ))
+            }
+            None => Err(err(
+                "get_container_events",
+                tonic::Code::Unavailable,
+                "connection refused",
+            )),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RuntimeActuator for FakeRuntime {
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String> {
         const OP: &str = "run_podsandbox";
         self.enter(OP).await?;
@@ -1321,53 +1425,9 @@ impl RuntimeApi for FakeRuntime {
         }
     }
 
-    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
-        self.enter("image_status").await?;
-        self.leave("image_status").await?;
-        Ok(Some(api::Image {
-            id: format!("sha256:{image}"),
-            repo_tags: vec![image.to_string()],
-            ..Default::default()
-        }))
-    }
-
-    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
-        self.enter("image_fs_info").await?;
-        self.leave("image_fs_info").await?;
-        // The fake keeps no images on any filesystem.
-        Ok(api::ImageFsInfoResponse::default())
-    }
-
-    async fn list_container_stats(
-        &self,
-        _labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::ContainerStats>> {
-        self.enter("list_container_stats").await?;
-        self.leave("list_container_stats").await?;
-        // The fake's containers have no writable layers.
-        Ok(Vec::new())
-    }
-
-    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
-        self.enter("list_images").await?;
-        self.leave("list_images").await?;
-        Ok(Vec::new())
-    }
-
     async fn remove_image(&self, _id: &str) -> CriResult<()> {
         self.enter("remove_image").await?;
         self.leave("remove_image").await
-    }
-
-    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
-        self.enter("list_containers").await?;
-        let used = lock(&self.state)
-            .containers
-            .values()
-            .map(|c| c.image.clone())
-            .collect();
-        self.leave("list_containers").await?;
-        Ok(used)
     }
 
     async fn pull_image(
@@ -1378,61 +1438,5 @@ impl RuntimeApi for FakeRuntime {
         self.enter("pull_image").await?;
         self.leave("pull_image").await?;
         Ok(format!("sha256:{image}"))
-    }
-
-    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
-        self.stream_url("exec", &req.container_id).await
-    }
-
-    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
-        self.stream_url("attach", &req.container_id).await
-    }
-
-    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
-        const OP: &str = "portforward";
-        self.enter(OP).await?;
-        let known = lock(&self.state)
-            .sandboxes
-            .contains_key(&req.pod_sandbox_id);
-        self.leave(OP).await?;
-        if !known {
-            return Err(err(OP, tonic::Code::NotFound, &req.pod_sandbox_id));
-        }
-        Ok(format!(
-            "{}/{OP}/{}",
-            lock(&self.stream_base),
-            req.pod_sandbox_id
-        ))
-    }
-
-    async fn container_events(&self) -> CriResult<EventStream> {
-        *lock(&self.calls).entry("get_container_events").or_default() += 1;
-        let script = lock(&self.scripts).pop_front();
-        match script {
-            Some(Script::Stream(rx)) => Ok(Box::pin(
-                tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-            )),
-            Some(Script::Fail(code)) => Err(err("get_container_events", code, "scripted")),
-            None if self.live_events.load(Ordering::SeqCst) => {
-                let faults = lock(&self.faults).clone();
-                if self.roll(faults.fail_before) {
-                    return Err(err(
-                        "get_container_events",
-                        tonic::Code::Unavailable,
-                        "injected failure",
-                    ));
-                }
-                let (tx, rx) = mpsc::unbounded_channel();
-                lock(&self.subscribers).push(tx);
-                Ok(Box::pin(
-                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-                ))
-            }
-            None => Err(err(
-                "get_container_events",
-                tonic::Code::Unavailable,
-                "connection refused",
-            )),
-        }
     }
 }

@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::cache::{now_ns, PodCache};
 use crate::config::PlegMode;
-use crate::cri::{CriError, RuntimeApi};
+use crate::cri::{CriError, RuntimeObserver};
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::types::PodUid;
@@ -94,7 +94,7 @@ pub struct PlegConfig {
 }
 
 struct Inner {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeObserver>,
     cache: Arc<PodCache>,
     health: Arc<Health>,
     metrics: AgentMetrics,
@@ -151,7 +151,7 @@ impl Pleg {
     /// channel of 1000; when full, the event is dropped and
     /// `kubelet_pleg_discard_events` counted).
     pub fn new(
-        runtime: Arc<dyn RuntimeApi>,
+        runtime: Arc<dyn RuntimeObserver>,
         cache: Arc<PodCache>,
         health: Arc<Health>,
         metrics: AgentMetrics,
@@ -168,7 +168,7 @@ impl Pleg {
     }
 
     fn with_capacity(
-        runtime: Arc<dyn RuntimeApi>,
+        runtime: Arc<dyn RuntimeObserver>,
         cache: Arc<PodCache>,
         health: Arc<Health>,
         metrics: AgentMetrics,

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Container, Probe};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeActuator;
 use crate::types::PodUid;
 
 pub use run::{probe_once, Outcome};
@@ -67,7 +67,7 @@ pub enum ProbeChange {
 
 /// All probe tasks of the agent.
 pub struct ProbeManager {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeActuator>,
     changes: UnboundedSender<(PodUid, ProbeChange)>,
     instances: Mutex<HashMap<(PodUid, String), Instance>>,
 }
@@ -75,7 +75,7 @@ pub struct ProbeManager {
 impl ProbeManager {
     /// Probe changes are reported on `changes`.
     pub fn new(
-        runtime: Arc<dyn RuntimeApi>,
+        runtime: Arc<dyn RuntimeActuator>,
         changes: UnboundedSender<(PodUid, ProbeChange)>,
     ) -> Self {
         Self {
@@ -166,7 +166,7 @@ impl ProbeManager {
 }
 
 struct ProbeWorker {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeActuator>,
     changes: UnboundedSender<(PodUid, ProbeChange)>,
     uid: String,
     container: Container,

@@ -39,7 +39,7 @@ use petrel_controller::Action;
 
 use crate::cache::{now_ns, PodCache};
 use crate::convert::{ConvertContext, ConvertError};
-use crate::cri::{CriError, RuntimeApi};
+use crate::cri::{CriError, RuntimeActuator};
 use crate::metrics::AgentMetrics;
 use crate::pleg::Pleg;
 use crate::probe::ProbeManager;
@@ -150,7 +150,7 @@ impl PartialEq for Fingerprint {
 
 /// The pod workers' shared state; `sync` is the reconcile function.
 pub struct PodWorkers {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeActuator>,
     cache: Arc<PodCache>,
     pleg: Pleg,
     source: PodSource,
@@ -170,7 +170,7 @@ impl PodWorkers {
     /// The workers' state.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        runtime: Arc<dyn RuntimeApi>,
+        runtime: Arc<dyn RuntimeActuator>,
         cache: Arc<PodCache>,
         pleg: Pleg,
         source: PodSource,

@@ -27,7 +27,7 @@ use super::{PodWorkers, WorkerConfig};
 use crate::cache::PodCache;
 use crate::config::PlegMode;
 use crate::convert::container_hash;
-use crate::cri::RuntimeApi;
+use crate::cri::{RuntimeActuator, RuntimeObserver};
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::pleg::fake::{FakeRuntime, Faults, TICK};
@@ -134,7 +134,7 @@ impl Drop for Running {
 }
 
 async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMode) -> Running {
-    let runtime: Arc<dyn RuntimeApi> = rt;
+    let runtime: Arc<dyn RuntimeActuator> = rt;
     let metrics = AgentMetrics::new();
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(Duration::from_secs(180)));
@@ -155,8 +155,9 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             ])),
     );
     let mut tasks = JoinSet::new();
+    let observer: Arc<dyn RuntimeObserver> = runtime.clone();
     let (pleg, pleg_events) = Pleg::new(
-        Arc::clone(&runtime),
+        observer,
         Arc::clone(&cache),
         Arc::clone(&health),
         metrics.clone(),
