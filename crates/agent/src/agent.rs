@@ -418,7 +418,7 @@ fn start_eviction(
         runtime: Arc::clone(runtime),
         node_name: node_name.to_string(),
         source: source.clone(),
-        workers: Arc::clone(workers),
+        evictor: Arc::clone(workers) as Arc<dyn crate::eviction::Evictor>,
         queue: queue.clone(),
         cache: Arc::clone(cache),
         metrics: metrics.clone(),

@@ -777,6 +777,16 @@ impl PodWorkers {
     }
 }
 
+impl crate::eviction::Evictor for PodWorkers {
+    fn request_eviction(&self, uid: &str, grace_secs: i64, message: String) -> bool {
+        PodWorkers::request_eviction(self, uid, grace_secs, message)
+    }
+
+    fn is_evicted(&self, uid: &str) -> bool {
+        PodWorkers::is_evicted(self, uid)
+    }
+}
+
 /// Init and app containers of a pod's spec.
 fn pod_containers(
     pod: &DesiredPod,
