@@ -195,6 +195,11 @@ impl PodWorkers {
         }
     }
 
+    /// The PLEG the workers inspect pods with.
+    pub fn pleg(&self) -> &Pleg {
+        &self.pleg
+    }
+
     fn with_state<R>(&self, uid: &str, f: impl FnOnce(&mut PodState) -> R) -> R {
         let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         f(g.entry(uid.to_string()).or_default())

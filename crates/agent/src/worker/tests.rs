@@ -20,19 +20,17 @@ use std::time::{Duration, Instant};
 
 use petrel_controller::{ItemExponential, MaxOf, QueueConfig, TokenBucket, WorkQueue};
 use petrel_cri::api::ContainerState;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{PodWorkers, WorkerConfig};
 use crate::cache::PodCache;
 use crate::config::PlegMode;
 use crate::convert::container_hash;
-use crate::cri::{RuntimeActuator, RuntimeObserver};
+use crate::cri::RuntimeActuator;
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::pleg::fake::{FakeRuntime, Faults, TICK};
-use crate::pleg::{Pleg, PlegConfig};
-use crate::probe::ProbeManager;
+use crate::pleg::PlegConfig;
 use crate::source::PodSource;
 use crate::status::StatusStore;
 use crate::types::{DesiredPod, ANNOTATION_CONTAINER_HASH};
@@ -155,12 +153,20 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             ])),
     );
     let mut tasks = JoinSet::new();
-    let observer: Arc<dyn RuntimeObserver> = runtime.clone();
-    let (pleg, pleg_events) = Pleg::new(
-        observer,
-        Arc::clone(&cache),
-        Arc::clone(&health),
-        metrics.clone(),
+    while runtime.version().await.is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let core = crate::agent::Core {
+        runtime: Arc::clone(&runtime),
+        cache: Arc::clone(&cache),
+        health,
+        metrics,
+        source: source.clone(),
+        store: Arc::clone(&store),
+        queue: queue.clone(),
+    };
+    let workers = crate::agent::build_workers(
+        &core,
         PlegConfig {
             mode,
             relist_period: Duration::from_millis(50),
@@ -170,22 +176,6 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             inspect_concurrency: 4,
             node_name: NODE.into(),
         },
-    );
-    tasks.spawn(pleg.clone().run());
-    while runtime.version().await.is_err() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    pleg.wait_ready().await;
-    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
-    let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
-    let workers = Arc::new(PodWorkers::new(
-        Arc::clone(&runtime),
-        Arc::clone(&cache),
-        pleg.clone(),
-        source.clone(),
-        Arc::clone(&store),
-        probes,
-        metrics,
         WorkerConfig {
             node_name: NODE.into(),
             host_ip: "127.0.0.1".into(),
@@ -195,7 +185,10 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(160),
         },
-    ));
+    );
+    let pleg = workers.pleg().clone();
+    tasks.spawn(pleg.clone().run());
+    pleg.wait_ready().await;
     crate::agent::start_pipeline(
         crate::agent::Pipeline {
             queue: &queue,
@@ -204,8 +197,6 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             workers: &workers,
             sync_period: SYNC_PERIOD,
         },
-        pleg_events,
-        probe_rx,
         &mut tasks,
     )
     .unwrap();
