@@ -43,7 +43,7 @@ fn check_volume_name(name: &str, field: &str) -> Result<(), ConvertError> {
 
 /// Creates the pod's emptyDir directories (mode 0777, so containers
 /// running as any user can write, like kubelet's), writes its downwardAPI
-/// volumes (see [`super::downward`]) and checks or creates its hostPaths
+/// volumes (`downward.rs`) and checks or creates its hostPaths
 /// by their declared type. Other volume types are refused.
 /// subPaths are made when their container is created (see
 /// [`crate::subpath`]), not here: a path checked now could be a symlink
