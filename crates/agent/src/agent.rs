@@ -1,35 +1,37 @@
-//! Wiring: the agent's parts started in order and connected by channels.
+//! Wiring: the agent's parts started in order. Each hands pod UIDs
+//! straight to the work queue (no relay tasks): the source's watch, the
+//! PLEG (which publishes the pod's status first) and the probes call it
+//! from their own tasks.
 //!
 //! ```text
 //! manifests --inotify--> source --change (urgent)--+
 //! runtime --events/relist--> PLEG --event (urgent)-+--> work queue --> one worker per pod --> CRI
-//! probes --result (urgent/normal)------------------+        ^
+//!                               \--> status now  |        ^
+//! probes --result (urgent/normal)------------------+        |
 //! resync timer (background, spread) ------------------------+
 //! ```
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::{IpAddr, UdpSocket};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use petrel_controller::{
     run_per_key, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
 };
 use prometheus_client::registry::Registry;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::cache::PodCache;
 use crate::config::AgentConfig;
-use crate::cri::{CriRuntime, RuntimeApi};
+use crate::cri::{CriRuntime, RuntimeActuator, RuntimeObserver};
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
-use crate::pleg::{Pleg, PlegConfig, PodLifecycleEvent, PodLifecycleEventType};
-use crate::probe::{ProbeChange, ProbeManager};
+use crate::pleg::{EventSink, Pleg, PlegConfig, PodLifecycleEvent};
+use crate::probe::{ChangeSink, ProbeChange, ProbeManager};
 use crate::source::{PodSource, SourceError};
 use crate::status::StatusStore;
-use crate::types::PodUid;
 use crate::worker::{PodWorkers, WorkerConfig};
 
 /// Why the agent could not start.
@@ -103,11 +105,13 @@ pub async fn run(
     let metrics = AgentMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let runtime: Arc<dyn RuntimeApi> = Arc::new(CriRuntime::new(
+    let runtime: Arc<dyn RuntimeActuator> = Arc::new(CriRuntime::new(
         &config.runtime_endpoint,
         metrics.clone(),
         config.runtime_request_timeout,
     )?);
+    // The PLEG and the server only observe; the workers act.
+    let observer: Arc<dyn RuntimeObserver> = runtime.clone();
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(config.relist_threshold));
     let store = Arc::new(StatusStore::new());
@@ -156,7 +160,7 @@ pub async fn run(
             store: Arc::clone(&store),
             health: Arc::clone(&health),
             registry: Arc::new(registry),
-            runtime: Arc::clone(&runtime),
+            runtime: Arc::clone(&observer),
             cache: Arc::clone(&cache),
             node: Arc::clone(&node_state),
             node_name: node_name.clone(),
@@ -166,49 +170,45 @@ pub async fn run(
     tracing::info!(listen = %config.listen, socket = %config.socket.display(), manifests = %config.manifests.display(), node = %node_name, "agent serving");
 
     let mut tasks = JoinSet::new();
-    let (pleg, pleg_events) = Pleg::new(
-        Arc::clone(&runtime),
-        Arc::clone(&cache),
-        Arc::clone(&health),
-        metrics.clone(),
-        PlegConfig {
-            mode: config.pleg,
-            relist_period: config.relist_period,
-            event_relist_period: config.event_relist_period,
-            inspect_concurrency: config.inspect_concurrency,
-            node_name: node_name.clone(),
-        },
-    );
-    tasks.spawn(pleg.clone().run());
 
     // The pod workers once started (the drain at exit needs them).
     let started: std::sync::OnceLock<Arc<PodWorkers>> = std::sync::OnceLock::new();
     let main = async {
-        let runtime_name = wait_for_runtime(runtime.as_ref(), &health).await;
-        // Adoption waits for the PLEG's first relist, so pods already
-        // running are recognised instead of created again.
-        let mode = pleg.wait_ready().await;
-        tracing::info!(runtime = %runtime_name, pleg = ?mode, "runtime connected; adopting pods");
-        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
-        let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
-        let workers = Arc::new(PodWorkers::new(
-            Arc::clone(&runtime),
-            Arc::clone(&cache),
-            pleg.clone(),
-            source.clone(),
-            Arc::clone(&store),
-            probes,
-            metrics.clone(),
+        let runtime_name = wait_for_runtime(observer.as_ref(), &health).await;
+        let core = Core {
+            runtime: Arc::clone(&runtime),
+            cache: Arc::clone(&cache),
+            health: Arc::clone(&health),
+            metrics: metrics.clone(),
+            source: source.clone(),
+            store: Arc::clone(&store),
+            queue: queue.clone(),
+        };
+        let workers = build_workers(
+            &core,
+            PlegConfig {
+                mode: config.pleg,
+                relist_period: config.relist_period,
+                event_relist_period: config.event_relist_period,
+                inspect_concurrency: config.inspect_concurrency,
+                node_name: node_name.clone(),
+            },
             WorkerConfig {
                 node_name: node_name.clone(),
                 host_ip: host_ip(),
-                runtime_name,
+                runtime_name: runtime_name.clone(),
                 cgroup_root: config.pods_cgroup_root().to_string(),
                 root: config.root.clone(),
                 backoff_initial: config.backoff_initial,
                 backoff_max: config.backoff_max,
             },
-        ));
+        );
+        let pleg = workers.pleg().clone();
+        tasks.spawn(pleg.clone().run());
+        // Adoption waits for the PLEG's first relist, so pods already
+        // running are recognised instead of created again.
+        let mode = pleg.wait_ready().await;
+        tracing::info!(runtime = %runtime_name, pleg = ?mode, "runtime connected; adopting pods");
 
         let _ = started.set(Arc::clone(&workers));
         start_eviction(
@@ -231,8 +231,6 @@ pub async fn run(
                 workers: &workers,
                 sync_period: config.sync_period,
             },
-            pleg_events,
-            probe_rx,
             &mut tasks,
         )?;
         std::future::pending::<Result<(), AgentError>>().await
@@ -269,6 +267,80 @@ pub async fn run(
     result
 }
 
+/// What the PLEG and the pod workers are built from: made by [`run`], and
+/// by the worker tests over a fake runtime, so that both wire the same.
+pub(crate) struct Core {
+    pub runtime: Arc<dyn RuntimeActuator>,
+    pub cache: Arc<PodCache>,
+    pub health: Arc<Health>,
+    pub metrics: AgentMetrics,
+    pub source: PodSource,
+    pub store: Arc<StatusStore>,
+    pub queue: WorkQueue<String>,
+}
+
+/// The pod workers with their PLEG and probes. The workers own the PLEG;
+/// the PLEG's sink reaches the workers through a weak link (built in one
+/// step with [`Arc::new_cyclic`], so nothing is set later).
+pub(crate) fn build_workers(
+    core: &Core,
+    pleg: PlegConfig,
+    config: WorkerConfig,
+) -> Arc<PodWorkers> {
+    let probes = Arc::new(ProbeManager::new(
+        Arc::clone(&core.runtime),
+        probe_sink(core.queue.clone()),
+    ));
+    let observer: Arc<dyn RuntimeObserver> = core.runtime.clone();
+    Arc::new_cyclic(|me| {
+        let pleg = Pleg::new(
+            observer,
+            Arc::clone(&core.cache),
+            Arc::clone(&core.health),
+            core.metrics.clone(),
+            pleg,
+            pleg_sink(core.queue.clone(), me.clone()),
+        );
+        PodWorkers::new(
+            Arc::clone(&core.runtime),
+            Arc::clone(&core.cache),
+            pleg,
+            core.source.clone(),
+            Arc::clone(&core.store),
+            probes,
+            core.metrics.clone(),
+            config,
+        )
+    })
+}
+
+/// Where the PLEG's events go: the pod's status is published at once, not
+/// only after the sync the change calls for (which may restart the
+/// container, or wait behind a grace period), then the sync is queued
+/// unless the news needs none (a removal). Runs on the PLEG's tasks.
+fn pleg_sink(queue: WorkQueue<String>, workers: Weak<PodWorkers>) -> EventSink {
+    Arc::new(move |ev: PodLifecycleEvent| {
+        if let Some(w) = workers.upgrade() {
+            w.publish_observed(&ev.uid);
+        }
+        if ev.kind.wants_sync() {
+            queue.add(ev.uid, Priority::Urgent);
+        }
+    })
+}
+
+/// Where probe results go: the pod's sync, urgently when a container must
+/// be restarted.
+fn probe_sink(queue: WorkQueue<String>) -> ChangeSink {
+    Arc::new(move |uid: &str, change: ProbeChange| {
+        let p = match change {
+            ProbeChange::Kill => Priority::Urgent,
+            ProbeChange::Status => Priority::Normal,
+        };
+        queue.add(uid.to_string(), p);
+    })
+}
+
 /// The parts the queue connects: built by [`run`], and by the worker
 /// tests over a fake runtime, so that both run the same dispatch.
 pub(crate) struct Pipeline<'a> {
@@ -280,16 +352,11 @@ pub(crate) struct Pipeline<'a> {
     pub sync_period: Duration,
 }
 
-/// Queues every pod for its first sync and starts, on `tasks`, what feeds
-/// the queue (manifest changes, PLEG events, probe changes, the resync
-/// timer) and the pod workers, one per pod. Pods the runtime already runs are
-/// background work (adoption); new pods and orphans are normal.
-pub(crate) fn start_pipeline(
-    p: Pipeline<'_>,
-    mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
-    mut probe_rx: mpsc::UnboundedReceiver<(PodUid, ProbeChange)>,
-    tasks: &mut JoinSet<()>,
-) -> Result<(), AgentError> {
+/// Queues every pod for its first sync and starts, on `tasks`, the
+/// manifest watch (which queues changed pods), the resync timer and the
+/// pod workers, one per pod. Pods the runtime already runs are background
+/// work (adoption); new pods and orphans are normal.
+pub(crate) fn start_pipeline(p: Pipeline<'_>, tasks: &mut JoinSet<()>) -> Result<(), AgentError> {
     let (queue, source) = (p.queue, p.source);
     let wanted: HashSet<String> = source.all().into_iter().map(|d| d.uid).collect();
     for uid in &wanted {
@@ -311,37 +378,11 @@ pub(crate) fn start_pipeline(
         }
     }
 
-    let (src_tx, mut src_rx) = mpsc::unbounded_channel();
-    let watch = source.spawn_watch(src_tx)?;
     let q = queue.clone();
-    tasks.spawn(async move {
-        while let Some(change) = src_rx.recv().await {
-            tracing::info!(uid = %change.uid, kind = ?change.kind, pod = %format!("{}/{}", change.pod.namespace, change.pod.name), "manifest changed");
-            q.add(change.uid, Priority::Urgent);
-        }
-        watch.abort();
-    });
-    let (q, w) = (queue.clone(), Arc::clone(p.workers));
-    tasks.spawn(async move {
-        while let Some(ev) = pleg_events.recv().await {
-            // The change is shown at once, not only after the sync it
-            // calls for (which may restart the container, or wait).
-            w.publish_observed(&ev.uid);
-            if ev.kind != PodLifecycleEventType::ContainerChanged {
-                q.add(ev.uid, Priority::Urgent);
-            }
-        }
-    });
-    let q = queue.clone();
-    tasks.spawn(async move {
-        while let Some((uid, change)) = probe_rx.recv().await {
-            let p = match change {
-                ProbeChange::Kill => Priority::Urgent,
-                ProbeChange::Status => Priority::Normal,
-            };
-            q.add(uid, p);
-        }
-    });
+    tasks.spawn(source.watch(move |change| {
+        tracing::info!(uid = %change.uid, kind = ?change.kind, pod = %format!("{}/{}", change.pod.namespace, change.pod.name), "manifest changed");
+        q.add(change.uid, Priority::Urgent);
+    })?);
     let (q, w, s, period) = (
         queue.clone(),
         Arc::clone(p.workers),
@@ -383,7 +424,7 @@ pub(crate) fn start_pipeline(
 #[allow(clippy::too_many_arguments)]
 fn start_eviction(
     config: &AgentConfig,
-    runtime: &Arc<dyn RuntimeApi>,
+    runtime: &Arc<dyn RuntimeActuator>,
     node_name: &str,
     queue: &WorkQueue<String>,
     source: &PodSource,
@@ -416,7 +457,7 @@ fn start_eviction(
         runtime: Arc::clone(runtime),
         node_name: node_name.to_string(),
         source: source.clone(),
-        workers: Arc::clone(workers),
+        evictor: Arc::clone(workers) as Arc<dyn crate::eviction::Evictor>,
         queue: queue.clone(),
         cache: Arc::clone(cache),
         metrics: metrics.clone(),
@@ -435,7 +476,7 @@ fn start_eviction(
 
 /// Waits until the runtime answers Version; returns its name. Meanwhile
 /// the agent reports the runtime unhealthy.
-async fn wait_for_runtime(runtime: &dyn RuntimeApi, health: &Health) -> String {
+async fn wait_for_runtime(runtime: &dyn RuntimeObserver, health: &Health) -> String {
     let mut delay = Duration::from_millis(20);
     loop {
         match runtime.version().await {
@@ -483,5 +524,49 @@ fn server_names(
     match tls.and_then(|f| crate::server::tls::certificate_names(&f)) {
         Some(matcher) => names.with_matcher(matcher),
         None => names,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pleg::PodLifecycleEventType;
+
+    fn event(kind: PodLifecycleEventType) -> PodLifecycleEvent {
+        PodLifecycleEvent {
+            uid: "pod-a".to_string(),
+            kind,
+            container_id: "c1".to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn pleg_sink_should_queue_a_sync_for_news_but_not_for_a_removal() {
+        let queue: WorkQueue<String> = WorkQueue::new(QueueConfig::default().name("t"));
+        // No workers (gone, or not built yet): nothing to publish to.
+        let sink = pleg_sink(queue.clone(), Weak::new());
+        sink(event(PodLifecycleEventType::ContainerRemoved));
+        assert!(queue.is_empty());
+        sink(event(PodLifecycleEventType::ContainerDied));
+        sink(event(PodLifecycleEventType::ContainerStarted));
+        assert_eq!(queue.len(), 1, "one entry per pod");
+        let item = queue.get().await;
+        assert_eq!(
+            item.map(|i| (i.key, i.priority)),
+            Some(("pod-a".to_string(), Priority::Urgent))
+        );
+    }
+
+    #[tokio::test]
+    async fn probe_sink_should_queue_the_pod() {
+        let queue: WorkQueue<String> = WorkQueue::new(QueueConfig::default().name("t"));
+        let sink = probe_sink(queue.clone());
+        sink("pod-b", ProbeChange::Status);
+        assert_eq!(queue.len(), 1);
+        let item = queue.get().await;
+        assert_eq!(
+            item.map(|i| (i.key, i.priority)),
+            Some(("pod-b".to_string(), Priority::Normal))
+        );
     }
 }

@@ -1,8 +1,11 @@
-//! The agent's view of a CRI runtime: [`RuntimeApi`], the calls it makes,
-//! as a trait so the PLEG and the pod workers can be unit-tested against a
-//! fake; [`CriRuntime`] implements it over gRPC, for any CRI runtime
-//! (Petrel's, containerd, CRI-O), counting every call in kubelet's
-//! `runtime_operations_*` metrics.
+//! The agent's view of a CRI runtime, as two traits so each part holds
+//! only what it needs and is unit-tested against a fake:
+//! [`RuntimeObserver`], the calls that change nothing (the PLEG, the
+//! server, eviction's statistics), and [`RuntimeActuator`], the calls that
+//! do (the pod workers, probes, eviction's reclaim). [`CriRuntime`]
+//! implements both over gRPC, for any CRI runtime (Petrel's, containerd,
+//! CRI-O), counting every call in kubelet's `runtime_operations_*`
+//! metrics.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -18,7 +21,7 @@ use tonic::transport::Channel;
 use crate::metrics::{AgentMetrics, OperationLabels};
 use crate::types::{LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID};
 
-/// The container labels [`RuntimeApi::list_containers`] keeps: the pod a
+/// The container labels [`RuntimeObserver::list_containers`] keeps: the pod a
 /// container belongs to.
 pub const LISTED_LABELS: &[&str] = &[LABEL_POD_UID, LABEL_POD_NAME, LABEL_POD_NAMESPACE];
 
@@ -76,9 +79,12 @@ pub struct ExecOutput {
     pub exit_code: i32,
 }
 
-/// The CRI calls the agent makes.
+/// What the agent asks a CRI runtime without changing anything: the
+/// PLEG's listings and inspections, the server's status, logs and stream
+/// set-ups, and eviction's statistics. (Exec, Attach and PortForward only
+/// ask for a URL: what runs there is the client's doing.)
 #[async_trait::async_trait]
-pub trait RuntimeApi: Send + Sync + 'static {
+pub trait RuntimeObserver: Send + Sync + 'static {
     /// Version: the runtime's name and version.
     async fn version(&self) -> CriResult<api::VersionResponse>;
     /// Status: runtime and network readiness.
@@ -100,6 +106,38 @@ pub trait RuntimeApi: Send + Sync + 'static {
     async fn pod_sandbox_status(&self, id: &str) -> CriResult<api::PodSandboxStatus>;
     /// ContainerStatus (not verbose).
     async fn container_status(&self, id: &str) -> CriResult<api::ContainerStatus>;
+    /// ImageStatus: the image if present.
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>>;
+    /// GetContainerEvents: the runtime's event stream.
+    async fn container_events(&self) -> CriResult<EventStream>;
+    /// ImageFsInfo: the image and container filesystems' usage and mount
+    /// points.
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse>;
+    /// ListContainerStats of the containers with the given labels (empty:
+    /// all): each one's writable layer, CPU and memory.
+    async fn list_container_stats(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>>;
+    /// ListImages.
+    async fn list_images(&self) -> CriResult<Vec<api::Image>>;
+    /// The images (ids and references) of every container of the runtime,
+    /// any state, anyone's: what image reclaim must keep.
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>>;
+    /// Exec: prepares a streaming exec; returns the URL of the runtime's
+    /// streaming server to which the client's upgrade is proxied.
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String>;
+    /// Attach: prepares a streaming attach; returns its URL.
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String>;
+    /// PortForward: prepares port forwarding into a sandbox; returns its URL.
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String>;
+}
+
+/// What changes the runtime: the pod workers' calls (sandboxes,
+/// containers, images, hooks), the probes' exec and eviction's reclaim
+/// (dead containers, unused images). It observes too.
+#[async_trait::async_trait]
+pub trait RuntimeActuator: RuntimeObserver {
     /// RunPodSandbox; returns the sandbox id.
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String>;
     /// StopPodSandbox.
@@ -126,42 +164,17 @@ pub trait RuntimeApi: Send + Sync + 'static {
         cmd: Vec<String>,
         timeout_secs: i64,
     ) -> CriResult<ExecOutput>;
-    /// ImageStatus: the image if present.
-    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>>;
     /// PullImage; returns the image reference.
     async fn pull_image(
         &self,
         image: &str,
         sandbox_config: Option<api::PodSandboxConfig>,
     ) -> CriResult<String>;
-    /// GetContainerEvents: the runtime's event stream.
-    async fn container_events(&self) -> CriResult<EventStream>;
-    /// ImageFsInfo: the image and container filesystems' usage and mount
-    /// points.
-    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse>;
-    /// ListContainerStats of the containers with the given labels (empty:
-    /// all): each one's writable layer, CPU and memory.
-    async fn list_container_stats(
-        &self,
-        labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::ContainerStats>>;
-    /// ListImages.
-    async fn list_images(&self) -> CriResult<Vec<api::Image>>;
     /// RemoveImage by id.
     async fn remove_image(&self, id: &str) -> CriResult<()>;
-    /// The images (ids and references) of every container of the runtime,
-    /// any state, anyone's: what image reclaim must keep.
-    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>>;
-    /// Exec: prepares a streaming exec; returns the URL of the runtime's
-    /// streaming server to which the client's upgrade is proxied.
-    async fn exec(&self, req: api::ExecRequest) -> CriResult<String>;
-    /// Attach: prepares a streaming attach; returns its URL.
-    async fn attach(&self, req: api::AttachRequest) -> CriResult<String>;
-    /// PortForward: prepares port forwarding into a sandbox; returns its URL.
-    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String>;
 }
 
-/// [`RuntimeApi`] over a CRI gRPC channel.
+/// [`RuntimeObserver`] and [`RuntimeActuator`] over a CRI gRPC channel.
 #[derive(Clone)]
 pub struct CriRuntime {
     rt: RuntimeServiceClient<Channel>,
@@ -224,7 +237,7 @@ impl CriRuntime {
 }
 
 #[async_trait::async_trait]
-impl RuntimeApi for CriRuntime {
+impl RuntimeObserver for CriRuntime {
     async fn version(&self) -> CriResult<api::VersionResponse> {
         let mut c = self.rt.clone();
         let req = self.request(api::VersionRequest {
@@ -307,6 +320,140 @@ impl RuntimeApi for CriRuntime {
         })
     }
 
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
+        let mut c = self.img.clone();
+        let req = self.request(api::ImageFsInfoRequest {});
+        self.observe("image_fs_info", c.image_fs_info(req)).await
+    }
+
+    async fn list_container_stats(
+        &self,
+        labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ListContainerStatsRequest {
+            filter: Some(api::ContainerStatsFilter {
+                label_selector: labels,
+                ..Default::default()
+            }),
+        });
+        Ok(self
+            .observe("list_container_stats", c.list_container_stats(req))
+            .await?
+            .stats)
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
+        let mut c = self.img.clone();
+        let req = self.request(api::ListImagesRequest { filter: None });
+        Ok(self
+            .observe("list_images", c.list_images(req))
+            .await?
+            .images)
+    }
+
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::ListContainersRequest { filter: None });
+        let list = self
+            .observe("list_containers", c.list_containers(req))
+            .await?;
+        let mut used = std::collections::HashSet::new();
+        for ctr in list.containers {
+            used.insert(ctr.image_ref);
+            if let Some(spec) = ctr.image {
+                used.insert(spec.image);
+            }
+        }
+        used.remove("");
+        Ok(used)
+    }
+
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
+        let mut c = self.img.clone();
+        let req = self.request(api::ImageStatusRequest {
+            image: Some(api::ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+            verbose: false,
+        });
+        Ok(self
+            .observe("image_status", c.image_status(req))
+            .await?
+            .image)
+    }
+
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(req);
+        Ok(self.observe("exec", c.exec(req)).await?.url)
+    }
+
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(req);
+        Ok(self.observe("attach", c.attach(req)).await?.url)
+    }
+
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
+        let mut c = self.rt.clone();
+        let req = self.request(req);
+        Ok(self.observe("port_forward", c.port_forward(req)).await?.url)
+    }
+
+    async fn container_events(&self) -> CriResult<EventStream> {
+        use tokio_stream::StreamExt;
+        // A dead runtime is an error here rather than a stream that never
+        // starts.
+        self.version().await?;
+        let mut c = self.rt.clone();
+        // No deadline: the stream lives until the runtime or agent ends it.
+        let req = tonic::Request::new(api::GetEventsRequest {});
+        // containerd 1.7 sends the response headers only with the first
+        // event, so the call itself would block until something happens:
+        // the subscription is made now, and waiting for the headers is
+        // the stream's first step (an error then, such as UNIMPLEMENTED,
+        // is its first item).
+        // The call runs in a task of its own, started now, so the
+        // subscription exists before the caller's first relist; it ends
+        // when the receiver is dropped.
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            let op = "get_container_events";
+            let resp = tokio::select! {
+                r = c.get_container_events(req) => r,
+                () = tx.closed() => return,
+            };
+            let mut inner = match resp {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    let _ = tx.send(Err(CriError::new(op, s))).await;
+                    return;
+                }
+            };
+            loop {
+                let item = tokio::select! {
+                    i = inner.next() => i,
+                    () = tx.closed() => return,
+                };
+                let Some(item) = item else { return };
+                if tx
+                    .send(item.map_err(|s| CriError::new(op, s)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Box::pin(stream))
+    }
+}
+
+#[async_trait::async_trait]
+impl RuntimeActuator for CriRuntime {
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String> {
         let mut c = self.rt.clone();
         // Sandbox creation may include CNI and image work: a longer deadline.
@@ -413,38 +560,6 @@ impl RuntimeApi for CriRuntime {
         })
     }
 
-    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
-        let mut c = self.img.clone();
-        let req = self.request(api::ImageFsInfoRequest {});
-        self.observe("image_fs_info", c.image_fs_info(req)).await
-    }
-
-    async fn list_container_stats(
-        &self,
-        labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::ContainerStats>> {
-        let mut c = self.rt.clone();
-        let req = self.request(api::ListContainerStatsRequest {
-            filter: Some(api::ContainerStatsFilter {
-                label_selector: labels,
-                ..Default::default()
-            }),
-        });
-        Ok(self
-            .observe("list_container_stats", c.list_container_stats(req))
-            .await?
-            .stats)
-    }
-
-    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
-        let mut c = self.img.clone();
-        let req = self.request(api::ListImagesRequest { filter: None });
-        Ok(self
-            .observe("list_images", c.list_images(req))
-            .await?
-            .images)
-    }
-
     async fn remove_image(&self, id: &str) -> CriResult<()> {
         let mut c = self.img.clone();
         let req = self.request(api::RemoveImageRequest {
@@ -455,38 +570,6 @@ impl RuntimeApi for CriRuntime {
         });
         self.observe("remove_image", c.remove_image(req)).await?;
         Ok(())
-    }
-
-    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
-        let mut c = self.rt.clone();
-        let req = self.request(api::ListContainersRequest { filter: None });
-        let list = self
-            .observe("list_containers", c.list_containers(req))
-            .await?;
-        let mut used = std::collections::HashSet::new();
-        for ctr in list.containers {
-            used.insert(ctr.image_ref);
-            if let Some(spec) = ctr.image {
-                used.insert(spec.image);
-            }
-        }
-        used.remove("");
-        Ok(used)
-    }
-
-    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
-        let mut c = self.img.clone();
-        let req = self.request(api::ImageStatusRequest {
-            image: Some(api::ImageSpec {
-                image: image.to_string(),
-                ..Default::default()
-            }),
-            verbose: false,
-        });
-        Ok(self
-            .observe("image_status", c.image_status(req))
-            .await?
-            .image)
     }
 
     async fn pull_image(
@@ -511,72 +594,5 @@ impl RuntimeApi for CriRuntime {
             .observe("pull_image", c.pull_image(req))
             .await?
             .image_ref)
-    }
-
-    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
-        let mut c = self.rt.clone();
-        let req = self.request(req);
-        Ok(self.observe("exec", c.exec(req)).await?.url)
-    }
-
-    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
-        let mut c = self.rt.clone();
-        let req = self.request(req);
-        Ok(self.observe("attach", c.attach(req)).await?.url)
-    }
-
-    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
-        let mut c = self.rt.clone();
-        let req = self.request(req);
-        Ok(self.observe("port_forward", c.port_forward(req)).await?.url)
-    }
-
-    async fn container_events(&self) -> CriResult<EventStream> {
-        use tokio_stream::StreamExt;
-        // A dead runtime is an error here rather than a stream that never
-        // starts.
-        self.version().await?;
-        let mut c = self.rt.clone();
-        // No deadline: the stream lives until the runtime or agent ends it.
-        let req = tonic::Request::new(api::GetEventsRequest {});
-        // containerd 1.7 sends the response headers only with the first
-        // event, so the call itself would block until something happens:
-        // the subscription is made now, and waiting for the headers is
-        // the stream's first step (an error then, such as UNIMPLEMENTED,
-        // is its first item).
-        // The call runs in a task of its own, started now, so the
-        // subscription exists before the caller's first relist; it ends
-        // when the receiver is dropped.
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
-        tokio::spawn(async move {
-            let op = "get_container_events";
-            let resp = tokio::select! {
-                r = c.get_container_events(req) => r,
-                () = tx.closed() => return,
-            };
-            let mut inner = match resp {
-                Ok(r) => r.into_inner(),
-                Err(s) => {
-                    let _ = tx.send(Err(CriError::new(op, s))).await;
-                    return;
-                }
-            };
-            loop {
-                let item = tokio::select! {
-                    i = inner.next() => i,
-                    () = tx.closed() => return,
-                };
-                let Some(item) = item else { return };
-                if tx
-                    .send(item.map_err(|s| CriError::new(op, s)))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        });
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        Ok(Box::pin(stream))
     }
 }

@@ -43,7 +43,9 @@ pub struct AgentMetrics {
     pub pleg_last_seen: Gauge<f64, AtomicU64>,
     /// kubelet_pleg_discard_events. Counts, but exposed as a gauge: an
     /// OpenMetrics counter must end in `_total`, and dashboards written for
-    /// kubelet use the name without it.
+    /// kubelet use the name without it. Always 0: the PLEG hands its events
+    /// straight to the work queue, which drops none (kept for dashboards
+    /// written for kubelet).
     pub pleg_discard_events: Gauge,
     /// kubelet_evented_pleg_connection_error_count (a gauge, as above).
     pub evented_pleg_connection_errors: Gauge,

@@ -38,7 +38,7 @@ use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 
 use crate::cache::PodCache;
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeObserver;
 use crate::health::Health;
 use crate::status::{StatusStore, WatchEvent, WatchEventType};
 
@@ -56,7 +56,7 @@ pub struct ServerState {
     /// The metrics to expose.
     pub registry: Arc<Registry>,
     /// The runtime (status of followed containers, streaming URLs).
-    pub runtime: Arc<dyn RuntimeApi>,
+    pub runtime: Arc<dyn RuntimeObserver>,
     /// The PLEG's view of each pod's containers and sandboxes.
     pub cache: Arc<PodCache>,
     /// The node's pressure conditions (`GET /node`).

@@ -28,8 +28,16 @@ pub const LABEL_MANAGED_BY: &str = "petrel.io/node";
 pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 /// Container annotation: the restart count this container was created with.
 pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
-/// Container annotation: `init` or `app`.
+/// Container annotation: [`KIND_INIT`], [`KIND_SIDECAR`] or [`KIND_APP`].
 pub const ANNOTATION_CONTAINER_KIND: &str = "petrel.io/container-kind";
+/// [`ANNOTATION_CONTAINER_KIND`] of an init container that runs to
+/// completion.
+pub const KIND_INIT: &str = "init";
+/// [`ANNOTATION_CONTAINER_KIND`] of a native sidecar: an init container
+/// with `restartPolicy: Always`, kept running beside the app containers.
+pub const KIND_SIDECAR: &str = "sidecar";
+/// [`ANNOTATION_CONTAINER_KIND`] of an app container.
+pub const KIND_APP: &str = "app";
 /// Container annotation: the pod's termination grace period in seconds,
 /// kept so a pod whose manifest is gone still stops gracefully.
 pub const ANNOTATION_TERMINATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
@@ -83,8 +91,10 @@ pub struct PodRuntimeStatus {
 /// What the agent recorded on a container when it created it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerMeta {
-    /// Init container?
+    /// Init container (a sidecar too)?
     pub init: bool,
+    /// A native sidecar (an init container with `restartPolicy: Always`)?
+    pub sidecar: bool,
     /// Spec hash at create time.
     pub hash: String,
     /// Restart count at create time.

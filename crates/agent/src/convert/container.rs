@@ -16,7 +16,8 @@ use super::volumes::{container_mounts, SubPathMount};
 use super::{ConvertContext, ConvertError};
 use crate::types::{
     DesiredPod, ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND, ANNOTATION_PRE_STOP,
-    ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_GRACE, LABEL_CONTAINER_NAME,
+    ANNOTATION_RESTART_COUNT, ANNOTATION_TERMINATION_GRACE, KIND_APP, KIND_INIT, KIND_SIDECAR,
+    LABEL_CONTAINER_NAME,
 };
 
 /// Container annotation: where the container writes its termination
@@ -48,6 +49,13 @@ pub fn container_config(
     ctx: &ConvertContext,
 ) -> Result<api::ContainerConfig, ConvertError> {
     container_plan(pod, container, init, restart_count, ctx).map(|p| p.config)
+}
+
+/// Is `c` a native sidecar: an init container with `restartPolicy:
+/// Always` (Kubernetes 1.33 GA), started in order with the other init
+/// containers but kept running beside the app containers?
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
 }
 
 /// The CRI container config of one container of a pod and its subPaths.
@@ -90,7 +98,12 @@ pub fn container_plan(
         ),
         (
             ANNOTATION_CONTAINER_KIND.to_string(),
-            if init { "init" } else { "app" }.to_string(),
+            match (init, is_sidecar(container)) {
+                (true, true) => KIND_SIDECAR,
+                (true, false) => KIND_INIT,
+                (false, _) => KIND_APP,
+            }
+            .to_string(),
         ),
         (ANNOTATION_TERMINATION_GRACE.to_string(), grace.to_string()),
         (
@@ -326,6 +339,22 @@ spec:
             cfg.annotations[ANNOTATION_TERMINATION_MESSAGE_PATH],
             "/dev/termination-log"
         );
+    }
+
+    #[test]
+    fn container_config_should_mark_sidecars_by_their_kind() {
+        let pod = desired(POD);
+        let mut c = app(&pod);
+        c.restart_policy = Some("Always".to_string());
+        assert!(is_sidecar(&c));
+        let cfg = container_config(&pod, &c, true, 0, &ctx()).unwrap();
+        assert_eq!(cfg.annotations[ANNOTATION_CONTAINER_KIND], "sidecar");
+        assert_eq!(
+            cfg.annotations[ANNOTATION_PRE_STOP], r#"["/bin/drain","--fast"]"#,
+            "a sidecar's preStop hook is kept"
+        );
+        c.restart_policy = None;
+        assert!(!is_sidecar(&c));
     }
 
     #[test]

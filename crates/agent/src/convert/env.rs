@@ -183,7 +183,7 @@ fn field_ref(
 /// The value of a resourceFieldRef: the container's (or a named sibling's)
 /// request or limit, divided by the divisor and rounded up. An unset limit
 /// is the node's capacity, as the container is bounded by nothing else.
-fn resource_field_ref(
+pub(super) fn resource_field_ref(
     pod: &DesiredPod,
     container: &Container,
     selector: &ResourceFieldSelector,

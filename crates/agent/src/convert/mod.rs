@@ -9,7 +9,9 @@
 //! worker binds them (see [`crate::subpath`]) just before it creates the
 //! container.
 
+mod atomic;
 mod container;
+mod downward;
 mod env;
 mod hash;
 mod qos;
@@ -20,9 +22,14 @@ mod volumes;
 
 use std::path::PathBuf;
 
+pub use atomic::{FileProjection, Payload};
 pub use container::{
-    container_config, container_plan, ContainerPlan, ANNOTATION_TERMINATION_MESSAGE_PATH,
-    DEFAULT_TERMINATION_GRACE_SECONDS,
+    container_config, container_plan, is_sidecar, ContainerPlan,
+    ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
+};
+pub use downward::{
+    format_map, go_quote, DEFAULT_MODE as DOWNWARD_API_DEFAULT_MODE,
+    FIELD_PATHS as DOWNWARD_API_FIELD_PATHS,
 };
 pub use hash::{container_hash, sandbox_hash};
 pub(crate) use qos::effective_request;
@@ -65,7 +72,7 @@ pub enum ConvertError {
         reason: String,
     },
     /// A feature the agent does not support yet (configMap/secret sources,
-    /// volume types other than emptyDir and hostPath, ...).
+    /// volume types other than emptyDir, hostPath and downwardAPI, ...).
     #[error("unsupported {field}: {reason}")]
     Unsupported {
         /// The field path.

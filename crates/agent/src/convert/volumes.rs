@@ -1,5 +1,6 @@
-//! The pod's volumes: emptyDir directories under the pod's directory,
-//! hostPath type checks, and the CRI mounts of a container.
+//! The pod's volumes: emptyDir directories and downwardAPI files under the
+//! pod's directory, hostPath type checks, and the CRI mounts of a
+//! container.
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -8,6 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Volume, VolumeMount};
 use petrel_cri::api;
 
+use super::downward::{downward_api_path, write_volume};
 use super::env::{container_field, expand};
 use super::{ConvertContext, ConvertError};
 use crate::types::DesiredPod;
@@ -40,8 +42,9 @@ fn check_volume_name(name: &str, field: &str) -> Result<(), ConvertError> {
 }
 
 /// Creates the pod's emptyDir directories (mode 0777, so containers
-/// running as any user can write, like kubelet's) and checks or creates
-/// its hostPaths by their declared type. Other volume types are refused.
+/// running as any user can write, like kubelet's), writes its downwardAPI
+/// volumes (`downward.rs`) and checks or creates its hostPaths
+/// by their declared type. Other volume types are refused.
 /// subPaths are made when their container is created (see
 /// [`crate::subpath`]), not here: a path checked now could be a symlink
 /// by then.
@@ -68,6 +71,8 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
                 .map_err(io_err("chmod emptyDir", &dir))?;
         } else if let Some(hp) = &v.host_path {
             check_host_path(&hp.path, hp.type_.as_deref().unwrap_or(""), &field)?;
+        } else if let Some(da) = &v.downward_api {
+            write_volume(pod, &v.name, da, ctx)?;
         } else {
             return Err(unsupported_volume(v, &field));
         }
@@ -86,7 +91,7 @@ fn unsupported_volume(v: &Volume, field: &str) -> ConvertError {
         .unwrap_or_else(|| "no source".to_string());
     ConvertError::unsupported(
         field,
-        format!("volume type {kind} (only emptyDir and hostPath)"),
+        format!("volume type {kind} (only emptyDir, hostPath and downwardAPI)"),
     )
 }
 
@@ -264,10 +269,14 @@ pub(crate) fn container_mounts(
             ConvertError::invalid(&field, format!("no volume named {:?}", m.name))
         })?;
         check_volume_name(&v.name, &field)?;
+        // downwardAPI volumes are read-only, as kubelet mounts them.
+        let forced_readonly = v.downward_api.is_some();
         let volume_dir = if v.empty_dir.is_some() {
             empty_dir_path(ctx, &v.name)
         } else if let Some(hp) = &v.host_path {
             PathBuf::from(&hp.path)
+        } else if v.downward_api.is_some() {
+            downward_api_path(ctx, &v.name)
         } else {
             return Err(unsupported_volume(v, &format!("spec.volumes[{}]", v.name)));
         };
@@ -309,7 +318,7 @@ pub(crate) fn container_mounts(
             }
             None => volume_dir,
         };
-        let readonly = m.read_only.unwrap_or(false);
+        let readonly = m.read_only.unwrap_or(false) || forced_readonly;
         mounts.push(api::Mount {
             container_path: m.mount_path.clone(),
             host_path: host.to_string_lossy().into_owned(),

@@ -81,7 +81,7 @@ impl PodPaths {
 /// log to the kubelet). Only a log file under `logs_root` (the agent's
 /// `logs` directory) is deleted. Returns the log bytes freed.
 pub async fn remove_container_with_log(
-    rt: &dyn crate::cri::RuntimeApi,
+    rt: &dyn crate::cri::RuntimeActuator,
     id: &str,
     logs_root: &Path,
 ) -> crate::cri::CriResult<i64> {

@@ -34,11 +34,10 @@ use super::summary::{
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
 use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeActuator;
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
 use crate::types::{LABEL_CONTAINER_NAME, LABEL_MANAGED_BY, LABEL_POD_UID};
-use crate::worker::PodWorkers;
 
 /// kubelet's grace period for pods evicted for a hard threshold.
 const HARD_EVICTION_GRACE_SECS: i64 = 1;
@@ -53,16 +52,30 @@ pub const SUMMARY_WAIT: Duration = Duration::from_secs(3);
 /// How long a pass waits for an evicted pod's containers to stop.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Who carries evictions out: the pod workers (the manager only asks, so
+/// it does not depend on them).
+pub trait Evictor: Send + Sync + 'static {
+    /// Asks for pod `uid` to be evicted: its containers stopped with
+    /// `grace_secs` by its next sync (which the caller queues), never
+    /// started again unless its manifest changes, shown as Failed, reason
+    /// Evicted, with `message`. False when the pod is not one that runs,
+    /// or is already evicted.
+    fn request_eviction(&self, uid: &str, grace_secs: i64, message: String) -> bool;
+    /// Whether pod `uid` was evicted (and its manifest has not changed
+    /// since).
+    fn is_evicted(&self, uid: &str) -> bool;
+}
+
 /// What the manager works with.
 pub struct ManagerParts {
     /// The runtime (image filesystem, node-level reclaim).
-    pub runtime: Arc<dyn RuntimeApi>,
+    pub runtime: Arc<dyn RuntimeActuator>,
     /// The node's name: the label value of what this agent made.
     pub node_name: String,
     /// The desired pods.
     pub source: PodSource,
-    /// The pod workers, which carry evictions out.
-    pub workers: Arc<PodWorkers>,
+    /// Who carries evictions out (the pod workers).
+    pub evictor: Arc<dyn Evictor>,
     /// The pods' work queue.
     pub queue: WorkQueue<String>,
     /// The PLEG's cache (to see an evicted pod's containers stop).
@@ -237,7 +250,7 @@ impl EvictionManager {
             );
             if !self
                 .parts
-                .workers
+                .evictor
                 .request_eviction(&c.uid, grace, message.clone())
             {
                 continue;
@@ -546,7 +559,7 @@ impl EvictionManager {
                         .and_then(|r| r.limits.as_ref())
                         .is_some_and(|l| l.contains_key("ephemeral-storage"))
                 });
-            if !limited || self.parts.workers.is_evicted(&d.uid) {
+            if !limited || self.parts.evictor.is_evicted(&d.uid) {
                 continue;
             }
             if !self
@@ -583,7 +596,7 @@ impl EvictionManager {
             };
             if !self
                 .parts
-                .workers
+                .evictor
                 .request_eviction(&d.uid, 0, v.message.clone())
             {
                 continue;
@@ -635,7 +648,7 @@ impl EvictionManager {
         let layers_count = !signal.is_nodefs() || self.containerfs_on_nodefs;
         let mut out = Vec::new();
         for d in self.parts.source.all() {
-            if d.invalid.is_some() || self.parts.workers.is_evicted(&d.uid) {
+            if d.invalid.is_some() || self.parts.evictor.is_evicted(&d.uid) {
                 continue;
             }
             let entry = self.parts.cache.get(&d.uid);

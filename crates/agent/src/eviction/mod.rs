@@ -24,6 +24,6 @@ pub mod summary;
 pub mod thresholds;
 
 pub use config::{EvictionConfigError, EvictionSettings, Threshold, ThresholdValue};
-pub use manager::{EvictionManager, ManagerParts};
+pub use manager::{EvictionManager, Evictor, ManagerParts};
 pub use node::NodeState;
 pub use signals::{NodeCondition, Resource, Signal, UnknownSignal};

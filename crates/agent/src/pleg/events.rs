@@ -1,12 +1,9 @@
 //! What a change means: kubelet's mapping of container state transitions
 //! (relist) and of CRI event types (event stream) to lifecycle events, and
-//! their delivery to the pod workers.
-
-use petrel_cri::api;
-use tokio::sync::mpsc;
+//! their delivery to the PLEG's sink.
 
 use super::{PodLifecycleEvent, PodLifecycleEventType};
-use crate::metrics::AgentMetrics;
+use petrel_cri::api;
 
 /// A container's (or sandbox's) state as the relist sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,32 +76,22 @@ pub(crate) fn from_cri_event(event_type: i32) -> Option<PodLifecycleEventType> {
     }
 }
 
-/// Delivers lifecycle events without ever blocking the PLEG.
+/// Delivers lifecycle events to the PLEG's sink.
 pub(crate) struct Emitter {
-    tx: mpsc::Sender<PodLifecycleEvent>,
-    metrics: AgentMetrics,
+    sink: super::EventSink,
 }
 
 impl Emitter {
-    pub(crate) fn new(tx: mpsc::Sender<PodLifecycleEvent>, metrics: AgentMetrics) -> Self {
-        Self { tx, metrics }
+    pub(crate) fn new(sink: super::EventSink) -> Self {
+        Self { sink }
     }
 
-    /// Sends `event`; a full channel drops it and counts the discard (the
-    /// cache already holds the truth, and the periodic resync finds it).
-    /// ContainerChanged is never sent, like kubelet.
+    /// Hands `event` to the sink. ContainerChanged is never sent, like
+    /// kubelet.
     pub(crate) fn emit(&self, event: PodLifecycleEvent) {
         if event.kind == PodLifecycleEventType::ContainerChanged {
             return;
         }
-        match self.tx.try_send(event) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(e)) => {
-                self.metrics.pleg_discard_events.inc();
-                tracing::debug!(pod.uid = %e.uid, "lifecycle event channel full; event dropped");
-            }
-            // Nobody listens any more (shutting down).
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
-        }
+        (self.sink)(event);
     }
 }

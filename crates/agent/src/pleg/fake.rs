@@ -1,4 +1,4 @@
-//! An in-memory [`RuntimeApi`] for unit tests of the PLEG and the pod
+//! An in-memory [`RuntimeObserver`] and [`RuntimeActuator`] for unit tests of the PLEG and the pod
 //! workers.
 //!
 //! Two ways to use it:
@@ -28,9 +28,12 @@ use tokio::sync::mpsc;
 
 use crate::cache::now_ns;
 use crate::cri::{
-    ContainerSummary, CriError, CriResult, EventStream, ExecOutput, RuntimeApi, LISTED_LABELS,
+    ContainerSummary, CriError, CriResult, EventStream, ExecOutput, RuntimeActuator,
+    RuntimeObserver, LISTED_LABELS,
 };
-use crate::types::{ANNOTATION_CONTAINER_KIND, LABEL_MANAGED_BY, LABEL_POD_UID};
+use crate::types::{
+    ANNOTATION_CONTAINER_KIND, KIND_APP, KIND_INIT, KIND_SIDECAR, LABEL_MANAGED_BY, LABEL_POD_UID,
+};
 
 /// The sender side of a scripted stream: send events or an error; drop it
 /// to end the stream.
@@ -50,9 +53,42 @@ struct Sandbox {
     labels: HashMap<String, String>,
     annotations: HashMap<String, String>,
     /// Names of the init containers created in this sandbox, and whether
-    /// one of their instances completed (exited 0): app containers may be
-    /// created only once all have, whatever is removed later.
+    /// one of their instances did its part (a regular one exited 0, a
+    /// sidecar started): a container may be created only once every other
+    /// has, whatever is removed later.
     inits: HashMap<String, bool>,
+}
+
+/// Which part a container plays in its pod, from the kind the agent wrote
+/// on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Runs to completion before the next init container starts.
+    Init,
+    /// An init container kept running beside everything after it.
+    Sidecar,
+    App,
+}
+
+impl Kind {
+    fn of(annotations: &HashMap<String, String>) -> Self {
+        match annotations
+            .get(ANNOTATION_CONTAINER_KIND)
+            .map(String::as_str)
+        {
+            Some(KIND_INIT) => Kind::Init,
+            Some(KIND_SIDECAR) => Kind::Sidecar,
+            _ => Kind::App,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Init => KIND_INIT,
+            Kind::Sidecar => KIND_SIDECAR,
+            Kind::App => KIND_APP,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -60,7 +96,7 @@ struct Container {
     sandbox: String,
     uid: String,
     name: String,
-    init: bool,
+    kind: Kind,
     state: api::ContainerState,
     created_at: i64,
     started_at: i64,
@@ -179,6 +215,11 @@ pub(crate) struct FakeRuntime {
     state: Mutex<State>,
     calls: Mutex<HashMap<&'static str, usize>>,
     delays: Mutex<HashMap<&'static str, Duration>>,
+    /// StopContainer of these containers takes this long to take effect
+    /// (a container slow to exit).
+    stop_delays: Mutex<HashMap<String, Duration>>,
+    /// The containers StopContainer stopped, in order.
+    stopped: Mutex<Vec<String>>,
     failing: Mutex<HashMap<&'static str, tonic::Code>>,
     failing_ids: Mutex<HashSet<String>>,
     scripts: Mutex<VecDeque<Script>>,
@@ -205,6 +246,8 @@ impl Default for FakeRuntime {
             state: Mutex::default(),
             calls: Mutex::default(),
             delays: Mutex::default(),
+            stop_delays: Mutex::default(),
+            stopped: Mutex::default(),
             failing: Mutex::default(),
             failing_ids: Mutex::default(),
             scripts: Mutex::default(),
@@ -299,7 +342,7 @@ impl FakeRuntime {
     }
 
     /// Adds a container to sandbox `sb`; returns its id. A name starting
-    /// with `init` makes an init container.
+    /// with `init` makes an init container, with `sidecar` a sidecar.
     pub(crate) fn add_container(&self, sb: &str, name: &str, state: api::ContainerState) -> String {
         let mut s = lock(&self.state);
         let id = s.next_id("c");
@@ -317,14 +360,20 @@ impl FakeRuntime {
                 (b.uid.clone(), labels)
             })
             .unwrap_or_default();
-        let init = name.starts_with("init");
+        let kind = if name.starts_with("init") {
+            Kind::Init
+        } else if name.starts_with("sidecar") {
+            Kind::Sidecar
+        } else {
+            Kind::App
+        };
         s.containers.insert(
             id.clone(),
             Container {
                 sandbox: sb.into(),
                 uid,
                 name: name.into(),
-                init,
+                kind,
                 state,
                 created_at,
                 started_at: 0,
@@ -335,7 +384,7 @@ impl FakeRuntime {
                 labels,
                 annotations: HashMap::from([(
                     ANNOTATION_CONTAINER_KIND.to_string(),
-                    if init { "init" } else { "app" }.to_string(),
+                    kind.as_str().to_string(),
                 )]),
                 planned_exit: None,
             },
@@ -347,6 +396,23 @@ impl FakeRuntime {
     pub(crate) fn set_state(&self, id: &str, state: api::ContainerState) {
         if let Some(c) = lock(&self.state).containers.get_mut(id) {
             c.state = state;
+        }
+    }
+
+    /// Makes a running container exit by itself with `code`, with its
+    /// event.
+    pub(crate) fn exit(&self, id: &str, code: i32) {
+        let mut s = lock(&self.state);
+        let ts = s.stamp();
+        let exited = match s.containers.get_mut(id) {
+            Some(c) if c.state == api::ContainerState::ContainerRunning => {
+                exit_container(c, code, ts);
+                true
+            }
+            _ => false,
+        };
+        if exited {
+            self.publish_locked(&s, id, Ev::ContainerStoppedEvent, ts);
         }
     }
 
@@ -372,6 +438,16 @@ impl FakeRuntime {
     /// Delays every call of `op` (a CRI operation name).
     pub(crate) fn delay(&self, op: &'static str, d: Duration) {
         lock(&self.delays).insert(op, d);
+    }
+
+    /// Makes StopContainer of container `id` take `d` to take effect.
+    pub(crate) fn delay_stop(&self, id: &str, d: Duration) {
+        lock(&self.stop_delays).insert(id.to_string(), d);
+    }
+
+    /// The containers StopContainer stopped so far, in order.
+    pub(crate) fn stopped(&self) -> Vec<String> {
+        lock(&self.stopped).clone()
     }
 
     /// Makes Exec/Attach/PortForward answer URLs under `base`
@@ -569,7 +645,7 @@ impl FakeRuntime {
                 None => None,
             };
             if let Some(code) = exit {
-                if c.init && code == 0 {
+                if c.kind == Kind::Init && code == 0 {
                     completed.push((c.sandbox.clone(), c.name.clone()));
                 }
                 exit_container(c, code, ts);
@@ -701,25 +777,30 @@ impl FakeRuntime {
     }
 
     /// The invariants a container `id` (about to be created or started)
-    /// must not break: one live instance per name and sandbox; init
-    /// containers alone in their sandbox and one at a time.
+    /// must not break: one live instance per name and sandbox; regular
+    /// init containers one at a time, with no app container beside them
+    /// (sidecars may run beside anything).
     fn check_container(&self, s: &State, id: &str, c: &Container, op: &str) {
         for (oid, o) in &s.containers {
             if oid == id || o.sandbox != c.sandbox || !o.live() {
                 continue;
             }
+            let clash = matches!(
+                (c.kind, o.kind),
+                (Kind::Init, Kind::Init | Kind::App) | (Kind::App, Kind::Init)
+            );
             if o.name == c.name {
                 self.violation(format!(
                     "{op} {id}: container {} of pod {} already live in sandbox {} as {oid} ({:?})",
                     c.name, c.uid, c.sandbox, o.state
                 ));
-            } else if c.init || o.init {
+            } else if clash {
                 self.violation(format!(
                     "{op} {id}: {} container {} of pod {} while {} container {} ({oid}, {:?}) is live in sandbox {}",
-                    if c.init { "init" } else { "app" },
+                    c.kind.as_str(),
                     c.name,
                     c.uid,
-                    if o.init { "init" } else { "app" },
+                    o.kind.as_str(),
                     o.name,
                     o.state,
                     c.sandbox
@@ -892,7 +973,7 @@ fn container_status(id: &str, c: &Container) -> api::ContainerStatus {
 }
 
 #[async_trait::async_trait]
-impl RuntimeApi for FakeRuntime {
+impl RuntimeObserver for FakeRuntime {
     async fn version(&self) -> CriResult<api::VersionResponse> {
         self.enter("version").await?;
         self.leave("version").await?;
@@ -975,6 +1056,109 @@ impl RuntimeApi for FakeRuntime {
         .await
     }
 
+    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
+        self.enter("image_status").await?;
+        self.leave("image_status").await?;
+        Ok(Some(api::Image {
+            id: format!("sha256:{image}"),
+            repo_tags: vec![image.to_string()],
+            ..Default::default()
+        }))
+    }
+
+    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
+        self.enter("image_fs_info").await?;
+        self.leave("image_fs_info").await?;
+        // The fake keeps no images on any filesystem.
+        Ok(api::ImageFsInfoResponse::default())
+    }
+
+    async fn list_container_stats(
+        &self,
+        _labels: HashMap<String, String>,
+    ) -> CriResult<Vec<api::ContainerStats>> {
+        self.enter("list_container_stats").await?;
+        self.leave("list_container_stats").await?;
+        // The fake's containers have no writable layers.
+        Ok(Vec::new())
+    }
+
+    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
+        self.enter("list_images").await?;
+        self.leave("list_images").await?;
+        Ok(Vec::new())
+    }
+
+    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
+        self.enter("list_containers").await?;
+        let used = lock(&self.state)
+            .containers
+            .values()
+            .map(|c| c.image.clone())
+            .collect();
+        self.leave("list_containers").await?;
+        Ok(used)
+    }
+
+    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
+        self.stream_url("exec", &req.container_id).await
+    }
+
+    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
+        self.stream_url("attach", &req.container_id).await
+    }
+
+    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
+        const OP: &str = "portforward";
+        self.enter(OP).await?;
+        let known = lock(&self.state)
+            .sandboxes
+            .contains_key(&req.pod_sandbox_id);
+        self.leave(OP).await?;
+        if !known {
+            return Err(err(OP, tonic::Code::NotFound, &req.pod_sandbox_id));
+        }
+        Ok(format!(
+            "{}/{OP}/{}",
+            lock(&self.stream_base),
+            req.pod_sandbox_id
+        ))
+    }
+
+    async fn container_events(&self) -> CriResult<EventStream> {
+        *lock(&self.calls).entry("get_container_events").or_default() += 1;
+        let script = lock(&self.scripts).pop_front();
+        match script {
+            Some(Script::Stream(rx)) => Ok(Box::pin(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            )),
+            Some(Script::Fail(code)) => Err(err("get_container_events", code, "scripted")),
+            None if self.live_events.load(Ordering::SeqCst) => {
+                let faults = lock(&self.faults).clone();
+                if self.roll(faults.fail_before) {
+                    return Err(err(
+                        "get_container_events",
+                        tonic::Code::Unavailable,
+                        "injected failure",
+                    ));
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                lock(&self.subscribers).push(tx);
+                Ok(Box::pin(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                ))
+            }
+            None => Err(err(
+                "get_container_events",
+                tonic::Code::Unavailable,
+                "connection refused",
+            )),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RuntimeActuator for FakeRuntime {
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig) -> CriResult<String> {
         const OP: &str = "run_podsandbox";
         self.enter(OP).await?;
@@ -1070,10 +1254,7 @@ impl RuntimeApi for FakeRuntime {
             }
             let uid = sb.uid.clone();
             let metadata = config.metadata.clone().unwrap_or_default();
-            let init = config
-                .annotations
-                .get(ANNOTATION_CONTAINER_KIND)
-                .is_some_and(|k| k == "init");
+            let kind = Kind::of(&config.annotations);
             if metadata.attempt > 0 {
                 self.recreates.fetch_add(1, Ordering::SeqCst);
             }
@@ -1083,7 +1264,7 @@ impl RuntimeApi for FakeRuntime {
                 sandbox: sandbox_id.to_string(),
                 uid,
                 name: metadata.name.clone(),
-                init,
+                kind,
                 state: api::ContainerState::ContainerCreated,
                 created_at,
                 started_at: 0,
@@ -1097,13 +1278,22 @@ impl RuntimeApi for FakeRuntime {
             };
             self.check_container(&s, &id, &c, OP);
             if let Some(b) = s.sandboxes.get_mut(sandbox_id) {
-                if init {
-                    b.inits.entry(c.name.clone()).or_insert(false);
-                } else if let Some((name, _)) = b.inits.iter().find(|(_, done)| !**done) {
+                // Init containers start in order: each one created before
+                // did its part. (Another instance of one created before
+                // is a restart: a sidecar's may come while a later init
+                // container runs.)
+                let again = b.inits.contains_key(&c.name);
+                let pending = b.inits.iter().find(|(_, done)| !**done).filter(|_| !again);
+                if let Some((name, _)) = pending {
                     self.violation(format!(
-                        "{OP} {id}: app container {} of pod {} while init container {name} never completed in sandbox {sandbox_id}",
-                        c.name, c.uid
+                        "{OP} {id}: {} container {} of pod {} while init container {name} never did its part in sandbox {sandbox_id}",
+                        c.kind.as_str(),
+                        c.name,
+                        c.uid
                     ));
+                }
+                if c.kind != Kind::App {
+                    b.inits.entry(c.name.clone()).or_insert(false);
                 }
             }
             s.containers.insert(id.clone(), c);
@@ -1141,7 +1331,12 @@ impl RuntimeApi for FakeRuntime {
                 ));
             }
             self.check_container(s, id, &c, OP);
-            let planned_exit = if c.init {
+            if c.kind == Kind::Sidecar {
+                if let Some(b) = s.sandboxes.get_mut(&c.sandbox) {
+                    b.inits.insert(c.name.clone(), true);
+                }
+            }
+            let planned_exit = if c.kind == Kind::Init {
                 let faults = lock(&self.faults).clone();
                 let run = Duration::from_millis(lock(&self.rng).gen_range(2..30));
                 let code = if self.roll(faults.init_failure) { 1 } else { 0 };
@@ -1163,6 +1358,10 @@ impl RuntimeApi for FakeRuntime {
     async fn stop_container(&self, id: &str, _timeout_secs: i64) -> CriResult<()> {
         const OP: &str = "stop_container";
         self.enter(OP).await?;
+        let slow = lock(&self.stop_delays).get(id).copied();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
         {
             let mut s = lock(&self.state);
             let ts = s.stamp();
@@ -1171,6 +1370,7 @@ impl RuntimeApi for FakeRuntime {
             };
             if c.live() {
                 exit_container(c, 137, ts);
+                lock(&self.stopped).push(id.to_string());
                 self.publish_all(&s, vec![(id.to_string(), Ev::ContainerStoppedEvent, ts)]);
             }
         }
@@ -1225,53 +1425,9 @@ impl RuntimeApi for FakeRuntime {
         }
     }
 
-    async fn image_status(&self, image: &str) -> CriResult<Option<api::Image>> {
-        self.enter("image_status").await?;
-        self.leave("image_status").await?;
-        Ok(Some(api::Image {
-            id: format!("sha256:{image}"),
-            repo_tags: vec![image.to_string()],
-            ..Default::default()
-        }))
-    }
-
-    async fn image_fs_info(&self) -> CriResult<api::ImageFsInfoResponse> {
-        self.enter("image_fs_info").await?;
-        self.leave("image_fs_info").await?;
-        // The fake keeps no images on any filesystem.
-        Ok(api::ImageFsInfoResponse::default())
-    }
-
-    async fn list_container_stats(
-        &self,
-        _labels: HashMap<String, String>,
-    ) -> CriResult<Vec<api::ContainerStats>> {
-        self.enter("list_container_stats").await?;
-        self.leave("list_container_stats").await?;
-        // The fake's containers have no writable layers.
-        Ok(Vec::new())
-    }
-
-    async fn list_images(&self) -> CriResult<Vec<api::Image>> {
-        self.enter("list_images").await?;
-        self.leave("list_images").await?;
-        Ok(Vec::new())
-    }
-
     async fn remove_image(&self, _id: &str) -> CriResult<()> {
         self.enter("remove_image").await?;
         self.leave("remove_image").await
-    }
-
-    async fn images_in_use(&self) -> CriResult<std::collections::HashSet<String>> {
-        self.enter("list_containers").await?;
-        let used = lock(&self.state)
-            .containers
-            .values()
-            .map(|c| c.image.clone())
-            .collect();
-        self.leave("list_containers").await?;
-        Ok(used)
     }
 
     async fn pull_image(
@@ -1282,61 +1438,5 @@ impl RuntimeApi for FakeRuntime {
         self.enter("pull_image").await?;
         self.leave("pull_image").await?;
         Ok(format!("sha256:{image}"))
-    }
-
-    async fn exec(&self, req: api::ExecRequest) -> CriResult<String> {
-        self.stream_url("exec", &req.container_id).await
-    }
-
-    async fn attach(&self, req: api::AttachRequest) -> CriResult<String> {
-        self.stream_url("attach", &req.container_id).await
-    }
-
-    async fn port_forward(&self, req: api::PortForwardRequest) -> CriResult<String> {
-        const OP: &str = "portforward";
-        self.enter(OP).await?;
-        let known = lock(&self.state)
-            .sandboxes
-            .contains_key(&req.pod_sandbox_id);
-        self.leave(OP).await?;
-        if !known {
-            return Err(err(OP, tonic::Code::NotFound, &req.pod_sandbox_id));
-        }
-        Ok(format!(
-            "{}/{OP}/{}",
-            lock(&self.stream_base),
-            req.pod_sandbox_id
-        ))
-    }
-
-    async fn container_events(&self) -> CriResult<EventStream> {
-        *lock(&self.calls).entry("get_container_events").or_default() += 1;
-        let script = lock(&self.scripts).pop_front();
-        match script {
-            Some(Script::Stream(rx)) => Ok(Box::pin(
-                tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-            )),
-            Some(Script::Fail(code)) => Err(err("get_container_events", code, "scripted")),
-            None if self.live_events.load(Ordering::SeqCst) => {
-                let faults = lock(&self.faults).clone();
-                if self.roll(faults.fail_before) {
-                    return Err(err(
-                        "get_container_events",
-                        tonic::Code::Unavailable,
-                        "injected failure",
-                    ));
-                }
-                let (tx, rx) = mpsc::unbounded_channel();
-                lock(&self.subscribers).push(tx);
-                Ok(Box::pin(
-                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-                ))
-            }
-            None => Err(err(
-                "get_container_events",
-                tonic::Code::Unavailable,
-                "connection refused",
-            )),
-        }
     }
 }

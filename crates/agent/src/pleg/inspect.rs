@@ -5,10 +5,11 @@ use std::collections::HashMap;
 
 use petrel_cri::api;
 
-use crate::cri::{ContainerSummary, CriResult, RuntimeApi};
+use crate::cri::{ContainerSummary, CriResult, RuntimeObserver};
 use crate::types::{
     ContainerMeta, PodRuntimeStatus, ANNOTATION_CONTAINER_HASH, ANNOTATION_CONTAINER_KIND,
-    ANNOTATION_RESTART_COUNT, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
+    ANNOTATION_RESTART_COUNT, KIND_INIT, KIND_SIDECAR, LABEL_MANAGED_BY, LABEL_POD_NAME,
+    LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };
 
 /// The label selector of everything this node made.
@@ -50,7 +51,11 @@ impl PodListing {
 }
 
 /// Lists one pod (by its labels, only what this node made).
-pub(crate) async fn list_pod(rt: &dyn RuntimeApi, node: &str, uid: &str) -> CriResult<PodListing> {
+pub(crate) async fn list_pod(
+    rt: &dyn RuntimeObserver,
+    node: &str,
+    uid: &str,
+) -> CriResult<PodListing> {
     let sandboxes = rt.list_pod_sandboxes(pod_selector(node, uid)).await?;
     let containers = rt.list_containers(pod_selector(node, uid)).await?;
     Ok(PodListing {
@@ -64,7 +69,7 @@ pub(crate) async fn list_pod(rt: &dyn RuntimeApi, node: &str, uid: &str) -> CriR
 /// other error fails the inspection. Calls are sequential: the bound on
 /// concurrent inspections is then a bound on concurrent calls.
 pub(crate) async fn inspect_listed(
-    rt: &dyn RuntimeApi,
+    rt: &dyn RuntimeObserver,
     uid: &str,
     listing: &PodListing,
 ) -> CriResult<PodRuntimeStatus> {
@@ -143,7 +148,10 @@ pub(crate) fn container_meta(annotations: &HashMap<String, String>) -> Container
     ContainerMeta {
         init: annotations
             .get(ANNOTATION_CONTAINER_KIND)
-            .is_some_and(|k| k == "init"),
+            .is_some_and(|k| k == KIND_INIT || k == KIND_SIDECAR),
+        sidecar: annotations
+            .get(ANNOTATION_CONTAINER_KIND)
+            .is_some_and(|k| k == KIND_SIDECAR),
         hash: annotations
             .get(ANNOTATION_CONTAINER_HASH)
             .cloned()

@@ -1,5 +1,7 @@
 //! The pod lifecycle event generator (PLEG): learns what changed in the
-//! runtime, keeps the [`PodCache`] fresh and tells the pod workers.
+//! runtime, keeps the [`PodCache`] fresh and tells its [`EventSink`] (in
+//! the agent: the pod's status published at once and its sync queued,
+//! straight from the PLEG's own tasks).
 //!
 //! Two ways to learn, one truth (the runtime):
 //! - **Relist** (`relist`): list everything this node made, diff it with
@@ -40,17 +42,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::cache::{now_ns, PodCache};
 use crate::config::PlegMode;
-use crate::cri::{CriError, RuntimeApi};
+use crate::cri::{CriError, RuntimeObserver};
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::types::PodUid;
-
-/// Capacity of the lifecycle event channel (kubelet's).
-pub const EVENT_CHANNEL_CAPACITY: usize = 1000;
 
 /// What happened to a container (or sandbox) of a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,8 +64,19 @@ pub enum PodLifecycleEventType {
     ContainerChanged,
 }
 
-/// One lifecycle event for the pod workers. The cache already holds the
-/// inspection that found it when it is received.
+impl PodLifecycleEventType {
+    /// Whether the pod needs a sync for it (kubelet's isSyncPodWorthy): a
+    /// removal is no news to act on (a container removed while it ran was
+    /// reported dead first).
+    pub fn wants_sync(self) -> bool {
+        !matches!(self, Self::ContainerRemoved | Self::ContainerChanged)
+    }
+}
+
+/// One lifecycle event. The cache already holds the inspection that found
+/// it when the sink gets it. The sink uses the pod and the kind; the
+/// container lets the PLEG report a burst of news about one container
+/// once.
 #[derive(Debug, Clone)]
 pub struct PodLifecycleEvent {
     /// The pod.
@@ -76,6 +86,12 @@ pub struct PodLifecycleEvent {
     /// The container (or sandbox) id it happened to.
     pub container_id: String,
 }
+
+/// Where the PLEG delivers its lifecycle events: called from the PLEG's
+/// own tasks (relists, event-driven inspections, [`Pleg::inspect`]) once
+/// the cache holds the inspection that found the change. It must not
+/// block or wait: the PLEG never waits on its consumer.
+pub type EventSink = Arc<dyn Fn(PodLifecycleEvent) + Send + Sync>;
 
 /// The PLEG's settings.
 #[derive(Debug, Clone)]
@@ -94,7 +110,7 @@ pub struct PlegConfig {
 }
 
 struct Inner {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeObserver>,
     cache: Arc<PodCache>,
     health: Arc<Health>,
     metrics: AgentMetrics,
@@ -147,40 +163,22 @@ pub struct Pleg {
 }
 
 impl Pleg {
-    /// Creates the PLEG. The receiver gets lifecycle events (a bounded
-    /// channel of 1000; when full, the event is dropped and
-    /// `kubelet_pleg_discard_events` counted).
+    /// Creates the PLEG; its lifecycle events go to `sink` (no channel, no
+    /// bound: the agent's sink is the work queue, which keeps one entry
+    /// per pod, so `kubelet_pleg_discard_events` stays 0).
     pub fn new(
-        runtime: Arc<dyn RuntimeApi>,
+        runtime: Arc<dyn RuntimeObserver>,
         cache: Arc<PodCache>,
         health: Arc<Health>,
         metrics: AgentMetrics,
         config: PlegConfig,
-    ) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
-        Self::with_capacity(
-            runtime,
-            cache,
-            health,
-            metrics,
-            config,
-            EVENT_CHANNEL_CAPACITY,
-        )
-    }
-
-    fn with_capacity(
-        runtime: Arc<dyn RuntimeApi>,
-        cache: Arc<PodCache>,
-        health: Arc<Health>,
-        metrics: AgentMetrics,
-        config: PlegConfig,
-        capacity: usize,
-    ) -> (Self, mpsc::Receiver<PodLifecycleEvent>) {
-        let (tx, rx) = mpsc::channel(capacity);
+        sink: EventSink,
+    ) -> Self {
         let inner = Inner {
             runtime,
             cache,
             health,
-            emitter: events::Emitter::new(tx, metrics.clone()),
+            emitter: events::Emitter::new(sink),
             metrics,
             permits: Semaphore::new(config.inspect_concurrency.max(1)),
             config,
@@ -192,12 +190,9 @@ impl Pleg {
             relist_wanted: Notify::new(),
             ready: watch::Sender::new(None),
         };
-        (
-            Self {
-                inner: Arc::new(inner),
-            },
-            rx,
-        )
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Runs until aborted (the caller aborts the task on shutdown; the

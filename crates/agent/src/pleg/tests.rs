@@ -21,7 +21,7 @@ struct Harness {
     health: Arc<Health>,
     metrics: AgentMetrics,
     pleg: Pleg,
-    rx: mpsc::Receiver<PodLifecycleEvent>,
+    rx: mpsc::UnboundedReceiver<PodLifecycleEvent>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -43,17 +43,21 @@ fn config(mode: PlegMode) -> PlegConfig {
     }
 }
 
-fn harness_with(rt: Arc<FakeRuntime>, cfg: PlegConfig, capacity: usize) -> Harness {
+fn harness_with(rt: Arc<FakeRuntime>, cfg: PlegConfig) -> Harness {
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(Duration::from_secs(180)));
     let metrics = AgentMetrics::new();
-    let (pleg, rx) = Pleg::with_capacity(
+    // The sink hands each event over for the test to look at.
+    let (tx, rx) = mpsc::unbounded_channel();
+    let pleg = Pleg::new(
         rt.clone(),
         cache.clone(),
         health.clone(),
         metrics.clone(),
         cfg,
-        capacity,
+        Arc::new(move |e| {
+            let _ = tx.send(e);
+        }),
     );
     Harness {
         rt,
@@ -67,7 +71,7 @@ fn harness_with(rt: Arc<FakeRuntime>, cfg: PlegConfig, capacity: usize) -> Harne
 }
 
 fn harness(cfg: PlegConfig) -> Harness {
-    harness_with(Arc::new(FakeRuntime::new()), cfg, EVENT_CHANNEL_CAPACITY)
+    harness_with(Arc::new(FakeRuntime::new()), cfg)
 }
 
 impl Harness {
@@ -126,6 +130,14 @@ async fn until(f: impl Fn() -> bool) -> bool {
 }
 
 use PodLifecycleEventType::{ContainerChanged, ContainerDied, ContainerRemoved, ContainerStarted};
+
+#[test]
+fn events_should_want_a_sync_unless_they_report_a_removal() {
+    assert!(ContainerStarted.wants_sync());
+    assert!(ContainerDied.wants_sync());
+    assert!(!ContainerRemoved.wants_sync());
+    assert!(!ContainerChanged.wants_sync());
+}
 
 #[test]
 fn transitions_should_map_like_kubelet() {
@@ -336,21 +348,6 @@ async fn relist_mode_should_run_periodically_and_report_its_mode() {
         .await
         .is_some());
     assert_eq!(h.rt.calls("get_container_events"), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn channel_full_should_drop_and_count_events() {
-    let mut h = harness_with(Arc::new(FakeRuntime::new()), config(PlegMode::Relist), 2);
-    for i in 0..5 {
-        let sb = h.rt.add_sandbox(&format!("p{i}"), NODE);
-        h.rt.add_container(&sb, "app", St::ContainerRunning);
-    }
-    assert!(h.pleg.relist().await);
-    // 10 starts (5 sandboxes, 5 containers): 2 delivered, 8 discarded.
-    assert_eq!(h.drain().len(), 2);
-    assert_eq!(h.metrics.pleg_discard_events.get(), 8);
-    // Every pod is in the cache regardless.
-    assert_eq!(h.cache.uids().len(), 5);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! Liveness, readiness and startup probes: one task per probe of each
 //! running container instance, results kept for the status, and the pod
-//! queued for a sync whenever a result changes.
+//! handed to a [`ChangeSink`] (in the agent: queued for a sync) whenever a
+//! result changes.
 //!
 //! Like kubelet: liveness and readiness wait until the startup probe has
 //! passed; a result changes only after `successThreshold` successes or
@@ -15,10 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeActuator;
 use crate::types::PodUid;
 
 pub use run::{probe_once, Outcome};
@@ -65,19 +65,20 @@ pub enum ProbeChange {
     Status,
 }
 
+/// Where probe changes go: called from the probe's task, it must not
+/// block (the agent's queues the pod's sync, urgently for a kill).
+pub type ChangeSink = Arc<dyn Fn(&str, ProbeChange) + Send + Sync>;
+
 /// All probe tasks of the agent.
 pub struct ProbeManager {
-    runtime: Arc<dyn RuntimeApi>,
-    changes: UnboundedSender<(PodUid, ProbeChange)>,
+    runtime: Arc<dyn RuntimeActuator>,
+    changes: ChangeSink,
     instances: Mutex<HashMap<(PodUid, String), Instance>>,
 }
 
 impl ProbeManager {
-    /// Probe changes are reported on `changes`.
-    pub fn new(
-        runtime: Arc<dyn RuntimeApi>,
-        changes: UnboundedSender<(PodUid, ProbeChange)>,
-    ) -> Self {
+    /// Probe changes are reported to `changes`.
+    pub fn new(runtime: Arc<dyn RuntimeActuator>, changes: ChangeSink) -> Self {
         Self {
             runtime,
             changes,
@@ -118,7 +119,7 @@ impl ProbeManager {
             let Some(probe) = probe.clone() else { continue };
             let w = ProbeWorker {
                 runtime: Arc::clone(&self.runtime),
-                changes: self.changes.clone(),
+                changes: Arc::clone(&self.changes),
                 uid: uid.to_string(),
                 container: container.clone(),
                 container_id: container_id.to_string(),
@@ -166,8 +167,8 @@ impl ProbeManager {
 }
 
 struct ProbeWorker {
-    runtime: Arc<dyn RuntimeApi>,
-    changes: UnboundedSender<(PodUid, ProbeChange)>,
+    runtime: Arc<dyn RuntimeActuator>,
+    changes: ChangeSink,
     uid: String,
     container: Container,
     container_id: String,
@@ -266,7 +267,7 @@ impl ProbeWorker {
         };
         match change {
             Some(c) => {
-                let _ = self.changes.send((self.uid.clone(), c));
+                (self.changes)(&self.uid, c);
                 true
             }
             None => ok,

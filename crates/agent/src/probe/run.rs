@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeActuator;
 
 /// The outcome of one probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +36,7 @@ fn exec_failure(out: &crate::cri::ExecOutput) -> String {
 /// Runs `probe` once against the container `container_id` (exec) or the
 /// address `host` (HTTP, TCP).
 pub async fn probe_once(
-    runtime: &dyn RuntimeApi,
+    runtime: &dyn RuntimeActuator,
     probe: &Probe,
     container: &Container,
     container_id: &str,

@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use super::params::QueryParams;
 use super::resolve::{find_pod, is_running, ApiError};
 use super::AppState;
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeObserver;
 use crate::crilog::{
     drain_records, parse_rfc3339, ByteLimit, LineJoiner, LogLine, LogSelection, TailBuffer,
 };
@@ -306,7 +306,7 @@ impl Wake {
 
 /// Writes one request's log output into the response body.
 struct Streamer {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeObserver>,
     container_id: String,
     selection: LogSelection,
     follow: bool,

@@ -121,7 +121,7 @@ impl TestServer {
     /// A running sandbox and a started container `name` in the fake
     /// runtime; returns (sandbox id, container id).
     pub async fn run_container(&self, uid: &str, name: &str) -> (String, String) {
-        use crate::cri::RuntimeApi;
+        use crate::cri::RuntimeActuator;
         let sb_config = api::PodSandboxConfig {
             metadata: Some(api::PodSandboxMetadata {
                 name: "p".into(),

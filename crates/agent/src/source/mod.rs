@@ -200,21 +200,21 @@ impl PodSource {
         self.inner.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Watches the directory with inotify (no polling), re-reads changed
-    /// files, updates the snapshot and sends one [`SourceChange`] per pod
-    /// whose [`DesiredPod`] changed (touching a file changes nothing).
-    /// Handles editors' rename-into-place, deletes, new files and the
-    /// directory being replaced. Runs until the receiver is dropped or the
-    /// task aborted. Must be called within a tokio runtime.
-    pub fn spawn_watch(
+    /// The watch of the directory, to run as a task: inotify (no polling),
+    /// changed files re-read, the snapshot updated and `on_change` called
+    /// with one [`SourceChange`] per pod whose [`DesiredPod`] changed
+    /// (touching a file changes nothing), from the watch's task (it must
+    /// not block). Handles editors' rename-into-place, deletes, new files
+    /// and the directory being replaced. Runs until its task is aborted.
+    pub fn watch(
         &self,
-        tx: tokio::sync::mpsc::UnboundedSender<SourceChange>,
-    ) -> Result<tokio::task::JoinHandle<()>, SourceError> {
+        on_change: impl Fn(SourceChange) + Send + 'static,
+    ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, SourceError> {
         let watcher = watch::Watcher::new(self.clone()).map_err(|source| SourceError::Watch {
             path: self.inner.dir.clone(),
             source,
         })?;
-        Ok(tokio::spawn(watcher.run(tx)))
+        Ok(watcher.run(on_change))
     }
 
     /// Re-reads the named files (names inside the directory), or the whole

@@ -45,7 +45,10 @@ pub fn parse(path: &Path, text: &str) -> Vec<Doc> {
             match Value::deserialize(doc) {
                 // `---` at the end or between documents leaves empty ones.
                 Ok(Value::Null) => {}
-                Ok(v) => values.push(v),
+                Ok(mut v) => {
+                    octal_modes(&mut v);
+                    values.push(v);
+                }
                 Err(e) => {
                     // The YAML parser cannot resynchronise after a syntax
                     // error, so the rest of the file is this one broken doc.
@@ -57,6 +60,33 @@ pub fn parse(path: &Path, text: &str) -> Vec<Doc> {
         }
     }
     values.into_iter().flat_map(expand).collect()
+}
+
+/// File modes written the YAML 1.1 way (`defaultMode: 0644`), as kubectl's
+/// YAML reader takes them: octal numbers. serde_yaml follows YAML 1.2, to
+/// which `0644` is a string (and `0o644` the octal number). Only the keys
+/// that hold file modes in a Pod (`mode`, `defaultMode` of volume
+/// sources and their items) are read so.
+fn octal_modes(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                let octal = match x {
+                    Value::String(s) if k == "mode" || k == "defaultMode" => s
+                        .strip_prefix('0')
+                        .filter(|d| !d.is_empty() && d.bytes().all(|b| (b'0'..=b'7').contains(&b)))
+                        .and_then(|d| i64::from_str_radix(d, 8).ok()),
+                    _ => None,
+                };
+                match octal {
+                    Some(n) => *x = Value::from(n),
+                    None => octal_modes(x),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(octal_modes),
+        _ => {}
+    }
 }
 
 /// A document that is a Pod or a list of Pods, as documents.
@@ -189,6 +219,24 @@ mod tests {
             .unwrap()
             .containers[0];
         assert_eq!(c.image.as_deref(), Some("i"));
+    }
+
+    #[test]
+    fn parse_should_read_yaml_1_1_octal_file_modes() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  containers: [{name: c, image: i, env: [{name: X, value: '0644'}]}]\n  volumes:\n  - name: v\n    downwardAPI:\n      defaultMode: 0640\n      items: [{path: n, mode: 0400, fieldRef: {fieldPath: metadata.name}}, {path: m, mode: 0o600, fieldRef: {fieldPath: metadata.name}}, {path: d, mode: 420, fieldRef: {fieldPath: metadata.name}}]\n";
+        let docs = parse(Path::new("p.yaml"), text);
+        assert_eq!(docs[0].error, None);
+        let spec = docs[0].pod.as_ref().unwrap().spec.as_ref().unwrap();
+        let da = spec.volumes.as_ref().unwrap()[0]
+            .downward_api
+            .as_ref()
+            .unwrap();
+        assert_eq!(da.default_mode, Some(0o640));
+        let modes: Vec<_> = da.items.iter().flatten().map(|i| i.mode).collect();
+        assert_eq!(modes, [Some(0o400), Some(0o600), Some(420)]);
+        // Other strings stay strings.
+        let env = spec.containers[0].env.as_ref().unwrap();
+        assert_eq!(env[0].value.as_deref(), Some("0644"));
     }
 
     #[test]

@@ -406,7 +406,12 @@ async fn watch_should_follow_adds_edits_renames_and_deletes() {
     write(&dir, "a.yaml", &pod_yaml("a", "i"));
     let src = PodSource::load(&dir, NODE).unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let task = src.spawn_watch(tx).unwrap();
+    let task = tokio::spawn(
+        src.watch(move |c| {
+            let _ = tx.send(c);
+        })
+        .unwrap(),
+    );
 
     // New file.
     write(&dir, "b.yaml", &pod_yaml("b", "i"));
@@ -475,7 +480,12 @@ async fn watch_should_survive_the_directory_being_replaced() {
     write(&dir, "b.yaml", &pod_yaml("b", "i"));
     let src = PodSource::load(&dir, NODE).unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let task = src.spawn_watch(tx).unwrap();
+    let task = tokio::spawn(
+        src.watch(move |c| {
+            let _ = tx.send(c);
+        })
+        .unwrap(),
+    );
 
     // A new directory renamed over the old one's place.
     let new = tmp.path().join("manifests.new");
@@ -519,14 +529,18 @@ async fn watch_should_survive_the_directory_being_replaced() {
 }
 
 #[tokio::test]
-async fn watch_should_stop_when_the_receiver_is_dropped() {
+async fn watch_should_let_go_of_its_callback_when_aborted() {
     let tmp = tempfile::tempdir().unwrap();
     let src = PodSource::load(tmp.path(), NODE).unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let task = src.spawn_watch(tx).unwrap();
-    drop(rx);
-    tokio::time::timeout(Duration::from_secs(2), task)
-        .await
-        .unwrap()
-        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(
+        src.watch(move |c| {
+            let _ = tx.send(c);
+        })
+        .unwrap(),
+    );
+    task.abort();
+    // The callback (and the sender in it) is dropped with the watch.
+    let end = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
+    assert!(matches!(end, Ok(None)), "{end:?}");
 }

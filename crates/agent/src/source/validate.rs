@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, Probe, Volume};
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeSource, LifecycleHandler, Pod, Probe, Volume,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::quantity;
@@ -16,7 +18,7 @@ alphanumeric characters or '-', start and end with an alphanumeric character, \
 and be at most 63 characters";
 
 /// Volume sources the agent can provide.
-const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath"];
+const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath", "downwardAPI"];
 
 /// Every problem found, in field order; empty when the pod is valid.
 pub fn validate(pod: &Pod) -> Vec<String> {
@@ -70,10 +72,16 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     for (i, c) in init.iter().enumerate() {
         let path = format!("spec.initContainers[{i}]");
         container(&mut errs, &path, c, &mut names, &volume_names);
+        init_container(&mut errs, &path, c);
     }
     for (i, c) in spec.containers.iter().enumerate() {
         let path = format!("spec.containers[{i}]");
         container(&mut errs, &path, c, &mut names, &volume_names);
+        if c.restart_policy.is_some() {
+            errs.push(format!(
+                "{path}.restartPolicy: Forbidden: may not be set for non-init containers"
+            ));
+        }
     }
     errs
 }
@@ -110,6 +118,9 @@ fn volume(errs: &mut Vec<String>, i: usize, v: &Volume, names: &mut HashSet<Stri
             "{path}: Forbidden: may not specify more than 1 volume type"
         )),
     }
+    if let Some(da) = v.downward_api.as_ref() {
+        downward_api(errs, &format!("{path}.downwardAPI"), da);
+    }
     if let Some(hp) = v.host_path.as_ref() {
         if hp.path.is_empty() {
             errs.push(format!("{path}.hostPath.path: Required value"));
@@ -125,6 +136,74 @@ fn volume(errs: &mut Vec<String>, i: usize, v: &Volume, names: &mut HashSet<Stri
                 &hp.path,
                 "must not contain '..'",
             ));
+        }
+    }
+}
+
+/// A downwardAPI volume as the API server checks it: each item a relative
+/// path (no `..`), one source, a metadata field path, a resource with its
+/// container named; modes within 0777.
+fn downward_api(errs: &mut Vec<String>, path: &str, da: &DownwardAPIVolumeSource) {
+    let check_mode = |errs: &mut Vec<String>, field: &str, m: Option<i32>| {
+        if let Some(m) = m.filter(|m| !(0..=0o777).contains(m)) {
+            errs.push(invalid(
+                field,
+                &m.to_string(),
+                "must be a number between 0 and 0777 (octal), both inclusive",
+            ));
+        }
+    };
+    check_mode(errs, &format!("{path}.defaultMode"), da.default_mode);
+    for (i, item) in da.items.iter().flatten().enumerate() {
+        let ip = format!("{path}.items[{i}]");
+        if item.path.is_empty() {
+            errs.push(format!("{ip}.path: Required value"));
+        } else if item.path.starts_with('/') {
+            errs.push(invalid(
+                &format!("{ip}.path"),
+                &item.path,
+                "must be a relative path",
+            ));
+        } else if has_backstep(&item.path) {
+            errs.push(invalid(
+                &format!("{ip}.path"),
+                &item.path,
+                "must not contain '..'",
+            ));
+        } else if item.path.starts_with("..") {
+            errs.push(invalid(
+                &format!("{ip}.path"),
+                &item.path,
+                "must not start with '..'",
+            ));
+        }
+        check_mode(errs, &format!("{ip}.mode"), item.mode);
+        match (&item.field_ref, &item.resource_field_ref) {
+            (Some(f), None) => {
+                let p = f.field_path.as_str();
+                let keyed = ["metadata.labels['", "metadata.annotations['"]
+                    .iter()
+                    .any(|k| p.starts_with(k) && p.ends_with("']"));
+                if !keyed && !crate::convert::DOWNWARD_API_FIELD_PATHS.contains(&p) {
+                    errs.push(format!(
+                        "{ip}.fieldRef.fieldPath: Unsupported value: {p:?}: supported: {}",
+                        crate::convert::DOWNWARD_API_FIELD_PATHS.join(", ")
+                    ));
+                }
+            }
+            (None, Some(r)) => {
+                if r.container_name.as_deref().unwrap_or("").is_empty() {
+                    errs.push(format!(
+                        "{ip}.resourceFieldRef.containerName: Required value"
+                    ));
+                }
+            }
+            (None, None) => errs.push(format!(
+                "{ip}: Required value: one of fieldRef and resourceFieldRef is required"
+            )),
+            (Some(_), Some(_)) => errs.push(format!(
+                "{ip}: Invalid value: fieldRef and resourceFieldRef can not be specified simultaneously"
+            )),
         }
     }
 }
@@ -229,6 +308,29 @@ fn container(
         for (field, h) in [("postStart", &l.post_start), ("preStop", &l.pre_stop)] {
             if let Some(h) = h {
                 check_handler(errs, &format!("{path}.lifecycle.{field}"), h);
+            }
+        }
+    }
+}
+
+/// What only init containers may or may not set: `restartPolicy: Always`
+/// makes a sidecar, which alone may have probes and lifecycle hooks (it
+/// runs beside the app containers; the others run to completion).
+fn init_container(errs: &mut Vec<String>, path: &str, c: &Container) {
+    match c.restart_policy.as_deref() {
+        Some(p) => check_enum(errs, &format!("{path}.restartPolicy"), p, &["Always"]),
+        None => {
+            for (field, set) in [
+                ("lifecycle", c.lifecycle.is_some()),
+                ("livenessProbe", c.liveness_probe.is_some()),
+                ("readinessProbe", c.readiness_probe.is_some()),
+                ("startupProbe", c.startup_probe.is_some()),
+            ] {
+                if set {
+                    errs.push(format!(
+                        "{path}.{field}: Forbidden: may not be set for init containers without restartPolicy=Always"
+                    ));
+                }
             }
         }
     }
@@ -461,6 +563,53 @@ spec:
     }
 
     #[test]
+    fn validate_should_check_downward_api_volumes() {
+        let pod = |items: &str| {
+            format!("metadata: {{name: a}}\nspec: {{volumes: [{{name: v, downwardAPI: {{items: [{items}]}}}}], containers: [{{name: a, image: i}}]}}")
+        };
+        assert!(errors(&pod("{path: l, fieldRef: {fieldPath: metadata.labels}}, {path: k, fieldRef: {fieldPath: \"metadata.annotations['x']\"}}, {path: c, resourceFieldRef: {containerName: a, resource: limits.cpu}}")).is_empty());
+        assert_eq!(
+            one(&pod("{path: x, fieldRef: {fieldPath: spec.nodeName}}")),
+            r#"spec.volumes[0].downwardAPI.items[0].fieldRef.fieldPath: Unsupported value: "spec.nodeName": supported: metadata.annotations, metadata.labels, metadata.name, metadata.namespace, metadata.uid"#
+        );
+        assert_eq!(
+            one(&pod("{path: ../x, fieldRef: {fieldPath: metadata.name}}")),
+            r#"spec.volumes[0].downwardAPI.items[0].path: Invalid value: "../x": must not contain '..'"#
+        );
+        assert_eq!(
+            one(&pod("{path: ..x, fieldRef: {fieldPath: metadata.name}}")),
+            r#"spec.volumes[0].downwardAPI.items[0].path: Invalid value: "..x": must not start with '..'"#
+        );
+        assert_eq!(
+            one(&pod("{path: x, resourceFieldRef: {resource: limits.cpu}}")),
+            "spec.volumes[0].downwardAPI.items[0].resourceFieldRef.containerName: Required value"
+        );
+        assert_eq!(
+            one(&pod(
+                "{path: x, mode: 512, fieldRef: {fieldPath: metadata.name}}"
+            )),
+            r#"spec.volumes[0].downwardAPI.items[0].mode: Invalid value: "512": must be a number between 0 and 0777 (octal), both inclusive"#
+        );
+    }
+
+    #[test]
+    fn validate_should_accept_sidecars_only_among_init_containers() {
+        assert!(errors("metadata: {name: a}\nspec: {initContainers: [{name: s, image: i, restartPolicy: Always, readinessProbe: {exec: {command: [x]}}}], containers: [{name: a, image: i}]}").is_empty());
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {initContainers: [{name: s, image: i, restartPolicy: Never}], containers: [{name: a, image: i}]}"),
+            r#"spec.initContainers[0].restartPolicy: Unsupported value: "Never": supported: Always"#
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {initContainers: [{name: s, image: i, livenessProbe: {exec: {command: [x]}}}], containers: [{name: a, image: i}]}"),
+            "spec.initContainers[0].livenessProbe: Forbidden: may not be set for init containers without restartPolicy=Always"
+        );
+        assert_eq!(
+            one("metadata: {name: a}\nspec: {containers: [{name: a, image: i, restartPolicy: Always}]}"),
+            "spec.containers[0].restartPolicy: Forbidden: may not be set for non-init containers"
+        );
+    }
+
+    #[test]
     fn validate_should_check_restart_policy_and_grace() {
         assert_eq!(
             one("metadata: {name: a}\nspec: {restartPolicy: Sometimes, containers: [{name: a, image: i}]}"),
@@ -492,7 +641,7 @@ spec:
     fn validate_should_check_volumes_and_mounts() {
         assert_eq!(
             one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}, {name: c, configMap: {name: x}}], containers: [{name: a, image: i}]}"),
-            r#"spec.volumes[1]: Unsupported value: "configMap": supported: emptyDir, hostPath"#
+            r#"spec.volumes[1]: Unsupported value: "configMap": supported: emptyDir, hostPath, downwardAPI"#
         );
         assert_eq!(
             one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}, {name: d, emptyDir: {}}], containers: [{name: a, image: i}]}"),

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask, Watches};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::{parse, PodSource, SourceChange};
@@ -99,13 +98,13 @@ impl Watcher {
         })
     }
 
-    /// Runs until the receiver is gone.
-    pub(super) async fn run(mut self, tx: UnboundedSender<SourceChange>) {
+    /// Runs until dropped (its task aborted), handing each change to
+    /// `on_change`.
+    pub(super) async fn run(mut self, on_change: impl Fn(SourceChange) + Send + 'static) {
         tracing::debug!(dir = %self.source.inner.dir.display(), "watching manifests");
         loop {
             let deadline = self.deadline();
             tokio::select! {
-                _ = tx.closed() => return,
                 ev = self.stream.next() => match ev {
                     Some(Ok(ev)) => self.on_event(ev.wd, ev.mask, ev.name),
                     Some(Err(e)) => {
@@ -117,9 +116,7 @@ impl Watcher {
                 },
                 _ = sleep_until(deadline) => {
                     for change in self.process() {
-                        if tx.send(change).is_err() {
-                            return;
-                        }
+                        on_change(change);
                     }
                 }
             }

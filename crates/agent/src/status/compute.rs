@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use petrel_cri::api;
 
-use crate::convert::{qos_class, DEFAULT_TERMINATION_GRACE_SECONDS};
+use crate::convert::{is_sidecar, qos_class, DEFAULT_TERMINATION_GRACE_SECONDS};
 use crate::types::{ContainerHints, DesiredPod, PodHints, PodRuntimeStatus};
 
 /// `status.reason` of a pod whose manifest cannot run.
@@ -157,7 +157,9 @@ fn container_status(
                 .unwrap_or(instances.len() as i32 - 1)
         })
         .unwrap_or(0);
-    let ready = if init {
+    // A sidecar is ready as an app container is: running, and its
+    // readiness probe (if any) passed.
+    let ready = if init && !is_sidecar(spec) {
         exited_latest.is_some_and(|c| c.exit_code == 0)
     } else {
         running && hints.and_then(|h| h.ready).unwrap_or(true)
@@ -283,6 +285,13 @@ pub fn compute_pod_status(
     // if their own containers have been removed since.
     let apps_started = app_specs.iter().any(|c| !instances(&c.name).is_empty());
 
+    // The phase's counts, as kubelet's: regular init containers hold the
+    // pod Pending until they completed; a running sidecar counts as a
+    // running container (and holds initialization until it started); a
+    // sidecar that stopped does not count (it is restarted, or the pod is
+    // done).
+    let (mut running, mut waiting_n, mut stopped, mut succeeded, mut unknown) = (0, 0, 0, 0, 0);
+    let mut unready = Vec::new();
     let mut init_failed = false;
     let mut incomplete = Vec::new();
     let mut init_statuses = Vec::new();
@@ -296,14 +305,29 @@ pub fn compute_pod_status(
             "PodInitializing",
             ctx,
         );
-        match computed.exited {
-            Some(0) => {}
-            _ if apps_started => {}
-            Some(_) if !computed.running => {
-                init_failed = true;
+        if is_sidecar(c) {
+            let started = computed.running && computed.status.started == Some(true);
+            if computed.running {
+                running += 1;
+            } else if computed.exited.is_none() && !computed.ran_before {
+                waiting_n += 1;
+            }
+            if !started && !apps_started {
                 incomplete.push(c.name.clone());
             }
-            _ => incomplete.push(c.name.clone()),
+            if !computed.status.ready {
+                unready.push(c.name.clone());
+            }
+        } else {
+            match computed.exited {
+                Some(0) => {}
+                _ if apps_started => {}
+                Some(_) if !computed.running => {
+                    init_failed = true;
+                    incomplete.push(c.name.clone());
+                }
+                _ => incomplete.push(c.name.clone()),
+            }
         }
         init_statuses.push(computed.status);
     }
@@ -316,8 +340,6 @@ pub fn compute_pod_status(
     } else {
         "PodInitializing"
     };
-    let (mut running, mut waiting_n, mut stopped, mut succeeded, mut unknown) = (0, 0, 0, 0, 0);
-    let mut unready = Vec::new();
     let mut app_statuses = Vec::new();
     for c in app_specs {
         let computed = container_status(
@@ -574,10 +596,8 @@ mod tests {
         r.container_meta.insert(
             id.into(),
             ContainerMeta {
-                init: false,
-                hash: String::new(),
                 restart_count,
-                sandbox_id: String::new(),
+                ..Default::default()
             },
         );
         r
@@ -810,6 +830,95 @@ mod tests {
         let s = compute(&pod("Never", &["i1"], &["a"]), Some(&r));
         assert_eq!(phase(&s), "Failed");
         assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
+    }
+
+    /// A pod with init containers `setup` and the sidecar `proxy`, and the
+    /// app `main`.
+    fn sidecar_pod(policy: &str) -> DesiredPod {
+        desired(&format!(
+            "metadata: {{name: p}}\nspec:\n  restartPolicy: {policy}\n  initContainers:\n  - {{name: setup, image: i}}\n  - {{name: proxy, image: i, restartPolicy: Always}}\n  containers: [{{name: main, image: i}}]\n"
+        ))
+    }
+
+    #[test]
+    fn status_should_show_a_running_sidecar_as_an_init_container_that_is_ready() {
+        let p = sidecar_pod("Always");
+        let r = runtime(vec![
+            rc("setup", "ids", EXITED, 100, 0),
+            rc("proxy", "idp", RUNNING, 110, 0),
+        ]);
+        let s = compute(&p, Some(&r));
+        let proxy = init(&s, "proxy");
+        assert!(proxy.state.as_ref().unwrap().running.is_some());
+        assert!(proxy.ready && proxy.started == Some(true));
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert_eq!(waiting_reason(app(&s, "main")), Some("ContainerCreating"));
+        assert_eq!(phase(&s), "Pending", "main is not created yet");
+
+        let mut r = r;
+        r.containers.insert(0, rc("main", "idm", RUNNING, 120, 0));
+        let s = compute(&p, Some(&r));
+        assert_eq!(phase(&s), "Running");
+        assert_eq!(cond(&s, "Ready").status, "True");
+        // The sidecar's readiness is the pod's too.
+        let mut hints = PodHints::default();
+        hints.containers.insert(
+            "proxy".into(),
+            ContainerHints {
+                ready: Some(false),
+                ..Default::default()
+            },
+        );
+        let s = compute_pod_status(&p, Some(&r), &hints, &ctx());
+        assert_eq!(
+            cond(&s, "ContainersReady").message.as_deref(),
+            Some("containers with unready status: [proxy]")
+        );
+        assert_eq!(phase(&s), "Running");
+    }
+
+    #[test]
+    fn status_should_hold_initialization_until_a_sidecar_started() {
+        let p = sidecar_pod("Always");
+        let r = runtime(vec![
+            rc("setup", "ids", EXITED, 100, 0),
+            rc("proxy", "idp", RUNNING, 110, 0),
+        ]);
+        let mut hints = PodHints::default();
+        hints.containers.insert(
+            "proxy".into(),
+            ContainerHints {
+                started: Some(false),
+                ..Default::default()
+            },
+        );
+        let s = compute_pod_status(&p, Some(&r), &hints, &ctx());
+        assert_eq!(phase(&s), "Pending");
+        let c = cond(&s, "Initialized");
+        assert_eq!(
+            c.message.as_deref(),
+            Some("containers with incomplete status: [proxy]")
+        );
+        assert_eq!(waiting_reason(app(&s, "main")), Some("PodInitializing"));
+        assert_eq!(init(&s, "proxy").started, Some(false));
+    }
+
+    #[test]
+    fn status_should_complete_a_pod_whatever_its_stopped_sidecars() {
+        for (code, want) in [(0, "Succeeded"), (1, "Failed")] {
+            let p = sidecar_pod("Never");
+            let setup = || rc("setup", "ids", EXITED, 100, 0);
+            let main = || rc("main", "idm", EXITED, 120, code);
+            let r = runtime(vec![setup(), rc("proxy", "idp", RUNNING, 110, 0), main()]);
+            assert_eq!(phase(&compute(&p, Some(&r))), "Running", "the sidecar runs");
+            // Stopped by the agent: killed, 137, which does not count.
+            let r = runtime(vec![setup(), rc("proxy", "idp", EXITED, 110, 137), main()]);
+            let s = compute(&p, Some(&r));
+            assert_eq!(phase(&s), want);
+            assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
+            let t = init(&s, "proxy").state.as_ref().unwrap().terminated.clone();
+            assert_eq!(t.unwrap().exit_code, 137);
+        }
     }
 
     #[test]

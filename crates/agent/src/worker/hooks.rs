@@ -60,39 +60,62 @@ impl PodWorkers {
         grace: i64,
         reason: &str,
     ) -> Result<(), crate::cri::CriError> {
-        let name = status
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
+        let remaining = self.pre_stop(uid, status, spec, grace, reason).await;
+        self.stop_after_hook(uid, status, remaining).await
+    }
+
+    /// The first half of stopping a container: logs why and runs its
+    /// preStop hook (if it is running and has one) within `grace`; returns
+    /// the grace period left for StopContainer.
+    pub(super) async fn pre_stop(
+        &self,
+        uid: &str,
+        status: &api::ContainerStatus,
+        spec: Option<&Container>,
+        grace: i64,
+        reason: &str,
+    ) -> i64 {
+        let name = status.metadata.as_ref().map_or("", |m| m.name.as_str());
         tracing::info!(uid, container = %name, id = %status.id, grace, reason, "stopping container");
-        let mut remaining = grace;
-        if status.state == api::ContainerState::ContainerRunning as i32 {
-            if let Some(cmd) = pre_stop_command(spec, status) {
-                let start = Instant::now();
-                let r = tokio::time::timeout(
-                    Duration::from_secs(grace.max(1) as u64),
-                    self.runtime.exec_sync(&status.id, cmd, grace),
-                )
-                .await;
-                match r {
-                    Ok(Ok(out)) if out.exit_code != 0 => {
-                        tracing::warn!(uid, container = %name, exit_code = out.exit_code, "preStop hook failed")
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(uid, container = %name, error = %e, "preStop hook failed")
-                    }
-                    Err(_) => {
-                        tracing::warn!(uid, container = %name, "preStop hook did not finish within the grace period")
-                    }
-                    Ok(Ok(_)) => {}
-                }
-                let spent = start.elapsed().as_secs() as i64;
-                remaining = (grace - spent).max(MIN_GRACE_AFTER_HOOK);
-            }
+        if status.state != api::ContainerState::ContainerRunning as i32 {
+            return grace;
         }
-        self.probes.remove(uid, &name);
-        match self.runtime.stop_container(&status.id, remaining).await {
+        let Some(cmd) = pre_stop_command(spec, status) else {
+            return grace;
+        };
+        let start = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(grace.max(1) as u64),
+            self.runtime.exec_sync(&status.id, cmd, grace),
+        )
+        .await;
+        match r {
+            Ok(Ok(out)) if out.exit_code != 0 => {
+                tracing::warn!(uid, container = %name, exit_code = out.exit_code, "preStop hook failed")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(uid, container = %name, error = %e, "preStop hook failed")
+            }
+            Err(_) => {
+                tracing::warn!(uid, container = %name, "preStop hook did not finish within the grace period")
+            }
+            Ok(Ok(_)) => {}
+        }
+        let spent = start.elapsed().as_secs() as i64;
+        (grace - spent).max(MIN_GRACE_AFTER_HOOK)
+    }
+
+    /// The second half: StopContainer with `grace` seconds (its probes
+    /// stop first). A container already gone is stopped.
+    pub(super) async fn stop_after_hook(
+        &self,
+        uid: &str,
+        status: &api::ContainerStatus,
+        grace: i64,
+    ) -> Result<(), crate::cri::CriError> {
+        let name = status.metadata.as_ref().map_or("", |m| m.name.as_str());
+        self.probes.remove(uid, name);
+        match self.runtime.stop_container(&status.id, grace).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),

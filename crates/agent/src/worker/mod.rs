@@ -22,6 +22,7 @@
 
 mod backoff;
 mod hooks;
+mod init;
 mod phase;
 mod sync;
 mod terminate;
@@ -38,7 +39,7 @@ use petrel_controller::Action;
 
 use crate::cache::{now_ns, PodCache};
 use crate::convert::{ConvertContext, ConvertError};
-use crate::cri::{CriError, RuntimeApi};
+use crate::cri::{CriError, RuntimeActuator};
 use crate::metrics::AgentMetrics;
 use crate::pleg::Pleg;
 use crate::probe::ProbeManager;
@@ -149,7 +150,7 @@ impl PartialEq for Fingerprint {
 
 /// The pod workers' shared state; `sync` is the reconcile function.
 pub struct PodWorkers {
-    runtime: Arc<dyn RuntimeApi>,
+    runtime: Arc<dyn RuntimeActuator>,
     cache: Arc<PodCache>,
     pleg: Pleg,
     source: PodSource,
@@ -169,7 +170,7 @@ impl PodWorkers {
     /// The workers' state.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        runtime: Arc<dyn RuntimeApi>,
+        runtime: Arc<dyn RuntimeActuator>,
         cache: Arc<PodCache>,
         pleg: Pleg,
         source: PodSource,
@@ -192,6 +193,11 @@ impl PodWorkers {
             pods: Mutex::new(HashMap::new()),
             node: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The PLEG the workers inspect pods with.
+    pub fn pleg(&self) -> &Pleg {
+        &self.pleg
     }
 
     fn with_state<R>(&self, uid: &str, f: impl FnOnce(&mut PodState) -> R) -> R {
@@ -704,11 +710,25 @@ impl PodWorkers {
             crate::status::compute::mark_evicted(&mut status, message);
         }
         let prev = self.store.get(&pod.namespace, &pod.name);
-        carry_transition_times(
-            prev.as_ref().and_then(|p| p.status.as_ref()),
-            &mut status,
-            ctx.now,
-        );
+        let prev_status = prev.as_ref().and_then(|p| p.status.as_ref());
+        // A pod whose sandboxes all stopped (it completed, say: stopping
+        // released its network) keeps showing the IPs it had, as kubelet
+        // shows a dead pod's.
+        let all_stopped = runtime.as_deref().is_some_and(|r| {
+            r.sandboxes
+                .iter()
+                .all(|sb| sb.state != petrel_cri::api::PodSandboxState::SandboxReady as i32)
+        });
+        let same_pod = prev
+            .as_ref()
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(pod.uid.as_str()));
+        if status.pod_ip.is_none() && all_stopped && same_pod {
+            if let Some(p) = prev_status.filter(|p| p.pod_ip.is_some()) {
+                status.pod_ip.clone_from(&p.pod_ip);
+                status.pod_ips.clone_from(&p.pod_ips);
+            }
+        }
+        carry_transition_times(prev_status, &mut status, ctx.now);
         self.store
             .upsert(published_pod(pod, status, terminating_since));
     }
@@ -759,6 +779,16 @@ impl PodWorkers {
     pub fn known_uids(&self) -> Vec<PodUid> {
         let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         g.keys().cloned().collect()
+    }
+}
+
+impl crate::eviction::Evictor for PodWorkers {
+    fn request_eviction(&self, uid: &str, grace_secs: i64, message: String) -> bool {
+        PodWorkers::request_eviction(self, uid, grace_secs, message)
+    }
+
+    fn is_evicted(&self, uid: &str) -> bool {
+        PodWorkers::is_evicted(self, uid)
     }
 }
 

@@ -9,9 +9,10 @@ use petrel_cri::api;
 use petrel_cri::api::{ContainerState, PodSandboxState};
 
 use super::hooks::{exec_command, grace_seconds};
+use super::init::{self, InitStep};
 use super::{PodWorkers, WorkerError};
 use crate::convert::{
-    container_hash, container_plan, prepare_volumes, sandbox_config, SubPathMount,
+    container_hash, container_plan, is_sidecar, prepare_volumes, sandbox_config, SubPathMount,
 };
 use crate::subpath::Binds;
 use crate::types::{DesiredPod, PodRuntimeStatus, ANNOTATION_SANDBOX_HASH};
@@ -108,13 +109,12 @@ impl PodWorkers {
             Some(s) => s,
             None => {
                 // A pod that must not restart stays down once its sandbox
-                // died after its containers ran (a changed spec is not a
-                // death: the pod runs again as the new spec says).
-                if !changed
-                    && latest.is_some()
-                    && policy == "Never"
-                    && !status.containers.is_empty()
-                {
+                // is gone after its containers ran: restartPolicy Never, or
+                // OnFailure once every app container succeeded (the pod
+                // completed, and its sandbox was stopped for it). A changed
+                // spec is not a death: the pod runs again as the new spec
+                // says.
+                if !changed && latest.is_some() && stays_down(spec, status, policy) {
                     self.publish(pod, Some(status));
                     return Ok(Action::Done);
                 }
@@ -155,104 +155,106 @@ impl PodWorkers {
             }
         };
 
-        // 2. Init containers, in order, each to completion. An app
-        // container in this sandbox proves they completed (apps are only
-        // created then; the status reasons the same way): an init
-        // container added to the manifest since, or whose instance is
-        // gone, must not run beside the apps.
+        // 2. Init containers in order (see `init`): regular ones each to
+        // completion, sidecars started and kept running. An app container
+        // in this sandbox proves they did their part (apps are only created
+        // then; the status reasons the same way): a regular init container
+        // added to the manifest since, or whose instance is gone, must not
+        // run beside the apps.
         let apps_created = spec.containers.iter().any(|c| latest_of(&c.name).is_some());
-        // Likewise an init container's instance proves that those before it
-        // completed: one whose completed instance was removed since (the
-        // runtime's garbage collection, `crictl rm`) must not run again
-        // beside a later one, so the walk starts at the last with one.
-        let resume = spec
-            .init_containers
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .rposition(|c| latest_of(&c.name).is_some())
-            .unwrap_or(0);
-        let mut initialized = true;
-        for c in spec.init_containers.iter().flatten().skip(resume) {
-            if apps_created {
-                break;
-            }
-            let inst = latest_of(&c.name);
-            match inst.map(|i| (i, state(i))) {
-                Some((i, ContainerState::ContainerExited)) if i.exit_code == 0 => continue,
-                Some((_, ContainerState::ContainerRunning)) => {
-                    initialized = false;
-                    break;
-                }
-                Some((i, ContainerState::ContainerCreated)) => {
-                    note(self.start_created(pod, c, true, i, &sandbox).await?);
-                    initialized = false;
-                    break;
-                }
-                Some((i, ContainerState::ContainerExited)) => {
-                    initialized = false;
-                    // A failed init container: the pod fails with Never,
-                    // else the init container is retried with backoff.
-                    if policy != "Never" {
+        let plan = init::plan(
+            spec.init_containers.as_deref().unwrap_or_default(),
+            latest_of,
+            apps_created,
+            policy,
+            |c, inst| self.sidecar_started(uid, c, inst),
+        );
+        let initialized = plan.initialized;
+
+        // A pod that is done (a regular init container failed under
+        // restartPolicy Never, or every app container exited and none is to
+        // be restarted) keeps nothing running, as kubelet's pods: its
+        // sidecars are stopped (not restarted: they would keep it alive),
+        // after the app containers and in reverse order, then its sandbox,
+        // which releases its network and IP. Its status stays.
+        let done = plan.failed
+            || (initialized
+                && spec.containers.iter().all(|c| {
+                    latest_of(&c.name).is_some_and(|i| {
+                        state(i) == ContainerState::ContainerExited
+                            && !should_restart(policy, i.exit_code)
+                    })
+                }));
+        if done {
+            tracing::info!(uid, pod = %format!("{}/{}", pod.namespace, pod.name), "pod completed; stopping its sidecars and sandbox");
+            self.kill_pod(uid, status, Some(pod), false).await?;
+        } else {
+            for step in &plan.steps {
+                match *step {
+                    InitStep::Start(c) => {
+                        let rc = next_restart_count(status, &c.name);
+                        note(
+                            self.start_new(pod, spec, c, true, rc, status, &sandbox)
+                                .await?,
+                        );
+                    }
+                    InitStep::StartCreated(c, i) => {
+                        note(self.start_created(pod, c, true, i, &sandbox).await?);
+                    }
+                    InitStep::Restart(c, i) => {
                         note(
                             self.restart(pod, spec, c, true, i, status, &sandbox)
                                 .await?,
                         );
                     }
-                    break;
-                }
-                Some((i, ContainerState::ContainerUnknown)) => {
-                    self.stop_container(uid, i, Some(c), 0, "state unknown")
-                        .await?;
-                    self.acted(uid);
-                    initialized = false;
-                    break;
-                }
-                None => {
-                    let rc = next_restart_count(status, &c.name);
-                    note(
-                        self.start_new(pod, spec, c, true, rc, status, &sandbox)
-                            .await?,
-                    );
-                    initialized = false;
-                    break;
-                }
-            }
-        }
-
-        // 3. App containers.
-        if initialized {
-            for c in &spec.containers {
-                let inst = latest_of(&c.name);
-                let step = match inst.map(|i| (i, state(i))) {
-                    None => {
-                        let rc = next_restart_count(status, &c.name);
-                        self.start_new(pod, spec, c, false, rc, status, &sandbox)
-                            .await?
-                    }
-                    Some((i, ContainerState::ContainerCreated)) => {
-                        self.start_created(pod, c, false, i, &sandbox).await?
-                    }
-                    Some((i, ContainerState::ContainerRunning)) => {
-                        self.check_running(pod, spec, c, i, status, &sandbox)
-                            .await?
-                    }
-                    Some((i, ContainerState::ContainerExited)) => {
-                        if should_restart(policy, i.exit_code) {
-                            self.restart(pod, spec, c, false, i, status, &sandbox)
-                                .await?
-                        } else {
-                            Step::Nothing
-                        }
-                    }
-                    Some((i, ContainerState::ContainerUnknown)) => {
+                    InitStep::Stop(c, i) => {
                         self.stop_container(uid, i, Some(c), 0, "state unknown")
                             .await?;
                         self.acted(uid);
-                        Step::Nothing
                     }
-                };
-                note(step);
+                    InitStep::Keep(c, i) => {
+                        note(
+                            self.check_running(pod, spec, c, true, i, status, &sandbox)
+                                .await?,
+                        );
+                    }
+                }
+            }
+
+            // 3. App containers.
+            if initialized {
+                for c in &spec.containers {
+                    let inst = latest_of(&c.name);
+                    let step = match inst.map(|i| (i, state(i))) {
+                        None => {
+                            let rc = next_restart_count(status, &c.name);
+                            self.start_new(pod, spec, c, false, rc, status, &sandbox)
+                                .await?
+                        }
+                        Some((i, ContainerState::ContainerCreated)) => {
+                            self.start_created(pod, c, false, i, &sandbox).await?
+                        }
+                        Some((i, ContainerState::ContainerRunning)) => {
+                            self.check_running(pod, spec, c, false, i, status, &sandbox)
+                                .await?
+                        }
+                        Some((i, ContainerState::ContainerExited)) => {
+                            if should_restart(policy, i.exit_code) {
+                                self.restart(pod, spec, c, false, i, status, &sandbox)
+                                    .await?
+                            } else {
+                                Step::Nothing
+                            }
+                        }
+                        Some((i, ContainerState::ContainerUnknown)) => {
+                            self.stop_container(uid, i, Some(c), 0, "state unknown")
+                                .await?;
+                            self.acted(uid);
+                            Step::Nothing
+                        }
+                    };
+                    note(step);
+                }
             }
         }
 
@@ -381,13 +383,16 @@ impl PodWorkers {
         Some(binds)
     }
 
-    /// A running container: restart it if its spec changed or a liveness
-    /// probe failed; keep its probes running.
+    /// A running container (an app container or a sidecar): restart it if
+    /// its spec changed or a liveness or startup probe failed; keep its
+    /// probes running.
+    #[allow(clippy::too_many_arguments)]
     async fn check_running(
         &self,
         pod: &DesiredPod,
         spec: &PodSpec,
         c: &Container,
+        init: bool,
         inst: &api::ContainerStatus,
         status: &PodRuntimeStatus,
         sandbox: &Sandbox,
@@ -407,7 +412,7 @@ impl PodWorkers {
                 .get(&inst.id)
                 .map_or(0, |m| m.restart_count + 1);
             return self
-                .start_new(pod, spec, c, false, rc, status, sandbox)
+                .start_new(pod, spec, c, init, rc, status, sandbox)
                 .await;
         }
         let host = self.probe_host(spec, sandbox);
@@ -589,11 +594,21 @@ impl PodWorkers {
                 return Ok(Step::Nothing);
             }
         }
-        if !init {
+        // App containers and sidecars are probed; init containers that run
+        // to completion have no probes.
+        if !init || is_sidecar(c) {
             let host = self.probe_host(spec, sandbox);
             self.probes.ensure(uid, c, &id, host);
         }
         Ok(Step::Nothing)
+    }
+
+    /// Whether the running sidecar `inst` counts as started, for the next
+    /// init container: its startupProbe passed (kubelet waits for the
+    /// probe's first result too), or it has none.
+    fn sidecar_started(&self, uid: &str, c: &Container, inst: &api::ContainerStatus) -> bool {
+        c.startup_probe.is_none()
+            || self.probes.results(uid, &c.name, &inst.id).started == Some(true)
     }
 
     /// The address HTTP and TCP probes use.
@@ -707,6 +722,20 @@ fn latest_id(status: &PodRuntimeStatus) -> String {
         .latest_sandbox()
         .map(|s| s.id.clone())
         .unwrap_or_default()
+}
+
+/// Whether a pod whose sandbox is gone stays down: its containers ran and
+/// the restart policy wants none back (kubelet makes no new sandbox then).
+fn stays_down(spec: &PodSpec, status: &PodRuntimeStatus, policy: &str) -> bool {
+    match policy {
+        "Never" => !status.containers.is_empty(),
+        "OnFailure" => spec.containers.iter().all(|c| {
+            status
+                .latest_container(&c.name)
+                .is_some_and(|i| state(i) == ContainerState::ContainerExited && i.exit_code == 0)
+        }),
+        _ => false,
+    }
 }
 
 /// The restart count of a new instance of `name`: one more than the newest

@@ -20,19 +20,17 @@ use std::time::{Duration, Instant};
 
 use petrel_controller::{ItemExponential, MaxOf, QueueConfig, TokenBucket, WorkQueue};
 use petrel_cri::api::ContainerState;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{PodWorkers, WorkerConfig};
 use crate::cache::PodCache;
 use crate::config::PlegMode;
 use crate::convert::container_hash;
-use crate::cri::RuntimeApi;
+use crate::cri::RuntimeActuator;
 use crate::health::Health;
 use crate::metrics::AgentMetrics;
 use crate::pleg::fake::{FakeRuntime, Faults, TICK};
-use crate::pleg::{Pleg, PlegConfig};
-use crate::probe::ProbeManager;
+use crate::pleg::PlegConfig;
 use crate::source::PodSource;
 use crate::status::StatusStore;
 use crate::types::{DesiredPod, ANNOTATION_CONTAINER_HASH};
@@ -68,17 +66,23 @@ fn faults() -> Faults {
 }
 
 /// A pod manifest: init and app containers (`name=image` or
-/// `name=image:args`), restart policy, and a postStart/preStop hook on the
-/// first app container.
+/// `name=image;args`; an init container whose name ends in `+` is a
+/// sidecar), restart policy, and a postStart/preStop hook on the first app
+/// container.
 fn manifest(name: &str, policy: &str, init: &[&str], apps: &[&str]) -> String {
     fn containers(list: &[&str], hooks: bool) -> String {
         let mut out = String::new();
         for (i, c) in list.iter().enumerate() {
             let (n, rest) = c.split_once('=').unwrap_or((c, "busybox:1.36"));
             let (image, arg) = rest.split_once(';').unwrap_or((rest, "run"));
+            let sidecar = n.ends_with('+');
+            let n = n.trim_end_matches('+');
             out.push_str(&format!(
                 "  - name: {n}\n    image: {image}\n    command: [sh, -c]\n    args: [\"{arg}\"]\n"
             ));
+            if sidecar {
+                out.push_str("    restartPolicy: Always\n");
+            }
             if hooks && i == 0 {
                 out.push_str(
                     "    lifecycle:\n      postStart: {exec: {command: [\"true\"]}}\n      preStop: {exec: {command: [\"true\"]}}\n",
@@ -128,7 +132,7 @@ impl Drop for Running {
 }
 
 async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMode) -> Running {
-    let runtime: Arc<dyn RuntimeApi> = rt;
+    let runtime: Arc<dyn RuntimeActuator> = rt;
     let metrics = AgentMetrics::new();
     let cache = Arc::new(PodCache::new());
     let health = Arc::new(Health::new(Duration::from_secs(180)));
@@ -149,11 +153,20 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             ])),
     );
     let mut tasks = JoinSet::new();
-    let (pleg, pleg_events) = Pleg::new(
-        Arc::clone(&runtime),
-        Arc::clone(&cache),
-        Arc::clone(&health),
-        metrics.clone(),
+    while runtime.version().await.is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let core = crate::agent::Core {
+        runtime: Arc::clone(&runtime),
+        cache: Arc::clone(&cache),
+        health,
+        metrics,
+        source: source.clone(),
+        store: Arc::clone(&store),
+        queue: queue.clone(),
+    };
+    let workers = crate::agent::build_workers(
+        &core,
         PlegConfig {
             mode,
             relist_period: Duration::from_millis(50),
@@ -163,22 +176,6 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             inspect_concurrency: 4,
             node_name: NODE.into(),
         },
-    );
-    tasks.spawn(pleg.clone().run());
-    while runtime.version().await.is_err() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    pleg.wait_ready().await;
-    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
-    let probes = Arc::new(ProbeManager::new(Arc::clone(&runtime), probe_tx));
-    let workers = Arc::new(PodWorkers::new(
-        Arc::clone(&runtime),
-        Arc::clone(&cache),
-        pleg.clone(),
-        source.clone(),
-        Arc::clone(&store),
-        probes,
-        metrics,
         WorkerConfig {
             node_name: NODE.into(),
             host_ip: "127.0.0.1".into(),
@@ -188,7 +185,10 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(160),
         },
-    ));
+    );
+    let pleg = workers.pleg().clone();
+    tasks.spawn(pleg.clone().run());
+    pleg.wait_ready().await;
     crate::agent::start_pipeline(
         crate::agent::Pipeline {
             queue: &queue,
@@ -197,8 +197,6 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             workers: &workers,
             sync_period: SYNC_PERIOD,
         },
-        pleg_events,
-        probe_rx,
         &mut tasks,
     )
     .unwrap();
@@ -241,6 +239,33 @@ fn divergence(rt: &FakeRuntime, desired: &[DesiredPod]) -> Option<String> {
         let Some(spec) = d.pod.spec.as_ref() else {
             return Some(format!("pod {} has no spec", d.name));
         };
+        let on_failure = spec.restart_policy.as_deref() == Some("OnFailure");
+        // A pod that completed (OnFailure, every app container succeeded)
+        // keeps nothing running, not even its sandbox.
+        let newest_sandbox = sandboxes.iter().rev().find(|s| s.uid == d.uid);
+        if let Some(sb) = newest_sandbox.filter(|s| on_failure && !s.ready) {
+            let completed = spec.containers.iter().all(|c| {
+                containers
+                    .iter()
+                    .rev()
+                    .find(|i| i.sandbox == sb.id && i.name == c.name)
+                    .is_some_and(|i| i.state == ContainerState::ContainerExited && i.exit_code == 0)
+            });
+            let live = containers.iter().find(|c| {
+                c.uid == d.uid
+                    && matches!(
+                        c.state,
+                        ContainerState::ContainerCreated | ContainerState::ContainerRunning
+                    )
+            });
+            match live {
+                Some(c) if completed => {
+                    return Some(format!("pod {} completed, but {} lives", d.name, c.name))
+                }
+                None if completed => continue,
+                _ => {}
+            }
+        }
         let ready: Vec<_> = sandboxes
             .iter()
             .filter(|s| s.uid == d.uid && s.ready)
@@ -254,14 +279,33 @@ fn divergence(rt: &FakeRuntime, desired: &[DesiredPod]) -> Option<String> {
                 .rev()
                 .find(|c| c.sandbox == sb.id && c.name == name)
         };
+        let runs_its_spec = |c: &k8s_openapi::api::core::v1::Container| match newest(&c.name) {
+            Some(i) if i.state == ContainerState::ContainerRunning => {
+                let hash = i.annotations.get(ANNOTATION_CONTAINER_HASH);
+                (hash != Some(&container_hash(c)))
+                    .then(|| format!("pod {}: {} runs an old spec", d.name, c.name))
+            }
+            other => Some(format!(
+                "pod {}: container {} is {:?}",
+                d.name,
+                c.name,
+                other.map(|i| (i.state, i.exit_code))
+            )),
+        };
         // An init container added to the manifest after the pod started
         // runs with the next sandbox only. Once app containers exist, the
         // init containers' newest instance may be gone or an older failed
         // one (the runtime removed the completed one): that apps were only
         // created after every init container completed is the fake's check
-        // on each create.
+        // on each create. Sidecars run beside the apps, to their spec.
         let apps_created = spec.containers.iter().any(|c| newest(&c.name).is_some());
         for c in spec.init_containers.iter().flatten() {
+            if crate::convert::is_sidecar(c) {
+                if let Some(why) = runs_its_spec(c) {
+                    return Some(why);
+                }
+                continue;
+            }
             match newest(&c.name) {
                 Some(i) if i.state == ContainerState::ContainerExited && i.exit_code == 0 => {}
                 Some(i) if apps_created && i.state == ContainerState::ContainerExited => {}
@@ -276,7 +320,6 @@ fn divergence(rt: &FakeRuntime, desired: &[DesiredPod]) -> Option<String> {
                 }
             }
         }
-        let on_failure = spec.restart_policy.as_deref() == Some("OnFailure");
         for c in &spec.containers {
             match newest(&c.name) {
                 Some(i) if i.state == ContainerState::ContainerRunning => {
@@ -340,7 +383,7 @@ async fn run_seed(seed: u64, mode: PlegMode) -> Result<Outcome, String> {
         manifest(
             "web",
             "Always",
-            &["init-a", "init-b"],
+            &["init-a", "logger+", "init-b"],
             &[&format!("app={image}"), "side", "log"],
         )
     };
@@ -786,4 +829,188 @@ async fn status_should_show_containers_that_cannot_be_created_or_started() {
         })
         .await;
     }
+}
+
+/// The published status of pod `default/name`, as JSON.
+fn published(store: &StatusStore, name: &str) -> Option<serde_json::Value> {
+    serde_json::to_value(&*store.get("default", name)?).ok()
+}
+
+/// Lets time act on the fake runtime (init containers exit by themselves)
+/// until the returned guard is dropped.
+fn ticking(rt: &Arc<FakeRuntime>) -> impl Drop {
+    struct Ticker(tokio::task::JoinHandle<()>);
+    impl Drop for Ticker {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let rt = Arc::clone(rt);
+    Ticker(tokio::spawn(async move {
+        loop {
+            rt.chaos_tick();
+            tokio::time::sleep(TICK).await;
+        }
+    }))
+}
+
+/// Native sidecars (init containers with `restartPolicy: Always`) start in
+/// order with the other init containers, the next one once they run; they
+/// run on beside the app containers and are restarted when they exit,
+/// whatever the pod's restartPolicy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_should_start_in_order_and_keep_running_beside_the_apps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    put(
+        &dir,
+        "mesh.yaml",
+        &manifest("mesh", "Never", &["init-a", "proxy+", "init-b"], &["main"]),
+    );
+    let rt = Arc::new(FakeRuntime::live(1));
+    let _time = ticking(&rt);
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    wait_for("the pod runs", || divergence(&rt, &pipeline.source.all())).await;
+    let order: Vec<String> = rt.containers().into_iter().map(|c| c.name).collect();
+    assert_eq!(order, ["init-a", "proxy", "init-b", "main"]);
+    assert_eq!(rt.violations(), Vec::<String>::new());
+    wait_for("the sidecar shown running", || {
+        let p = published(&pipeline.store, "mesh")?;
+        let proxy = &p["status"]["initContainerStatuses"][1];
+        (p["status"]["phase"] != "Running"
+            || proxy["state"]["running"].is_null()
+            || proxy["ready"] != true)
+            .then(|| p["status"].to_string())
+    })
+    .await;
+
+    // The sidecar dies: it comes back, though the pod's policy is Never.
+    let proxy = rt
+        .containers()
+        .into_iter()
+        .find(|c| c.name == "proxy")
+        .unwrap();
+    rt.exit(&proxy.id, 1);
+    wait_for("the sidecar restarted", || {
+        let again = rt.containers().into_iter().any(|c| {
+            c.name == "proxy" && c.id != proxy.id && c.state == ContainerState::ContainerRunning
+        });
+        (!again).then(|| format!("{:?}", rt.containers()))
+    })
+    .await;
+    wait_for("its restart shown", || {
+        let p = published(&pipeline.store, "mesh")?;
+        let proxy = &p["status"]["initContainerStatuses"][1];
+        (proxy["restartCount"] != 1 || proxy["state"]["running"].is_null())
+            .then(|| proxy.to_string())
+    })
+    .await;
+    // The app was left alone, and the regular init containers never ran
+    // again.
+    let creates: HashMap<String, usize> =
+        rt.containers()
+            .into_iter()
+            .fold(HashMap::new(), |mut m, c| {
+                *m.entry(c.name).or_default() += 1;
+                m
+            });
+    assert_eq!(creates.get("main"), Some(&1));
+    assert_eq!(rt.calls("create_container"), 5);
+    assert_eq!(rt.violations(), Vec::<String>::new());
+}
+
+/// A pod that completed (restartPolicy Never, or OnFailure once every app
+/// container succeeded) keeps nothing running: its sidecars are stopped,
+/// the last first, then its sandbox (which releases its network and IP).
+/// It is not started again, and its status stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_pod_should_stop_its_sidecars_in_reverse_order_and_its_sandbox() {
+    for policy in ["Never", "OnFailure"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir: PathBuf = tmp.path().join("manifests");
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(&dir).unwrap();
+        put(
+            &dir,
+            "job.yaml",
+            &manifest("job", policy, &["first+", "second+"], &["main"]),
+        );
+        let rt = Arc::new(FakeRuntime::live(1));
+        let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+        wait_for("the pod runs", || divergence(&rt, &pipeline.source.all())).await;
+        let id = |name: &str| {
+            rt.containers()
+                .into_iter()
+                .find(|c| c.name == name)
+                .unwrap()
+                .id
+        };
+        let (first, second) = (id("first"), id("second"));
+        // Were the sidecars stopped together, `first` would stop first.
+        rt.delay_stop(&second, Duration::from_millis(300));
+        rt.exit(&id("main"), 0);
+        wait_for("the pod stopped", || {
+            let live = rt.containers().into_iter().filter(|c| {
+                matches!(
+                    c.state,
+                    ContainerState::ContainerRunning | ContainerState::ContainerCreated
+                )
+            });
+            let ready = rt.sandboxes().into_iter().filter(|s| s.ready).count();
+            let live: Vec<String> = live.map(|c| c.name).collect();
+            (ready > 0 || !live.is_empty()).then(|| format!("{ready} ready sandboxes, {live:?}"))
+        })
+        .await;
+        assert_eq!(rt.stopped(), [second, first], "{policy}: the last first");
+        wait_for("shown Succeeded", || {
+            let p = published(&pipeline.store, "job")?;
+            (p["status"]["phase"] != "Succeeded").then(|| p["status"].to_string())
+        })
+        .await;
+        // It stays so: no new sandbox, nothing started again.
+        let creates = rt.calls("create_container");
+        tokio::time::sleep(SYNC_PERIOD * 2).await;
+        assert_eq!(rt.calls("run_podsandbox"), 1, "{policy}");
+        assert_eq!(rt.calls("create_container"), creates, "{policy}");
+        let p = published(&pipeline.store, "job").unwrap();
+        assert_eq!(p["status"]["phase"], "Succeeded", "{policy}");
+        assert_eq!(rt.violations(), Vec::<String>::new());
+    }
+}
+
+/// A deleted pod's sidecars stop after its app containers, the last
+/// first; the app containers stop together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_pod_should_stop_sidecars_after_the_apps_in_reverse_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    put(
+        &dir,
+        "mesh.yaml",
+        &manifest("mesh", "Always", &["first+", "second+"], &["main", "other"]),
+    );
+    let rt = Arc::new(FakeRuntime::live(1));
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    wait_for("the pod runs", || divergence(&rt, &pipeline.source.all())).await;
+    let id = |name: &str| {
+        rt.containers()
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .id
+    };
+    let (first, second, main, other) = (id("first"), id("second"), id("main"), id("other"));
+    // `main` is slow to stop: the sidecars wait for it.
+    rt.delay_stop(&main, Duration::from_millis(300));
+    delete(&dir, "mesh.yaml");
+    wait_for("the pod gone", || {
+        let left = rt.containers().len() + rt.sandboxes().len();
+        (left > 0).then(|| format!("{left} left"))
+    })
+    .await;
+    assert_eq!(rt.stopped(), [other, main, second, first]);
 }

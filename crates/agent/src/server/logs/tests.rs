@@ -154,7 +154,7 @@ async fn expect_text(r: &mut crate::server::test_support::Conn, want: &str) {
 
 #[tokio::test]
 async fn follow_should_stream_new_lines_across_rotation_until_the_container_exits() {
-    use crate::cri::RuntimeApi;
+    use crate::cri::RuntimeActuator;
     let dir = tempfile::tempdir().unwrap();
     let s = start().await;
     let (sb, id) = s.run_container("u2", "app").await;
