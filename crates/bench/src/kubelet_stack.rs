@@ -258,6 +258,10 @@ pub fn start_stack(
     opts.cgroup_root = Some(format!("{cgroup}/kubelet"));
     // kubelet's default verbosity, as a node runs it: its log costs CPU.
     opts.verbosity = 0;
+    // Room for the largest size and the started pods (kubelet admits 110
+    // by default).
+    let most = args.kubelet_sizes.iter().max().copied().unwrap_or(0) + 2 * args.kubelet_starts;
+    opts.max_pods = Some(u32::try_from(most.max(110)).unwrap_or(u32::MAX));
     let kubelet = match Kubelet::start(opts) {
         Ok(k) => k,
         Err(e) => {

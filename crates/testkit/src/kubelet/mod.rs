@@ -57,6 +57,8 @@ pub struct KubeletOptions {
     pub join: Option<NodeCredentials>,
     /// `crashLoopBackOff.maxContainerRestartPeriod`.
     pub max_restart_period: Option<Duration>,
+    /// The most pods kubelet admits (`maxPods`); None: kubelet's 110.
+    pub max_pods: Option<u32>,
     /// kubelet's log verbosity (`-v`).
     pub verbosity: u8,
     /// The cgroup kubelet puts `kubepods` in (made, and removed with
@@ -74,6 +76,7 @@ impl KubeletOptions {
             evented_pleg: false,
             join: None,
             max_restart_period: None,
+            max_pods: None,
             verbosity: 2,
             cgroup_root: None,
         }
@@ -175,6 +178,7 @@ impl Kubelet {
                 .maximum
                 .unwrap_or(1_000_000),
             max_restart_period: opts.max_restart_period,
+            max_pods: opts.max_pods,
         };
         let mut args = vec![
             format!("--config={}", d.join("config.json").display()),
