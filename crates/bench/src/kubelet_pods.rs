@@ -81,7 +81,9 @@ pub fn by_name(items: &[Value]) -> HashMap<&str, &Value> {
 }
 
 /// Waits until every pod of `names` runs its container at `/pods`, or
-/// `timeout`; returns how many do.
+/// `timeout`; returns how many do. `/pods` may refuse connections a
+/// moment after a (re)start (kubelet answers `/healthz` before its
+/// read-only port listens): that is retried until the timeout.
 pub async fn wait_all_running(
     stack: &Stack,
     ep: &http::Endpoint,
@@ -90,7 +92,14 @@ pub async fn wait_all_running(
 ) -> Result<usize> {
     let t0 = Instant::now();
     loop {
-        let (_, _, items) = get_pods(ep).await?;
+        let items = match get_pods(ep).await {
+            Ok((_, _, items)) => items,
+            Err(e) if t0.elapsed() > timeout => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
         let pods = by_name(&items);
         let running = names
             .iter()

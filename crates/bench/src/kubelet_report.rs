@@ -112,6 +112,10 @@ pub fn summary_rows(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
                 ));
             }
         }
+        if cells.is_empty() {
+            not_measured(o, "P23", &label, &why(r, Some(run), &label))?;
+            continue;
+        }
         writeln!(
             o,
             "| P23 | {label} | — (seed 000's table, reproduced) | {} | published (seed 000): kubelet −11.0 / −10.4 / −10.1 %, iSulad −30.5 / −27.5 / −28.5 % at 10 / 50 / 100 containers | see P23 | — |",
@@ -581,7 +585,7 @@ fn p26_p27(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "At the largest size, {} exits per mode, each of another pod (the modes take disjoint halves of the pods where there are enough; kubelet restarted between them): the bench reads the container's init pid from the runtime (ContainerStatus, verbose), waits {} ms + a random 0-{} ms, kills it (SIGKILL) and times until `/pods` shows the exit (the container terminated, or as the last state of its restarted successor); then it waits for the restart before the next. Polled as in P26.",
+        "At the largest size, {} exits per mode, each of another pod (the modes take disjoint halves of the pods where there are enough; kubelet restarted between them): the bench reads the container's init pid from the runtime (ContainerStatus, verbose), waits {} ms + a random 0-{} ms, kills it (SIGKILL) and times until `/pods` shows the exit (the container terminated, or as the last state of its restarted successor); then it waits for the restart before the next. The pods restart (`restartPolicy: Always`, as most pods do): an agent that shows the exit only once it has restarted the container is timed until then (P11 times the agent on pods that do not restart). Polled as in P26.",
         r.exits,
         GAP.as_millis(),
         JITTER.as_millis()
