@@ -124,7 +124,7 @@ demo: build image
 	scripts/demo.sh
 
 ## bench: measure and write docs/PERFORMANCE.md
-bench: release image peers
+bench: release image peers conformance-images
 	scripts/bench.sh
 
 ci: test

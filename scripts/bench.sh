@@ -9,10 +9,13 @@
 #   scripts/bench.sh --only net --out /tmp/N.md                 # CNI pods, exec and port-forward vs containerd (P16-P18)
 #   scripts/bench.sh --only nri --out /tmp/R.md                 # NRI: CreateContainer with plugins, Synchronize (P19-P20)
 #   scripts/bench.sh --only eviction --out /tmp/E.md            # eviction: memory crossing → stop call, idle CPU (P21-P22)
+#   scripts/bench.sh --only kubelet --out /tmp/K.md             # the real kubelet beside Petrel (P23-P27, critest counts)
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
 # image (make image; IMAGES=dir overrides build/images); the pull figures also
-# docker-registry, skopeo and umoci (make deps). Everything the bench
+# docker-registry, skopeo and umoci (make deps); the kubelet figures the
+# peers (make peers: kubelet, containerd 2.x) and the conformance kit's
+# images (make conformance-images). Everything the bench
 # creates lives in one temporary directory and the cgroup /petrel-bench-<id>;
 # the bench removes them itself, and the trap below sweeps them if the bench
 # died too hard to do so.
@@ -43,9 +46,15 @@ done
 # containerd 1.7 for the agent and net figures on it (`make containerd`;
 # cached); the other parts do not use it. Without it those figures are
 # reported as not measured, with the reason.
-if [[ $only =~ ^(all|agent|net)$ && ! -x build/containerd-1.7/usr/bin/containerd ]]; then
+if [[ $only =~ ^(all|agent|net|kubelet)$ && ! -x build/containerd-1.7/usr/bin/containerd ]]; then
     scripts/containerd.sh build ||
         echo "bench: scripts/containerd.sh failed; the agent is measured on Petrel's runtime only" >&2
+fi
+# The conformance kit's images (cached: a second run does nothing) hold the
+# busybox and pause images of the kubelet figures.
+if [[ $only =~ ^(all|kubelet)$ ]]; then
+    scripts/conformance-images.sh >/dev/null ||
+        echo "bench: scripts/conformance-images.sh failed (the bench names what is missing)" >&2
 fi
 # What users run: `make release`'s binaries, the shim linked statically
 # (`make shim-release`), measured as they are.
@@ -60,6 +69,9 @@ shim_args=(--shim "$(realpath target/release/petrel-shim)")
 id=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 work=$(mktemp -d /tmp/petrel-bench.XXXXXX)
 cgroup=petrel-bench-$id
+# The test kit's peers (kubelet, runtimes, networks, registry) make their
+# directories here, where the sweep below finds them.
+export PETREL_KIT_TMPDIR=$work/kit
 
 # Only acts when the bench could not clean up after itself (it removes $work
 # last). Processes are found by pid and checked by their command line, never
@@ -69,12 +81,12 @@ sweep() {
     set +e
     if [[ -d $work ]]; then
         echo "bench: sweeping what the bench left in $work" >&2
-        # The agents, runtimes, containerd and registries the bench started:
-        # every pid file under the work directory (agents first, so none
-        # restarts what the sweep stops), each process checked to name the
-        # work directory on its command line.
+        # The agents, kubelets, runtimes, containerd and registries the
+        # bench started: every pid file under the work directory (agents
+        # first, so none restarts what the sweep stops), each process
+        # checked to name the work directory on its command line.
         local name f pid
-        for name in agent.pid runtime.pid containerd.pid registry.pid; do
+        for name in agent.pid kubelet.pid runtime.pid containerd.pid registry.pid; do
             while IFS= read -r f; do
                 pid=$(<"$f")
                 [[ $pid =~ ^[0-9]+$ ]] || continue
@@ -89,18 +101,24 @@ sweep() {
         local p
         for p in /proc/[0-9]*; do
             if tr '\0' ' ' <"$p/cmdline" 2>/dev/null |
-                grep -qF -- "-address $work/containerd/c.sock"; then
+                grep -qF -- "-address $work/"; then
                 kill -KILL "${p#/proc/}" 2>/dev/null
             fi
         done
-        # runc state roots: each runtime's state/runc, containerd's runc and
-        # the raw runc measurement's runc-root.
+        # runc state roots: each runtime's state/runc, containerd's runc (the
+        # bench's and the kit's) and the raw runc measurement's runc-root.
         local root c
         while IFS= read -r root; do
             for c in $(runc --root "$root" list -q 2>/dev/null); do
                 runc --root "$root" delete --force "$c" >/dev/null 2>&1
             done
-        done < <(find "$work" -maxdepth 4 -type d \( -path '*/state/runc' -o -path "$work/containerd/runc" -o -name runc-root \) 2>/dev/null)
+        done < <(find "$work" -maxdepth 4 -type d \( -path '*/state/runc' -o -path "$work/containerd/runc" -o -path "$work/kit/pkc.*/runc" -o -name runc-root \) 2>/dev/null)
+        # The kit's CNI bridges, each named in its network's `bridge` file.
+        local b
+        while IFS= read -r f; do
+            b=$(<"$f")
+            [[ $b =~ ^pk[0-9a-f]+$ && -e /sys/class/net/$b ]] && ip link delete "$b"
+        done < <(find "$work/kit" -maxdepth 2 -name bridge -type f 2>/dev/null)
         awk -v w="$work" '$5 == w || index($5, w "/") == 1 { print $5 }' /proc/self/mountinfo |
             sort -r | while read -r m; do umount -l "$m"; done
         local d

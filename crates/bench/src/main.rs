@@ -15,6 +15,11 @@ mod eviction;
 mod eviction_report;
 mod floor;
 mod http;
+mod kubelet;
+mod kubelet_critest;
+mod kubelet_pods;
+mod kubelet_report;
+mod kubelet_stack;
 mod large_image;
 mod machine;
 mod metrics;
@@ -179,6 +184,37 @@ pub struct Args {
     /// P22: the window with a pass every 100 ms, in seconds.
     #[arg(long, default_value_t = 20)]
     pub eviction_pass_seconds: u64,
+    /// P23-P24: running containers (one busybox `sleep` per pod) of the
+    /// kubelet and whole-node idle windows, ascending.
+    #[arg(long, value_delimiter = ',', default_value = "10,50,100")]
+    pub kubelet_sizes: Vec<usize>,
+    /// P23-P24: each idle window, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub kubelet_idle_seconds: u64,
+    /// P27: container exits timed per PLEG mode (at least 20 for a p99
+    /// that is not the maximum).
+    #[arg(long, default_value_t = 20)]
+    pub kubelet_exits: usize,
+    /// P26: pods started one by one per PLEG mode.
+    #[arg(long, default_value_t = 20)]
+    pub kubelet_starts: usize,
+    /// Longest wait for one size's pods to run, in seconds: past it that
+    /// setup's larger sizes are skipped (the report says so).
+    #[arg(long, default_value_t = 600)]
+    pub kubelet_ramp_timeout: u64,
+    /// The node stacks of P23-P27, in the order run.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "petrel-node,kubelet-petrel,kubelet-containerd,kubelet-containerd-1.7"
+    )]
+    pub kubelet_setups: Vec<kubelet::Setup>,
+    /// Run critest against Petrel's runtime and containerd 2.x in the bench
+    /// (about 30 minutes; into <build-dir>/conformance) instead of reading
+    /// the summary of the last `make conformance`.
+    #[arg(long)]
+    pub kubelet_critest: bool,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -194,8 +230,9 @@ pub struct Args {
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
     /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18),
-    /// `nri` (P19-P20) or `eviction` (P21-P22; these five print their
-    /// partial report to standard output unless --out is given).
+    /// `nri` (P19-P20), `eviction` (P21-P22) or `kubelet` (P23-P27 and
+    /// the critest counts; these six print their partial report to
+    /// standard output unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -227,6 +264,10 @@ pub enum Part {
     /// The agent's eviction manager: reaction to memory pressure, idle
     /// CPU (P21-P22).
     Eviction,
+    /// The real kubelet beside Petrel: steady-state CPU by PLEG mode,
+    /// the whole node's CPU, memory, start and exit latency (P23-P27),
+    /// critest counts.
+    Kubelet,
 }
 
 /// The default report.
@@ -272,6 +313,13 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Eviction {
         return run_eviction_only(args);
+    }
+    if args.only == Part::Kubelet {
+        return run_kubelet_only(args);
+    }
+    if args.only == Part::All {
+        // A missing peer fails the whole run now, not after an hour.
+        kubelet::preflight(args)?;
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -411,6 +459,31 @@ fn run_eviction_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only kubelet`: the kubelet figures alone.
+fn run_kubelet_only(args: &Args) -> Result<()> {
+    kubelet::preflight(args)?;
+    let results = run_one_section(
+        args,
+        async |work: &Work| kubelet::measure(args, work, &progress).await,
+        report::render_kubelet_only,
+    )?;
+    if let Some(e) = &results.error {
+        bail!("the kubelet figures were not measured: {e}");
+    }
+    let failed: Vec<String> = results
+        .runs
+        .iter()
+        .filter(|r| r.error.is_some() && r.setup != kubelet::Setup::KubeletContainerd17)
+        .map(|r| kubelet::setup_name(r.setup, &r.runtime_version))
+        .collect();
+    ensure!(
+        failed.is_empty(),
+        "the kubelet figures are incomplete for {} (see the report)",
+        failed.join(", ")
+    );
+    Ok(())
+}
+
 /// One section run alone: its own work directory and cgroup, measured
 /// until done or interrupted, its report written to `--out` (or stdout).
 fn run_one_section<R>(
@@ -508,7 +581,8 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         | Part::Pull
         | Part::Net
         | Part::Nri
-        | Part::Eviction => None,
+        | Part::Eviction
+        | Part::Kubelet => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -638,7 +712,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     raw.sweep();
 
     // The other sections run after the runtime's only in a whole run.
-    let (pull, net, nri, eviction, agent) = if args.only == Part::All {
+    let (pull, net, nri, eviction, agent, kubelet) = if args.only == Part::All {
         // In this order: the tuple's elements are awaited one after another.
         (
             Some(pull::measure(args, work, &progress).await),
@@ -646,9 +720,10 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
             Some(nri::measure(args, work, &progress).await),
             Some(eviction::measure(args, work, &progress).await),
             Some(agent::measure(args, work, &progress).await),
+            Some(kubelet::measure(args, work, &progress).await),
         )
     } else {
-        (None, None, None, None, None)
+        (None, None, None, None, None, None)
     };
     Ok(Results {
         fsync,
@@ -668,6 +743,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         net,
         nri,
         eviction,
+        kubelet,
     })
 }
 

@@ -7,6 +7,8 @@ use crate::agent::AgentResults;
 use crate::agent_report;
 use crate::eviction::EvictionResults;
 use crate::eviction_report;
+use crate::kubelet::KubeletResults;
+use crate::kubelet_report;
 use crate::machine::Machine;
 use crate::metrics::OpTotals;
 use crate::net::NetResults;
@@ -218,6 +220,9 @@ pub struct Results {
     pub nri: Option<NriResults>,
     /// P21-P22, the agent's eviction manager (absent with `--only runtime`).
     pub eviction: Option<EvictionResults>,
+    /// P23-P27, the real kubelet beside Petrel (absent with `--only
+    /// runtime`).
+    pub kubelet: Option<KubeletResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -333,6 +338,15 @@ pub fn render_eviction_only(m: &Machine, e: &EvictionResults) -> String {
     })
 }
 
+/// Renders the kubelet figures alone (`--only kubelet`).
+pub fn render_kubelet_only(m: &Machine, k: &KubeletResults) -> String {
+    render_section_only(m, "the real kubelet beside Petrel only", |o| {
+        kubelet_report::summary_rows(o, k)?;
+        writeln!(o)?;
+        kubelet_report::sections(o, k)
+    })
+}
+
 /// One section's partial report: a title, the run in a comment, the
 /// summary table's head, then what `body` writes (its rows and sections).
 fn render_section_only(
@@ -390,7 +404,7 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     writeln!(
         o,
         "Petrel makes the promises below about its runtime (`petrel runtime` and \
-         `petrel-shim`, image pulls included), its controller kit's work queue (`petrel-controller`) and its node agent (`petrel agent`, against its own runtime and containerd 1.7). `make bench` measures each one next to a reference taken **in the \
+         `petrel-shim`, image pulls included), its controller kit's work queue (`petrel-controller`), its node agent (`petrel agent`, against its own runtime and containerd 1.7) and its whole node (`petrel node`) beside the real kubelet on containerd and on Petrel's runtime. `make bench` measures each one next to a reference taken **in the \
          same run on the same machine**, because this machine (2 vCPUs in a VM) is noisy \
          and the ratio to the reference carries over between machines where absolute \
          figures do not. Figures are reported as measured: percentiles are nearest-rank \
@@ -520,6 +534,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     }
     if let Some(e) = &r.eviction {
         eviction_report::summary_rows(o, e)?;
+    }
+    if let Some(k) = &r.kubelet {
+        kubelet_report::summary_rows(o, k)?;
     }
     writeln!(o)?;
 
@@ -1019,6 +1036,17 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
             percent_of_core(cms, r.idle.wall)
         )?;
     }
+    if let Some(k) = &r.kubelet {
+        writeln!(
+            o,
+            "| kubelet parameters | {} s idle windows at {:?} containers per setup and PLEG mode, {} exits and {} starts per mode, {} s to reach each size |",
+            k.idle_seconds,
+            k.sizes,
+            k.exits,
+            k.starts,
+            k.ramp_timeout.as_secs()
+        )?;
+    }
     writeln!(o)?;
     writeln!(
         o,
@@ -1047,6 +1075,9 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
     }
     if let Some(e) = &r.eviction {
         eviction_report::sections(o, e)?;
+    }
+    if let Some(k) = &r.kubelet {
+        kubelet_report::sections(o, k)?;
     }
 
     // ---- hygiene, reproduce, noise ---------------------------------------------
@@ -1095,6 +1126,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
         o,
         "scripts/bench.sh --only eviction --eviction-rounds 5 --eviction-polling-rounds 1 --eviction-idle-seconds 10 --out /tmp/E.md   # P21-P22 alone, quick"
     )?;
+    writeln!(
+        o,
+        "scripts/bench.sh --only kubelet --kubelet-sizes 2,4 --kubelet-idle-seconds 5 --kubelet-exits 3 --kubelet-starts 3 --out /tmp/K.md   # P23-P27 alone, quick"
+    )?;
     writeln!(o, "```")?;
     writeln!(o)?;
     writeln!(
@@ -1108,8 +1143,10 @@ fn render_into(o: &mut String, m: &Machine, args: &Args, r: &Results) -> std::fm
          /petrel-bench-<id>` in a temporary directory, drives it over its socket with the CRI \
          clients of `petrel_cri`, and rewrites this file. It needs root, runc and the \
          busybox test image (`make image`); P14-P15 also Debian's docker-registry, skopeo \
-         and umoci (`make deps`); P21-P22 a cgroup v1 memory controller and `chrt`. It \
-         touches nothing it did not create."
+         and umoci (`make deps`); P21-P22 a cgroup v1 memory controller and `chrt`; \
+         P23-P27 the peers (`make peers`: kubelet, containerd 2.x) and the conformance \
+         kit's images (`make conformance-images`), and containerd 1.7 (`make containerd`) \
+         for its rows. It touches nothing it did not create."
     )?;
     writeln!(o)?;
     writeln!(o, "## Noise")?;

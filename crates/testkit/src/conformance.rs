@@ -89,10 +89,7 @@ pub fn run(target: &Target, out: &Path) -> Result<RunResult, KitError> {
     let name = target.name();
     let _lock = CritestLock::acquire()?;
     let registry = LocalRegistry::serve_read_only(&images.registry_storage())?;
-    let mirrors = tempfile::Builder::new()
-        .prefix("petrel-kit-mirrors.")
-        .tempdir()
-        .map_err(|e| KitError::io("create", std::env::temp_dir(), e))?;
+    let mirrors = crate::process::kit_tempdir("petrel-kit-mirrors.")?;
     write_mirror_config(mirrors.path(), &registry.host())?;
     let net = PodNetwork::new()?;
     let critest_run = |endpoint: String, nri: PathBuf, tick: &mut dyn FnMut()| {

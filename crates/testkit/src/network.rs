@@ -1,12 +1,13 @@
 //! A private CNI network for one runtime under test: its own bridge (with a
 //! gateway address on the host, so the host reaches pod IPs), a /24 in
 //! 10.252.0.0/16, host-local leases in its own directory, and the portmap
-//! plugin for host ports (also on 127.0.0.1). The bridge is removed on drop.
+//! plugin for host ports (also on 127.0.0.1). The bridge is removed on drop;
+//! its name is also in the file `bridge` of the network's directory.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::process::random_suffix;
+use crate::process::{kit_tempdir, random_suffix};
 use crate::KitError;
 
 /// Debian's CNI plugins (containernetworking-plugins).
@@ -38,10 +39,7 @@ impl PodNetwork {
                 });
             }
         }
-        let dir = tempfile::Builder::new()
-            .prefix("petrel-kit-cni.")
-            .tempdir()
-            .map_err(|e| KitError::io("create", std::env::temp_dir(), e))?;
+        let dir = kit_tempdir("petrel-kit-cni.")?;
         let n = random_suffix();
         let bridge = format!("pk{}", &n[..10]);
         let third = u8::from_str_radix(&n[10..12], 16).unwrap_or(0);
@@ -49,6 +47,9 @@ impl PodNetwork {
         let conf_dir = dir.path().join("net.d");
         std::fs::create_dir_all(&conf_dir)
             .map_err(|e| KitError::io("create directory", &conf_dir, e))?;
+        // For a sweep outside this process (scripts/bench.sh's trap): the
+        // bridge to delete if the kit dies before its drop.
+        let _ = std::fs::write(dir.path().join("bridge"), &bridge);
         let file = conf_dir.join("10-petrel-kit.conflist");
         std::fs::write(
             &file,

@@ -24,6 +24,37 @@ pub fn random_suffix() -> String {
     hex::encode(b)
 }
 
+/// Where the kit makes the temporary directories of the peers it starts
+/// (runtimes, kubelets, networks, registries): `PETREL_KIT_TMPDIR`, else
+/// `/tmp`. `make bench` points it into its own work directory, so that its
+/// trap can sweep whatever a bench that died hard left there. Keep it short:
+/// unix socket paths inside are limited to 108 bytes.
+pub fn kit_tmp_dir() -> PathBuf {
+    std::env::var_os("PETREL_KIT_TMPDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+/// A new temporary directory `<prefix>XXXXXX` in [`kit_tmp_dir`] (created
+/// if missing), removed on drop.
+pub fn kit_tempdir(prefix: &str) -> Result<tempfile::TempDir, KitError> {
+    let base = kit_tmp_dir();
+    std::fs::create_dir_all(&base).map_err(|e| KitError::io("create directory", &base, e))?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&base)
+        .map_err(|e| KitError::io("create", &base, e))
+}
+
+/// Writes `pid` to `<dir>/<name>.pid`: what a sweep outside this process
+/// (scripts/bench.sh's trap) stops, after checking that the process's
+/// command line names its directory. Best effort: a missing pid file only
+/// costs that sweep.
+pub fn write_pid_file(dir: &Path, name: &str, pid: u32) {
+    let _ = std::fs::write(dir.join(format!("{name}.pid")), pid.to_string());
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> Result<u16, KitError> {
     std::net::TcpListener::bind("127.0.0.1:0")

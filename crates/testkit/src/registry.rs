@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::process::{describe, free_port, spawn_logged, stop_child};
+use crate::process::{describe, free_port, kit_tempdir, spawn_logged, stop_child, write_pid_file};
 use crate::KitError;
 
 /// The registry binary (Debian package docker-registry).
@@ -43,10 +43,7 @@ impl LocalRegistry {
                 hint: "apt-get install docker-registry (`make deps`)".into(),
             });
         }
-        let mut dir = tempfile::Builder::new()
-            .prefix("petrel-kit-registry.")
-            .tempdir()
-            .map_err(|e| KitError::io("create", std::env::temp_dir(), e))?;
+        let mut dir = kit_tempdir("petrel-kit-registry.")?;
         let log = dir.path().join("registry.log");
         let mut last = String::new();
         // A port picked by the kernel may be taken before the registry binds
@@ -60,6 +57,7 @@ impl LocalRegistry {
             cmd.arg("serve").arg(&config);
             last = describe(&cmd);
             let child = spawn_logged("docker-registry", &mut cmd, &log)?;
+            write_pid_file(dir.path(), "registry", child.id());
             let mut reg = LocalRegistry {
                 dir,
                 port,
@@ -107,10 +105,7 @@ impl LocalRegistry {
 
     fn take_dir(mut self) -> Result<tempfile::TempDir, KitError> {
         self.stop();
-        let placeholder = tempfile::Builder::new()
-            .prefix("petrel-kit-registry-x.")
-            .tempdir()
-            .map_err(|e| KitError::io("create", std::env::temp_dir(), e))?;
+        let placeholder = kit_tempdir("petrel-kit-registry-x.")?;
         Ok(std::mem::replace(&mut self.dir, placeholder))
     }
 

@@ -77,6 +77,8 @@ pub struct KubeletConfig {
     /// (`crashLoopBackOff.maxContainerRestartPeriod`); None: kubelet's
     /// 5 minutes (10 s doubling).
     pub max_restart_period: Option<Duration>,
+    /// The most pods kubelet admits (`maxPods`); None: kubelet's 110.
+    pub max_pods: Option<u32>,
 }
 
 impl KubeletConfig {
@@ -188,6 +190,11 @@ impl KubeletConfig {
             }),
         };
         merge(&mut c, auth);
+        if let Some(n) = self.max_pods {
+            // A bench runs more than kubelet's default 110 pods; beyond
+            // it kubelet rejects new ones (UnexpectedAdmissionError).
+            merge(&mut c, json!({ "maxPods": n }));
+        }
         if let Some(max) = self.max_restart_period {
             // Restarts within seconds instead of 10 s, 20 s, 40 s...: a test
             // sees several (KubeletCrashLoopBackOffMax, beta and on since
@@ -231,6 +238,7 @@ mod tests {
             evented_pleg: evented,
             max_open_files: 4096,
             max_restart_period: Some(Duration::from_secs(1)),
+            max_pods: None,
         }
     }
 
@@ -257,6 +265,14 @@ mod tests {
         assert_eq!(c["featureGates"]["EventedPLEG"], false);
         assert_eq!(c["crashLoopBackOff"]["maxContainerRestartPeriod"], "1000ms");
         assert_eq!(c["authorization"]["mode"], "AlwaysAllow");
+        assert!(c.get("maxPods").is_none(), "kubelet's default unless asked");
+    }
+
+    #[test]
+    fn render_should_raise_max_pods_when_asked() {
+        let mut k = config(ServerAuth::Standalone, false);
+        k.max_pods = Some(250);
+        assert_eq!(k.render()["maxPods"], 250);
     }
 
     #[test]

@@ -2,10 +2,13 @@
 //!
 //! Each [`Kubelet`] has a temporary directory of its own (root dir, static
 //! pod manifests, pod logs, certificates, its config file and log), its own
-//! ports on 127.0.0.1, its own cgroup root `/petrel-kubelet-<random>` and
-//! node name, so several run side by side; it runs in a mount namespace of
-//! its own ([`mountns`]). Standalone it runs static pods only; joined
+//! ports on 127.0.0.1, its own cgroup root (`/petrel-kubelet-<random>`
+//! unless [`KubeletOptions::cgroup_root`] names one) and node name, so
+//! several run side by side; it runs in a mount namespace of its own
+//! ([`mountns`]). Standalone it runs static pods only; joined
 //! ([`KubeletOptions::joined`]) it registers with a [`crate::cluster::Cluster`].
+//! [`Kubelet::restart`] stops the process and starts it again in the same
+//! places (its pods keep running and are adopted), e.g. with the other PLEG.
 //!
 //! The runtime must be this kubelet's alone: dropping the [`Kubelet`]
 //! stops it by pid, then removes every pod of the runtime through CRI
@@ -54,8 +57,13 @@ pub struct KubeletOptions {
     pub join: Option<NodeCredentials>,
     /// `crashLoopBackOff.maxContainerRestartPeriod`.
     pub max_restart_period: Option<Duration>,
+    /// The most pods kubelet admits (`maxPods`); None: kubelet's 110.
+    pub max_pods: Option<u32>,
     /// kubelet's log verbosity (`-v`).
     pub verbosity: u8,
+    /// The cgroup kubelet puts `kubepods` in (made, and removed with
+    /// everything below it on drop); None: `/petrel-kubelet-<random>`.
+    pub cgroup_root: Option<String>,
 }
 
 impl KubeletOptions {
@@ -68,7 +76,9 @@ impl KubeletOptions {
             evented_pleg: false,
             join: None,
             max_restart_period: None,
+            max_pods: None,
             verbosity: 2,
+            cgroup_root: None,
         }
     }
 
@@ -106,6 +116,10 @@ pub struct Kubelet {
     address: IpAddr,
     ports: KubeletPorts,
     runtime_endpoint: String,
+    /// The binary, its configuration and arguments, for restarts.
+    bin: PathBuf,
+    config: KubeletConfig,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -113,10 +127,7 @@ impl Kubelet {
     /// Starts kubelet and waits until `/healthz` answers `ok`.
     pub fn start(opts: KubeletOptions) -> Result<Kubelet, KitError> {
         let bin = crate::peers::peer_binary("kubelet")?;
-        let dir = tempfile::Builder::new()
-            .prefix("petrel-kubelet.")
-            .tempdir_in("/tmp")
-            .map_err(|e| KitError::io("create", "/tmp", e))?;
+        let dir = crate::process::kit_tempdir("petrel-kubelet.")?;
         let d = dir.path();
         let root_dir = d.join("root");
         for sub in ["root", "manifests", "pod-logs", "volume-plugins", "pki"] {
@@ -133,35 +144,27 @@ impl Kubelet {
             Some(_) => node_ip,
             None => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
-        let mut kubelet = Kubelet {
-            node_name: opts.node_name.clone(),
-            root_dir,
-            cgroup_root: format!("/petrel-kubelet-{}", random_suffix()),
-            address,
-            ports: KubeletPorts {
-                api: free_port()?,
-                // Unauthenticated: never on the node's IP.
-                read_only: match &opts.join {
-                    Some(_) => None,
-                    None => Some(free_port()?),
-                },
-                healthz: free_port()?,
+        let cgroup_root = opts
+            .cgroup_root
+            .clone()
+            .unwrap_or_else(|| format!("/petrel-kubelet-{}", random_suffix()));
+        let ports = KubeletPorts {
+            api: free_port()?,
+            // Unauthenticated: never on the node's IP.
+            read_only: match &opts.join {
+                Some(_) => None,
+                None => Some(free_port()?),
             },
-            runtime_endpoint: opts.runtime_endpoint.clone(),
-            child: None,
-            dir,
+            healthz: free_port()?,
         };
-        create_cgroup_root(&kubelet.cgroup_root)?;
-        share_root_dir(&kubelet.root_dir)?;
-        mountns::prepare(&kubelet.dir.path().join("mountns"))?;
         let config = KubeletConfig {
             runtime_endpoint: opts.runtime_endpoint.clone(),
-            static_pod_path: kubelet.manifest_dir(),
-            pod_logs_dir: kubelet.dir.path().join("pod-logs"),
-            volume_plugin_dir: kubelet.dir.path().join("volume-plugins"),
-            cgroup_root: kubelet.cgroup_root.clone(),
-            address: kubelet.address,
-            ports: kubelet.ports,
+            static_pod_path: d.join("manifests"),
+            pod_logs_dir: d.join("pod-logs"),
+            volume_plugin_dir: d.join("volume-plugins"),
+            cgroup_root: cgroup_root.clone(),
+            address,
+            ports,
             auth: match &opts.join {
                 None => ServerAuth::Standalone,
                 Some(c) => ServerAuth::Cluster {
@@ -175,16 +178,13 @@ impl Kubelet {
                 .maximum
                 .unwrap_or(1_000_000),
             max_restart_period: opts.max_restart_period,
+            max_pods: opts.max_pods,
         };
-        let config_path = kubelet.dir.path().join("config.json");
-        let text = serde_json::to_string_pretty(&config.render()).unwrap_or_default();
-        std::fs::write(&config_path, text).map_err(|e| KitError::io("write", &config_path, e))?;
-
         let mut args = vec![
-            format!("--config={}", config_path.display()),
-            format!("--root-dir={}", kubelet.root_dir.display()),
+            format!("--config={}", d.join("config.json").display()),
+            format!("--root-dir={}", root_dir.display()),
             // The default is /var/lib/kubelet/pki, whatever --root-dir says.
-            format!("--cert-dir={}", kubelet.dir.path().join("pki").display()),
+            format!("--cert-dir={}", d.join("pki").display()),
             format!("--hostname-override={}", opts.node_name),
             // The API server reaches kubelets by InternalIP.
             format!("--node-ip={node_ip}"),
@@ -193,18 +193,61 @@ impl Kubelet {
         if let Some(c) = &opts.join {
             args.push(format!("--kubeconfig={}", c.kubeconfig.display()));
         }
-        let mut cmd = mountns::command(&kubelet.dir.path().join("mountns"), &bin);
-        cmd.args(&args);
+        let mut kubelet = Kubelet {
+            node_name: opts.node_name.clone(),
+            root_dir,
+            cgroup_root,
+            address,
+            ports,
+            runtime_endpoint: opts.runtime_endpoint.clone(),
+            bin,
+            config,
+            args,
+            child: None,
+            dir,
+        };
+        create_cgroup_root(&kubelet.cgroup_root)?;
+        share_root_dir(&kubelet.root_dir)?;
+        mountns::prepare(&kubelet.dir.path().join("mountns"))?;
+        kubelet.spawn()?;
+        Ok(kubelet)
+    }
+
+    /// Writes the configuration, starts the process and waits until
+    /// `/healthz` answers `ok`.
+    fn spawn(&mut self) -> Result<(), KitError> {
+        let config_path = self.dir.path().join("config.json");
+        let text = serde_json::to_string_pretty(&self.config.render()).unwrap_or_default();
+        std::fs::write(&config_path, text).map_err(|e| KitError::io("write", &config_path, e))?;
+        let mut cmd = mountns::command(&self.dir.path().join("mountns"), &self.bin);
+        cmd.args(&self.args);
         // The kubelet part only: the namespace set-up is a page of shell.
         let command = format!(
             "{} {} (in its own mount namespace)",
-            bin.display(),
-            args.join(" ")
+            self.bin.display(),
+            self.args.join(" ")
         );
-        let log = kubelet.log_path();
-        kubelet.child = Some(spawn_logged("kubelet", &mut cmd, &log)?);
-        kubelet.wait_healthy(&command)?;
-        Ok(kubelet)
+        let log = self.log_path();
+        let child = spawn_logged("kubelet", &mut cmd, &log)?;
+        crate::process::write_pid_file(self.dir.path(), "kubelet", child.id());
+        self.child = Some(child);
+        self.wait_healthy(&command)
+    }
+
+    /// Stops kubelet (its pods keep running) and starts it again in the
+    /// same directories, on the same ports and cgroup root, with the
+    /// `EventedPLEG` feature gate set to `evented`; waits for `/healthz`.
+    pub fn restart(&mut self, evented: bool) -> Result<(), KitError> {
+        if let Some(mut c) = self.child.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        self.config.evented_pleg = evented;
+        self.spawn()
+    }
+
+    /// Whether the `EventedPLEG` feature gate is on.
+    pub fn evented_pleg(&self) -> bool {
+        self.config.evented_pleg
     }
 
     fn wait_healthy(&mut self, command: &str) -> Result<(), KitError> {
@@ -435,24 +478,37 @@ pub fn cgroup_exists(path: &str) -> bool {
 }
 
 /// Makes cgroup `path` in every hierarchy: kubelet refuses a cgroup root
-/// that is missing in any of its subsystems. A new v1 cpuset cgroup gets
+/// that is missing in any of its subsystems. Each new v1 cpuset cgroup on
+/// the way (the root may be nested, e.g. under a bench's own cgroup) gets
 /// its parent's cpus and mems (v1 leaves them empty, and nothing could run
 /// in it).
 fn create_cgroup_root(path: &str) -> Result<(), KitError> {
-    for dir in cgroup_dirs(path) {
-        std::fs::create_dir_all(&dir).map_err(|e| KitError::io("create cgroup", &dir, e))?;
-        let Some(parent) = dir.parent() else {
-            continue;
-        };
-        for f in ["cpuset.cpus", "cpuset.mems"] {
-            let target = dir.join(f);
-            if !target.exists()
-                || !std::fs::read_to_string(&target).is_ok_and(|v| v.trim().is_empty())
-            {
-                continue;
+    let levels: Vec<&str> = path
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|l| !l.is_empty())
+        .collect();
+    for top in cgroup_dirs("/") {
+        let mut dir = top;
+        for level in &levels {
+            let parent = dir.clone();
+            dir = dir.join(level);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(KitError::io("create cgroup", &dir, e)),
             }
-            if let Ok(v) = std::fs::read_to_string(parent.join(f)) {
-                std::fs::write(&target, v.trim()).map_err(|e| KitError::io("write", &target, e))?;
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                let target = dir.join(f);
+                if !target.exists()
+                    || !std::fs::read_to_string(&target).is_ok_and(|v| v.trim().is_empty())
+                {
+                    continue;
+                }
+                if let Ok(v) = std::fs::read_to_string(parent.join(f)) {
+                    std::fs::write(&target, v.trim())
+                        .map_err(|e| KitError::io("write", &target, e))?;
+                }
             }
         }
     }
