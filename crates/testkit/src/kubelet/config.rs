@@ -4,7 +4,7 @@
 //!
 //! Every setting that differs from kubelet's default, or that a default
 //! would make wrong here, is set in [`KubeletConfig::render`] with the
-//! reason beside it; docs/ARCHITECTURE.md ("Test kit") lists them too.
+//! reason beside it; docs/design/testing.md lists them too.
 //! The file is JSON, which kubelet reads as it reads YAML.
 
 use std::net::IpAddr;
