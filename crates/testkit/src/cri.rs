@@ -8,7 +8,7 @@ use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
 
 /// Runs `f`'s future on a current-thread runtime of its own thread, so that
 /// it works from sync code and from inside a caller's runtime alike.
-fn on_thread<F, Fut, T>(f: F) -> Option<T>
+pub(crate) fn on_thread<F, Fut, T>(f: F) -> Option<T>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Option<T>>,

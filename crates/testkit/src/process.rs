@@ -93,6 +93,13 @@ pub fn spawn_logged(component: &str, cmd: &mut Command, log: &Path) -> Result<Ch
         })
 }
 
+/// Sends `sig` to process `pid` (our child), ignoring a process gone.
+pub fn signal(pid: u32, sig: Signal) {
+    if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
 /// SIGTERM to our child, up to `grace` for it to exit, then SIGKILL; the
 /// child is reaped either way.
 pub fn stop_child(child: &mut Child, grace: Duration) {
@@ -184,16 +191,22 @@ pub fn kill_children_with_arg(needle: &str) {
     }
 }
 
-/// Unmounts (lazily, deepest first) every mount at or below `dir`.
-pub fn unmount_under(dir: &Path) {
+/// Mount points at or below `dir` (by path prefix), from
+/// /proc/self/mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
     let prefix = dir.display().to_string();
-    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+    std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .filter(|m| m.starts_with(&prefix))
         .map(str::to_string)
-        .collect();
+        .collect()
+}
+
+/// Unmounts (lazily, deepest first) every mount at or below `dir`.
+pub fn unmount_under(dir: &Path) {
+    let mut mounts = mounts_under(dir);
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
     for m in mounts {
         let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
@@ -227,6 +240,21 @@ pub fn remove_cgroup_tree(path: &str) {
             let _ = std::fs::remove_dir(&d);
         }
     }
+}
+
+/// The directories of cgroup `path` that exist in any hierarchy: what a
+/// test's cgroup parent left.
+pub fn cgroup_leftovers(path: &str) -> Vec<PathBuf> {
+    let mut out = vec![];
+    if let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") {
+        for c in ctrls.flatten() {
+            let top = c.path().join(path.trim_start_matches('/'));
+            if top.is_dir() {
+                out.push(top);
+            }
+        }
+    }
+    out
 }
 
 /// `runc --root ROOT delete --force` of every container runc lists there.
