@@ -2,7 +2,9 @@
 //! 28, item 8): a container that cannot be created or whose image cannot
 //! be had is shown, with kubelet's waiting reason and the message, for as
 //! long as it is retried; and a change the PLEG sees is shown at once, not
-//! only after the sync that follows it. Real `petrel runtime`, real runc.
+//! only after the sync that follows it. An exit is shown from the event's
+//! payload, with no call to the runtime (item 10). Real `petrel runtime`,
+//! real runc.
 
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -179,4 +181,69 @@ async fn agent_should_show_a_container_death_while_its_worker_is_busy() {
             && running(p, "slow")
             && container_status(p, "victim").is_some_and(|c| c["restartCount"] == 1)
     });
+}
+
+/// The agent's `kubelet_runtime_operations_total` of one CRI call.
+fn operations(agent: &Agent, op: &str) -> f64 {
+    let (_, text) = agent.get("/metrics").expect("metrics");
+    let prefix = format!("kubelet_runtime_operations_total{{operation_type=\"{op}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_show_an_exit_from_the_event_payload_without_inspecting_the_pod() {
+    let node = Node::start_with_busybox().await;
+    let agent = Agent::for_node(&node, &[]);
+    // `done` ends with 0 on SIGTERM: under OnFailure nothing follows its
+    // exit (no restart; `stay` keeps the pod running), so every CRI call
+    // after the kill is the exit's own cost.
+    let containers = format!(
+        "{}{}",
+        sh("done", "trap 'exit 0' TERM; while :; do sleep 1; done"),
+        sh("stay", "exec sleep 3600")
+    );
+    agent.write_manifest(
+        "exits.yaml",
+        &pod_yaml("exits", "  restartPolicy: OnFailure\n", &containers),
+    );
+    let p = agent.wait_pod("default", "exits", T, "running", |p| {
+        running(p, "done") && running(p, "stay")
+    });
+    let id = container_id(&p, "done");
+    let id = id.trim_start_matches("petrel://").to_string();
+    // Settled: the start's events and syncs are behind us.
+    std::thread::sleep(Duration::from_millis(2000));
+    let ops = ["list_podsandbox", "podsandbox_status", "container_status"];
+    let before: Vec<f64> = ops.iter().map(|op| operations(&agent, op)).collect();
+
+    let pid = node.clients().await.init_pid(&id).await;
+    // SAFETY: SIGTERM to the container's init, a pid the runtime gave.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let p = agent.wait_pod(
+        "default",
+        "exits",
+        T,
+        "the exit shown",
+        |p| matches!(container_state(p, "done"), Some(("terminated", st)) if st["exitCode"] == 0),
+    );
+    let shown = t.elapsed();
+    assert!(running(&p, "stay"), "{p}");
+    // Whatever the sync after it did is done too.
+    std::thread::sleep(Duration::from_millis(500));
+    let after: Vec<f64> = ops.iter().map(|op| operations(&agent, op)).collect();
+    eprintln!(
+        "exit shown after {shown:?}; CRI calls for it: {}",
+        ops.iter()
+            .zip(before.iter().zip(&after))
+            .map(|(op, (b, a))| format!("{op}={}", a - b))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    // The STOPPED event's payload was the pod's status: no call at all (an
+    // inspection lists the pod and asks each status).
+    assert_eq!(after, before, "{ops:?}\n{}", agent.log());
 }

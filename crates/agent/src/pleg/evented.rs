@@ -1,15 +1,24 @@
-//! Events as hints: each event of the runtime's stream names a pod whose
-//! status is then inspected at once. The payload is only used to find the
-//! pod and to skip an inspection already known to be newer than the event.
-//! Bursts coalesce: one inspection in flight per pod, and one more if
+//! The runtime's events. Each names a pod (found from the payload's
+//! sandbox labels, else the id map, else by asking the runtime). When the
+//! payload carries the whole pod ([`payload`]), it is cached as the pod's
+//! status at the event's creation time, with no call to the runtime
+//! (beyond the status of a container whose payload lacks what the agent
+//! needs). Otherwise the event is a hint: the pod is inspected at once,
+//! unless a cached status is provably newer than the event. Bursts of
+//! hints coalesce: one inspection in flight per pod, and one more if
 //! events arrived during it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use petrel_cri::api;
 
 use super::events::from_cri_event;
 use super::inspect::{node_selector, sandbox_uid};
+use super::payload;
+use super::seen::{Observed, PodSeen};
 use super::{Pleg, PodLifecycleEvent};
 use crate::cache::now_ns;
 use crate::types::{PodUid, LABEL_MANAGED_BY, LABEL_POD_UID};
@@ -80,13 +89,15 @@ impl Pleg {
         }
     }
 
-    /// Handles one event from the stream. Returns a task to spawn when the
-    /// event needs work beyond bookkeeping (an inspection or a lookup), so
-    /// the stream loop never waits on the runtime.
+    /// Handles one event from the stream. A payload that stands for an
+    /// inspection is cached at once, its events emitted, and nothing is
+    /// returned. Otherwise returns a task to spawn when the event needs
+    /// work beyond bookkeeping (an inspection, a lookup or the statuses
+    /// the payload lacks), so the stream loop never waits on the runtime.
     pub(crate) fn on_event(
         &self,
         ev: api::ContainerEventResponse,
-    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    ) -> Option<BoxFuture<'static, ()>> {
         let now = now_ns();
         let created_at = Some(ev.created_at).filter(|t| *t >= PLAUSIBLE_NS && *t <= now);
         if let Some(t) = created_at {
@@ -96,6 +107,11 @@ impl Pleg {
                 .observe((now - t) as f64 / 1e9);
         }
         let route = self.route(&ev);
+        let view = match &route {
+            // The lock is held for this statement only.
+            Route::Pod(uid) => payload::read(uid, &ev, created_at, self.inner.seen.lock().get(uid)),
+            _ => Err(payload::Gap::OtherPod),
+        };
         let kind = from_cri_event(ev.container_event_type);
         let is_delete = kind == Some(super::PodLifecycleEventType::ContainerRemoved);
         let id = ev.container_id;
@@ -112,11 +128,26 @@ impl Pleg {
             Route::Foreign => None,
             Route::Pod(uid) => {
                 let hint = make_hint(&uid);
+                match (view, created_at) {
+                    (Ok(view), Some(ts)) if view.fetch.is_empty() => {
+                        if self.apply_payload(&uid, view, ts) {
+                            return None;
+                        }
+                    }
+                    (Ok(view), Some(ts)) => {
+                        let pleg = self.clone();
+                        return Some(
+                            async move { pleg.complete_payload(uid, view, ts, hint).await }.boxed(),
+                        );
+                    }
+                    (Err(gap), _) => {
+                        tracing::trace!(pod.uid = %uid, container.id = %id, ?gap, "pleg event payload not used; inspecting");
+                    }
+                    (Ok(_), None) => {}
+                }
                 if self.enqueue(&uid, hint) {
                     let pleg = self.clone();
-                    Some(futures_util::future::Either::Left(async move {
-                        pleg.drive(uid).await;
-                    }))
+                    Some(async move { pleg.drive(uid).await }.boxed())
                 } else {
                     None
                 }
@@ -125,16 +156,86 @@ impl Pleg {
             Route::Unknown if is_delete => None,
             Route::Unknown => {
                 let pleg = self.clone();
-                Some(futures_util::future::Either::Right(async move {
-                    let Some(uid) = pleg.lookup(&id).await else {
-                        return;
-                    };
-                    let hint = make_hint(&uid);
-                    if pleg.enqueue(&uid, hint) {
-                        pleg.drive(uid).await;
+                Some(
+                    async move {
+                        let Some(uid) = pleg.lookup(&id).await else {
+                            return;
+                        };
+                        let hint = make_hint(&uid);
+                        if pleg.enqueue(&uid, hint) {
+                            pleg.drive(uid).await;
+                        }
                     }
-                }))
+                    .boxed(),
+                )
             }
+        }
+    }
+
+    /// Caches `view`, a payload created at `ts` that stands for an
+    /// inspection of `uid`, and emits the changes it shows since the pod
+    /// was last seen. The event's own news is among them unless another
+    /// path reported it first (a container's states only move forward, so
+    /// the difference of two listings misses nothing). False (nothing
+    /// done) when something newer is cached or seen: the caller treats the
+    /// event as a hint then.
+    pub(crate) fn apply_payload(&self, uid: &str, view: payload::PodView, ts: i64) -> bool {
+        let inner = &self.inner;
+        if inner.cache.get(uid).timestamp > ts {
+            return false;
+        }
+        let status = view.into_status(uid);
+        let events = match inner.seen.observe(uid, PodSeen::of_status(ts, &status)) {
+            Observed::Stale => return false,
+            Observed::Fresh { changed, events } => {
+                if changed {
+                    self.record_gauges();
+                }
+                events
+            }
+        };
+        inner.ids.insert(
+            uid,
+            status
+                .sandboxes
+                .iter()
+                .map(|s| s.id.as_str())
+                .chain(status.containers.iter().map(|c| c.id.as_str())),
+        );
+        // An inspection that began after `ts` may have won the race: the
+        // cache keeps it, and the events stand (they are in the runtime's
+        // order).
+        inner.cache.set(uid, Ok(Arc::new(status)), ts);
+        for ev in events {
+            inner.emitter.emit(ev);
+        }
+        true
+    }
+
+    /// Asks for the statuses `view` lacks (only those containers), then
+    /// caches it; falls back to inspecting the pod when a call fails or
+    /// something newer was cached meanwhile.
+    async fn complete_payload(&self, uid: PodUid, mut view: payload::PodView, ts: i64, hint: Hint) {
+        let complete = {
+            let _permit = self.inner.permits.acquire().await;
+            let mut complete = true;
+            for id in std::mem::take(&mut view.fetch) {
+                match self.inner.runtime.container_status(&id).await {
+                    Ok(s) => view.fetched(s),
+                    Err(e) => {
+                        tracing::debug!(pod.uid = %uid, container.id = %id, error = %e, "pleg payload completion failed; inspecting");
+                        complete = false;
+                        break;
+                    }
+                }
+            }
+            complete
+        };
+        if complete && self.apply_payload(&uid, view, ts) {
+            return;
+        }
+        if self.enqueue(&uid, hint) {
+            self.drive(uid).await;
         }
     }
 

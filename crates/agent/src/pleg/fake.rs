@@ -186,6 +186,9 @@ pub(crate) struct Faults {
     /// Per tick and exited container: removed behind the agent's back
     /// (the runtime's garbage collection, an operator's `crictl rm`).
     pub(crate) remove_exited: f64,
+    /// An event carries only its sandbox's status, no container's (as a
+    /// runtime that sends less): the agent must inspect the pod.
+    pub(crate) thin_events: f64,
 }
 
 /// One container or sandbox as the test sees it (for assertions).
@@ -526,27 +529,29 @@ impl FakeRuntime {
         self.max_inflight.load(Ordering::SeqCst)
     }
 
-    /// An event of `kind` for `id`, with its pod's sandbox status in the
-    /// payload (like containerd and Petrel), stamped now.
+    /// An event of `kind` for `id` with only its sandbox's status in the
+    /// payload (no container statuses: a runtime that sends less), stamped
+    /// now.
     pub(crate) fn event(
         &self,
         id: &str,
         kind: api::ContainerEventType,
     ) -> api::ContainerEventResponse {
+        let mut ev = self.event_full(id, kind);
+        ev.containers_statuses.clear();
+        ev
+    }
+
+    /// An event of `kind` for `id` with the whole payload, as Petrel and
+    /// containerd send it: the sandbox's status and every container's in
+    /// it, stamped now.
+    pub(crate) fn event_full(
+        &self,
+        id: &str,
+        kind: api::ContainerEventType,
+    ) -> api::ContainerEventResponse {
         let s = lock(&self.state);
-        let sb_id = s
-            .containers
-            .get(id)
-            .map(|c| c.sandbox.clone())
-            .unwrap_or_else(|| id.to_string());
-        let sandbox = s.sandboxes.get(&sb_id).map(|b| sandbox_status(&sb_id, b));
-        api::ContainerEventResponse {
-            container_id: id.into(),
-            container_event_type: kind as i32,
-            created_at: now_ns(),
-            pod_sandbox_status: sandbox,
-            containers_statuses: Vec::new(),
-        }
+        event_of(&s, id, kind, now_ns(), true)
     }
 
     /// Replaces the random faults (`Faults::default()`: none).
@@ -813,20 +818,9 @@ impl FakeRuntime {
     /// drops, duplicates, delays and cuts. Called with the state locked so
     /// that, without faults, events arrive in the order of the changes.
     fn publish_locked(&self, s: &State, id: &str, kind: Ev, ts: i64) {
-        let sb_id = s
-            .containers
-            .get(id)
-            .map(|c| c.sandbox.clone())
-            .unwrap_or_else(|| id.to_string());
-        let sandbox = s.sandboxes.get(&sb_id).map(|b| sandbox_status(&sb_id, b));
-        let ev = api::ContainerEventResponse {
-            container_id: id.to_string(),
-            container_event_type: kind as i32,
-            created_at: ts,
-            pod_sandbox_status: sandbox,
-            containers_statuses: Vec::new(),
-        };
         let faults = lock(&self.faults).clone();
+        let full = !self.roll(faults.thin_events);
+        let ev = event_of(s, id, kind, ts, full);
         let mut subs = lock(&self.subscribers);
         subs.retain(|tx| !tx.is_closed());
         let mut keep = Vec::with_capacity(subs.len());
@@ -885,6 +879,35 @@ impl FakeRuntime {
         self.publish_all(s, events);
         s.containers.retain(|_, c| c.sandbox != id);
         s.sandboxes.remove(id);
+    }
+}
+
+/// An event of `kind` for `id` stamped `ts`, with the status of its
+/// sandbox in the payload and, when `full`, of every container in it
+/// (newest first, as Petrel orders them).
+fn event_of(s: &State, id: &str, kind: Ev, ts: i64, full: bool) -> api::ContainerEventResponse {
+    let sb_id = s
+        .containers
+        .get(id)
+        .map(|c| c.sandbox.clone())
+        .unwrap_or_else(|| id.to_string());
+    let sandbox = s.sandboxes.get(&sb_id).map(|b| sandbox_status(&sb_id, b));
+    let mut containers: Vec<api::ContainerStatus> = if full && sandbox.is_some() {
+        s.containers
+            .iter()
+            .filter(|(_, c)| c.sandbox == sb_id)
+            .map(|(cid, c)| container_status(cid, c))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    containers.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    api::ContainerEventResponse {
+        container_id: id.to_string(),
+        container_event_type: kind as i32,
+        created_at: ts,
+        pod_sandbox_status: sandbox,
+        containers_statuses: containers,
     }
 }
 
@@ -968,6 +991,7 @@ fn container_status(id: &str, c: &Container) -> api::ContainerStatus {
         reason: reason.to_string(),
         labels: c.labels.clone(),
         annotations: c.annotations.clone(),
+        log_path: format!("{}/{}.log", c.name, c.attempt),
         ..Default::default()
     }
 }

@@ -1,5 +1,6 @@
 //! One pod's inspection: its sandboxes and containers as listed, each
-//! asked for its status, folded into a [`PodRuntimeStatus`].
+//! asked for its status, folded into a [`PodRuntimeStatus`] ([`assemble`],
+//! which folds an event's payload too).
 
 use std::collections::HashMap;
 
@@ -73,52 +74,76 @@ pub(crate) async fn inspect_listed(
     uid: &str,
     listing: &PodListing,
 ) -> CriResult<PodRuntimeStatus> {
-    let mut status = PodRuntimeStatus {
-        uid: uid.to_string(),
-        ..Default::default()
-    };
+    let mut sandboxes = Vec::with_capacity(listing.sandboxes.len());
     for sb in &listing.sandboxes {
         match rt.pod_sandbox_status(&sb.id).await {
-            Ok(s) => status.sandboxes.push(s),
+            Ok(s) => sandboxes.push(s),
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
+    let mut containers = Vec::with_capacity(listing.containers.len());
     for c in &listing.containers {
         match rt.container_status(&c.id).await {
-            Ok(s) => status.containers.push(s),
+            Ok(s) => containers.push(s),
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    // Newest first; ties broken by id so the order is stable.
-    status
-        .sandboxes
-        .sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
-    status
-        .containers
-        .sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
-    fill_identity(&mut status, listing);
-    status.container_meta = status
+    let sandbox_of: HashMap<&str, &str> = listing
         .containers
         .iter()
-        .map(|c| (c.id.clone(), container_meta(&c.annotations)))
+        .map(|c| (c.id.as_str(), c.pod_sandbox_id.as_str()))
         .collect();
-    for c in &listing.containers {
-        if let Some(m) = status.container_meta.get_mut(&c.id) {
-            m.sandbox_id = c.pod_sandbox_id.clone();
-        }
+    let mut status = assemble(uid, sandboxes, containers, |id| {
+        sandbox_of.get(id).map(|s| s.to_string())
+    });
+    if status.name.is_empty() {
+        fill_identity_from_labels(&mut status, listing);
     }
     Ok(status)
 }
 
-/// Name and namespace from the newest sandbox, else from the labels.
-fn fill_identity(status: &mut PodRuntimeStatus, listing: &PodListing) {
-    if let Some(m) = status.sandboxes.first().and_then(|s| s.metadata.as_ref()) {
-        status.name = m.name.clone();
-        status.namespace = m.namespace.clone();
-        return;
+/// Folds the statuses of a pod's sandboxes and containers into a
+/// [`PodRuntimeStatus`]: newest first, name and namespace from the newest
+/// sandbox, and what the agent wrote on each container with the sandbox
+/// `sandbox_of` says it runs in. The one way both an inspection and an
+/// event's payload become the cached status, so they cannot differ.
+pub(crate) fn assemble(
+    uid: &str,
+    mut sandboxes: Vec<api::PodSandboxStatus>,
+    mut containers: Vec<api::ContainerStatus>,
+    sandbox_of: impl Fn(&str) -> Option<String>,
+) -> PodRuntimeStatus {
+    // Newest first; ties broken by id so the order is stable.
+    sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    containers.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    let (name, namespace) = sandboxes
+        .first()
+        .and_then(|s| s.metadata.as_ref())
+        .map(|m| (m.name.clone(), m.namespace.clone()))
+        .unwrap_or_default();
+    let container_meta = containers
+        .iter()
+        .map(|c| {
+            let mut meta = container_meta(&c.annotations);
+            meta.sandbox_id = sandbox_of(&c.id).unwrap_or_default();
+            (c.id.clone(), meta)
+        })
+        .collect();
+    PodRuntimeStatus {
+        uid: uid.to_string(),
+        name,
+        namespace,
+        sandboxes,
+        containers,
+        container_meta,
     }
+}
+
+/// Name and namespace from the labels of what was listed (when no
+/// sandbox status named the pod).
+fn fill_identity_from_labels(status: &mut PodRuntimeStatus, listing: &PodListing) {
     let named = listing
         .sandboxes
         .iter()

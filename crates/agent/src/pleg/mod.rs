@@ -8,16 +8,20 @@
 //!   the previous relist, inspect the changed pods (concurrently, bounded)
 //!   and emit kubelet's lifecycle events. Every `relist_period` (1 s) in
 //!   relist mode and whenever the event stream is down.
-//! - **Events** (`evented`): each event of `GetContainerEvents` is a hint
-//!   that its pod changed; the pod is inspected at once and the event
-//!   emitted after. A full relist runs after every (re)connect and every
+//! - **Events** (`evented`): each event of `GetContainerEvents` says its
+//!   pod changed. When its payload (the sandbox's status and its
+//!   containers') is the whole pod as last seen and newer than the cache,
+//!   it becomes the cached status without a call (`payload`); otherwise the
+//!   pod is inspected at once. The event is emitted after the cache write.
+//!   A full relist runs after every (re)connect and every
 //!   `event_relist_period` (5 min) as a safety net. The stream reconnects
 //!   forever with capped backoff (`driver`).
 //!
 //! Only sandboxes and containers labelled with this node
 //! ([`LABEL_MANAGED_BY`](crate::types::LABEL_MANAGED_BY)) are ever listed or
-//! inspected. Every inspection writes the cache with the time it began, so
-//! the cache never goes backwards whatever the interleaving.
+//! inspected. Every inspection writes the cache with the time it began,
+//! every payload with its event's creation time, so the cache never goes
+//! backwards whatever the interleaving.
 //!
 //! Health: relist mode (or a disconnected stream) is healthy while a relist
 //! succeeded within `relist_threshold` (3 min). While the stream is
@@ -32,6 +36,7 @@ mod events;
 pub(crate) mod fake;
 mod ids;
 mod inspect;
+mod payload;
 mod relist;
 mod seen;
 #[cfg(test)]

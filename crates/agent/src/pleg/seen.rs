@@ -1,9 +1,10 @@
 //! What the PLEG last saw of each pod: the newest listing of it (from a
-//! relist or a targeted inspection) with the time it was taken. Lifecycle
-//! events are the transitions between a pod's successive newest listings,
-//! so whichever path sees a change first reports it and the other does
-//! not repeat it, and a listing older than the recorded one is ignored
-//! (it would report a dead container as started again).
+//! relist, a targeted inspection or an event's payload) with the time it
+//! was taken. Lifecycle events are the transitions between a pod's
+//! successive newest listings, so whichever path sees a change first
+//! reports it and the others do not repeat it, and a listing older than
+//! the recorded one is ignored (it would report a dead container as
+//! started again).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -11,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::events::{transition_events, ObjState};
 use super::inspect::PodListing;
 use super::PodLifecycleEvent;
-use crate::types::PodUid;
+use crate::types::{PodRuntimeStatus, PodUid};
 
 /// One pod's newest listing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +40,23 @@ impl PodSeen {
                 .map(|s| (s.id.clone(), ObjState::of_sandbox(s.state)))
                 .collect(),
             containers: l
+                .containers
+                .iter()
+                .map(|c| (c.id.clone(), ObjState::of_container(c.state)))
+                .collect(),
+        }
+    }
+
+    /// The states of a pod status taken at `ts` (an event's payload).
+    pub(crate) fn of_status(ts: i64, status: &PodRuntimeStatus) -> Self {
+        Self {
+            ts,
+            sandboxes: status
+                .sandboxes
+                .iter()
+                .map(|s| (s.id.clone(), ObjState::of_sandbox(s.state)))
+                .collect(),
+            containers: status
                 .containers
                 .iter()
                 .map(|c| (c.id.clone(), ObjState::of_container(c.state)))

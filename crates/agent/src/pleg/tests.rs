@@ -10,7 +10,7 @@ use petrel_cri::api::{ContainerEventType as Ev, ContainerState as St};
 use tokio::sync::mpsc;
 
 use super::events::{from_cri_event, transition_events, ObjState};
-use super::fake::FakeRuntime;
+use super::fake::{FakeRuntime, StreamTx};
 use super::*;
 
 const NODE: &str = "node-a";
@@ -673,4 +673,237 @@ async fn inspect_should_report_the_changes_it_finds() {
     // Already reported: the relist stays quiet.
     assert!(h.pleg.relist().await);
     assert!(h.drain().is_empty());
+}
+
+/// A harness in events mode with pod p1 (a sandbox and `names`, running)
+/// seen by the first relist; the stream's sender and the ids.
+async fn events_harness(names: &[&str]) -> (Harness, StreamTx, String, Vec<String>) {
+    let mut h = harness(config(PlegMode::Events));
+    let sb = h.rt.add_sandbox("p1", NODE);
+    let ids = names
+        .iter()
+        .map(|n| h.rt.add_container(&sb, n, St::ContainerRunning))
+        .collect();
+    let tx = h.rt.script_stream();
+    h.start();
+    h.wait_mode().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.drain();
+    (h, tx, sb, ids)
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_payload_should_become_the_cached_status_without_calls() {
+    let (mut h, tx, sb, ids) = events_harness(&["app"]).await;
+    let c = &ids[0];
+    let calls = h.rt.total_calls();
+    h.rt.exit(c, 3);
+    let ev = h.rt.event_full(c, Ev::ContainerStoppedEvent);
+    let created_at = ev.created_at;
+    let _ = tx.send(Ok(ev));
+    let e = h.wait_event(|_| true).await;
+    assert!(
+        e.as_ref()
+            .is_some_and(|e| e.kind == ContainerDied && &e.container_id == c && e.uid == "p1"),
+        "{e:?}"
+    );
+    assert_eq!(h.rt.total_calls(), calls, "the payload was the inspection");
+    // Cached before the event was emitted, stamped with its creation.
+    let entry = h.cache.get("p1");
+    assert_eq!(entry.timestamp, created_at);
+    let status = entry.status.unwrap();
+    let cs = status.containers.iter().find(|s| &s.id == c).unwrap();
+    assert_eq!((cs.state, cs.exit_code), (St::ContainerExited as i32, 3));
+    assert_eq!(cs.log_path, "app/0.log");
+    assert_eq!(status.container_meta[c].sandbox_id, sb);
+    assert_eq!(
+        (status.name.as_str(), status.namespace.as_str()),
+        ("pod-p1", "default")
+    );
+    // The same as an inspection finds.
+    assert!(h.pleg.inspect("p1").await.is_ok());
+    assert!(h.drain().is_empty(), "an inspection finds nothing new");
+    let again = h.cache.get("p1").status.unwrap();
+    assert_eq!(again.containers, status.containers);
+    assert_eq!(again.sandboxes, status.sandboxes);
+    assert_eq!(again.container_meta, status.container_meta);
+    // The relist agrees: nothing to report or inspect.
+    let statuses = h.rt.calls("container_status");
+    assert!(h.pleg.relist().await);
+    assert!(h.drain().is_empty());
+    assert_eq!(h.rt.calls("container_status"), statuses);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_payload_should_be_ignored() {
+    let (mut h, tx, _sb, ids) = events_harness(&["app"]).await;
+    let c = &ids[0];
+    let old = h.rt.event_full(c, Ev::ContainerStartedEvent);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    h.rt.exit(c, 0);
+    let _ = tx.send(Ok(h.rt.event_full(c, Ev::ContainerStoppedEvent)));
+    assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    let exited_ts = h.cache.get("p1").timestamp;
+    let calls = h.rt.total_calls();
+    // Delivered late: older than the cache, it changes nothing and costs
+    // nothing.
+    let _ = tx.send(Ok(old));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.rt.total_calls(), calls);
+    assert_eq!(h.cache.get("p1").timestamp, exited_ts);
+    assert_eq!(h.cached_state("p1", c), Some(St::ContainerExited as i32));
+    assert!(!h.drain().iter().any(|e| e.1 == ContainerDied));
+}
+
+#[tokio::test(start_paused = true)]
+async fn incomplete_payload_should_fall_back_to_inspection() {
+    type Spoil = fn(&mut petrel_cri::api::ContainerEventResponse, &str);
+    let cases: [(&str, Spoil); 6] = [
+        ("no container statuses", |ev, _| {
+            ev.containers_statuses.clear()
+        }),
+        ("no sandbox status", |ev, _| ev.pod_sandbox_status = None),
+        ("a seen container missing", |ev, other| {
+            ev.containers_statuses.retain(|c| c.id != other)
+        }),
+        ("no timestamp", |ev, _| ev.created_at = 0),
+        ("a container without metadata", |ev, _| {
+            ev.containers_statuses[0].metadata = None
+        }),
+        ("the sandbox's own event", |ev, _| {
+            ev.container_id = ev.pod_sandbox_status.as_ref().unwrap().id.clone()
+        }),
+    ];
+    for (what, spoil) in cases {
+        let (mut h, tx, _sb, ids) = events_harness(&["app", "other"]).await;
+        let (c, other) = (&ids[0], &ids[1]);
+        let statuses = h.rt.calls("container_status");
+        h.rt.exit(c, 1);
+        let mut ev = h.rt.event_full(c, Ev::ContainerStoppedEvent);
+        spoil(&mut ev, other);
+        let _ = tx.send(Ok(ev));
+        assert!(
+            h.wait_event(|e| &e.container_id == c && e.kind == ContainerDied)
+                .await
+                .is_some(),
+            "{what}"
+        );
+        assert!(
+            h.rt.calls("container_status") >= statuses + 2,
+            "{what}: the pod was inspected"
+        );
+        assert_eq!(
+            h.cached_state("p1", c),
+            Some(St::ContainerExited as i32),
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn payload_of_a_pod_with_two_sandboxes_should_fall_back_to_inspection() {
+    let (mut h, tx, sb1, _) = events_harness(&["app"]).await;
+    // The pod's sandbox is replaced; the old one is still there.
+    h.rt.stop_sandbox(&sb1);
+    let sb2 = h.rt.add_sandbox("p1", NODE);
+    assert!(h.pleg.relist().await);
+    h.drain();
+    let c = h.rt.add_container(&sb2, "app", St::ContainerRunning);
+    let statuses = h.rt.calls("podsandbox_status");
+    let _ = tx.send(Ok(h.rt.event_full(&c, Ev::ContainerStartedEvent)));
+    assert!(h.wait_event(|e| e.container_id == c).await.is_some());
+    assert_eq!(h.rt.calls("podsandbox_status"), statuses + 2);
+    let st = h.cache.get("p1").status.unwrap();
+    assert_eq!(st.sandboxes.len(), 2, "both sandboxes stay in the status");
+}
+
+#[tokio::test(start_paused = true)]
+async fn payload_without_the_agents_annotations_should_fetch_only_that_container() {
+    let (mut h, tx, _sb, ids) = events_harness(&["app", "other"]).await;
+    let (c, other) = (&ids[0], &ids[1]);
+    h.rt.exit(c, 2);
+    let mut ev = h.rt.event_full(c, Ev::ContainerStoppedEvent);
+    for s in &mut ev.containers_statuses {
+        if &s.id == c {
+            s.annotations.clear();
+            s.log_path.clear();
+        }
+    }
+    let (lists, sandboxes) = (
+        h.rt.calls("list_containers"),
+        h.rt.calls("podsandbox_status"),
+    );
+    let statuses = h.rt.calls("container_status");
+    let _ = tx.send(Ok(ev));
+    assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    assert_eq!(h.rt.calls("container_status"), statuses + 1);
+    assert_eq!(h.rt.calls("list_containers"), lists);
+    assert_eq!(h.rt.calls("podsandbox_status"), sandboxes);
+    let st = h.cache.get("p1").status.unwrap();
+    let cs = st.containers.iter().find(|s| &s.id == c).unwrap();
+    assert_eq!(cs.log_path, "app/0.log");
+    assert!(!st.container_meta[c].init);
+    assert!(st.containers.iter().any(|s| &s.id == other));
+}
+
+#[tokio::test(start_paused = true)]
+async fn deleted_event_should_fall_back_to_inspection() {
+    let (mut h, tx, _sb, ids) = events_harness(&["app", "other"]).await;
+    let c = &ids[0];
+    h.rt.exit(c, 0);
+    let _ = tx.send(Ok(h.rt.event_full(c, Ev::ContainerStoppedEvent)));
+    assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    let ev = h.rt.event_full(c, Ev::ContainerDeletedEvent);
+    h.rt.remove(c);
+    let lists = h.rt.calls("list_containers");
+    let _ = tx.send(Ok(ev));
+    assert!(h.wait_event(|e| e.kind == ContainerRemoved).await.is_some());
+    assert_eq!(h.rt.calls("list_containers"), lists + 1);
+    assert_eq!(h.cached_state("p1", c), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn bursts_of_full_payloads_should_cost_nothing_and_report_once() {
+    let (mut h, tx, _sb, ids) = events_harness(&["app"]).await;
+    let c = &ids[0];
+    let calls = h.rt.total_calls();
+    for _ in 0..20 {
+        let _ = tx.send(Ok(h.rt.event_full(c, Ev::ContainerStartedEvent)));
+    }
+    h.rt.exit(c, 1);
+    for _ in 0..20 {
+        let _ = tx.send(Ok(h.rt.event_full(c, Ev::ContainerStoppedEvent)));
+    }
+    assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(h.drain().is_empty(), "the exit is reported once");
+    assert_eq!(h.rt.total_calls(), calls);
+    assert_eq!(h.cached_state("p1", c), Some(St::ContainerExited as i32));
+}
+
+#[tokio::test(start_paused = true)]
+async fn payload_newer_than_an_inspection_in_flight_should_win() {
+    let (mut h, tx, _sb, ids) = events_harness(&["app"]).await;
+    let c = &ids[0];
+    // A slow inspection lists the container running...
+    let statuses = h.rt.calls("container_status");
+    h.rt.delay("container_status", Duration::from_millis(100));
+    let slow = {
+        let pleg = h.pleg.clone();
+        tokio::spawn(async move { pleg.inspect("p1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // ...while the container exits and the event's payload says so.
+    h.rt.exit(c, 1);
+    let _ = tx.send(Ok(h.rt.event_full(c, Ev::ContainerStoppedEvent)));
+    assert!(h.wait_event(|e| e.kind == ContainerDied).await.is_some());
+    let ts = h.cache.get("p1").timestamp;
+    let _ = slow.await;
+    assert_eq!(h.cache.get("p1").timestamp, ts, "the older inspection lost");
+    assert_eq!(
+        h.rt.calls("container_status"),
+        statuses + 1,
+        "the payload needed no inspection of its own"
+    );
+    assert_eq!(h.cached_state("p1", c), Some(St::ContainerExited as i32));
 }

@@ -62,6 +62,9 @@ fn faults() -> Faults {
         sandbox_death: 0.002,
         init_failure: 0.2,
         remove_exited: 0.002,
+        // Most events carry the whole pod (the payload is cached as its
+        // status); some only the sandbox (the pod is inspected).
+        thin_events: 0.3,
     }
 }
 
