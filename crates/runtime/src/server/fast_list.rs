@@ -422,12 +422,14 @@ mod tests {
     }
 
     fn selector(pick: u8) -> HashMap<String, String> {
+        // 0: no app label, 1..=3: one of APPS; 0: no tier, 1..=2: t0, t1.
+        let (app, tier) = (usize::from(pick % 4), pick / 4 % 3);
         let mut labels = HashMap::new();
-        if pick % 4 > 0 {
-            labels.insert("app".into(), APPS[usize::from(pick % 4) - 1].into());
+        if let Some(app) = app.checked_sub(1) {
+            labels.insert("app".into(), APPS[app].into());
         }
-        if pick / 4 % 3 > 0 {
-            labels.insert("tier".into(), format!("t{}", pick / 4 % 3 - 1));
+        if let Some(tier) = tier.checked_sub(1) {
+            labels.insert("tier".into(), format!("t{tier}"));
         }
         labels
     }
