@@ -7,7 +7,6 @@
 
 mod exec;
 
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -108,9 +107,6 @@ pub struct ExecOutput {
 pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
-    /// runc's start and its delete of stopped containers are done by the
-    /// runtime itself (`exec_fifo`, `stopped_delete`).
-    in_process: bool,
 }
 
 /// How long a start waits for the init to take it, through the exec FIFO
@@ -118,34 +114,13 @@ pub struct Runc {
 /// open again).
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// True when `binary --version` says it is runc, whose `start` is nothing
-/// but the exec FIFO hand-over (see `exec_fifo`) and whose `delete` of a
-/// stopped container is mostly removals (see `stopped_delete`).
-pub fn is_runc(binary: &Path) -> bool {
-    std::process::Command::new(binary)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"runc version"))
-}
-
 impl Runc {
     /// A runc wrapper using `binary` and keeping its state under `root`.
     pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>) -> Self {
         Self {
             binary: binary.into(),
             root: root.into(),
-            in_process: false,
         }
-    }
-
-    /// Starts containers through their exec FIFO instead of running
-    /// `start`, and deletes stopped containers without running `delete`
-    /// where that is all runc would do (only for runc: see `is_runc`).
-    pub fn with_in_process(mut self, on: bool) -> Self {
-        self.in_process = on;
-        self
     }
 
     /// The runc binary.
@@ -190,41 +165,10 @@ impl Runc {
         })
     }
 
-    /// Starts a created container: through its exec FIFO when enabled and
-    /// `init` (a pidfd on the container's init, and its pid) is given, else,
-    /// or when there is no FIFO, with `runc start`. Either way bounded by
-    /// [`START_TIMEOUT`].
-    pub async fn start(&self, id: &str, init: Option<(OwnedFd, u32)>) -> Result<(), RuncError> {
-        if let (true, Some((init, init_pid))) = (self.in_process, init) {
-            let dir = self.root.join(id);
-            let started = tokio::task::spawn_blocking(move || {
-                crate::exec_fifo::start(&dir, &init, init_pid, START_TIMEOUT)
-            })
-            .await
-            .map_err(|e| RuncError::Failed {
-                command: "start",
-                id: id.to_string(),
-                message: format!("exec fifo task: {e}"),
-            })?;
-            match started {
-                Ok(()) => return Ok(()),
-                // runc itself says why (unknown container, already started).
-                Err(crate::exec_fifo::FifoStartError::NoFifo(_)) => {}
-                Err(crate::exec_fifo::FifoStartError::Timeout { within, .. }) => {
-                    return Err(RuncError::StartTimeout {
-                        id: id.to_string(),
-                        within,
-                    })
-                }
-                Err(e) => {
-                    return Err(RuncError::Failed {
-                        command: "start",
-                        id: id.to_string(),
-                        message: e.to_string(),
-                    })
-                }
-            }
-        }
+    /// Starts a created container with `runc start`, bounded by
+    /// [`START_TIMEOUT`]. (The runtime's fast path writes the exec FIFO
+    /// itself instead: see `exec_fifo`.)
+    pub async fn start(&self, id: &str) -> Result<(), RuncError> {
         let mut c = self.command();
         c.arg("start").arg(id);
         // runc is killed (kill_on_drop) when the bound passes.
@@ -252,29 +196,6 @@ impl Runc {
     /// Deletes the container from runc (`--force` kills it first). A
     /// container runc does not know is already deleted: not an error.
     pub async fn delete(&self, id: &str, force: bool) -> Result<(), RuncError> {
-        if self.in_process {
-            let dir = self.root.join(id);
-            let task_dir = dir.clone();
-            let deleted =
-                tokio::task::spawn_blocking(move || crate::stopped_delete::delete(&task_dir))
-                    .await
-                    .map_err(|e| RuncError::Failed {
-                        command: "delete",
-                        id: id.to_string(),
-                        message: format!("delete task: {e}"),
-                    })?;
-            match deleted {
-                Ok(crate::stopped_delete::Deleted::Done) => return Ok(()),
-                Ok(crate::stopped_delete::Deleted::LeftToRunc) => {}
-                Err(source) => {
-                    return Err(RuncError::Io {
-                        op: "delete",
-                        path: dir,
-                        source,
-                    })
-                }
-            }
-        }
         let mut c = self.command();
         c.arg("delete");
         if force {

@@ -52,6 +52,15 @@ mod tests {
     }
 
     #[test]
+    fn fast_paths_should_default_on_and_be_switched_off_in_the_cri_section() -> anyhow::Result<()> {
+        let c: FileConfig = toml::from_str("")?;
+        assert!(c.cri.fast_paths);
+        let c: FileConfig = toml::from_str("[cri]\nfast_paths = false\n")?;
+        assert!(!c.cri.fast_paths);
+        Ok(())
+    }
+
+    #[test]
     fn nri_section_should_use_containerds_keys_and_defaults() -> anyhow::Result<()> {
         let c: FileConfig = toml::from_str("")?;
         assert!(!c.nri.disable, "NRI is on by default");

@@ -53,6 +53,14 @@ pub struct RuntimeConfig {
     /// How long an Exec/Attach/PortForward URL stays valid before its
     /// client connects, in seconds (kubelet: 60).
     pub stream_token_ttl_secs: u64,
+    /// The measured fast paths, one switch for all three (default on):
+    /// ListPodSandbox and ListContainers answered from cached encodings
+    /// framed by hand (`server::fast_list`), and, with a runc version they
+    /// were checked against, the start through runc's exec FIFO and the
+    /// runc-free delete of stopped containers (`parts::RuncFastPaths`).
+    /// Off: every List builds and encodes typed messages, runc starts and
+    /// deletes every container. The answers are the same either way.
+    pub fast_paths: bool,
     /// NRI: the config file's top-level `[nri]` section (not part of
     /// `[cri]`), with containerd's keys. On by default.
     #[serde(skip)]
@@ -155,6 +163,7 @@ impl Default for RuntimeConfig {
             cni: CniConfig::default(),
             stream_address: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             stream_token_ttl_secs: 60,
+            fast_paths: true,
             nri: crate::nri::NriConfig::default(),
         }
     }

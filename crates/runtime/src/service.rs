@@ -86,6 +86,8 @@ pub struct Runtime {
     pub(crate) shims: Arc<dyn ShimLauncher>,
     /// Containers' rootfs mounts.
     pub(crate) rootfs: Arc<dyn RootfsMounter>,
+    /// Pod sandboxes' namespaces, shm mounts and PID-namespace holders.
+    pub(crate) pods: Arc<dyn crate::parts::PodKernel>,
     /// The user and group databases of images, read from their first container.
     pub(crate) image_users: crate::container::image_users::ImageUsers,
     pub(crate) host: HostLimits,
@@ -178,6 +180,7 @@ impl Runtime {
             cgroups,
             shims,
             rootfs,
+            pods,
             host,
         } = parts;
         let listening = petrel_stream::StreamServer::listen(petrel_stream::StreamConfig {
@@ -206,6 +209,7 @@ impl Runtime {
             cgroups,
             shims,
             rootfs,
+            pods,
             image_users: Default::default(),
             host,
             cgroup_owners: std::sync::Mutex::new(()),

@@ -69,6 +69,12 @@ pub struct RuntimeArgs {
     /// Turn NRI off (it is on by default).
     #[arg(long)]
     pub disable_nri: bool,
+    /// Turn the measured fast paths off (hand-framed List answers, runc's
+    /// exec-FIFO start and runc-free delete; on by default, `[cri]
+    /// fast_paths`): every List is built typed, runc starts and deletes
+    /// every container.
+    #[arg(long, env = "PETREL_DISABLE_FAST_PATHS")]
+    pub disable_fast_paths: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -109,6 +115,9 @@ impl RuntimeArgs {
         }
         if self.disable_nri {
             c.nri.disable = true;
+        }
+        if self.disable_fast_paths {
+            c.fast_paths = false;
         }
         if let Some(v) = &self.root {
             c.root = v.clone();
@@ -186,5 +195,28 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    }
+
+    #[test]
+    fn disable_fast_paths_flag_should_turn_the_switch_off() -> anyhow::Result<()> {
+        let on = Flags::try_parse_from(["runtime"])?.runtime.resolve()?;
+        assert!(on.fast_paths);
+        let off = Flags::try_parse_from(["runtime", "--disable-fast-paths"])?
+            .runtime
+            .resolve()?;
+        assert!(!off.fast_paths);
+        Ok(())
     }
 }

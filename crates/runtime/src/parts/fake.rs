@@ -58,6 +58,12 @@ pub(crate) enum Call {
     ReleaseMemory(String),
     ShimCommand(PathBuf),
     KillTree(u32),
+    PinNamespaces(PathBuf),
+    UnpinNamespace(PathBuf),
+    MountShm(PathBuf),
+    UnmountShm(PathBuf),
+    SpawnPidHolder,
+    KillPidHolder(u32),
 }
 
 /// A call that can be made to fail.
@@ -73,6 +79,12 @@ pub(crate) enum Fault {
     CgroupRemove,
     /// `ShimLauncher::wait_exit` fails (the shim stays watched).
     WaitExit,
+    CgroupEnsure,
+    PinNamespaces,
+    UnpinNamespace,
+    MountShm,
+    UnmountShm,
+    SpawnPidHolder,
 }
 
 /// The OCI runtime's status of a fake container.
@@ -136,6 +148,10 @@ struct World {
     shims: BTreeMap<u32, FakeShim>,
     mounts: BTreeSet<PathBuf>,
     cgroups: BTreeSet<String>,
+    /// Pinned pod namespaces (their files exist, as the real pins').
+    namespaces: BTreeSet<PathBuf>,
+    shm_mounts: BTreeSet<PathBuf>,
+    pid_holders: BTreeSet<u32>,
     oom_kills: HashMap<String, u64>,
     calls: Vec<Call>,
     faults: HashMap<Fault, u32>,
@@ -233,6 +249,7 @@ impl FakeHost {
             cgroups: self.clone(),
             shims: self.clone(),
             rootfs: self.clone(),
+            pods: self.clone(),
             host: petrel_oci::spec::HostLimits {
                 bounding_caps: Vec::new(),
                 min_oom_score_adj: -1000,
@@ -286,6 +303,21 @@ impl FakeHost {
     /// Existing cgroups.
     pub fn cgroups(&self) -> BTreeSet<String> {
         self.world().cgroups.clone()
+    }
+
+    /// Pinned pod namespaces.
+    pub fn namespaces(&self) -> BTreeSet<PathBuf> {
+        self.world().namespaces.clone()
+    }
+
+    /// Mounted pod shm tmpfs.
+    pub fn shm_mounts(&self) -> BTreeSet<PathBuf> {
+        self.world().shm_mounts.clone()
+    }
+
+    /// Live PID-namespace holders.
+    pub fn pid_holders(&self) -> BTreeSet<u32> {
+        self.world().pid_holders.clone()
     }
 
     /// Sets the OOM kill count of a cgroup.
@@ -538,6 +570,9 @@ impl CgroupOps for FakeHost {
     fn ensure_dirs(&self, path: &str) -> Result<Vec<PathBuf>, CgroupError> {
         let mut w = self.world();
         w.calls.push(Call::CgroupEnsure(path.to_string()));
+        if w.fails(Fault::CgroupEnsure) {
+            return Err(CgroupError::NotMounted("injected failure".to_string()));
+        }
         if !w.cgroups.insert(path.to_string()) {
             return Ok(Vec::new());
         }
@@ -623,6 +658,110 @@ impl RootfsMounter for FakeHost {
         }
         w.mounts.remove(target);
         Ok(())
+    }
+}
+
+fn injected_io(op: &'static str, path: &Path) -> io::Error {
+    io::Error::other(format!("injected failure: {op} {}", path.display()))
+}
+
+impl super::PodKernel for FakeHost {
+    fn pin_namespaces(
+        &self,
+        dir: &Path,
+        req: &crate::sandbox::namespaces::NamespaceRequest,
+    ) -> Result<crate::sandbox::namespaces::Pinned, crate::sandbox::namespaces::NamespaceError>
+    {
+        use crate::sandbox::namespaces::{NamespaceError, Pinned};
+        let mut w = self.world();
+        w.calls.push(Call::PinNamespaces(dir.to_path_buf()));
+        if w.fails(Fault::PinNamespaces) {
+            return Err(NamespaceError::Sys {
+                op: "unshare",
+                path: dir.to_path_buf(),
+                source: injected_io("unshare", dir),
+            });
+        }
+        let mut pinned = Pinned::default();
+        for (kind, wanted, slot) in [
+            ("net", req.net, &mut pinned.net),
+            ("ipc", req.ipc, &mut pinned.ipc),
+            ("uts", req.uts.is_some(), &mut pinned.uts),
+        ] {
+            if wanted {
+                // As the real pins: a file in the pod's directory.
+                let p = dir.join(kind);
+                std::fs::write(&p, "").map_err(|source| NamespaceError::Sys {
+                    op: "create",
+                    path: p.clone(),
+                    source,
+                })?;
+                w.namespaces.insert(p.clone());
+                *slot = Some(p);
+            }
+        }
+        Ok(pinned)
+    }
+
+    fn unpin_namespace(
+        &self,
+        path: &Path,
+    ) -> Result<(), crate::sandbox::namespaces::NamespaceError> {
+        let mut w = self.world();
+        w.calls.push(Call::UnpinNamespace(path.to_path_buf()));
+        if w.fails(Fault::UnpinNamespace) {
+            return Err(crate::sandbox::namespaces::NamespaceError::Sys {
+                op: "unmount",
+                path: path.to_path_buf(),
+                source: injected_io("unmount", path),
+            });
+        }
+        w.namespaces.remove(path);
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(crate::sandbox::namespaces::NamespaceError::Sys {
+                    op: "remove",
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn mount_shm(&self, path: &Path, _size: u64) -> Result<()> {
+        let mut w = self.world();
+        w.calls.push(Call::MountShm(path.to_path_buf()));
+        if w.fails(Fault::MountShm) {
+            return Err(RuntimeError::io(
+                "mount shm at",
+                path,
+                injected_io("mount", path),
+            ));
+        }
+        std::fs::create_dir_all(path).map_err(|e| RuntimeError::io("create", path, e))?;
+        w.shm_mounts.insert(path.to_path_buf());
+        Ok(())
+    }
+
+    fn unmount_shm(&self, path: &Path) -> Result<()> {
+        let mut w = self.world();
+        w.calls.push(Call::UnmountShm(path.to_path_buf()));
+        if w.fails(Fault::UnmountShm) {
+            return Err(RuntimeError::io(
+                "unmount",
+                path,
+                injected_io("unmount", path),
+            ));
+        }
+        w.shm_mounts.remove(path);
+        Ok(())
+    }
+
+    fn kill_pid_holder(&self, holder: &ProcessRef) {
+        let mut w = self.world();
+        w.calls.push(Call::KillPidHolder(holder.pid));
+        w.pid_holders.remove(&holder.pid);
     }
 }
 
@@ -812,9 +951,18 @@ impl ShimLauncher for FakeHost {
     }
 
     async fn spawn_pid_holder(&self) -> Result<ProcessRef> {
-        Err(RuntimeError::Unsupported(
-            "the fake host has no PID-namespace holder".to_string(),
-        ))
+        let mut w = self.world();
+        w.calls.push(Call::SpawnPidHolder);
+        if w.fails(Fault::SpawnPidHolder) {
+            return Err(RuntimeError::io(
+                "spawn pid holder",
+                Path::new("/fake/petrel-shim"),
+                io::Error::other("injected failure"),
+            ));
+        }
+        let pid = w.pid();
+        w.pid_holders.insert(pid);
+        Ok(ProcessRef { pid, start_time: 0 })
     }
 }
 
@@ -831,9 +979,14 @@ pub(crate) const IMAGE: &str = "test.local/empty:1";
 impl TestRuntime {
     /// A runtime, initialized, with the test image imported.
     pub fn new() -> Self {
+        Self::with_config(|_| {})
+    }
+
+    /// [`TestRuntime::new`] with its configuration adjusted.
+    pub fn with_config(adjust: impl FnOnce(&mut crate::RuntimeConfig)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let host = FakeHost::new();
-        let rt = Self::open(dir.path(), &host);
+        let rt = Self::open(dir.path(), &host, adjust);
         let archive = dir.path().join("image.tar");
         write_layerless_image(&archive, IMAGE);
         rt.images.import(&archive, &[]).expect("import test image");
@@ -841,13 +994,18 @@ impl TestRuntime {
         Self { rt, host, dir }
     }
 
-    fn open(dir: &Path, host: &Arc<FakeHost>) -> Arc<Runtime> {
-        let config = crate::RuntimeConfig {
+    fn open(
+        dir: &Path,
+        host: &Arc<FakeHost>,
+        adjust: impl FnOnce(&mut crate::RuntimeConfig),
+    ) -> Arc<Runtime> {
+        let mut config = crate::RuntimeConfig {
             root: dir.join("root"),
             state: dir.join("state"),
             default_cgroup_parent: "/petrel-unit".to_string(),
             ..Default::default()
         };
+        adjust(&mut config);
         Runtime::with_parts(config, host.parts()).expect("open runtime")
     }
 

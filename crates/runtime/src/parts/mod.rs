@@ -1,5 +1,5 @@
-//! The runtime's seams to the host: the OCI runtime, cgroups, shims and
-//! rootfs mounts, each a trait with the real implementation beside it,
+//! The runtime's seams to the host: the OCI runtime, cgroups, shims,
+//! rootfs mounts and pod sandboxes' kernel operations, each a trait with the real implementation beside it,
 //! handed to [`Runtime::with_parts`](crate::Runtime::with_parts) together
 //! as one [`Parts`] ([`Parts::host`] finds and builds the real ones).
 //! Unit tests build the runtime on test doubles instead (`fake`, test
@@ -12,15 +12,17 @@
 //! `Runtime<O, C, S, M>` would carry its four parameters into every
 //! handler, the NRI host, the streaming backend and the embedders. The
 //! measured fast paths that spare a runc process (the start through the
-//! exec FIFO, the delete of a stopped container by removals) live inside
-//! the runc implementation, and the List and status paths never cross a
-//! seam.
+//! exec FIFO, the delete of a stopped container by removals) are an
+//! implementation of the OCI seam of their own ([`RuncFastPaths`]), chosen
+//! here by [`Parts::host`]; the List and status paths never cross a seam.
 
 pub mod cgroups;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod oci;
+pub mod pods;
 pub mod rootfs;
+pub mod runc_fast;
 pub mod shims;
 
 use std::path::{Path, PathBuf};
@@ -35,7 +37,9 @@ use crate::error::{Result, RuntimeError};
 
 pub use cgroups::{CgroupOps, HostCgroups};
 pub use oci::{InitSeen, OciError, OciRuntime};
+pub use pods::{HostPods, PodKernel};
 pub use rootfs::{OverlayMounter, RootfsMounter};
+pub use runc_fast::{RuncFastPaths, RuncVersion};
 pub use shims::{
     ExitReadError, FoundShim, ProcessShims, ShimLauncher, ShimSeen, ShimWatch, StartedShim,
     WaitFailed,
@@ -52,6 +56,8 @@ pub struct Parts {
     pub shims: Arc<dyn ShimLauncher>,
     /// Containers' rootfs mounts.
     pub rootfs: Arc<dyn RootfsMounter>,
+    /// Pod sandboxes' namespaces, shm mounts and PID-namespace holders.
+    pub pods: Arc<dyn PodKernel>,
     /// What the host lets containers have.
     pub host: HostLimits,
 }
@@ -60,7 +66,9 @@ impl Parts {
     /// The real parts: the shim and runc binaries found (a missing one is
     /// reported before anything is created), the host's cgroups and limits
     /// detected, the runtime's soft open-file limit raised (the one it
-    /// started with is what containers get).
+    /// started with is what containers get). The OCI runtime is runc with
+    /// its fast paths when `fast_paths` is on and the runc version is one
+    /// they mirror (see [`oci_runtime`]), else the typed runc.
     pub fn host(config: &RuntimeConfig) -> Result<Self> {
         let shim_binary = find_shim(config.shim_binary.as_deref())?;
         let runc_binary = find_runc(&config.runtime_binary)?;
@@ -69,16 +77,51 @@ impl Parts {
         host.hugetlb = cgroups.has_controller("hugetlb");
         // Before anything holds descriptors; containers get what we started with.
         host.open_files = Some(crate::open_files::raise_once());
-        let in_process = petrel_oci::runc::is_runc(&runc_binary);
-        let runc = Runc::new(runc_binary, crate::service::Layout::of(config).runc_root())
-            .with_in_process(in_process);
+        let runc = Runc::new(runc_binary, crate::service::Layout::of(config).runc_root());
         Ok(Self {
-            oci: Arc::new(runc),
+            oci: oci_runtime(runc, config.fast_paths),
             cgroups: Arc::new(HostCgroups::new(cgroups)),
             shims: Arc::new(ProcessShims::new(shim_binary)),
             rootfs: Arc::new(OverlayMounter),
+            pods: Arc::new(HostPods),
             host,
         })
+    }
+}
+
+/// The OCI runtime to drive: `runc` with its fast paths when `fast_paths`
+/// is on and `runc --version` names a version they were checked against;
+/// the typed `runc` otherwise, said once at info naming the version.
+pub fn oci_runtime(runc: Runc, fast_paths: bool) -> Arc<dyn OciRuntime> {
+    if !fast_paths {
+        tracing::info!(
+            "fast paths off ([cri] fast_paths = false): runc starts and deletes every container"
+        );
+        return Arc::new(runc);
+    }
+    let line = runc_fast::version_line(runc.binary());
+    match line.as_deref().and_then(RuncVersion::parse) {
+        Some(version) => match RuncFastPaths::new(runc, version) {
+            Ok(fast) => {
+                tracing::debug!(%version, "runc fast paths on (exec-fifo start, runc-free delete)");
+                Arc::new(fast)
+            }
+            Err(runc) => {
+                tracing::info!(
+                    %version,
+                    "runc version not verified for the fast paths: runc starts and deletes every container"
+                );
+                Arc::new(*runc)
+            }
+        },
+        None => {
+            tracing::info!(
+                binary = %runc.binary().display(),
+                version = line.as_deref().unwrap_or("unknown"),
+                "not a runc the fast paths know: it starts and deletes every container"
+            );
+            Arc::new(runc)
+        }
     }
 }
 
@@ -136,4 +179,43 @@ fn find_runc(configured: &Path) -> Result<PathBuf> {
             configured.display()
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A stand-in runtime binary whose `--version` prints `line`.
+    fn binary(dir: &Path, name: &str, line: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\necho '{line}'\n")).expect("write script");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        p
+    }
+
+    fn chosen(binary: &Path, fast_paths: bool) -> String {
+        let oci = oci_runtime(Runc::new(binary, "/run/unit-runc"), fast_paths);
+        let debug = format!("{oci:?}");
+        debug
+            .split([' ', '{'])
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn oci_runtime_should_take_the_fast_paths_only_when_on_and_verified() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let debian = binary(dir.path(), "runc-debian", "runc version 1.1.5+ds1");
+        let peers = binary(dir.path(), "runc-peers", "runc version 1.5.3");
+        let future = binary(dir.path(), "runc-future", "runc version 1.6.0");
+        let crun = binary(dir.path(), "crun", "crun version 1.8.1");
+        assert_eq!(chosen(&debian, true), "RuncFastPaths");
+        assert_eq!(chosen(&peers, true), "RuncFastPaths");
+        assert_eq!(chosen(&debian, false), "Runc");
+        assert_eq!(chosen(&future, true), "Runc");
+        assert_eq!(chosen(&crun, true), "Runc");
+        assert_eq!(chosen(&dir.path().join("missing"), true), "Runc");
+    }
 }

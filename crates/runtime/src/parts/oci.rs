@@ -3,9 +3,11 @@
 //!
 //! A container is created by its shim, which runs the runtime's `create`
 //! (see [`super::ShimLauncher`]); everything after that goes through
-//! [`OciRuntime`]. The runc implementation keeps its fast paths inside:
-//! the start through the exec FIFO and the delete of a stopped container
-//! by removals (`petrel_oci::exec_fifo`, `petrel_oci::stopped_delete`).
+//! [`OciRuntime`]. [`Runc`] is the typed path: every operation runs runc.
+//! The measured fast paths that spare a runc process (the start through
+//! the exec FIFO, the delete of a stopped container by removals) are
+//! another implementation, [`super::RuncFastPaths`], used only when
+//! `[cri] fast_paths` is on and the runc version is one they mirror.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -44,7 +46,7 @@ pub trait OciRuntime: Send + Sync + std::fmt::Debug {
     fn root(&self) -> &Path;
 
     /// Starts a created container. `init` is a pidfd on its init and the
-    /// init's pid, when known (it lets runc's start skip a process).
+    /// init's pid, when known (the fast path needs it; runc does not).
     async fn start(&self, id: &str, init: Option<(OwnedFd, u32)>) -> Result<(), OciError>;
 
     /// Sends `signal` to the init, or to every process of the container
@@ -100,8 +102,8 @@ impl OciRuntime for Runc {
         Runc::root(self)
     }
 
-    async fn start(&self, id: &str, init: Option<(OwnedFd, u32)>) -> Result<(), OciError> {
-        Runc::start(self, id, init).await
+    async fn start(&self, id: &str, _init: Option<(OwnedFd, u32)>) -> Result<(), OciError> {
+        Runc::start(self, id).await
     }
 
     async fn kill(&self, id: &str, signal: i32, all: bool) -> Result<(), OciError> {

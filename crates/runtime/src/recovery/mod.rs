@@ -32,7 +32,6 @@ use petrel_store::Table;
 
 use crate::error::Result;
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord, SandboxState};
-use crate::sandbox::namespaces;
 use crate::service::Runtime;
 use crate::state::{Container, Sandbox};
 use crate::util;
@@ -288,11 +287,13 @@ impl Runtime {
                 let dir = self.layout.sandbox_dir(&id);
                 tracing::warn!(sandbox.id = %id, "removing orphan sandbox directory");
                 for kind in ["net", "ipc", "uts"] {
-                    if let Err(e) = namespaces::unpin(&dir.join(kind)) {
+                    if let Err(e) = self.pods.unpin_namespace(&dir.join(kind)) {
                         tracing::warn!(sandbox.id = %id, error = %e, "namespace of an orphan sandbox not released");
                     }
                 }
-                let removed = crate::sandbox::files::unmount(&dir.join("shm"))
+                let removed = self
+                    .pods
+                    .unmount_shm(&dir.join("shm"))
                     .and_then(|()| remove_dir(&dir));
                 if let Err(e) = removed {
                     tracing::warn!(sandbox.id = %id, error = %e, "orphan sandbox directory not removed");

@@ -13,7 +13,7 @@ use petrel_store::Table;
 use crate::error::{Result, RuntimeError};
 use crate::records::{NetworkRecord, SandboxRecord, SandboxState};
 use crate::sandbox::files::{self, SandboxFiles};
-use crate::sandbox::namespaces::{self, NamespaceRequest};
+use crate::sandbox::namespaces::NamespaceRequest;
 use crate::sandbox::{namespace_mode, network, Ns};
 use crate::service::Runtime;
 use crate::state::Sandbox;
@@ -97,7 +97,8 @@ impl Runtime {
         // Creating a network namespace is the slowest step; it runs on its
         // own thread while the shm mount and the pod cgroup are made.
         let pin_dir = dir.clone();
-        let pinning = tokio::task::spawn_blocking(move || namespaces::pin(&pin_dir, &req));
+        let pods = self.pods.clone();
+        let pinning = tokio::task::spawn_blocking(move || pods.pin_namespaces(&pin_dir, &req));
         let rest = self.make_sandbox_shm_and_cgroup(rec, &f, host_ipc);
         let pinned = pinning
             .await
@@ -162,10 +163,202 @@ impl Runtime {
         host_ipc: bool,
     ) -> Result<()> {
         if !host_ipc {
-            files::mount_shm(&f.shm, self.config.shm_size)?;
+            self.pods.mount_shm(&f.shm, self.config.shm_size)?;
             rec.shm_mounted = true;
         }
         rec.created_cgroup_dirs = self.make_pod_cgroup(&rec.cgroup_parent)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use petrel_cri::api;
+    use petrel_store::Table;
+
+    use crate::config::PodNetworkMode;
+    use crate::error::RuntimeError;
+    use crate::parts::fake::{pod_config, Call, Fault, TestRuntime};
+    use crate::records::SandboxRecord;
+
+    /// A runtime whose pods get a network namespace with loopback only.
+    fn runtime() -> TestRuntime {
+        TestRuntime::with_config(|c| c.pod_network = PodNetworkMode::Loopback)
+    }
+
+    /// A pod with every namespace of its own: each kernel step runs.
+    fn own_namespaces(name: &str) -> api::PodSandboxConfig {
+        let mut config = pod_config(name);
+        config.hostname = name.to_string();
+        if let Some(ns) = config
+            .linux
+            .as_mut()
+            .and_then(|l| l.security_context.as_mut())
+            .and_then(|s| s.namespace_options.as_mut())
+        {
+            ns.network = api::NamespaceMode::Pod as i32;
+            ns.pid = api::NamespaceMode::Pod as i32;
+            ns.ipc = api::NamespaceMode::Pod as i32;
+        }
+        config
+    }
+
+    async fn run(t: &TestRuntime, name: &str) -> Result<String, RuntimeError> {
+        t.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+            config: Some(own_namespaces(name)),
+            runtime_handler: String::new(),
+        })
+        .await
+        .map(|r| r.pod_sandbox_id)
+    }
+
+    /// Nothing of a failed RunPodSandbox is left: no record, nothing in
+    /// memory, no pinned namespace, shm mount, PID-namespace holder, pod
+    /// cgroup or pod directory; and its name is free again.
+    async fn assert_nothing_left(t: &TestRuntime) {
+        assert!(t.rt.state.sandboxes().is_empty());
+        let stored =
+            t.rt.store
+                .list::<SandboxRecord>(Table::Sandboxes)
+                .expect("list");
+        assert!(stored.is_empty(), "records left: {}", stored.len());
+        assert!(t.host.namespaces().is_empty(), "{:?}", t.host.namespaces());
+        assert!(t.host.shm_mounts().is_empty(), "{:?}", t.host.shm_mounts());
+        assert!(
+            t.host.pid_holders().is_empty(),
+            "{:?}",
+            t.host.pid_holders()
+        );
+        assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
+        let dir = t.rt.layout.state.join("sandboxes");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("read dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
+        let again = run(t, "p").await;
+        assert!(again.is_ok(), "the name is still taken: {again:?}");
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_make_every_kernel_part_and_teardown_should_undo_them() {
+        let t = runtime();
+        let id = run(&t, "p").await.expect("run pod");
+        assert_eq!(t.host.namespaces().len(), 3, "net, ipc, uts");
+        assert_eq!(t.host.shm_mounts().len(), 1);
+        assert_eq!(t.host.pid_holders().len(), 1);
+        assert_eq!(t.host.cgroups().len(), 1);
+        t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await
+            .expect("remove pod");
+        assert!(t.host.namespaces().is_empty());
+        assert!(t.host.shm_mounts().is_empty());
+        assert!(t.host.pid_holders().is_empty());
+        assert!(t.host.cgroups().is_empty());
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_the_intent_cannot_be_recorded() {
+        let t = runtime();
+        t.rt.store.fail_writes(0, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert!(!t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::PinNamespaces(_))));
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_namespaces_cannot_be_pinned() {
+        let t = runtime();
+        t.host.fail(Fault::PinNamespaces, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("pin pod namespaces"), "{err}");
+        // The shm mount and the cgroup made beside it were undone.
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::UnmountShm(_))));
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_shm_cannot_be_mounted() {
+        let t = runtime();
+        t.host.fail(Fault::MountShm, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("mount shm"), "{err}");
+        // The namespaces pinned meanwhile were released.
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::UnpinNamespace(_))));
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_the_pod_cgroup_cannot_be_made() {
+        let t = runtime();
+        t.host.fail(Fault::CgroupEnsure, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("create pod cgroup"), "{err}");
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_the_pid_holder_cannot_start() {
+        let t = runtime();
+        t.host.fail(Fault::SpawnPidHolder, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("spawn pid holder"), "{err}");
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_the_pid_holder_cannot_be_recorded() {
+        let t = runtime();
+        // The intent passes; the holder's record fails.
+        t.rt.store.fail_writes(1, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::KillPidHolder(_))));
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_ready_cannot_be_committed() {
+        let t = runtime();
+        t.rt.store.fail_writes(2, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_return_its_error_with_those_of_a_failed_rollback() {
+        let t = runtime();
+        t.host.fail(Fault::SpawnPidHolder, 1);
+        t.host.fail(Fault::UnmountShm, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        let RuntimeError::Undone { error, cleanup } = &err else {
+            panic!("not an undone error: {err}");
+        };
+        assert!(error.to_string().contains("spawn pid holder"), "{error}");
+        assert_eq!(cleanup.len(), 1, "{cleanup:?}");
+        assert!(cleanup[0].to_string().contains("unmount"), "{}", cleanup[0]);
+        // Every other step was undone all the same.
+        assert!(t.host.namespaces().is_empty(), "{:?}", t.host.namespaces());
+        assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
+        assert!(t.rt.state.sandboxes().is_empty());
     }
 }

@@ -16,7 +16,6 @@ use petrel_store::Table;
 
 use crate::error::{Result, RuntimeError};
 use crate::records::SandboxState;
-use crate::sandbox::{namespaces, pid_holder};
 use crate::service::Runtime;
 use crate::state::Sandbox;
 
@@ -36,7 +35,7 @@ impl Runtime {
         self.containers_kill(&containers).await?;
         let mut rec = sb.record();
         if let Some(h) = rec.pid_holder.take() {
-            pid_holder::kill(&h);
+            self.pods.kill_pid_holder(&h);
         }
         // CNI DEL before the namespace goes (also for a pod already
         // NotReady whose network a restart could not release). A failure
@@ -52,10 +51,12 @@ impl Runtime {
             return Ok(());
         }
         if let Some(netns) = rec.netns.take() {
-            namespaces::unpin(&netns).map_err(|source| RuntimeError::Namespace {
-                op: "release network namespace",
-                source,
-            })?;
+            self.pods
+                .unpin_namespace(&netns)
+                .map_err(|source| RuntimeError::Namespace {
+                    op: "release network namespace",
+                    source,
+                })?;
         }
         rec.state = SandboxState::NotReady;
         self.save_sandbox(sb, rec)?;

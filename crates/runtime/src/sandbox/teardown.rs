@@ -4,7 +4,6 @@
 
 use crate::error::{Result, RuntimeError};
 use crate::records::SandboxRecord;
-use crate::sandbox::{files, namespaces, pid_holder};
 use crate::service::Runtime;
 use crate::util::remove_dir;
 
@@ -15,7 +14,7 @@ impl Runtime {
     pub(crate) async fn sandbox_teardown(&self, rec: &SandboxRecord) -> Result<()> {
         let mut errors: Vec<RuntimeError> = Vec::new();
         if let Some(h) = &rec.pid_holder {
-            pid_holder::kill(h);
+            self.pods.kill_pid_holder(h);
         }
         // CNI DEL while the namespace still exists (plugins may look in it).
         if let Some(net) = &rec.network {
@@ -32,13 +31,15 @@ impl Runtime {
         for kind in ["net", "ipc", "uts"] {
             let p = dir.join(kind);
             note(
-                namespaces::unpin(&p).map_err(|source| RuntimeError::Namespace {
-                    op: "release namespace",
-                    source,
-                }),
+                self.pods
+                    .unpin_namespace(&p)
+                    .map_err(|source| RuntimeError::Namespace {
+                        op: "release namespace",
+                        source,
+                    }),
             );
         }
-        note(files::unmount(&dir.join("shm")));
+        note(self.pods.unmount_shm(&dir.join("shm")));
         // Only what this pod made, and not what other pods still live in
         // (the runtime's default parent among them): see `cgroup_owner`.
         note(self.release_pod_cgroups(rec));

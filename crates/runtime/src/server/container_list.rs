@@ -148,12 +148,12 @@ pub(crate) fn cri_container(r: &crate::records::ContainerRecord) -> api::Contain
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::records::ContainerRecord;
     use std::collections::HashMap;
 
-    fn record(id: &str, created_at: i64) -> ContainerRecord {
+    pub(crate) fn record(id: &str, created_at: i64) -> ContainerRecord {
         ContainerRecord {
             id: id.to_string(),
             sandbox_id: "pod".into(),

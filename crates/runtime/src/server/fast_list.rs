@@ -333,4 +333,188 @@ mod tests {
             .expect("body");
         assert_eq!(collected.to_bytes().to_vec(), framed(&[], false));
     }
+
+    // The fast path against the typed path: for any set of sandboxes and
+    // containers and any filter, the hand-framed answer decodes to exactly
+    // the typed handler's answer, both taken over HTTP from the services.
+
+    use crate::parts::fake::TestRuntime;
+    use crate::records::{ContainerState, SandboxState};
+    use crate::server::container_list::tests::record as container_record;
+    use crate::server::sandbox_list::tests::record as sandbox_record;
+    use crate::server::CriServer;
+    use crate::state::{Container, Sandbox};
+    use petrel_cri::api::runtime_service_server::RuntimeServiceServer;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// One pod of a generated node: its state, `app` label, creation time
+    /// and its containers (state, `app` label, `tier` label, creation time).
+    type PodCase = (u8, u8, i64, Vec<(u8, u8, Option<u8>, i64)>);
+
+    const APPS: [&str; 3] = ["web", "db", "cache"];
+
+    fn sandbox_state(n: u8) -> SandboxState {
+        [
+            SandboxState::Ready,
+            SandboxState::NotReady,
+            SandboxState::Creating,
+        ][usize::from(n % 3)]
+    }
+
+    fn container_state(n: u8) -> ContainerState {
+        [
+            ContainerState::Creating,
+            ContainerState::Created,
+            ContainerState::Running,
+            ContainerState::Exited,
+        ][usize::from(n % 4)]
+    }
+
+    /// Puts the generated pods in `rt`'s state; returns the sandbox and
+    /// container ids.
+    fn fill(rt: &Runtime, pods: &[PodCase]) -> (Vec<String>, Vec<String>) {
+        let (mut sandboxes, mut containers) = (Vec::new(), Vec::new());
+        for (p, (state, app, created, ctrs)) in pods.iter().enumerate() {
+            let id = format!("{p:02x}5a{p:02x}");
+            let mut sb = sandbox_record(
+                &id,
+                sandbox_state(*state),
+                *created,
+                APPS[usize::from(*app % 3)],
+            );
+            sb.id.clone_from(&id);
+            rt.state.insert_sandbox(Arc::new(Sandbox::new(sb)));
+            for (c, (state, app, tier, created)) in ctrs.iter().enumerate() {
+                let cid = format!("{p:02x}c{c:02x}");
+                let mut r = container_record(&cid, *created);
+                r.sandbox_id.clone_from(&id);
+                r.state = container_state(*state);
+                r.config.labels =
+                    HashMap::from([("app".into(), APPS[usize::from(*app % 3)].into())]);
+                if let Some(t) = tier {
+                    r.config.labels.insert("tier".into(), format!("t{}", t % 2));
+                }
+                rt.state.insert_container(Arc::new(Container::new(r)));
+                containers.push(cid);
+            }
+            sandboxes.push(id);
+        }
+        (sandboxes, containers)
+    }
+
+    /// An id filter from a pick: none, a known id, a prefix of one (unique
+    /// or not), or an unknown id.
+    fn pick_id(ids: &[String], pick: u8) -> String {
+        let Some(id) = ids.get(usize::from(pick / 4) % ids.len().max(1)) else {
+            return if pick % 4 == 3 {
+                "ffff".into()
+            } else {
+                String::new()
+            };
+        };
+        match pick % 4 {
+            0 => String::new(),
+            1 => id.clone(),
+            2 => id[..2].to_string(),
+            _ => "ffff".into(),
+        }
+    }
+
+    fn selector(pick: u8) -> HashMap<String, String> {
+        // 0: no app label, 1..=3: one of APPS; 0: no tier, 1..=2: t0, t1.
+        let (app, tier) = (usize::from(pick % 4), pick / 4 % 3);
+        let mut labels = HashMap::new();
+        if let Some(app) = app.checked_sub(1) {
+            labels.insert("app".into(), APPS[app].into());
+        }
+        if let Some(tier) = tier.checked_sub(1) {
+            labels.insert("tier".into(), format!("t{tier}"));
+        }
+        labels
+    }
+
+    /// The one message of a unary gRPC answer from `svc`.
+    async fn call<S>(svc: &mut S, path: &str, message: Vec<u8>) -> Bytes
+    where
+        S: Service<
+            http::Request<http_body_util::Full<Bytes>>,
+            Response = http::Response<tonic::body::BoxBody>,
+            Error = Infallible,
+        >,
+    {
+        let mut req = request(framed(&message, false), None);
+        *req.uri_mut() = http::Uri::try_from(path).expect("uri");
+        *req.method_mut() = http::Method::POST;
+        req.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        let res = match svc.call(req).await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        };
+        let collected = res.into_body().collect().await.expect("body");
+        let status = collected
+            .trailers()
+            .and_then(|t| t.get("grpc-status").cloned());
+        assert_eq!(status, Some(http::HeaderValue::from_static("0")));
+        let body = collected.to_bytes();
+        assert_eq!(body[0], 0, "not compressed");
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        assert_eq!(body.len(), 5 + len, "one message");
+        body.slice(5..)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn fast_list_answers_should_decode_to_the_typed_answers(
+            pods in prop::collection::vec(
+                (any::<u8>(), any::<u8>(), 0i64..20,
+                 prop::collection::vec((any::<u8>(), any::<u8>(), any::<Option<u8>>(), 0i64..50), 0..8)),
+                0..12),
+            filters in prop::collection::vec((any::<u8>(), any::<u8>(), any::<Option<u8>>(), any::<u8>()), 1..6),
+        ) {
+            let threads = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+            threads.block_on(async {
+                let t = TestRuntime::new();
+                let (sandboxes, containers) = fill(&t.rt, &pods);
+                let server = CriServer { rt: t.rt.clone() };
+                let mut typed = RuntimeServiceServer::new(server.clone());
+                let mut fast = RuntimeRoutes::new(RuntimeServiceServer::new(server), t.rt.clone());
+                for (id, pod, state, labels) in filters {
+                    let req = api::ListContainersRequest {
+                        filter: (id != 255).then(|| api::ContainerFilter {
+                            id: pick_id(&containers, id),
+                            pod_sandbox_id: pick_id(&sandboxes, pod),
+                            state: state.map(|s| api::ContainerStateValue { state: i32::from(s % 4) }),
+                            label_selector: selector(labels),
+                        }),
+                    }
+                    .encode_to_vec();
+                    let want = call(&mut typed, LIST_CONTAINERS, req.clone()).await;
+                    let got = call(&mut fast, LIST_CONTAINERS, req).await;
+                    let want = api::ListContainersResponse::decode(want).expect("typed answer");
+                    let got = api::ListContainersResponse::decode(got).expect("fast answer");
+                    assert_eq!(got, want);
+
+                    let req = api::ListPodSandboxRequest {
+                        filter: (id != 255).then(|| api::PodSandboxFilter {
+                            id: pick_id(&sandboxes, pod),
+                            state: state.map(|s| api::PodSandboxStateValue { state: i32::from(s % 2) }),
+                            label_selector: selector(labels),
+                        }),
+                    }
+                    .encode_to_vec();
+                    let want = call(&mut typed, LIST_POD_SANDBOX, req.clone()).await;
+                    let got = call(&mut fast, LIST_POD_SANDBOX, req).await;
+                    let want = api::ListPodSandboxResponse::decode(want).expect("typed answer");
+                    let got = api::ListPodSandboxResponse::decode(got).expect("fast answer");
+                    assert_eq!(got, want);
+                }
+            });
+        }
+    }
 }

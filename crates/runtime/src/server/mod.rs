@@ -135,13 +135,18 @@ pub async fn serve_runtime(
 }
 
 /// The gRPC server with every service of the runtime, ready to serve.
+/// With `[cri] fast_paths` on, the two List calls are answered by the
+/// hand-framed fast path ([`fast_list`]); off, by the typed handlers.
 pub(crate) fn router(rt: &Arc<Runtime>) -> tonic::transport::server::Router {
     let server = CriServer { rt: rt.clone() };
-    tonic::transport::Server::builder()
-        .add_service(fast_list::RuntimeRoutes::new(
-            RuntimeServiceServer::new(server.clone()),
-            rt.clone(),
-        ))
+    let typed = RuntimeServiceServer::new(server.clone());
+    let mut builder = tonic::transport::Server::builder();
+    let router = if rt.config.fast_paths {
+        builder.add_service(fast_list::RuntimeRoutes::new(typed, rt.clone()))
+    } else {
+        builder.add_service(typed)
+    };
+    router
         .add_service(ImageServiceServer::new(server.clone()))
         .add_service(AdminServer::new(server))
 }
