@@ -917,6 +917,20 @@ mod tests {
     }
 
     #[test]
+    fn render_nri_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        golden("sample-nri.md", &render_nri_only(&m, &report_sample::nri()).unwrap());
+        // Nothing measured, no floor: the other branches.
+        let mut n = crate::nri::NriResults::default();
+        n.wait_p50 = [Some(Duration::from_micros(40)), Some(Duration::from_micros(90))];
+        n.hook_p50 = n.wait_p50;
+        n.create[0] = report_sample::ramp(3, 20.0, 0.1);
+        golden("sample-nri-partial.md", &render_nri_only(&m, &n).unwrap());
+        let none = crate::nri::NriResults::default();
+        golden("sample-nri-none.md", &render_nri_only(&m, &none).unwrap());
+    }
+
+    #[test]
     fn render_agent_only_should_match_the_stored_sample() {
         let text = render_agent_only(&report_sample::machine(), &report_sample::agent()).unwrap();
         golden("sample-agent.md", &text);

@@ -11,6 +11,7 @@ use crate::agent::{
 };
 use crate::agent_proc::{Mode, ObserveMethod};
 use crate::machine::Machine;
+use crate::nri::NriResults;
 use crate::procfs::{Cpu, Mem};
 use crate::report::{Exits, Idle, Lifecycle, ListRound, Memory, Results, Scale};
 use crate::stats::Samples;
@@ -208,6 +209,22 @@ pub fn agent() -> AgentResults {
     }
 }
 
+/// The NRI section of the sample run.
+pub fn nri() -> NriResults {
+    NriResults {
+        error: Some("sample `error`\nsecond line".into()),
+        create: [ramp(30, 20.0, 0.1), ramp(30, 20.1, 0.1), ramp(30, 20.3, 0.1)],
+        call_mean: Some(Duration::from_micros(45)),
+        hook_p50: [Some(Duration::from_micros(60)), Some(Duration::from_micros(150))],
+        wait_p50: [Some(Duration::from_micros(40)), Some(Duration::from_micros(120))],
+        hook_count: [30, 30],
+        floor: ramp(100, 0.03, 0.0001),
+        sync_containers: 1000,
+        sync: ramp(5, 12.0, 0.5),
+        list: ramp(5, 3.0, 0.1),
+    }
+}
+
 /// A whole sample run: the runtime's figures and the agent's; the other
 /// sections as they are before they measured anything.
 pub fn results() -> Results {
@@ -279,7 +296,7 @@ pub fn results() -> Results {
     r.agent = Some(agent());
     r.pull = Some(Default::default());
     r.net = Some(Default::default());
-    r.nri = Some(Default::default());
+    r.nri = Some(nri());
     r.eviction = Some(Default::default());
     r.kubelet = Some(Default::default());
     r
