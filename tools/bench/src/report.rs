@@ -319,8 +319,8 @@ pub fn render_nri_only(m: &Machine, n: &NriResults) -> Result<String, TemplateEr
         m,
         &m.command,
         "NRI only",
-        written(|o| nri_report::summary_rows(o, n)),
-        written(|o| nri_report::sections(o, n)),
+        nri_report::summary_rows(n)?,
+        nri_report::sections(n)?,
     )
 }
 
@@ -520,8 +520,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         sections += &written(|o| net_report::sections(o, n));
     }
     if let Some(n) = &r.nri {
-        rows += &written(|o| nri_report::summary_rows(o, n));
-        sections += &written(|o| nri_report::sections(o, n));
+        rows += &nri_report::summary_rows(n)?;
+        sections += &nri_report::sections(n)?;
     }
     if let Some(e) = &r.eviction {
         rows += &written(|o| eviction_report::summary_rows(o, e));
@@ -919,10 +919,16 @@ mod tests {
     #[test]
     fn render_nri_only_should_match_the_stored_samples() {
         let m = report_sample::machine();
-        golden("sample-nri.md", &render_nri_only(&m, &report_sample::nri()).unwrap());
+        golden(
+            "sample-nri.md",
+            &render_nri_only(&m, &report_sample::nri()).unwrap(),
+        );
         // Nothing measured, no floor: the other branches.
         let mut n = crate::nri::NriResults::default();
-        n.wait_p50 = [Some(Duration::from_micros(40)), Some(Duration::from_micros(90))];
+        n.wait_p50 = [
+            Some(Duration::from_micros(40)),
+            Some(Duration::from_micros(90)),
+        ];
         n.hook_p50 = n.wait_p50;
         n.create[0] = report_sample::ramp(3, 20.0, 0.1);
         golden("sample-nri-partial.md", &render_nri_only(&m, &n).unwrap());

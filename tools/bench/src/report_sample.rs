@@ -213,10 +213,20 @@ pub fn agent() -> AgentResults {
 pub fn nri() -> NriResults {
     NriResults {
         error: Some("sample `error`\nsecond line".into()),
-        create: [ramp(30, 20.0, 0.1), ramp(30, 20.1, 0.1), ramp(30, 20.3, 0.1)],
+        create: [
+            ramp(30, 20.0, 0.1),
+            ramp(30, 20.1, 0.1),
+            ramp(30, 20.3, 0.1),
+        ],
         call_mean: Some(Duration::from_micros(45)),
-        hook_p50: [Some(Duration::from_micros(60)), Some(Duration::from_micros(150))],
-        wait_p50: [Some(Duration::from_micros(40)), Some(Duration::from_micros(120))],
+        hook_p50: [
+            Some(Duration::from_micros(60)),
+            Some(Duration::from_micros(150)),
+        ],
+        wait_p50: [
+            Some(Duration::from_micros(40)),
+            Some(Duration::from_micros(120)),
+        ],
         hook_count: [30, 30],
         floor: ramp(100, 0.03, 0.0001),
         sync_containers: 1000,
