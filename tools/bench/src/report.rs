@@ -937,6 +937,22 @@ mod tests {
     }
 
     #[test]
+    fn render_eviction_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        let e = report_sample::eviction();
+        golden("sample-eviction.md", &render_eviction_only(&m, &e).unwrap());
+        let none = crate::eviction::EvictionResults {
+            error: Some("no `v1` memory controller\nmore".into()),
+            notified: report_sample::ramp(3, 40.0, 1.0),
+            ..Default::default()
+        };
+        golden(
+            "sample-eviction-partial.md",
+            &render_eviction_only(&m, &none).unwrap(),
+        );
+    }
+
+    #[test]
     fn render_agent_only_should_match_the_stored_sample() {
         let text = render_agent_only(&report_sample::machine(), &report_sample::agent()).unwrap();
         golden("sample-agent.md", &text);

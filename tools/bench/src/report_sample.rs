@@ -10,6 +10,7 @@ use crate::agent::{
     StartRun, TargetRun,
 };
 use crate::agent_proc::{Mode, ObserveMethod};
+use crate::eviction::{CpuWindow, EvictionResults};
 use crate::machine::Machine;
 use crate::nri::NriResults;
 use crate::procfs::{Cpu, Mem};
@@ -235,6 +236,28 @@ pub fn nri() -> NriResults {
     }
 }
 
+/// The eviction section of the sample run.
+pub fn eviction() -> EvictionResults {
+    let w = |secs: u64, ms: u64| CpuWindow {
+        wall: Duration::from_secs(secs),
+        agent: Duration::from_millis(ms),
+        runtime: Duration::from_millis(ms / 10),
+    };
+    EvictionResults {
+        error: None,
+        notified: ramp(20, 40.0, 1.0),
+        notified_decision: ramp(20, 35.0, 1.0),
+        polled: ramp(5, 4000.0, 500.0),
+        polled_decision: ramp(5, 3990.0, 500.0),
+        hog_peak: Some(300 << 20),
+        realtime_stamps: 24,
+        early_stops: 1,
+        idle: Some(w(60, 33)),
+        parked: Some(w(60, 30)),
+        fast: Some(w(20, 110)),
+    }
+}
+
 /// A whole sample run: the runtime's figures and the agent's; the other
 /// sections as they are before they measured anything.
 pub fn results() -> Results {
@@ -307,7 +330,7 @@ pub fn results() -> Results {
     r.pull = Some(Default::default());
     r.net = Some(Default::default());
     r.nri = Some(nri());
-    r.eviction = Some(Default::default());
+    r.eviction = Some(eviction());
     r.kubelet = Some(Default::default());
     r
 }
