@@ -1,13 +1,16 @@
 //! P21 and P22 in docs/PERFORMANCE.md: the summary rows and the sections.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use crate::eviction::{
     passes_in, CpuWindow, EvictionResults, FAST_PERIOD, HOG, NODE_MEMORY, POLL_PERIOD, STEADY_PODS,
     THRESHOLD,
 };
-use crate::stats::{ms, ratio, samples_row, stopped_early, verdict, why_cell};
+use crate::stats::{ms, ratio, verdict, why_cell, Samples};
+use crate::template::{render, TemplateError, Vars};
+
+/// The rows and sections P21-P22.
+const TEMPLATE: &str = include_str!("../templates/eviction.md");
 
 /// Goal of P21: crossing → stop call with notifications, at p99.
 const REACTION_GOAL: Duration = Duration::from_millis(200);
@@ -16,10 +19,6 @@ const REACTION_GOAL: Duration = Duration::from_millis(200);
 const IDLE_GOAL: Duration = Duration::from_millis(60);
 /// The window P22 is stated for.
 const MINUTE: f64 = 60.0;
-
-fn why(r: &EvictionResults) -> String {
-    why_cell(r.error.as_deref())
-}
 
 fn us(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
@@ -53,213 +52,162 @@ fn idle_cost(r: &EvictionResults) -> Option<IdleCost> {
     })
 }
 
-/// The rows of P21 and P22 in the summary table.
-pub fn summary_rows(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
-    let promise = "Eviction: memory threshold crossing → the eviction's StopContainer call, with notifications (cgroup v1 memory threshold)";
-    let goal = format!("p99 ≤ {} ms", REACTION_GOAL.as_millis());
-    let (n, p) = (&r.notified, &r.polled);
-    if n.len() == 0 {
-        writeln!(
-            o,
-            "| P21 | {promise} | {goal} | not measured | — | — | not measured: {} |",
-            why(r)
-        )?;
-    } else {
-        let reference = if p.len() > 0 {
-            format!(
-                "polling only (`--eviction-notifications=false`, kubelet's {} s period), same run: p50 {} ms, p99 {} ms ({} rounds); kubelet: up to 10 s",
-                POLL_PERIOD.as_secs(),
-                ms(p.p50()),
-                ms(p.p99()),
-                p.len()
-            )
-        } else {
-            "polling only: not measured; kubelet: up to 10 s".to_string()
-        };
-        writeln!(
-            o,
-            "| P21 | {promise} | {goal} | p50 {} ms, p99 {} ms, max {} ms ({} rounds) | {reference} | p50 {}×, p99 {}× | {} |",
-            ms(n.p50()),
-            ms(n.p99()),
-            ms(n.max()),
-            n.len(),
-            ratio(n.p50(), p.p50()),
-            ratio(n.p99(), p.p99()),
-            verdict(n.p99() <= REACTION_GOAL)
-        )?;
-    }
-    let promise = format!(
-        "Eviction manager's idle CPU over 60 s ({STEADY_PODS} pods, default settings: a pass every {} s, notifications armed)",
-        POLL_PERIOD.as_secs()
-    );
-    let goal = format!(
-        "≤ {} ms per 60 s (0.1 % of one core, ≈ 0)",
-        IDLE_GOAL.as_millis()
-    );
-    match idle_cost(r) {
-        Some(c) => writeln!(
-            o,
-            "| P22 | {promise} | {goal} | {} per 60 s ({:.0} passes × {} per pass) | the same agent with its passes parked (1 h period), same run: agent {} per 60 s; with default settings: {} (difference {:.1} ms) | — | {} |",
-            ms1(c.estimate),
-            passes_in(Duration::from_secs_f64(MINUTE), POLL_PERIOD),
-            us(c.per_pass),
-            ms1(c.parked),
-            ms1(c.idle),
-            c.difference,
-            verdict(c.estimate <= IDLE_GOAL && c.difference <= IDLE_GOAL.as_secs_f64() * 1e3)
-        ),
-        None => writeln!(
-            o,
-            "| P22 | {promise} | {goal} | not measured | — | — | not measured: {} |",
-            why(r)
-        ),
-    }
+/// A row of a "samples (ms)" table.
+fn samples_vars(name: &str, s: &Samples) -> Vars {
+    let mut v = Vars::new();
+    v.set("name", name)
+        .set("n", s.len())
+        .set("p50", ms(s.p50()))
+        .set("p99", ms(s.p99()))
+        .set("min", ms(s.min()))
+        .set("max", ms(s.max()))
+        .set("mean", ms(s.mean()));
+    v
 }
 
-fn window_row(o: &mut String, what: &str, w: Option<CpuWindow>) -> std::fmt::Result {
-    match w {
-        Some(w) => writeln!(
-            o,
-            "| {what} | {:.1} | {:.3} | {:.3} | {:.3} |",
-            w.wall.as_secs_f64(),
-            w.agent.as_secs_f64() * 1e3,
-            w.agent_per(MINUTE).as_secs_f64() * 1e3,
-            w.runtime.as_secs_f64() * 1e3
-        ),
-        None => writeln!(o, "| {what} | — | — | — | — |"),
+/// A row of P22's window table.
+fn window_vars(what: &str, w: Option<CpuWindow>) -> Vars {
+    let mut v = Vars::new();
+    v.set("what", what).flag("measured", w.is_some());
+    if let Some(w) = w {
+        v.set("wall", format!("{:.1}", w.wall.as_secs_f64()))
+            .set("agent", format!("{:.3}", w.agent.as_secs_f64() * 1e3))
+            .set(
+                "agent_per_minute",
+                format!("{:.3}", w.agent_per(MINUTE).as_secs_f64() * 1e3),
+            )
+            .set("runtime", format!("{:.3}", w.runtime.as_secs_f64() * 1e3));
     }
+    v
+}
+
+/// Every value of the template; `rows` or `sections` says which half
+/// to render.
+fn vars(r: &EvictionResults, rows: bool) -> Vars {
+    let passes = passes_in(Duration::from_secs_f64(MINUTE), POLL_PERIOD);
+    let (n, p) = (&r.notified, &r.polled);
+    let mut v = Vars::new();
+    v.flag("rows", rows)
+        .flag("sections", !rows)
+        .set("why", why_cell(r.error.as_deref()))
+        .set("poll_s", POLL_PERIOD.as_secs())
+        .set("fast_ms", FAST_PERIOD.as_millis())
+        .set("steady_pods", STEADY_PODS)
+        .set("passes", format!("{passes:.0}"));
+
+    // P21
+    v.set(
+        "reaction_promise",
+        "Eviction: memory threshold crossing → the eviction's StopContainer call, with notifications (cgroup v1 memory threshold)",
+    )
+    .set("reaction_goal", format!("p99 ≤ {} ms", REACTION_GOAL.as_millis()))
+    .flag("reaction_measured", n.len() > 0)
+    .set("n_p50", ms(n.p50()))
+    .set("n_p99", ms(n.p99()))
+    .set("n_max", ms(n.max()))
+    .set("n_rounds", n.len())
+    .flag("polled", p.len() > 0)
+    .set("p_p50", ms(p.p50()))
+    .set("p_p99", ms(p.p99()))
+    .set("p_rounds", p.len())
+    .set("ratio_p50", ratio(n.p50(), p.p50()))
+    .set("ratio_p99", ratio(n.p99(), p.p99()))
+    .set("reaction_verdict", verdict(n.p99() <= REACTION_GOAL))
+    .set("node_mib", NODE_MEMORY >> 20)
+    .set("threshold_mib", THRESHOLD >> 20)
+    .set("crossing_mib", (NODE_MEMORY - THRESHOLD) >> 20)
+    .set("hog_mib", HOG >> 20)
+    .set("realtime_stamps", r.realtime_stamps)
+    .set("rounds", n.len() + p.len())
+    .set(
+        "hog_peak",
+        r.hog_peak
+            .map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
+            .unwrap_or_else(|| "—".into()),
+    )
+    .list(
+        "reaction_rows",
+        vec![
+            samples_vars("notifications: crossing → StopContainer", n),
+            samples_vars(
+                "notifications: crossing → eviction decided",
+                &r.notified_decision,
+            ),
+            samples_vars("polling only: crossing → StopContainer", p),
+            samples_vars(
+                "polling only: crossing → eviction decided",
+                &r.polled_decision,
+            ),
+        ],
+    )
+    .set("early_stops", r.early_stops);
+
+    // P22
+    let cost = idle_cost(r)
+        .map(|c| {
+            let mut v = Vars::new();
+            v.set("per_pass", us(c.per_pass))
+                .set("estimate", ms1(c.estimate))
+                .set("idle", ms1(c.idle))
+                .set("parked", ms1(c.parked))
+                .set("difference", format!("{:.1}", c.difference))
+                .set("signed_difference", format!("{:+.1}", c.difference))
+                .set(
+                    "idle_verdict",
+                    verdict(
+                        c.estimate <= IDLE_GOAL && c.difference <= IDLE_GOAL.as_secs_f64() * 1e3,
+                    ),
+                );
+            v
+        })
+        .into_iter()
+        .collect();
+    v.set(
+        "idle_promise",
+        format!(
+            "Eviction manager's idle CPU over 60 s ({STEADY_PODS} pods, default settings: a pass every {} s, notifications armed)",
+            POLL_PERIOD.as_secs()
+        ),
+    )
+    .set(
+        "idle_goal",
+        format!(
+            "≤ {} ms per 60 s (0.1 % of one core, ≈ 0)",
+            IDLE_GOAL.as_millis()
+        ),
+    )
+    .list("cost", cost)
+    .list(
+        "windows",
+        vec![
+            window_vars("default settings (pass every 10 s)", r.idle),
+            window_vars("passes parked (1 h period)", r.parked),
+            window_vars("a pass every 100 ms", r.fast),
+        ],
+    );
+    let stopped = r
+        .error
+        .as_deref()
+        .map(|e| {
+            let mut s = Vars::new();
+            // Backticks made quotes, so that the code span holds.
+            s.set("first", e.lines().next().unwrap_or("").replace('`', "'"));
+            s
+        })
+        .into_iter()
+        .collect();
+    v.list("stopped", stopped);
+    v
+}
+
+/// The rows of P21 and P22 in the summary table.
+pub fn summary_rows(r: &EvictionResults) -> Result<String, TemplateError> {
+    render(TEMPLATE, &vars(r, true))
 }
 
 /// The P21 and P22 sections.
-pub fn sections(o: &mut String, r: &EvictionResults) -> std::fmt::Result {
-    writeln!(
-        o,
-        "## P21 Eviction: a memory threshold crossing is acted on within 200 ms"
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Promise.** With memory threshold notifications (the default), the agent's \
-         eviction manager calls StopContainer for the pod it evicts within 200 ms (p99) of \
-         the node's memory crossing a hard threshold; kubelet notices it at its next \
-         housekeeping pass, up to 10 s later."
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Method.** One `petrel runtime` and one `petrel agent` whose node is a memory cgroup \
-         of the bench with a {} MiB limit (`--node-cgroup`), hard threshold \
-         `memory.available<{}Mi` (so a working set of {} MiB crosses it), {STEADY_PODS} \
-         Guaranteed `sleep` pods running throughout. Each round, a Burstable pod (a \
-         BestEffort one would be refused under the memory pressure the previous round left) \
-         allocates {} MiB in one step 1 s after it starts (so that the agent knows it as a \
-         running pod, as it would one that grows): busybox `dd` reads one block of that \
-         size from /dev/zero, touching every page, and holds it while blocked writing to a \
-         pipe that `sleep` never reads; its shell exits at SIGTERM. The crossing is stamped by the kernel: before each round the \
-         bench registers its own cgroup v1 memory threshold (`cgroup.event_control`, an \
-         eventfd, a thread blocked in poll and raised to SCHED_FIFO with `chrt`, so that its \
-         wake-up is not queued behind the hog and the agent on the 2 cores: in {} of {} \
-         rounds) on the node cgroup's `memory.usage_in_bytes` at \
-         the usage where the signal meets the threshold as the agent computes it (capacity − \
-         threshold + `total_inactive_file`). The stop call is stamped by the agent's log line \
-         `stopping container … reason=\"pod evicted\"`, written just before its \
-         StopContainer call; the decision by its `evicting pod` line (both wall clock, µs, \
-         as the bench's stamp). Then the bench waits for the pod to be Failed/Evicted at \
-         `/pods`, deletes its manifest and waits until it is gone and the node's usage is \
-         back down. Rounds with notifications first (a 200 ms pause before each), then the \
-         agent is restarted with `--eviction-notifications=false` (the pass every {} s \
-         only, kubelet's housekeeping period) and each round waits a random 0-{} s first, so \
-         that the crossing falls at a random phase of the pass period. Peak usage of the \
-         node cgroup in any round: {}.",
-        NODE_MEMORY >> 20,
-        THRESHOLD >> 20,
-        (NODE_MEMORY - THRESHOLD) >> 20,
-        HOG >> 20,
-        r.realtime_stamps,
-        r.notified.len() + r.polled.len(),
-        POLL_PERIOD.as_secs(),
-        POLL_PERIOD.as_secs(),
-        r.hog_peak
-            .map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
-            .unwrap_or_else(|| "—".into())
-    )?;
-    writeln!(o)?;
-    writeln!(o, "| samples (ms) | n | p50 | p99 | min | max | mean |")?;
-    writeln!(o, "|---|---|---|---|---|---|---|")?;
-    samples_row(o, "notifications: crossing → StopContainer", &r.notified)?;
-    samples_row(
-        o,
-        "notifications: crossing → eviction decided",
-        &r.notified_decision,
-    )?;
-    samples_row(o, "polling only: crossing → StopContainer", &r.polled)?;
-    samples_row(
-        o,
-        "polling only: crossing → eviction decided",
-        &r.polled_decision,
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "Rounds whose StopContainer call was logged before the bench's stamp of the crossing \
-         (each waiter is woken by the same kernel event; counted as 0): {}.",
-        r.early_stops
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "## P22 Eviction: the manager costs nothing while the node is quiet"
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Promise.** With its default settings the eviction manager uses at most 0.1 % of \
-         one core (60 ms of CPU per 60 s) on an idle node: a pass every {} s reads a few \
-         cgroup and statfs figures, and the memory threshold notifications are threads \
-         blocked in poll(2).",
-        POLL_PERIOD.as_secs()
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Method.** The same node and {STEADY_PODS} pods as P21, nothing else happening. The \
-         agent is restarted three times (its pods adopted, then 5 s to settle) and its CPU \
-         (the on-CPU time of its threads, `/proc/<pid>/task/*/schedstat`) read over a window: \
-         with the default settings (a pass every {} s, memory thresholds armed); with \
-         `--eviction-monitoring-interval=1h` (the manager's first pass at start-up, then \
-         none: the reference, everything else the same); with a pass every {} ms. The cost \
-         of one pass is the 100 ms window's CPU above the parked rate divided by its passes \
-         (wall / period, an upper bound on their number); the figure is that times the {} \
-         passes of 60 s. The difference between the default and the parked windows measures \
-         the same directly, but is within the noise of two separate windows.",
-        POLL_PERIOD.as_secs(),
-        FAST_PERIOD.as_millis(),
-        passes_in(Duration::from_secs_f64(MINUTE), POLL_PERIOD)
-    )?;
-    writeln!(o)?;
-    if let Some(c) = idle_cost(r) {
-        writeln!(
-            o,
-            "One pass: {}; 60 s at the default period: {}. Agent per 60 s, default settings \
-             against parked: {} against {} ({:+.1} ms).",
-            us(c.per_pass),
-            ms1(c.estimate),
-            ms1(c.idle),
-            ms1(c.parked),
-            c.difference
-        )?;
-        writeln!(o)?;
-    }
-    writeln!(
-        o,
-        "| window | wall (s) | agent CPU (ms) | agent CPU per 60 s (ms) | runtime CPU (ms) |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|")?;
-    window_row(o, "default settings (pass every 10 s)", r.idle)?;
-    window_row(o, "passes parked (1 h period)", r.parked)?;
-    window_row(o, "a pass every 100 ms", r.fast)?;
-    writeln!(o)?;
-    stopped_early(o, r.error.as_deref())
+pub fn sections(r: &EvictionResults) -> Result<String, TemplateError> {
+    render(TEMPLATE, &vars(r, false))
 }
 
 #[cfg(test)]
@@ -272,8 +220,7 @@ mod tests {
             error: Some("no v1 memory controller\nmore".into()),
             ..Default::default()
         };
-        let mut o = String::new();
-        summary_rows(&mut o, &r).unwrap_or_default();
+        let o = summary_rows(&r).unwrap_or_default();
         assert_eq!(
             o.matches("not measured: no v1 memory controller |").count(),
             2
@@ -297,8 +244,7 @@ mod tests {
         // 500 µs per pass × 6 passes.
         assert_eq!(c.estimate, Duration::from_millis(3));
         assert!((c.difference - 3.0).abs() < 1e-9);
-        let mut o = String::new();
-        summary_rows(&mut o, &r).unwrap_or_default();
+        let o = summary_rows(&r).unwrap_or_default();
         assert!(
             o.contains("3.0 ms per 60 s (6 passes × 500 µs per pass)"),
             "{o}"

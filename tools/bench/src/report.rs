@@ -330,8 +330,8 @@ pub fn render_eviction_only(m: &Machine, e: &EvictionResults) -> Result<String, 
         m,
         &m.command,
         "the eviction manager only",
-        written(|o| eviction_report::summary_rows(o, e)),
-        written(|o| eviction_report::sections(o, e)),
+        eviction_report::summary_rows(e)?,
+        eviction_report::sections(e)?,
     )
 }
 
@@ -524,8 +524,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         sections += &nri_report::sections(n)?;
     }
     if let Some(e) = &r.eviction {
-        rows += &written(|o| eviction_report::summary_rows(o, e));
-        sections += &written(|o| eviction_report::sections(o, e));
+        rows += &eviction_report::summary_rows(e)?;
+        sections += &eviction_report::sections(e)?;
     }
     if let Some(k) = &r.kubelet {
         rows += &written(|o| kubelet_report::summary_rows(o, k));
