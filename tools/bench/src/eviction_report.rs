@@ -6,7 +6,7 @@ use crate::eviction::{
     passes_in, CpuWindow, EvictionResults, FAST_PERIOD, HOG, NODE_MEMORY, POLL_PERIOD, STEADY_PODS,
     THRESHOLD,
 };
-use crate::stats::{ms, ratio, verdict, why_cell, Samples};
+use crate::stats::{ms, ratio, samples_vars, stopped_vars, verdict, why_cell};
 use crate::template::{render, TemplateError, Vars};
 
 /// The rows and sections P21-P22.
@@ -50,19 +50,6 @@ fn idle_cost(r: &EvictionResults) -> Option<IdleCost> {
         parked: p,
         difference: (i.as_secs_f64() - p.as_secs_f64()) * 1e3,
     })
-}
-
-/// A row of a "samples (ms)" table.
-fn samples_vars(name: &str, s: &Samples) -> Vars {
-    let mut v = Vars::new();
-    v.set("name", name)
-        .set("n", s.len())
-        .set("p50", ms(s.p50()))
-        .set("p99", ms(s.p99()))
-        .set("min", ms(s.min()))
-        .set("max", ms(s.max()))
-        .set("mean", ms(s.mean()));
-    v
 }
 
 /// A row of P22's window table.
@@ -185,18 +172,7 @@ fn vars(r: &EvictionResults, rows: bool) -> Vars {
             window_vars("a pass every 100 ms", r.fast),
         ],
     );
-    let stopped = r
-        .error
-        .as_deref()
-        .map(|e| {
-            let mut s = Vars::new();
-            // Backticks made quotes, so that the code span holds.
-            s.set("first", e.lines().next().unwrap_or("").replace('`', "'"));
-            s
-        })
-        .into_iter()
-        .collect();
-    v.list("stopped", stopped);
+    v.list("stopped", stopped_vars(r.error.as_deref()));
     v
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::nri::{NriResults, FLOOR_GAP, PLUGIN_COUNTS};
-use crate::stats::{ms, ratio, verdict, why_cell, Samples};
+use crate::stats::{ms, ratio, samples_vars, stopped_vars, verdict, why_cell};
 use crate::template::{render, TemplateError, Vars};
 
 /// The rows and sections P19-P20.
@@ -21,19 +21,6 @@ fn us(d: Duration) -> String {
 
 fn us_or_dash(d: Option<Duration>) -> String {
     d.map(us).unwrap_or_else(|| "—".into())
-}
-
-/// A row of a "samples (ms)" table.
-fn samples_vars(name: &str, s: &Samples) -> Vars {
-    let mut v = Vars::new();
-    v.set("name", name)
-        .set("n", s.len())
-        .set("p50", ms(s.p50()))
-        .set("p99", ms(s.p99()))
-        .set("min", ms(s.min()))
-        .set("max", ms(s.max()))
-        .set("mean", ms(s.mean()));
-    v
 }
 
 /// Every value of the template; `rows` or `sections` says which half
@@ -127,18 +114,7 @@ fn vars(r: &NriResults, rows: bool) -> Vars {
             samples_vars("ListPodSandbox + ListContainers", &r.list),
         ],
     );
-    let stopped = r
-        .error
-        .as_deref()
-        .map(|e| {
-            let mut s = Vars::new();
-            // Backticks made quotes, so that the code span holds.
-            s.set("first", e.lines().next().unwrap_or("").replace('`', "'"));
-            s
-        })
-        .into_iter()
-        .collect();
-    v.list("stopped", stopped);
+    v.list("stopped", stopped_vars(r.error.as_deref()));
     v
 }
 
