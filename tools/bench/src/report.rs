@@ -953,6 +953,26 @@ mod tests {
     }
 
     #[test]
+    fn render_net_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        golden(
+            "sample-net.md",
+            &render_net_only(&m, &report_sample::net()).unwrap(),
+        );
+        let partial = crate::net::NetResults {
+            containerd_missing: Some("no containerd 1.7 | here".into()),
+            run_petrel: report_sample::ramp(3, 20.0, 1.0),
+            forward_bytes: 1 << 20,
+            forward_petrel: report_sample::ramp(3, 2.0, 1.0),
+            ..Default::default()
+        };
+        golden(
+            "sample-net-partial.md",
+            &render_net_only(&m, &partial).unwrap(),
+        );
+    }
+
+    #[test]
     fn render_agent_only_should_match_the_stored_sample() {
         let text = render_agent_only(&report_sample::machine(), &report_sample::agent()).unwrap();
         golden("sample-agent.md", &text);

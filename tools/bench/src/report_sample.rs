@@ -12,6 +12,7 @@ use crate::agent::{
 use crate::agent_proc::{Mode, ObserveMethod};
 use crate::eviction::{CpuWindow, EvictionResults};
 use crate::machine::Machine;
+use crate::net::NetResults;
 use crate::nri::NriResults;
 use crate::procfs::{Cpu, Mem};
 use crate::report::{Exits, Idle, Lifecycle, ListRound, Memory, Results, Scale};
@@ -258,6 +259,28 @@ pub fn eviction() -> EvictionResults {
     }
 }
 
+/// The network section of the sample run.
+pub fn net() -> NetResults {
+    NetResults {
+        error: Some("sample error\nsecond line".into()),
+        containerd_missing: None,
+        containerd_version: "containerd 1.7.24".into(),
+        conflist: "{\"cniVersion\":\"1.0.0\",\"name\":\"sample\"}".into(),
+        run_petrel: ramp(10, 20.0, 1.0),
+        run_containerd: ramp(10, 60.0, 1.0),
+        down_petrel: ramp(10, 10.0, 1.0),
+        down_containerd: ramp(10, 30.0, 1.0),
+        exec_petrel: ramp(20, 8.0, 0.1),
+        exec_containerd: ramp(20, 12.0, 0.1),
+        stream_petrel: ramp(20, 9.0, 0.1),
+        stream_containerd: ramp(20, 14.0, 0.1),
+        forward_bytes: 256 << 20,
+        forward_petrel: ramp(5, 200.0, 5.0),
+        forward_containerd: ramp(5, 400.0, 5.0),
+        forward_direct: ramp(5, 100.0, 5.0),
+    }
+}
+
 /// A whole sample run: the runtime's figures and the agent's; the other
 /// sections as they are before they measured anything.
 pub fn results() -> Results {
@@ -328,7 +351,7 @@ pub fn results() -> Results {
     r.queue = Some(Default::default());
     r.agent = Some(agent());
     r.pull = Some(Default::default());
-    r.net = Some(Default::default());
+    r.net = Some(net());
     r.nri = Some(nri());
     r.eviction = Some(eviction());
     r.kubelet = Some(Default::default());
