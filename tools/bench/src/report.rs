@@ -308,8 +308,8 @@ pub fn render_net_only(m: &Machine, n: &NetResults) -> Result<String, TemplateEr
         m,
         &m.command,
         "pod network and exec only",
-        written(|o| net_report::summary_rows(o, n)),
-        written(|o| net_report::sections(o, n)),
+        net_report::summary_rows(n)?,
+        net_report::sections(n)?,
     )
 }
 
@@ -516,8 +516,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         sections += &written(|o| pull_report::sections(o, p));
     }
     if let Some(n) = &r.net {
-        rows += &written(|o| net_report::summary_rows(o, n));
-        sections += &written(|o| net_report::sections(o, n));
+        rows += &net_report::summary_rows(n)?;
+        sections += &net_report::sections(n)?;
     }
     if let Some(n) = &r.nri {
         rows += &nri_report::summary_rows(n)?;

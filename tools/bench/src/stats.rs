@@ -73,22 +73,6 @@ impl Samples {
     }
 }
 
-/// A table row of `s` in milliseconds: name, n, p50, p99, min, max, mean (the
-/// sections' "samples (ms)" tables).
-pub fn samples_row(o: &mut String, name: &str, s: &Samples) -> std::fmt::Result {
-    use std::fmt::Write;
-    writeln!(
-        o,
-        "| {name} | {} | {} | {} | {} | {} | {} |",
-        s.len(),
-        ms(s.p50()),
-        ms(s.p99()),
-        ms(s.min()),
-        ms(s.max()),
-        ms(s.mean())
-    )
-}
-
 /// A promise's verdict in the report.
 pub fn verdict(pass: bool) -> &'static str {
     if pass {
