@@ -973,6 +973,17 @@ mod tests {
     }
 
     #[test]
+    fn render_pull_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        golden(
+            "sample-pull.md",
+            &render_pull_only(&m, &report_sample::pull()).unwrap(),
+        );
+        let none = crate::pull::PullResults::default();
+        golden("sample-pull-none.md", &render_pull_only(&m, &none).unwrap());
+    }
+
+    #[test]
     fn render_agent_only_should_match_the_stored_sample() {
         let text = render_agent_only(&report_sample::machine(), &report_sample::agent()).unwrap();
         golden("sample-agent.md", &text);

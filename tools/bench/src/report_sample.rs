@@ -11,10 +11,12 @@ use crate::agent::{
 };
 use crate::agent_proc::{Mode, ObserveMethod};
 use crate::eviction::{CpuWindow, EvictionResults};
+use crate::large_image::{LargeImage, LayerInfo};
 use crate::machine::Machine;
 use crate::net::NetResults;
 use crate::nri::NriResults;
 use crate::procfs::{Cpu, Mem};
+use crate::pull::PullResults;
 use crate::report::{Exits, Idle, Lifecycle, ListRound, Memory, Results, Scale};
 use crate::stats::Samples;
 use crate::Args;
@@ -281,6 +283,40 @@ pub fn net() -> NetResults {
     }
 }
 
+/// The pull section of the sample run.
+pub fn pull() -> PullResults {
+    let layer = |source: &str, files: usize, mb: u64| LayerInfo {
+        source: source.into(),
+        files,
+        uncompressed: mb * 3_000_000,
+        compressed: mb * 1_000_000,
+    };
+    PullResults {
+        error: Some("sample error | with a bar\nsecond line".into()),
+        image: Some(LargeImage {
+            layers: vec![
+                layer("busybox test image", 0, 1),
+                layer("/usr/share", 1200, 10),
+                layer("/usr/lib", 300, 0),
+            ],
+        }),
+        build: Duration::from_millis(12_345),
+        reference: "127.0.0.1:5000/petrel-bench/large:latest".into(),
+        petrel: ramp(5, 1500.0, 50.0),
+        reference_total: ramp(5, 2500.0, 50.0),
+        skopeo: ramp(5, 1000.0, 20.0),
+        umoci: ramp(5, 1500.0, 30.0),
+        umoci_sync: ramp(5, 300.0, 10.0),
+        petrel_size: 33_000_000,
+        petrel_layers: 3,
+        create_small: ramp(30, 20.0, 0.2),
+        create_large: ramp(30, 21.0, 0.2),
+        skopeo_version: "skopeo version 1.9.3".into(),
+        umoci_version: "umoci version 0.4.7".into(),
+        registry_version: "docker-registry 2.8.2".into(),
+    }
+}
+
 /// A whole sample run: the runtime's figures and the agent's; the other
 /// sections as they are before they measured anything.
 pub fn results() -> Results {
@@ -350,7 +386,7 @@ pub fn results() -> Results {
     };
     r.queue = Some(Default::default());
     r.agent = Some(agent());
-    r.pull = Some(Default::default());
+    r.pull = Some(pull());
     r.net = Some(net());
     r.nri = Some(nri());
     r.eviction = Some(eviction());
