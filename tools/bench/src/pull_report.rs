@@ -1,10 +1,14 @@
-//! P14 and P15 in docs/PERFORMANCE.md: the summary rows and the sections.
+//! P14 and P15 in docs/PERFORMANCE.md: the summary rows and the sections,
+//! from `templates/pull.md`.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use crate::pull::PullResults;
 use crate::stats::{ms, one_line, ratio, verdict, why_cell, within, Samples};
+use crate::template::{render, TemplateError, Vars};
+
+/// The rows and sections P14-P15.
+const TEMPLATE: &str = include_str!("../templates/pull.md");
 
 /// Goal of P14: Petrel's pull over skopeo copy + umoci unpack, at p50.
 const PULL_RATIO_GOAL: f64 = 1.0;
@@ -32,245 +36,167 @@ fn what_image(r: &PullResults) -> String {
     }
 }
 
-/// The rows of P14 and P15 in the summary table.
-pub fn summary_rows(o: &mut String, r: &PullResults) -> std::fmt::Result {
-    let image = what_image(r);
-    let p14 = format!(
-        "Pull and unpack a {image} image from a local registry: CRI PullImage into an empty root"
-    );
-    if r.petrel.len() == 0 || r.reference_total.len() == 0 {
-        writeln!(
-            o,
-            "| P14 | {p14} | — | not measured | — | — | not measured: {} |",
-            why(r)
-        )?;
-    } else {
-        writeln!(
-            o,
-            "| P14 | {p14} | ≤ {PULL_RATIO_GOAL:.1}× the reference at p50 | p50 {} s (min {} s, {} pulls) | `skopeo copy` to an OCI layout + `umoci unpack`: p50 {} s (min {} s) | p50 {}× | {} |",
-            secs(r.petrel.p50()),
-            secs(r.petrel.min()),
-            r.petrel.len(),
-            secs(r.reference_total.p50()),
-            secs(r.reference_total.min()),
-            ratio(r.petrel.p50(), r.reference_total.p50()),
-            verdict(within(
-                r.petrel.p50(),
-                r.reference_total.p50(),
-                PULL_RATIO_GOAL
-            ))
-        )?;
-    }
-    let p15 = format!("CreateContainer on a warm image: the {image} image against busybox");
-    if r.create_large.len() == 0 || r.create_small.len() == 0 {
-        writeln!(
-            o,
-            "| P15 | {p15} | — | not measured | — | — | not measured: {} |",
-            why(r)
-        )?;
-    } else {
-        writeln!(
-            o,
-            "| P15 | {p15} | ≤ {CREATE_RATIO_GOAL}× busybox's at p50 (independent of image size) | p50 {} ms, p99 {} ms ({} containers) | busybox (1 layer): p50 {} ms, p99 {} ms | p50 {}×, p99 {}× | {} |",
-            ms(r.create_large.p50()),
-            ms(r.create_large.p99()),
-            r.create_large.len(),
-            ms(r.create_small.p50()),
-            ms(r.create_small.p99()),
-            ratio(r.create_large.p50(), r.create_small.p50()),
-            ratio(r.create_large.p99(), r.create_small.p99()),
-            verdict(within(
-                r.create_large.p50(),
-                r.create_small.p50(),
-                CREATE_RATIO_GOAL
-            ))
-        )?;
-    }
-    Ok(())
+/// A row of a samples table, in ms (`unit_ms`) or seconds.
+fn sample_vars(name: &str, s: &Samples, unit_ms: bool) -> Vars {
+    let f = |d: Duration| if unit_ms { ms(d) } else { secs(d) };
+    let mut v = Vars::new();
+    v.set("name", name)
+        .set("n", s.len())
+        .set("p50", f(s.p50()))
+        .set("min", f(s.min()))
+        .set("max", f(s.max()))
+        .set("mean", f(s.mean()));
+    v
 }
 
-fn sample_row(o: &mut String, name: &str, s: &Samples, unit_ms: bool) -> std::fmt::Result {
-    let f = |d: Duration| if unit_ms { ms(d) } else { secs(d) };
-    writeln!(
-        o,
-        "| {name} | {} | {} | {} | {} | {} |",
-        s.len(),
-        f(s.p50()),
-        f(s.min()),
-        f(s.max()),
-        f(s.mean())
-    )
+/// Every value of the template; `rows` or `sections` says which half
+/// to render.
+fn vars(r: &PullResults, rows: bool) -> Vars {
+    let image = what_image(r);
+    let mut v = Vars::new();
+    v.flag("rows", rows)
+        .flag("sections", !rows)
+        .set("why", why(r))
+        .set("what_image", &image)
+        .set(
+            "p14",
+            format!(
+                "Pull and unpack a {image} image from a local registry: CRI PullImage into an empty root"
+            ),
+        )
+        .set(
+            "p15",
+            format!("CreateContainer on a warm image: the {image} image against busybox"),
+        );
+
+    // P14
+    let (p, t) = (&r.petrel, &r.reference_total);
+    v.flag("pull_measured", p.len() > 0 && t.len() > 0)
+        .set("pull_goal", format!("{PULL_RATIO_GOAL:.1}"))
+        .set("petrel_p50", secs(p.p50()))
+        .set("petrel_min", secs(p.min()))
+        .set("pulls", p.len())
+        .set("reference_p50", secs(t.p50()))
+        .set("reference_min", secs(t.min()))
+        .set("pull_ratio", ratio(p.p50(), t.p50()))
+        .set("pull_ratio_min", ratio(p.min(), t.min()))
+        .set("pull_ratio_max", ratio(p.max(), t.max()))
+        .set("pull_ratio_mean", ratio(p.mean(), t.mean()))
+        .set(
+            "pull_verdict",
+            verdict(within(p.p50(), t.p50(), PULL_RATIO_GOAL)),
+        )
+        .set("registry_version", &r.registry_version)
+        .set("rounds", p.len().max(t.len()))
+        .set("reference", &r.reference)
+        .set("skopeo_version", &r.skopeo_version)
+        .set("umoci_version", &r.umoci_version);
+    let image_vars = r
+        .image
+        .as_ref()
+        .map(|img| {
+            let layers = img
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let mut lv = Vars::new();
+                    lv.set("index", i + 1)
+                        .set("source", &l.source)
+                        .set(
+                            "files",
+                            if l.files > 0 {
+                                l.files.to_string()
+                            } else {
+                                "—".to_string()
+                            },
+                        )
+                        .set("uncompressed", mb(l.uncompressed))
+                        .set("compressed", mb(l.compressed))
+                        .set(
+                            "ratio",
+                            format!(
+                                "{:.2}",
+                                if l.compressed > 0 {
+                                    l.uncompressed as f64 / l.compressed as f64
+                                } else {
+                                    0.0
+                                }
+                            ),
+                        );
+                    lv
+                })
+                .collect();
+            let mut iv = Vars::new();
+            iv.set("compressed", mb(img.compressed()))
+                .set("uncompressed", mb(img.uncompressed()))
+                .set("build_s", secs(r.build))
+                .set("petrel_size", mb(r.petrel_size))
+                .list("layers", layers);
+            iv
+        })
+        .into_iter()
+        .collect();
+    v.list("image", image_vars).list(
+        "pull_rows",
+        vec![
+            sample_vars("**Petrel: PullImage**", p, false),
+            sample_vars("**reference: skopeo copy + umoci unpack**", t, false),
+            sample_vars("&nbsp;&nbsp;skopeo copy", &r.skopeo, false),
+            sample_vars("&nbsp;&nbsp;umoci unpack", &r.umoci, false),
+            sample_vars(
+                "then sync(2) of umoci's bundle (not in the reference)",
+                &r.umoci_sync,
+                false,
+            ),
+        ],
+    );
+    let stopped = r
+        .error
+        .as_ref()
+        .map(|e| {
+            let mut s = Vars::new();
+            s.set("error", one_line(e));
+            s
+        })
+        .into_iter()
+        .collect();
+    v.list("stopped", stopped);
+
+    // P15
+    let (large, small) = (&r.create_large, &r.create_small);
+    v.flag("create_measured", large.len() > 0 && small.len() > 0)
+        .set("create_goal", CREATE_RATIO_GOAL)
+        .set("large_p50", ms(large.p50()))
+        .set("large_p99", ms(large.p99()))
+        .set("large_count", large.len())
+        .set("small_p50", ms(small.p50()))
+        .set("small_p99", ms(small.p99()))
+        .set("create_ratio_p50", ratio(large.p50(), small.p50()))
+        .set("create_ratio_p99", ratio(large.p99(), small.p99()))
+        .set("create_ratio_min", ratio(large.min(), small.min()))
+        .set("create_ratio_max", ratio(large.max(), small.max()))
+        .set("create_ratio_mean", ratio(large.mean(), small.mean()))
+        .set(
+            "create_verdict",
+            verdict(within(large.p50(), small.p50(), CREATE_RATIO_GOAL)),
+        )
+        .list(
+            "create_rows",
+            vec![
+                sample_vars(&format!("**{image} image**"), large, true),
+                sample_vars("busybox image (1 layer)", small, true),
+            ],
+        );
+    v
+}
+
+/// The rows of P14 and P15 in the summary table.
+pub fn summary_rows(r: &PullResults) -> Result<String, TemplateError> {
+    render(TEMPLATE, &vars(r, true))
 }
 
 /// The P14 and P15 sections.
-pub fn sections(o: &mut String, r: &PullResults) -> std::fmt::Result {
-    writeln!(o, "## P14 Pull and unpack: no slower than skopeo + umoci")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Promise.** Pulling a multi-layer image of about 50 MB (compressed) from a registry \
-         and unpacking it, as PullImage does before it answers, takes no longer at the median \
-         than the usual tools doing the same in the same run: `skopeo copy` from the \
-         registry to an OCI layout, then `umoci unpack` of that layout into a bundle."
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Method.** The bench builds the image itself from files of this machine, so that \
-         compression and unpacking meet real content: the busybox test image's layer (so \
-         that the image runs the same `sleep` as the small one, for P15), then layers of \
-         regular files and symlinks from the directories below in name order, each gzip \
-         stream (default level) cut once it reaches its share of the size (files above a \
-         quarter of that share are left out, so that one file cannot overshoot it); owners, \
-         modes and times as on disk. It writes an OCI layout and pushes it with `skopeo copy` \
-         to Debian's `docker-registry` ({}), which the bench starts on 127.0.0.1 on a free \
-         port with its storage in the work directory, and stops and deletes after the \
-         section (on every path). Then {} rounds, the order alternating round by round: \
-         Petrel starts a `petrel runtime` on an empty root and state (not timed), answers a \
-         Version call, and the bench times one CRI PullImage of \
-         `{}` (plain HTTP: loopback registries need no configuration), checks that \
-         ImageStatus knows the image and that the store holds one unpacked directory per \
-         layer, stops the runtime and deletes its root. The reference times `skopeo copy \
-         --src-tls-verify=false docker://… oci:DIR:large` ({}) and then `umoci unpack --image \
-         DIR:large BUNDLE` ({}) into an empty directory, checks the bundle's \
-         `rootfs/bin/busybox` and deletes both. umoci applies every layer onto one root \
-         file system and records an mtree manifest of it (with a SHA-256 of each file); \
-         Petrel unpacks each layer into its own directory, to be stacked by overlayfs, and \
-         makes each one durable (syncfs) before it is renamed into place, so PullImage \
-         answers with the image on disk; skopeo and umoci leave their writes to the kernel's \
-         write-back (the sync(2) after umoci, timed separately, shows what that leaves). \
-         Before every timed step the bench calls sync(2), untimed, so that no step pays for \
-         the previous one's unwritten data. The registry's blobs were just written, so both \
-         read them from the page cache: the figures are the transfer, verification and \
-         unpacking, not the registry's disk.",
-        r.registry_version,
-        r.petrel.len().max(r.reference_total.len()),
-        r.reference,
-        r.skopeo_version,
-        r.umoci_version
-    )?;
-    writeln!(o)?;
-    if let Some(img) = &r.image {
-        writeln!(
-            o,
-            "The image ({} compressed, {} of tar streams; built and pushed in {} s; Petrel's \
-             ImageStatus size: {}):",
-            mb(img.compressed()),
-            mb(img.uncompressed()),
-            secs(r.build),
-            mb(r.petrel_size)
-        )?;
-        writeln!(o)?;
-        writeln!(
-            o,
-            "| layer | files from | files and symlinks | tar stream | gzip blob | ratio |"
-        )?;
-        writeln!(o, "|---|---|---|---|---|---|")?;
-        for (i, l) in img.layers.iter().enumerate() {
-            writeln!(
-                o,
-                "| {} | {} | {} | {} | {} | {:.2} |",
-                i + 1,
-                l.source,
-                if l.files > 0 {
-                    l.files.to_string()
-                } else {
-                    "—".to_string()
-                },
-                mb(l.uncompressed),
-                mb(l.compressed),
-                if l.compressed > 0 {
-                    l.uncompressed as f64 / l.compressed as f64
-                } else {
-                    0.0
-                }
-            )?;
-        }
-        writeln!(o)?;
-    }
-    writeln!(o, "| seconds | runs | p50 | min | max | mean |")?;
-    writeln!(o, "|---|---|---|---|---|---|")?;
-    sample_row(o, "**Petrel: PullImage**", &r.petrel, false)?;
-    sample_row(
-        o,
-        "**reference: skopeo copy + umoci unpack**",
-        &r.reference_total,
-        false,
-    )?;
-    sample_row(o, "&nbsp;&nbsp;skopeo copy", &r.skopeo, false)?;
-    sample_row(o, "&nbsp;&nbsp;umoci unpack", &r.umoci, false)?;
-    sample_row(
-        o,
-        "then sync(2) of umoci's bundle (not in the reference)",
-        &r.umoci_sync,
-        false,
-    )?;
-    writeln!(
-        o,
-        "| **ratio Petrel / reference** | | **{}** | {} | {} | {} |",
-        ratio(r.petrel.p50(), r.reference_total.p50()),
-        ratio(r.petrel.min(), r.reference_total.min()),
-        ratio(r.petrel.max(), r.reference_total.max()),
-        ratio(r.petrel.mean(), r.reference_total.mean())
-    )?;
-    writeln!(o)?;
-    if let Some(e) = &r.error {
-        writeln!(o, "The section stopped early: {}", one_line(e))?;
-        writeln!(o)?;
-    }
-
-    writeln!(
-        o,
-        "## P15 Container create on a warm image: independent of the image's size"
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Promise.** Once an image is pulled, creating a container from it costs the same \
-         whatever the image's size and number of layers: the layers are already unpacked and \
-         shared, CreateContainer only stacks them in an overlay mount (within \
-         {CREATE_RATIO_GOAL}× of the small image's figure at p50)."
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Method.** A fresh `petrel runtime` with both images: busybox (one layer, \
-         imported) and the image of P14 ({}, pulled). In one pod, {} containers of each, \
-         created one after the other and alternating between the images (the order swapped \
-         every round), each a `sleep 3600` with the same config but the image; CreateContainer \
-         as the client sees it (overlay mount, OCI spec, shim start, `runc create`, commit), \
-         after one unmeasured create and remove of each. The containers stay created, not \
-         started, until all are measured, then are removed with the pod.",
-        what_image(r),
-        r.create_large.len()
-    )?;
-    writeln!(o)?;
-    writeln!(o, "| CreateContainer, ms | runs | p50 | min | max | mean |")?;
-    writeln!(o, "|---|---|---|---|---|---|")?;
-    sample_row(
-        o,
-        &format!("**{} image**", what_image(r)),
-        &r.create_large,
-        true,
-    )?;
-    sample_row(o, "busybox image (1 layer)", &r.create_small, true)?;
-    writeln!(
-        o,
-        "| **ratio large / busybox** | | **{}** | {} | {} | {} |",
-        ratio(r.create_large.p50(), r.create_small.p50()),
-        ratio(r.create_large.min(), r.create_small.min()),
-        ratio(r.create_large.max(), r.create_small.max()),
-        ratio(r.create_large.mean(), r.create_small.mean())
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "p99 of {} samples (nearest rank: below 100 samples, the largest): large {} ms, \
-         busybox {} ms.",
-        r.create_large.len(),
-        ms(r.create_large.p99()),
-        ms(r.create_small.p99())
-    )?;
-    writeln!(o)?;
-    Ok(())
+pub fn sections(r: &PullResults) -> Result<String, TemplateError> {
+    render(TEMPLATE, &vars(r, false))
 }

@@ -297,8 +297,8 @@ pub fn render_pull_only(m: &Machine, p: &PullResults) -> Result<String, Template
         m,
         &m.command,
         "image pull and create only",
-        written(|o| pull_report::summary_rows(o, p)),
-        written(|o| pull_report::sections(o, p)),
+        pull_report::summary_rows(p)?,
+        pull_report::sections(p)?,
     )
 }
 
@@ -512,8 +512,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         sections += &agent_report::sections(a)?;
     }
     if let Some(p) = &r.pull {
-        rows += &written(|o| pull_report::summary_rows(o, p));
-        sections += &written(|o| pull_report::sections(o, p));
+        rows += &pull_report::summary_rows(p)?;
+        sections += &pull_report::sections(p)?;
     }
     if let Some(n) = &r.net {
         rows += &net_report::summary_rows(n)?;
