@@ -984,6 +984,20 @@ mod tests {
     }
 
     #[test]
+    fn render_queue_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        golden(
+            "sample-queue.md",
+            &render_queue_only(&m, &report_sample::queue()).unwrap(),
+        );
+        let none = crate::queue::QueueResults::default();
+        golden(
+            "sample-queue-none.md",
+            &render_queue_only(&m, &none).unwrap(),
+        );
+    }
+
+    #[test]
     fn render_agent_only_should_match_the_stored_sample() {
         let text = render_agent_only(&report_sample::machine(), &report_sample::agent()).unwrap();
         golden("sample-agent.md", &text);

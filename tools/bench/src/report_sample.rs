@@ -17,6 +17,7 @@ use crate::net::NetResults;
 use crate::nri::NriResults;
 use crate::procfs::{Cpu, Mem};
 use crate::pull::PullResults;
+use crate::queue::{Depth, QueueResults, Run, Throughput};
 use crate::report::{Exits, Idle, Lifecycle, ListRound, Memory, Results, Scale};
 use crate::stats::Samples;
 use crate::Args;
@@ -317,6 +318,39 @@ pub fn pull() -> PullResults {
     }
 }
 
+/// The queue section of the sample run.
+pub fn queue() -> QueueResults {
+    let depth = |peak: usize, mean: f64| Depth {
+        peak,
+        mean,
+        samples: 1000,
+    };
+    let run = |runs: usize, base: f64, served: usize, scale: usize| Run {
+        runs,
+        wall: Duration::from_secs(8),
+        user: ramp(400 * runs, base, 0.001),
+        front_initial: depth(3 * scale, 0.5 * scale as f64),
+        front_resync: depth(2 * scale, 0.25 * scale as f64),
+        total_resync: depth(40 * scale, 12.5 * scale as f64),
+        storm_served: served,
+        storm_max_wait: Duration::from_millis(1500 + served as u64),
+        reconcile: ramp(100, 1.05, 0.001),
+    };
+    QueueResults {
+        calm_priority: run(3, 0.05, 0, 1),
+        storm_priority: run(3, 0.06, 2000, 1),
+        storm_no_reserve: run(1, 0.5, 2000, 2),
+        calm_fifo: run(1, 0.05, 0, 1),
+        storm_fifo: run(1, 50.0, 2000, 100),
+        throughput_priority: Throughput {
+            rounds: vec![2.5e6, 2.6e6, 2.4e6],
+        },
+        throughput_fifo: Throughput {
+            rounds: vec![3.0e6, 3.1e6, 2.9e6],
+        },
+    }
+}
+
 /// A whole sample run: the runtime's figures and the agent's; the other
 /// sections as they are before they measured anything.
 pub fn results() -> Results {
@@ -384,7 +418,7 @@ pub fn results() -> Results {
         load_after: "1.00 0.50 0.25".into(),
         ..Default::default()
     };
-    r.queue = Some(Default::default());
+    r.queue = Some(queue());
     r.agent = Some(agent());
     r.pull = Some(pull());
     r.net = Some(net());
