@@ -274,8 +274,8 @@ pub fn render_queue_only(m: &Machine, q: &QueueResults) -> Result<String, Templa
         m,
         "petrel-bench --only queue",
         "the controller kit's queue only",
-        written(|o| queue_report::summary_rows(o, q)),
-        written(|o| queue_report::sections(o, q)),
+        queue_report::summary_rows(q)?,
+        queue_report::sections(q)?,
     )
 }
 
@@ -504,8 +504,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
     let mut rows = String::new();
     let mut sections = String::new();
     if let Some(q) = &r.queue {
-        rows += &written(|o| queue_report::summary_rows(o, q));
-        sections += &written(|o| queue_report::sections(o, q));
+        rows += &queue_report::summary_rows(q)?;
+        sections += &queue_report::sections(q)?;
     }
     if let Some(a) = &r.agent {
         rows += &agent_report::summary_rows(a)?;
