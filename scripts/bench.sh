@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`: measure the Petrel runtime against references taken in the
-# same run and rewrite docs/PERFORMANCE.md (crates/bench does the work).
+# same run and rewrite docs/PERFORMANCE.md (tools/bench does the work).
 #
 #   scripts/bench.sh [petrel-bench flags]     e.g. --idle-seconds 5 --out /tmp/P.md
 #   scripts/bench.sh --only agent --agent-idle-seconds 5 --agent-sizes 2,4 \

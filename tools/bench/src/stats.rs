@@ -73,22 +73,6 @@ impl Samples {
     }
 }
 
-/// A table row of `s` in milliseconds: name, n, p50, p99, min, max, mean (the
-/// sections' "samples (ms)" tables).
-pub fn samples_row(o: &mut String, name: &str, s: &Samples) -> std::fmt::Result {
-    use std::fmt::Write;
-    writeln!(
-        o,
-        "| {name} | {} | {} | {} | {} | {} | {} |",
-        s.len(),
-        ms(s.p50()),
-        ms(s.p99()),
-        ms(s.min()),
-        ms(s.max()),
-        ms(s.mean())
-    )
-}
-
 /// A promise's verdict in the report.
 pub fn verdict(pass: bool) -> &'static str {
     if pass {
@@ -123,16 +107,32 @@ pub fn one_line(s: &str) -> String {
     first.chars().take(240).collect()
 }
 
-/// The closing line of a section that stopped early: the error's first line
-/// (backticks made quotes, so the code span holds); nothing otherwise.
-pub fn stopped_early(o: &mut String, error: Option<&str>) -> std::fmt::Result {
-    use std::fmt::Write;
-    if let Some(e) = error {
-        let first = e.lines().next().unwrap_or("").replace('`', "'");
-        writeln!(o, "The section stopped early: `{first}`.")?;
-        writeln!(o)?;
-    }
-    Ok(())
+/// A row of a "samples (ms)" table for a template: `name`, `n`, `p50`,
+/// `p99`, `min`, `max`, `mean`.
+pub fn samples_vars(name: &str, s: &Samples) -> crate::template::Vars {
+    let mut v = crate::template::Vars::new();
+    v.set("name", name)
+        .set("n", s.len())
+        .set("p50", ms(s.p50()))
+        .set("p99", ms(s.p99()))
+        .set("min", ms(s.min()))
+        .set("max", ms(s.max()))
+        .set("mean", ms(s.mean()));
+    v
+}
+
+/// The closing line of a section that stopped early, for a template's
+/// `{{#each stopped}}`: the error's first line as `first` (backticks made
+/// quotes, so that the code span holds); no entry otherwise.
+pub fn stopped_vars(error: Option<&str>) -> Vec<crate::template::Vars> {
+    error
+        .map(|e| {
+            let mut v = crate::template::Vars::new();
+            v.set("first", e.lines().next().unwrap_or("").replace('`', "'"));
+            v
+        })
+        .into_iter()
+        .collect()
 }
 
 /// Why a section's figure is missing, for its table cell.
@@ -207,11 +207,14 @@ mod tests {
     }
 
     #[test]
-    fn stopped_early_writes_the_first_line_only_when_there_is_an_error() {
-        let mut o = String::new();
-        assert!(stopped_early(&mut o, None).is_ok());
-        assert!(o.is_empty());
-        assert!(stopped_early(&mut o, Some("bad `x`\nmore")).is_ok());
-        assert_eq!(o, "The section stopped early: `bad 'x'`.\n\n");
+    fn stopped_vars_should_hold_the_first_line_only_when_there_is_an_error() {
+        assert!(stopped_vars(None).is_empty());
+        let t = "{{#each stopped}}The section stopped early: `{{first}}`.{{/each}}";
+        let mut v = crate::template::Vars::new();
+        v.list("stopped", stopped_vars(Some("bad `x`\nmore")));
+        assert_eq!(
+            crate::template::render(t, &v).ok().as_deref(),
+            Some("The section stopped early: `bad 'x'`.")
+        );
     }
 }

@@ -394,6 +394,47 @@ pub fn terminated_code(pod: &Value, name: &str) -> Option<i64> {
     }
 }
 
+/// The status of container `name` of a pod.
+fn container_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod.pointer("/status/containerStatuses")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+}
+
+/// The `restartCount` of container `name` (0 when absent).
+pub fn restart_count(pod: &Value, name: &str) -> i64 {
+    container_status(pod, name)
+        .and_then(|c| c.get("restartCount"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+}
+
+/// Whether the pod's status shows the exit of container `name`'s
+/// instance `id`, which had been restarted `restarts` times, and with
+/// which exit code (-1 when none is given): the container terminated,
+/// or restarted since (`restartCount` above `restarts`, or
+/// `lastState.terminated` naming `id`), as kubelet shows a container
+/// with `restartPolicy: Always` that exited.
+pub fn exit_shown(pod: &Value, name: &str, id: &str, restarts: i64) -> Option<i64> {
+    let code = |t: &Value| t.get("exitCode").and_then(Value::as_i64).unwrap_or(-1);
+    if let Some(("terminated", t)) = container_state(pod, name) {
+        return Some(code(t));
+    }
+    let c = container_status(pod, name)?;
+    let last = c.pointer("/lastState/terminated").filter(|t| t.is_object());
+    let names_id = last
+        .and_then(|t| t.get("containerID"))
+        .and_then(Value::as_str)
+        .is_some_and(|cid| cid.ends_with(id));
+    let restarted = restart_count(pod, name) > restarts;
+    match last {
+        Some(t) if names_id || restarted => Some(code(t)),
+        None if restarted => Some(-1),
+        _ => None,
+    }
+}
+
 /// The runtime's id of container `name` (`containerID` without its
 /// `runtime://` prefix).
 pub fn container_id(pod: &Value, name: &str) -> Option<String> {
@@ -602,6 +643,34 @@ mod tests {
             container_id(&pod(&["running"]), "c0").as_deref(),
             Some("id0")
         );
+    }
+
+    #[test]
+    fn exit_shown_should_see_a_terminated_or_restarted_container() {
+        let status = |c: Value| {
+            serde_json::json!({"metadata": {"name": "p", "namespace": "bench"},
+                "status": {"containerStatuses": [c]}})
+        };
+        // Still running as before the kill: not shown.
+        let before = status(serde_json::json!({"name": "c0", "restartCount": 2,
+            "state": {"running": {}}, "containerID": "petrel://old",
+            "lastState": {"terminated": {"exitCode": 137, "containerID": "petrel://older"}}}));
+        assert_eq!(restart_count(&before, "c0"), 2);
+        assert_eq!(exit_shown(&before, "c0", "old", 2), None);
+        // Terminated, waiting for its restart.
+        let terminated = pod(&["killed"]);
+        assert_eq!(exit_shown(&terminated, "c0", "id0", 0), Some(137));
+        // Restarted: running again, the exit in lastState, the count up.
+        let restarted = status(serde_json::json!({"name": "c0", "restartCount": 3,
+            "state": {"running": {}}, "containerID": "petrel://new",
+            "lastState": {"terminated": {"exitCode": 137, "containerID": "petrel://old"}}}));
+        assert_eq!(exit_shown(&restarted, "c0", "old", 2), Some(137));
+        // In back-off: waiting, lastState names the killed instance.
+        let backoff = status(serde_json::json!({"name": "c0", "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 137, "containerID": "petrel://old"}}}));
+        assert_eq!(exit_shown(&backoff, "c0", "old", 2), Some(137));
+        assert_eq!(exit_shown(&backoff, "c1", "old", 2), None);
     }
 
     #[test]

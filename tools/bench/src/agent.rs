@@ -19,7 +19,8 @@ use rand::{Rng, SeedableRng};
 use rustix::process::{Pid, Signal};
 
 use crate::agent_proc::{
-    all_running, container_id, manifest, terminated_code, AgentProc, Mode, ObserveMethod, Observer,
+    all_running, container_id, exit_shown, manifest, restart_count, terminated_code, AgentProc,
+    Mode, ObserveMethod, Observer,
 };
 use crate::containerd::Containerd;
 use crate::cpugroup::CpuGroup;
@@ -194,8 +195,12 @@ pub struct TargetRun {
     pub name: String,
     /// P10 per size.
     pub idle: Vec<IdlePoint>,
-    /// P11 per mode.
+    /// P11 per mode, `restartPolicy: Never`.
     pub exits: Vec<(Mode, ExitRun)>,
+    /// P11 in event mode with `restartPolicy: Always`: the exit shown as
+    /// a restart (`lastState.terminated`, `restartCount` + 1) or as the
+    /// container terminated.
+    pub exits_always: Option<ExitRun>,
     /// P12 per mode.
     pub starts: Vec<(Mode, StartRun)>,
     /// Every restart of the agent.
@@ -701,6 +706,16 @@ async fn measure_starts(
     Ok(run)
 }
 
+/// The pods' `restartPolicy` in a P11 run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restart {
+    /// The end is the container shown terminated.
+    Never,
+    /// The end is the exit shown as [`exit_shown`] reads it: terminated,
+    /// or restarted with `lastState.terminated`.
+    Always,
+}
+
 /// P11: kills the container of each pod of `names` (running, one
 /// container `c0`) and times the agent's `/pods` against the runtime's own
 /// STOPPED event.
@@ -710,6 +725,7 @@ async fn measure_exits(
     obs: &mut Observer,
     names: &[String],
     reference: ExitReference,
+    policy: Restart,
 ) -> Result<ExitRun> {
     let (mut events, reader) = match reference {
         ExitReference::Event => {
@@ -736,6 +752,11 @@ async fn measure_exits(
             };
             let id = container_id(&pod, "c0")
                 .with_context(|| format!("pod {name}: no containerID at /pods"))?;
+            let restarts = restart_count(&pod, "c0");
+            let shown = |p: &serde_json::Value| match policy {
+                Restart::Never => terminated_code(p, "c0"),
+                Restart::Always => exit_shown(p, "c0", &id, restarts),
+            };
             let (pid, _) = c.init_pid(&id).await?;
             let target = Pid::from_raw(pid as i32).context("init pid")?;
             // Events of earlier exits are not this one's.
@@ -748,13 +769,11 @@ async fn measure_exits(
             rustix::process::kill_process(target, Signal::KILL)
                 .with_context(|| format!("kill init {pid} of container {id}"))?;
             let (at, pod) = obs
-                .wait_for(name, Duration::from_secs(15), |p| {
-                    terminated_code(p, "c0").is_some()
-                })
+                .wait_for(name, Duration::from_secs(15), |p| shown(p).is_some())
                 .await
                 .with_context(|| format!("exit of {name} not shown:\n{}", agent.log_tail()))?;
             run.agent.push(at.saturating_duration_since(t0));
-            if let Some(code) = terminated_code(&pod, "c0").filter(|c| *c != KILLED) {
+            if let Some(code) = shown(&pod).filter(|c| *c != KILLED) {
                 run.wrong_codes.push(code);
             }
             let seen = match (events.as_mut(), poll) {
@@ -902,10 +921,27 @@ async fn exits_starts_idle(
             Runtime::Petrel(_) => ExitReference::Event,
             Runtime::Containerd(_) => ExitReference::StatusPoll,
         };
-        let exits = measure_exits(c, agent, &mut obs, &pods, reference).await?;
+        let exits = measure_exits(c, agent, &mut obs, &pods, reference, Restart::Never).await?;
         run.exits.push((mode, exits));
         let took = delete_pods(c, agent, &pods, Duration::from_secs(300)).await?;
         run.deletes.push((pods.len(), took));
+        if mode == Mode::Events {
+            // P11 with restartPolicy Always: fresh pods, each killed once,
+            // so that no restart back-off is in the way.
+            let always = names("al-e", 0..n);
+            progress(&format!(
+                "{}: P11 {} exits, restartPolicy Always, events mode",
+                run.name,
+                always.len()
+            ));
+            let want = running_ids(c, &agent.node).await?.len() + always.len();
+            grow(c, agent, &always, 1, hn, want, Duration::from_secs(300)).await?;
+            obs.drain()?;
+            let exits =
+                measure_exits(c, agent, &mut obs, &always, reference, Restart::Always).await?;
+            run.exits_always = Some(exits);
+            delete_pods(c, agent, &always, Duration::from_secs(300)).await?;
+        }
     }
 
     // P10: the agent is in relist mode now; the first size is measured in

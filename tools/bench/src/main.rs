@@ -36,9 +36,12 @@ mod queue_report;
 mod raw;
 mod registry;
 mod report;
+#[cfg(test)]
+mod report_sample;
 mod stats;
 mod stream;
 mod sweep;
+mod template;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -350,7 +353,7 @@ fn run(args: &Args) -> Result<()> {
     });
     drop(tokio);
     let results = results?;
-    let text = report::render(&machine, args, &results);
+    let text = report::render(&machine, args, &results)?;
     let out = args
         .out
         .clone()
@@ -375,7 +378,7 @@ fn run_queue_only(args: &Args) -> Result<()> {
         }
     });
     drop(tokio);
-    let text = report::render_queue_only(&machine, &results?);
+    let text = report::render_queue_only(&machine, &results?)?;
     match &args.out {
         Some(out) => {
             write_atomically(out, &text)?;
@@ -489,7 +492,7 @@ fn run_kubelet_only(args: &Args) -> Result<()> {
 fn run_one_section<R>(
     args: &Args,
     measure: impl AsyncFnOnce(&Work) -> R,
-    render: impl FnOnce(&machine::Machine, &R) -> String,
+    render: impl FnOnce(&machine::Machine, &R) -> Result<String, template::TemplateError>,
 ) -> Result<R> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .context("become a child subreaper")?;
@@ -515,7 +518,7 @@ fn run_one_section<R>(
     });
     drop(tokio);
     let results = results?;
-    let text = render(&machine, &results);
+    let text = render(&machine, &results)?;
     match &args.out {
         Some(out) => {
             write_atomically(out, &text)?;

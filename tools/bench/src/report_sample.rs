@@ -1,0 +1,429 @@
+//! Fixed figures of a made-up run, for rendering the report in tests
+//! without measuring anything.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::agent::{
+    Adoption, AgentResults, ExitReference, ExitRun, IdlePoint, IdleWindow, Large, RelistPoint,
+    StartRun, TargetRun,
+};
+use crate::agent_proc::{Mode, ObserveMethod};
+use crate::eviction::{CpuWindow, EvictionResults};
+use crate::large_image::{LargeImage, LayerInfo};
+use crate::machine::Machine;
+use crate::net::NetResults;
+use crate::nri::NriResults;
+use crate::procfs::{Cpu, Mem};
+use crate::pull::PullResults;
+use crate::queue::{Depth, QueueResults, Run, Throughput};
+use crate::report::{Exits, Idle, Lifecycle, ListRound, Memory, Results, Scale};
+use crate::stats::Samples;
+use crate::Args;
+
+/// Samples of the given milliseconds.
+pub fn samples(ms: &[f64]) -> Samples {
+    let mut s = Samples::default();
+    for m in ms {
+        s.push(Duration::from_secs_f64(m / 1e3));
+    }
+    s
+}
+
+/// Samples `base`, `base + step`, … (`n` of them).
+pub fn ramp(n: usize, base: f64, step: f64) -> Samples {
+    samples(&(0..n).map(|i| base + step * i as f64).collect::<Vec<_>>())
+}
+
+fn cpu(ticks: u64, sched_ns: u64) -> Cpu {
+    Cpu { ticks, sched_ns }
+}
+
+fn mem(rss_kib: u64) -> Mem {
+    Mem {
+        rss_kib,
+        pss_kib: rss_kib / 2,
+        uss_kib: rss_kib / 3,
+        anon_kib: rss_kib / 4,
+    }
+}
+
+/// The machine of the sample run.
+pub fn machine() -> Machine {
+    Machine {
+        kernel: "6.1.0-sample".into(),
+        cpus: 2,
+        cpu_model: "Sample CPU".into(),
+        memory: "4 GiB".into(),
+        load_before: "0.10 0.20 0.30".into(),
+        cgroups: "v1 (hybrid)".into(),
+        work_fs: "ext4".into(),
+        runc: "runc version 1.1.5".into(),
+        date: "2026-01-02 03:04:05 UTC".into(),
+        commit: "abc1234".into(),
+        command: "make bench".into(),
+        shim: "target/release/petrel-shim (static)".into(),
+    }
+}
+
+/// The default flags.
+pub fn args() -> Args {
+    Args::parse_from(["petrel-bench"])
+}
+
+fn lifecycle(steps: &[&'static str], raw_steps: &[&'static str], base: f64) -> Lifecycle {
+    let mut l = Lifecycle {
+        petrel: ramp(10, base * 1.1, 0.5),
+        raw: ramp(10, base, 0.4),
+        ..Default::default()
+    };
+    for i in 0..10 {
+        for (k, s) in steps.iter().enumerate() {
+            l.petrel_steps
+                .push(s, Duration::from_micros(1000 + 100 * (k + i) as u64));
+        }
+        for (k, s) in raw_steps.iter().enumerate() {
+            l.raw_steps
+                .push(s, Duration::from_micros(900 + 100 * (k + i) as u64));
+        }
+    }
+    l.runtime_side = steps
+        .iter()
+        .enumerate()
+        .map(|(k, s)| (*s, (k != 1).then(|| Duration::from_micros(800 + k as u64))))
+        .collect();
+    l
+}
+
+fn window(containers: usize, relists: Option<(u64, f64)>, k: u64) -> IdleWindow {
+    IdleWindow {
+        containers,
+        wall: Duration::from_secs(60),
+        runtime: cpu(2 * k, 20_000_000 * k),
+        agent: cpu(3 * k, 30_000_000 * k),
+        shims: cpu(k, 10_000_000 * k),
+        shim_count: containers,
+        relists,
+        accounted: (k != 2).then(|| Duration::from_millis(55 * k)),
+    }
+}
+
+fn target(name: &str, reference: ExitReference, error: Option<&str>) -> TargetRun {
+    let exit = |base: f64| ExitRun {
+        agent: ramp(20, base, 0.3),
+        runtime: ramp(20, base / 4.0, 0.05),
+        wrong_codes: vec![],
+        reference,
+    };
+    TargetRun {
+        name: name.into(),
+        idle: [10, 100]
+            .iter()
+            .map(|&n| IdlePoint {
+                containers: n,
+                relist: window(n, Some((60, 0.3)), 10),
+                events: window(n, Some((0, 0.0)), 1),
+            })
+            .collect(),
+        exits: vec![
+            (Mode::Events, exit(3.0)),
+            (
+                Mode::Relist,
+                ExitRun {
+                    wrong_codes: vec![1, 143],
+                    ..exit(500.0)
+                },
+            ),
+        ],
+        exits_always: Some(exit(4.0)),
+        starts: vec![
+            (
+                Mode::Events,
+                StartRun {
+                    agent: ramp(20, 90.0, 1.0),
+                    direct: ramp(10, 80.0, 1.0),
+                    agent_metric_mean: Some(Duration::from_millis(85)),
+                },
+            ),
+            (
+                Mode::Relist,
+                StartRun {
+                    agent: ramp(20, 600.0, 10.0),
+                    direct: ramp(10, 80.0, 1.0),
+                    agent_metric_mean: None,
+                },
+            ),
+        ],
+        adoptions: vec![Adoption {
+            to: Some(Mode::Events),
+            before: 100,
+            kept: 100,
+            new: 0,
+            took: Duration::from_millis(1500),
+            startup: Duration::from_millis(120),
+        }],
+        deletes: vec![(20, Duration::from_millis(900))],
+        error: error.map(str::to_string),
+    }
+}
+
+/// The agent section of the sample run.
+pub fn agent() -> AgentResults {
+    AgentResults {
+        petrel: target("petrel runtime", ExitReference::Event, None),
+        relist: vec![
+            RelistPoint {
+                pods: 100,
+                containers: 500,
+                wall: Duration::from_secs(30),
+                count: 30,
+                mean: Duration::from_millis(4),
+                reference: ramp(50, 2.0, 0.01),
+            },
+            RelistPoint {
+                pods: 1000,
+                containers: 5000,
+                wall: Duration::from_secs(30),
+                count: 29,
+                mean: Duration::from_millis(40),
+                reference: ramp(50, 30.0, 0.1),
+            },
+        ],
+        large: Large {
+            target_pods: 1000,
+            per_pod: 5,
+            written: 1000,
+            running: 5000,
+            grown_from: 100,
+            grow: Duration::from_secs(300),
+            note: Some("sample note".into()),
+            teardown: Duration::from_secs(120),
+        },
+        containerd: Ok(target(
+            "containerd 1.7.24",
+            ExitReference::StatusPoll,
+            Some("sample error\nsecond line"),
+        )),
+        method: Some(ObserveMethod::Watch),
+        watch_error: None,
+        idle_seconds: 60,
+        relist_seconds: 30,
+        pods: 20,
+        relist_pods: 20,
+    }
+}
+
+/// The NRI section of the sample run.
+pub fn nri() -> NriResults {
+    NriResults {
+        error: Some("sample `error`\nsecond line".into()),
+        create: [
+            ramp(30, 20.0, 0.1),
+            ramp(30, 20.1, 0.1),
+            ramp(30, 20.3, 0.1),
+        ],
+        call_mean: Some(Duration::from_micros(45)),
+        hook_p50: [
+            Some(Duration::from_micros(60)),
+            Some(Duration::from_micros(150)),
+        ],
+        wait_p50: [
+            Some(Duration::from_micros(40)),
+            Some(Duration::from_micros(120)),
+        ],
+        hook_count: [30, 30],
+        floor: ramp(100, 0.03, 0.0001),
+        sync_containers: 1000,
+        sync: ramp(5, 12.0, 0.5),
+        list: ramp(5, 3.0, 0.1),
+    }
+}
+
+/// The eviction section of the sample run.
+pub fn eviction() -> EvictionResults {
+    let w = |secs: u64, ms: u64| CpuWindow {
+        wall: Duration::from_secs(secs),
+        agent: Duration::from_millis(ms),
+        runtime: Duration::from_millis(ms / 10),
+    };
+    EvictionResults {
+        error: None,
+        notified: ramp(20, 40.0, 1.0),
+        notified_decision: ramp(20, 35.0, 1.0),
+        polled: ramp(5, 4000.0, 500.0),
+        polled_decision: ramp(5, 3990.0, 500.0),
+        hog_peak: Some(300 << 20),
+        realtime_stamps: 24,
+        early_stops: 1,
+        idle: Some(w(60, 33)),
+        parked: Some(w(60, 30)),
+        fast: Some(w(20, 110)),
+    }
+}
+
+/// The network section of the sample run.
+pub fn net() -> NetResults {
+    NetResults {
+        error: Some("sample error\nsecond line".into()),
+        containerd_missing: None,
+        containerd_version: "containerd 1.7.24".into(),
+        conflist: "{\"cniVersion\":\"1.0.0\",\"name\":\"sample\"}".into(),
+        run_petrel: ramp(10, 20.0, 1.0),
+        run_containerd: ramp(10, 60.0, 1.0),
+        down_petrel: ramp(10, 10.0, 1.0),
+        down_containerd: ramp(10, 30.0, 1.0),
+        exec_petrel: ramp(20, 8.0, 0.1),
+        exec_containerd: ramp(20, 12.0, 0.1),
+        stream_petrel: ramp(20, 9.0, 0.1),
+        stream_containerd: ramp(20, 14.0, 0.1),
+        forward_bytes: 256 << 20,
+        forward_petrel: ramp(5, 200.0, 5.0),
+        forward_containerd: ramp(5, 400.0, 5.0),
+        forward_direct: ramp(5, 100.0, 5.0),
+    }
+}
+
+/// The pull section of the sample run.
+pub fn pull() -> PullResults {
+    let layer = |source: &str, files: usize, mb: u64| LayerInfo {
+        source: source.into(),
+        files,
+        uncompressed: mb * 3_000_000,
+        compressed: mb * 1_000_000,
+    };
+    PullResults {
+        error: Some("sample error | with a bar\nsecond line".into()),
+        image: Some(LargeImage {
+            layers: vec![
+                layer("busybox test image", 0, 1),
+                layer("/usr/share", 1200, 10),
+                layer("/usr/lib", 300, 0),
+            ],
+        }),
+        build: Duration::from_millis(12_345),
+        reference: "127.0.0.1:5000/petrel-bench/large:latest".into(),
+        petrel: ramp(5, 1500.0, 50.0),
+        reference_total: ramp(5, 2500.0, 50.0),
+        skopeo: ramp(5, 1000.0, 20.0),
+        umoci: ramp(5, 1500.0, 30.0),
+        umoci_sync: ramp(5, 300.0, 10.0),
+        petrel_size: 33_000_000,
+        petrel_layers: 3,
+        create_small: ramp(30, 20.0, 0.2),
+        create_large: ramp(30, 21.0, 0.2),
+        skopeo_version: "skopeo version 1.9.3".into(),
+        umoci_version: "umoci version 0.4.7".into(),
+        registry_version: "docker-registry 2.8.2".into(),
+    }
+}
+
+/// The queue section of the sample run.
+pub fn queue() -> QueueResults {
+    let depth = |peak: usize, mean: f64| Depth {
+        peak,
+        mean,
+        samples: 1000,
+    };
+    let run = |runs: usize, base: f64, served: usize, scale: usize| Run {
+        runs,
+        wall: Duration::from_secs(8),
+        user: ramp(400 * runs, base, 0.001),
+        front_initial: depth(3 * scale, 0.5 * scale as f64),
+        front_resync: depth(2 * scale, 0.25 * scale as f64),
+        total_resync: depth(40 * scale, 12.5 * scale as f64),
+        storm_served: served,
+        storm_max_wait: Duration::from_millis(1500 + served as u64),
+        reconcile: ramp(100, 1.05, 0.001),
+    };
+    QueueResults {
+        calm_priority: run(3, 0.05, 0, 1),
+        storm_priority: run(3, 0.06, 2000, 1),
+        storm_no_reserve: run(1, 0.5, 2000, 2),
+        calm_fifo: run(1, 0.05, 0, 1),
+        storm_fifo: run(1, 50.0, 2000, 100),
+        throughput_priority: Throughput {
+            rounds: vec![2.5e6, 2.6e6, 2.4e6],
+        },
+        throughput_fifo: Throughput {
+            rounds: vec![3.0e6, 3.1e6, 2.9e6],
+        },
+    }
+}
+
+/// A whole sample run: the runtime's figures and the agent's; the other
+/// sections as they are before they measured anything.
+pub fn results() -> Results {
+    let up = ["RunPodSandbox", "CreateContainer", "StartContainer"];
+    let down = [
+        "StopContainer",
+        "RemoveContainer",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+    ];
+    let mut r = Results {
+        fsync: ramp(10, 1.0, 0.1),
+        up: lifecycle(&up, &["runc create", "runc start"], 50.0),
+        down: lifecycle(&down, &["runc kill", "wait", "runc delete"], 40.0),
+        memory: Memory {
+            containers: 100,
+            shims: (0..100).map(|i| mem(900 + i)).collect(),
+            shims_parented: 0,
+            runtime: mem(20_000),
+            inits: (0..100).map(|_| mem(300)).collect(),
+            sleep: mem(1_000),
+        },
+        idle: Idle {
+            wall: Duration::from_secs(60),
+            runtime: cpu(1, 1_000_000),
+            shims: cpu(0, 500_000),
+            shim_count: 100,
+            sleep: cpu(0, 10_000),
+            ticks_per_second: 100,
+        },
+        lists: [100, 1000]
+            .iter()
+            .map(|&n| ListRound {
+                containers: n,
+                version: ramp(50, 0.1, 0.001),
+                list_containers: ramp(50, 0.2 * n as f64 / 100.0, 0.002),
+                list_pods: ramp(50, 0.15, 0.001),
+                response_bytes: 300 * n,
+                encode: ramp(50, 0.01, 0.0),
+                decode: ramp(50, 0.02, 0.0),
+                free: ramp(50, 0.005, 0.0),
+                runtime_side: [
+                    Some(Duration::from_micros(5)),
+                    Some(Duration::from_micros(50)),
+                    None,
+                ],
+            })
+            .collect(),
+        scale: Scale {
+            containers: 1000,
+            create: ramp(900, 20.0, 0.01),
+            start: ramp(900, 15.0, 0.01),
+            runtime: mem(25_000),
+            shims: (0..1000).map(|_| mem(950)).collect(),
+        },
+        exits: Exits {
+            petrel: ramp(300, 1.0, 0.01),
+            kernel: ramp(300, 0.1, 0.001),
+            to_reaped: ramp(300, 0.3, 0.001),
+            to_published: ramp(300, 0.4, 0.001),
+            to_received: ramp(300, 0.2, 0.001),
+        },
+        shims_left: 0,
+        runtime_after: mem(18_000),
+        load_after: "1.00 0.50 0.25".into(),
+        ..Default::default()
+    };
+    r.queue = Some(queue());
+    r.agent = Some(agent());
+    r.pull = Some(pull());
+    r.net = Some(net());
+    r.nri = Some(nri());
+    r.eviction = Some(eviction());
+    r.kubelet = Some(Default::default());
+    r
+}
