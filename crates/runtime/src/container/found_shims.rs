@@ -255,6 +255,17 @@ mod tests {
         };
         let mut piped = spawn(ID, std::process::Stdio::piped());
         let mut null = spawn(ID2, std::process::Stdio::null());
+        // The spawn returns once the child's exec began; its new command
+        // line is readable a moment later (the kernel wakes the parent
+        // before it lays out the new arguments).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while [piped.id(), null.id()].iter().any(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map_or(true, |c| !c.windows(8).any(|w| w == b"--bundle"))
+        }) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let found = find_shims(containers.path());
         let a = PinnedShim::pin(piped.id(), ID, containers.path());
         let b = PinnedShim::pin(null.id(), ID2, containers.path());
