@@ -220,6 +220,41 @@ impl Clients {
     }
 }
 
+/// A test pod's config: pod network and IPC namespaces, a PID namespace
+/// per container, hostname `name`, logs under `log_root/name` and the
+/// cgroup `cgroup_parent/name`. The launchers' `pod_config` build on it.
+pub fn test_pod_config(
+    namespace: &str,
+    name: &str,
+    log_root: &std::path::Path,
+    cgroup_parent: &str,
+) -> api::PodSandboxConfig {
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            uid: format!("uid-{name}"),
+            attempt: 0,
+        }),
+        hostname: name.to_string(),
+        log_directory: log_root.join(name).display().to_string(),
+        linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: format!("{cgroup_parent}/{name}"),
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(api::NamespaceOption {
+                    network: api::NamespaceMode::Pod as i32,
+                    pid: api::NamespaceMode::Container as i32,
+                    ipc: api::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// A container config running `sh -c script` in the busybox image.
 pub fn sh_container(name: &str, script: &str) -> api::ContainerConfig {
     api::ContainerConfig {

@@ -180,36 +180,12 @@ impl Daemon {
 
     /// A pod config unique to this test: own network namespace, own cgroup.
     pub fn pod_config(&self, name: &str) -> api::PodSandboxConfig {
-        api::PodSandboxConfig {
-            metadata: Some(api::PodSandboxMetadata {
-                name: name.to_string(),
-                namespace: "streaming".to_string(),
-                uid: format!("uid-{name}"),
-                attempt: 0,
-            }),
-            hostname: name.to_string(),
-            log_directory: self
-                .dir
-                .path()
-                .join("logs")
-                .join(name)
-                .display()
-                .to_string(),
-            linux: Some(api::LinuxPodSandboxConfig {
-                cgroup_parent: format!("{}/{name}", self.cgroup_parent),
-                security_context: Some(api::LinuxSandboxSecurityContext {
-                    namespace_options: Some(api::NamespaceOption {
-                        network: api::NamespaceMode::Pod as i32,
-                        pid: api::NamespaceMode::Container as i32,
-                        ipc: api::NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        crate::clients::test_pod_config(
+            "streaming",
+            name,
+            &self.dir.path().join("logs"),
+            &self.cgroup_parent,
+        )
     }
 
     fn cleanup(&mut self) {

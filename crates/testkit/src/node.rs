@@ -385,35 +385,13 @@ impl Node {
     /// A pod config unique to this test.
     pub fn pod_config(&self, name: &str) -> api::PodSandboxConfig {
         api::PodSandboxConfig {
-            metadata: Some(api::PodSandboxMetadata {
-                name: name.to_string(),
-                namespace: "e2e".to_string(),
-                uid: format!("uid-{name}"),
-                attempt: 0,
-            }),
-            hostname: name.to_string(),
-            log_directory: self
-                .dir
-                .path()
-                .join("logs")
-                .join(name)
-                .display()
-                .to_string(),
-            linux: Some(api::LinuxPodSandboxConfig {
-                cgroup_parent: format!("{}/{name}", self.cgroup_parent),
-                security_context: Some(api::LinuxSandboxSecurityContext {
-                    namespace_options: Some(api::NamespaceOption {
-                        network: api::NamespaceMode::Pod as i32,
-                        pid: api::NamespaceMode::Container as i32,
-                        ipc: api::NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
             labels: HashMap::from([("test".to_string(), name.to_string())]),
-            ..Default::default()
+            ..crate::clients::test_pod_config(
+                "e2e",
+                name,
+                &self.dir.path().join("logs"),
+                &self.cgroup_parent,
+            )
         }
     }
 
