@@ -273,7 +273,7 @@ pub fn sh_container(name: &str, script: &str) -> api::ContainerConfig {
     }
 }
 
-/// The namespace options of a pod config made by [`Node::pod_config`].
+/// The namespace options of a pod config made by [`crate::node::Node::pod_config`].
 pub fn pod_namespaces(pc: &mut api::PodSandboxConfig) -> &mut api::NamespaceOption {
     pc.linux
         .get_or_insert_with(Default::default)

@@ -171,7 +171,7 @@ impl Containerd {
 }
 
 /// The version field of `<containerd> --version` ("containerd
-/// github.com/containerd/containerd/v2 v2.4.2 <commit>"), or empty.
+/// github.com/containerd/containerd/v2 v2.4.2 COMMIT"), or empty.
 pub fn version_of(containerd: &Path) -> String {
     Command::new(containerd)
         .arg("--version")

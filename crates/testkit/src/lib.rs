@@ -9,7 +9,7 @@
 //! - [`bins`]: the `petrel` and `petrel-shim` binaries, in the cargo target
 //!   directory of the running executable.
 //! - [`node`]: `petrel runtime` (or `petrel node`) as a process, for the
-//!   end-to-end tests; [`in_process`] (feature `in-process`): the runtime
+//!   end-to-end tests; `in_process` (feature `in-process`): the runtime
 //!   library serving in the test's process.
 //! - [`agent`]: `petrel agent` beside a runtime, and its pods' JSON.
 //! - [`clients`]: CRI clients and the configs the tests build; [`ctl`]:

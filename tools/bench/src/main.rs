@@ -214,7 +214,7 @@ pub struct Args {
     )]
     pub kubelet_setups: Vec<kubelet::Setup>,
     /// Run critest against Petrel's runtime and containerd 2.x in the bench
-    /// (about 30 minutes; into <build-dir>/conformance) instead of reading
+    /// (about 30 minutes; into `<build-dir>/conformance`) instead of reading
     /// the summary of the last `make conformance`.
     #[arg(long)]
     pub kubelet_critest: bool,
