@@ -20,6 +20,8 @@ pub struct PodNetwork {
     dir: tempfile::TempDir,
     /// The configuration directory holding one `.conflist`.
     pub conf_dir: PathBuf,
+    /// That `.conflist`.
+    pub conf_file: PathBuf,
     /// Where the plugins are.
     pub bin_dir: PathBuf,
     /// The bridge's name.
@@ -112,6 +114,7 @@ impl PodNetwork {
         Ok(PodNetwork {
             dir,
             conf_dir,
+            conf_file: file,
             bin_dir,
             bridge,
             subnet,
