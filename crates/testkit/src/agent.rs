@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use petrel_cri::api;
@@ -17,7 +17,9 @@ use serde_json::Value;
 
 use crate::bins::petrel_bin;
 use crate::node::Node;
-use crate::process::random_suffix;
+use crate::process::{
+    describe, kill_child, random_suffix, spawn_logged, stop_child, wait_until_ready,
+};
 
 /// A running agent.
 pub struct Agent {
@@ -94,13 +96,8 @@ impl Agent {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("agent log");
-        let child = Command::new(petrel_bin())
-            .arg("agent")
+        let mut cmd = Command::new(petrel_bin());
+        cmd.arg("agent")
             .args(["--runtime-endpoint", &self.endpoint])
             .arg("--manifests")
             .arg(&self.manifests)
@@ -113,26 +110,23 @@ impl Agent {
             .args(["--cgroup-root", &self.cgroup_root])
             .args(["--log-level", "debug"])
             .args(self.default_eviction())
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start petrel agent");
-        self.child = Some(child);
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(20) {
-            if self.get("/healthz").is_some() {
-                return;
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    panic!("agent exited at start ({st}):\n{}", self.log());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            .args(&self.extra);
+        let command = describe(&cmd);
+        let child =
+            spawn_logged("petrel agent", &mut cmd, &self.log).unwrap_or_else(|e| panic!("{e}"));
+        let c = self.child.insert(child);
+        let (socket, log) = (self.socket.clone(), self.log.clone());
+        let ready = wait_until_ready(
+            "petrel agent",
+            c,
+            Duration::from_secs(20),
+            &command,
+            &log,
+            || healthy(&socket),
+        );
+        if let Err(e) = ready {
+            panic!("{e}\n{}", self.log());
         }
-        panic!("agent did not start:\n{}", self.log());
     }
 
     /// Tests that are not about eviction keep only its memory threshold:
@@ -155,24 +149,14 @@ impl Agent {
     /// `kill -9` the agent.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            kill_child(&mut c);
         }
     }
 
-    /// SIGTERM the agent and wait for it.
+    /// SIGTERM the agent and wait for it (SIGKILL after 10 s).
     pub fn terminate(&mut self) {
         if let Some(mut c) = self.child.take() {
-            crate::process::signal(c.id(), rustix::process::Signal::TERM);
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            stop_child(&mut c, Duration::from_secs(10));
         }
     }
 
@@ -197,9 +181,7 @@ impl Agent {
     /// A raw GET on the unix socket: (status code, body), or None if the
     /// agent is unreachable.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        let s = UnixStream::connect(&self.socket).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-        raw_get(s, path)
+        get_unix(&self.socket, path)
     }
 
     /// A raw GET on the TCP port (health and metrics only).
@@ -223,6 +205,18 @@ impl Agent {
             .output()
             .expect("run petrel get")
     }
+}
+
+/// A raw GET on unix socket `socket`.
+fn get_unix(socket: &Path, path: &str) -> Option<(u16, String)> {
+    let s = UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    raw_get(s, path)
+}
+
+/// Whether the agent on `socket` answers `/healthz`.
+fn healthy(socket: &Path) -> bool {
+    get_unix(socket, "/healthz").is_some()
 }
 
 /// A GET with `Connection: close` over `s`: (status code, de-chunked body).

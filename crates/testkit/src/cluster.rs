@@ -169,10 +169,7 @@ impl Cluster {
         let etcd_bin = crate::peers::peer_binary("etcd")?;
         let apiserver_bin = crate::peers::peer_binary("kube-apiserver")?;
         crate::peers::peer_binary("kubectl")?;
-        let dir = tempfile::Builder::new()
-            .prefix("petrel-cluster.")
-            .tempdir_in("/tmp")
-            .map_err(|e| KitError::io("create", "/tmp", e))?;
+        let dir = crate::process::kit_tempdir("petrel-cluster.")?;
         let pki = Pki::create(&dir.path().join("pki"), "petrel-test-ca")?;
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let mut sans = vec![San::Dns("localhost".into()), San::Ip(loopback)];

@@ -1,15 +1,22 @@
-//! containerd 2.x under test, for comparison runs: the binaries `make peers`
-//! builds (containerd and its runc shim, found through [`crate::peers`]),
-//! with its own root, state, socket, runc root, NRI socket and config
-//! (version 3; version 2 for a containerd 1.x such as Debian's 1.7 that
-//! `make containerd` unpacks), `restrict_oom_score_adj = true` (root lacks
+//! containerd under test, the kit's one launcher of containerd: the
+//! configuration ([`ContainerdConfig`]: version 2 for containerd 1.x,
+//! version 3 for 2.x), the process ([`ContainerdProcess`]: started with its
+//! own directory first in PATH so that the shim beside it is used, ready
+//! once CRI answers `Version`) and its sweep (pods removed through CRI,
+//! containerd stopped by pid, its shims killed and reaped, runc root and
+//! mounts swept). Two instances are built on it: [`Containerd`] here, and
+//! [`crate::local_containerd::Containerd`] for the end-to-end suite.
+//!
+//! [`Containerd`] is containerd 2.x for comparison runs: the binaries
+//! `make peers` builds (containerd and its runc shim, found through
+//! [`crate::peers`]), or a containerd 1.x such as Debian's 1.7 that `make
+//! containerd` unpacks, with its own root, state, socket, runc root, NRI
+//! socket and config, `restrict_oom_score_adj = true` (root lacks
 //! CAP_SYS_RESOURCE here), a CNI network, a hosts.toml mirror directory and
-//! `registry.k8s.io/pause:3.9` as sandbox image. On drop: pods removed
-//! through CRI, containerd stopped by pid, its shims killed and reaped,
-//! then runc root, mounts and netns files swept.
+//! `registry.k8s.io/pause:3.9` as sandbox image.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use crate::network::PodNetwork;
@@ -20,19 +27,366 @@ use crate::KitError;
 /// registry through the mirror).
 pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.9";
 
-/// A running containerd.
-pub struct Containerd {
-    dir: tempfile::TempDir,
-    /// The CRI socket.
+/// How long containerd may take to serve CRI.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// What a containerd instance's config says beyond its own places (root
+/// `<dir>/root`, state `<dir>/state`, socket `<dir>/c.sock`, opt
+/// `<dir>/opt`, runc root `<dir>/runc`).
+#[derive(Debug, Clone)]
+pub struct ContainerdConfig {
+    /// The sandbox (pause) image.
+    pub sandbox_image: String,
+    /// runc's `BinaryName`; None: `runc` in PATH.
+    pub runc: Option<PathBuf>,
+    /// The CNI plugins' directory.
+    pub cni_bin_dir: PathBuf,
+    /// The CNI configuration directory.
+    pub cni_conf_dir: PathBuf,
+    /// A hosts.toml mirror directory (`registry.config_path`).
+    pub mirrors: Option<PathBuf>,
+    /// NRI's section.
+    pub nri: Nri,
+    /// `netns_mounts_under_state_dir`: pods' network namespaces below the
+    /// state directory (swept with it) instead of /var/run/netns.
+    pub netns_under_state: bool,
+}
+
+/// containerd's NRI section.
+#[derive(Debug, Clone)]
+pub enum Nri {
+    /// No section (containerd 1.6 has no NRI).
+    Absent,
+    /// Disabled, its socket ours all the same.
+    Disabled {
+        /// `socket_path`.
+        socket: PathBuf,
+    },
+    /// Enabled on its own socket, plugin and plugin config directories.
+    Enabled(NriDirs),
+}
+
+/// Where an NRI-enabled instance's NRI lives, all inside its directory.
+#[derive(Clone, Debug)]
+pub struct NriDirs {
+    /// containerd's NRI socket, for external plugins to dial.
     pub socket: PathBuf,
-    /// NRI's socket.
-    pub nri_socket: PathBuf,
+    /// `plugin_path`: pre-registered plugins (`NN-name` executables) that
+    /// containerd launches at start-up with their socket on fd 3.
+    pub plugin_path: PathBuf,
+    /// `plugin_config_path`: `NN-name.conf` / `name.conf`.
+    pub plugin_config_path: PathBuf,
+}
+
+impl NriDirs {
+    /// NRI's places in instance directory `d`.
+    pub fn in_dir(d: &Path) -> NriDirs {
+        NriDirs {
+            socket: d.join("nri.sock"),
+            plugin_path: d.join("nri-plugins"),
+            plugin_config_path: d.join("nri-conf.d"),
+        }
+    }
+}
+
+impl ContainerdConfig {
+    /// NRI's section with table name `table` (quoted as the version wants).
+    fn nri_section(&self, table: &str) -> String {
+        match &self.nri {
+            Nri::Absent => String::new(),
+            Nri::Disabled { socket } => {
+                format!("[plugins.{table}]\n  disable = true\n  socket_path = {socket:?}\n")
+            }
+            Nri::Enabled(n) => format!(
+                "[plugins.{table}]\n  disable = false\n  socket_path = {:?}\n  plugin_path = {:?}\n  plugin_config_path = {:?}\n",
+                n.socket, n.plugin_path, n.plugin_config_path
+            ),
+        }
+    }
+
+    /// containerd 1.x's configuration (version 2) for an instance in `d`:
+    /// no pinned images (1.7 never removes its sandbox image), one CNI
+    /// plugin directory.
+    pub fn render_v2(&self, d: &Path) -> String {
+        let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
+        let nri = self.nri_section("\"io.containerd.nri.v1.nri\"");
+        let netns = if self.netns_under_state {
+            "  netns_mounts_under_state_dir = true\n"
+        } else {
+            ""
+        };
+        let binary = match &self.runc {
+            Some(r) => format!("  BinaryName = {r:?}\n"),
+            None => String::new(),
+        };
+        let registry = match &self.mirrors {
+            Some(m) => format!("\n[{cri}.registry]\n  config_path = {m:?}\n"),
+            None => String::new(),
+        };
+        format!(
+            r#"version = 2
+root = {root:?}
+state = {state:?}
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = {socket:?}
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = {opt:?}
+
+{nri}
+[{cri}]
+  sandbox_image = "{sandbox}"
+  enable_selinux = false
+  restrict_oom_score_adj = true
+{netns}  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+{binary}  Root = {runc_root:?}
+  SystemdCgroup = false
+
+[{cri}.cni]
+  bin_dir = {cni_bin:?}
+  conf_dir = {cni_conf:?}
+  max_conf_num = 1
+{registry}"#,
+            root = d.join("root"),
+            state = d.join("state"),
+            socket = d.join("c.sock"),
+            opt = d.join("opt"),
+            sandbox = self.sandbox_image,
+            runc_root = d.join("runc"),
+            cni_bin = self.cni_bin_dir,
+            cni_conf = self.cni_conf_dir,
+        )
+    }
+
+    /// containerd 2.x's configuration (version 3) for an instance in `d`.
+    pub fn render_v3(&self, d: &Path) -> String {
+        let nri = self.nri_section("'io.containerd.nri.v1.nri'");
+        let rt = "plugins.'io.containerd.cri.v1.runtime'";
+        let netns = if self.netns_under_state {
+            "  netns_mounts_under_state_dir = true\n"
+        } else {
+            ""
+        };
+        let binary = match &self.runc {
+            Some(r) => format!("  BinaryName = {r:?}\n"),
+            None => String::new(),
+        };
+        let registry = match &self.mirrors {
+            Some(m) => format!(
+                "\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = {m:?}\n"
+            ),
+            None => String::new(),
+        };
+        format!(
+            r#"version = 3
+root = {root:?}
+state = {state:?}
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs"]
+
+[grpc]
+  address = {socket:?}
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = {opt:?}
+
+{nri}
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{sandbox}"
+{registry}
+[{rt}]
+  enable_selinux = false
+  restrict_oom_score_adj = true
+{netns}
+[{rt}.containerd]
+  default_runtime_name = "runc"
+
+[{rt}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{rt}.containerd.runtimes.runc.options]
+{binary}  Root = {runc_root:?}
+  SystemdCgroup = false
+
+[{rt}.cni]
+  bin_dirs = [{cni_bin:?}]
+  conf_dir = {cni_conf:?}
+  max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+            root = d.join("root"),
+            state = d.join("state"),
+            socket = d.join("c.sock"),
+            opt = d.join("opt"),
+            sandbox = self.sandbox_image,
+            runc_root = d.join("runc"),
+            cni_bin = self.cni_bin_dir,
+            cni_conf = self.cni_conf_dir,
+        )
+    }
+}
+
+/// A containerd process of an instance directory (which its owner keeps):
+/// config file `<dir>/config.toml`, socket `<dir>/c.sock`, runc root
+/// `<dir>/runc`, log `<dir>/containerd.log`.
+pub struct ContainerdProcess {
+    dir: PathBuf,
+    containerd: PathBuf,
     runc: PathBuf,
-    /// `containerd --version`'s version field (`v2.4.2`, `1.7.24~ds1`).
-    version: String,
-    /// `/sys/fs/cgroup/*/k8s.io` directories that did not exist at start.
-    k8s_io_before: Vec<PathBuf>,
+    command_line: String,
     child: Option<Child>,
+}
+
+impl ContainerdProcess {
+    /// Writes `text` as the config of an instance in `dir` (a
+    /// [`process::kit_tempdir`]) that runs the binary `containerd` and
+    /// `runc` (to sweep its root); not started yet.
+    pub fn prepare(
+        dir: &Path,
+        containerd: &Path,
+        runc: &Path,
+        text: &str,
+    ) -> Result<ContainerdProcess, KitError> {
+        process::become_subreaper();
+        let p = ContainerdProcess {
+            dir: dir.to_path_buf(),
+            containerd: containerd.to_path_buf(),
+            runc: runc.to_path_buf(),
+            command_line: String::new(),
+            child: None,
+        };
+        let config = p.config_file();
+        std::fs::write(&config, text).map_err(|e| KitError::io("write", &config, e))?;
+        // For the sweep after a hard death of this process.
+        crate::stale::record_runc_root(dir, runc, &p.runc_root());
+        Ok(p)
+    }
+
+    /// The CRI socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("c.sock")
+    }
+
+    /// The config file.
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.join("config.toml")
+    }
+
+    /// runc's `--root` for the instance's containers.
+    pub fn runc_root(&self) -> PathBuf {
+        self.dir.join("runc")
+    }
+
+    /// containerd's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("containerd.log")
+    }
+
+    /// The CRI endpoint.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket().display())
+    }
+
+    /// containerd's pid (None when stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Starts containerd and waits until CRI answers `Version`.
+    pub fn spawn(&mut self) -> Result<(), KitError> {
+        let bin_dir = self.containerd.parent().unwrap_or(Path::new("/"));
+        // Its own directory first in PATH: the shim beside it is the one
+        // used (runc is the configured one, or Debian's from /usr/sbin).
+        let path = format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            bin_dir.display()
+        );
+        let mut cmd = Command::new(&self.containerd);
+        cmd.arg("--config")
+            .arg(self.config_file())
+            .args(["--log-level", "info"])
+            .env("PATH", path);
+        self.command_line = describe(&cmd);
+        let log = self.log_path();
+        let child = spawn_logged("containerd", &mut cmd, &log)?;
+        process::write_pid_file(&self.dir, "containerd", child.id());
+        let (socket, endpoint) = (self.socket(), self.endpoint());
+        let c = self.child.insert(child);
+        process::wait_for_socket(
+            "containerd",
+            c,
+            &socket,
+            READY_WITHIN,
+            &self.command_line,
+            &log,
+        )?;
+        // The socket exists before the CRI plugin serves.
+        process::wait_until_ready(
+            "containerd",
+            c,
+            READY_WITHIN,
+            &self.command_line,
+            &log,
+            || crate::cri::answers_version(&endpoint),
+        )
+    }
+
+    /// SIGTERM, up to `grace`, then SIGKILL (its shims and containers keep
+    /// running): its exit status and whether it had to be killed.
+    pub fn stop(&mut self, grace: Duration) -> Option<(ExitStatus, bool)> {
+        stop_child(&mut self.child.take()?, grace)
+    }
+
+    /// SIGKILLs containerd (its shims and containers keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            process::kill_child(&mut c);
+        }
+    }
+
+    /// Removes every pod through CRI (if it runs), stops containerd, kills
+    /// and reaps its shims (recognised by the socket on their command
+    /// line), deletes what runc still has in its root and unmounts whatever
+    /// is mounted below its directory.
+    pub fn sweep(&mut self) {
+        if self.child.is_some() {
+            let _ = crate::cri::remove_all_pods(&self.endpoint());
+            self.stop(Duration::from_secs(15));
+        }
+        let socket = self.socket().display().to_string();
+        process::kill_children_with_arg(&socket);
+        process::runc_sweep(&self.runc, &self.runc_root());
+        // Killed shims are our children (we are their subreaper).
+        let start = Instant::now();
+        loop {
+            process::reap_zombies_named("containerd-shim");
+            let left = process::our_children()
+                .iter()
+                .any(|c| c.comm.starts_with("containerd-shim") && c.has_arg(&socket));
+            if !left || start.elapsed() > Duration::from_secs(2) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        process::unmount_under(&self.dir);
+    }
 }
 
 /// The cgroup containerd puts pods under when they name no parent (as
@@ -70,6 +424,21 @@ pub fn binaries() -> Result<PathBuf, KitError> {
     Ok(containerd)
 }
 
+/// A running containerd for comparison runs.
+pub struct Containerd {
+    /// Its directory (owned here, removed after the sweep).
+    _dir: tempfile::TempDir,
+    process: ContainerdProcess,
+    /// The CRI socket.
+    pub socket: PathBuf,
+    /// NRI's socket.
+    pub nri_socket: PathBuf,
+    /// `containerd --version`'s version field (`v2.4.2`, `1.7.24~ds1`).
+    version: String,
+    /// `/sys/fs/cgroup/*/k8s.io` directories that did not exist at start.
+    k8s_io_before: Vec<PathBuf>,
+}
+
 impl Containerd {
     /// Starts `containerd` (its shim beside it) using OCI runtime `runc`,
     /// pods on `net`, pulls through the hosts.toml directory `mirrors`.
@@ -79,77 +448,32 @@ impl Containerd {
         net: &PodNetwork,
         mirrors: &Path,
     ) -> Result<Containerd, KitError> {
-        process::become_subreaper();
         let dir = process::kit_tempdir("pkc.")?;
         let d = dir.path();
-        let socket = d.join("c.sock");
-        let nri_socket = d.join("nri.sock");
-        let config = d.join("config.toml");
         let version = version_of(containerd);
-        let text = if major_version(&version) == Some(1) {
-            config_v2(d, &socket, &nri_socket, runc, net, mirrors)
-        } else {
-            config_v3(d, &socket, &nri_socket, runc, net, mirrors)
-        };
-        std::fs::write(&config, text).map_err(|e| KitError::io("write", &config, e))?;
-        let log = d.join("containerd.log");
-        let bin_dir = containerd.parent().unwrap_or(Path::new("/"));
-        // Its own directory first in PATH: the shim beside it is the one used.
-        let path = format!(
-            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            bin_dir.display()
-        );
-        let mut cmd = Command::new(containerd);
-        cmd.arg("--config")
-            .arg(&config)
-            .args(["--log-level", "info"])
-            .env("PATH", path);
-        let command = describe(&cmd);
-        let child = spawn_logged("containerd", &mut cmd, &log)?;
-        process::write_pid_file(d, "containerd", child.id());
+        let nri = NriDirs::in_dir(d);
+        let text = peer_config(d, runc, net, mirrors, major_version(&version));
+        let process = ContainerdProcess::prepare(d, containerd, runc, &text)?;
         let mut cd = Containerd {
-            socket,
-            nri_socket,
-            runc: runc.to_path_buf(),
+            socket: process.socket(),
+            nri_socket: nri.socket,
+            process,
             version,
             k8s_io_before: default_pod_cgroups(),
-            dir,
-            child: Some(child),
+            _dir: dir,
         };
-        if let Some(c) = cd.child.as_mut() {
-            process::wait_for_socket(
-                "containerd",
-                c,
-                &cd.socket,
-                Duration::from_secs(30),
-                &command,
-                &log,
-            )?;
-        }
-        // The socket exists before the CRI plugin serves.
-        let start = Instant::now();
-        while !crate::cri::answers_version(&cd.endpoint()) {
-            if start.elapsed() > Duration::from_secs(30) {
-                return Err(KitError::Start {
-                    component: "containerd".into(),
-                    command,
-                    log,
-                    detail: "CRI did not answer Version within 30 s".into(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        cd.process.spawn()?;
         Ok(cd)
     }
 
     /// The CRI endpoint.
     pub fn endpoint(&self) -> String {
-        format!("unix://{}", self.socket.display())
+        self.process.endpoint()
     }
 
     /// containerd's log file.
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("containerd.log")
+        self.process.log_path()
     }
 
     /// Its version as `containerd --version` names it (`v2.4.2`,
@@ -160,13 +484,39 @@ impl Containerd {
 
     /// containerd's pid (None once stopped).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.pid()
     }
 
     /// Reaps shims of any containerd that exited meanwhile (they are our
     /// adopted children): call now and then during a long run.
     pub fn reap_exited_shims(&self) {
         process::reap_zombies_named("containerd-shim");
+    }
+}
+
+/// The config of a comparison run's containerd in `d` (version 2 for a
+/// containerd 1.x, else 3): NRI on, network namespaces under its state,
+/// the kit's sandbox image, `runc` and mirrors as given.
+fn peer_config(
+    d: &Path,
+    runc: &Path,
+    net: &PodNetwork,
+    mirrors: &Path,
+    major: Option<u32>,
+) -> String {
+    let c = ContainerdConfig {
+        sandbox_image: SANDBOX_IMAGE.to_string(),
+        runc: Some(runc.to_path_buf()),
+        cni_bin_dir: net.bin_dir.clone(),
+        cni_conf_dir: net.conf_dir.clone(),
+        mirrors: Some(mirrors.to_path_buf()),
+        nri: Nri::Enabled(NriDirs::in_dir(d)),
+        netns_under_state: true,
+    };
+    if major == Some(1) {
+        c.render_v2(d)
+    } else {
+        c.render_v3(d)
     }
 }
 
@@ -196,159 +546,9 @@ pub fn major_version(version: &str) -> Option<u32> {
         .ok()
 }
 
-/// containerd 1.x's configuration (version 2), the same settings as
-/// [`config_v3`] where 1.x has them: no pinned images (1.7 never removes
-/// its sandbox image), one CNI plugin directory.
-pub fn config_v2(
-    d: &Path,
-    socket: &Path,
-    nri_socket: &Path,
-    runc: &Path,
-    net: &PodNetwork,
-    mirrors: &Path,
-) -> String {
-    let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
-    format!(
-        r#"version = 2
-root = {root:?}
-state = {state:?}
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-
-[grpc]
-  address = {socket:?}
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = {opt:?}
-
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  socket_path = {nri_socket:?}
-  plugin_path = {nri_plugins:?}
-  plugin_config_path = {nri_conf:?}
-
-[{cri}]
-  sandbox_image = "{SANDBOX_IMAGE}"
-  enable_selinux = false
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-[{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[{cri}.containerd.runtimes.runc.options]
-  BinaryName = {runc:?}
-  Root = {runc_root:?}
-  SystemdCgroup = false
-
-[{cri}.cni]
-  bin_dir = {cni_bin:?}
-  conf_dir = {cni_conf:?}
-  max_conf_num = 1
-
-[{cri}.registry]
-  config_path = {mirrors:?}
-"#,
-        root = d.join("root"),
-        state = d.join("state"),
-        opt = d.join("opt"),
-        nri_plugins = d.join("nri-plugins"),
-        nri_conf = d.join("nri-conf.d"),
-        runc_root = d.join("runc"),
-        cni_bin = net.bin_dir,
-        cni_conf = net.conf_dir,
-    )
-}
-
-/// containerd's configuration (version 3) with everything in `d`.
-pub fn config_v3(
-    d: &Path,
-    socket: &Path,
-    nri_socket: &Path,
-    runc: &Path,
-    net: &PodNetwork,
-    mirrors: &Path,
-) -> String {
-    format!(
-        r#"version = 3
-root = {root:?}
-state = {state:?}
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs"]
-
-[grpc]
-  address = {socket:?}
-
-[plugins.'io.containerd.internal.v1.opt']
-  path = {opt:?}
-
-[plugins.'io.containerd.nri.v1.nri']
-  disable = false
-  socket_path = {nri_socket:?}
-  plugin_path = {nri_plugins:?}
-  plugin_config_path = {nri_conf:?}
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "{SANDBOX_IMAGE}"
-
-[plugins.'io.containerd.cri.v1.images'.registry]
-  config_path = {mirrors:?}
-
-[plugins.'io.containerd.cri.v1.runtime']
-  enable_selinux = false
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-
-[plugins.'io.containerd.cri.v1.runtime'.containerd]
-  default_runtime_name = "runc"
-
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-  BinaryName = {runc:?}
-  Root = {runc_root:?}
-  SystemdCgroup = false
-
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [{cni_bin:?}]
-  conf_dir = {cni_conf:?}
-  max_conf_num = 1
-
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#,
-        root = d.join("root"),
-        state = d.join("state"),
-        opt = d.join("opt"),
-        nri_plugins = d.join("nri-plugins"),
-        nri_conf = d.join("nri-conf.d"),
-        runc_root = d.join("runc"),
-        cni_bin = net.bin_dir,
-        cni_conf = net.conf_dir,
-    )
-}
-
 impl Drop for Containerd {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = crate::cri::remove_all_pods(&self.endpoint());
-            stop_child(&mut c, Duration::from_secs(15));
-        }
-        // Shims of this instance name its socket on their command line.
-        process::kill_children_with_arg(&self.socket.display().to_string());
-        process::runc_sweep(&self.runc, &self.dir.path().join("runc"));
-        std::thread::sleep(Duration::from_millis(100));
-        process::reap_zombies_named("containerd-shim");
-        process::unmount_under(self.dir.path());
+        self.process.sweep();
         // runc leaves parent cgroups behind: remove the default pod cgroup
         // where this run made it (it fails harmlessly if another
         // containerd has pods in it now).
@@ -372,27 +572,88 @@ mod tests {
         assert_eq!(major_version(""), None);
     }
 
+    fn toml_of(text: &str) -> toml::Value {
+        toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
     #[test]
-    fn config_v2_should_be_toml_with_the_cri_plugins_settings() {
+    fn peer_config_should_be_v2_toml_with_the_cri_plugins_settings() {
         let net = PodNetwork::new().expect("network");
         let d = Path::new("/t/pkc.x");
-        let text = config_v2(
+        let text = peer_config(
             d,
-            &d.join("c.sock"),
-            &d.join("nri.sock"),
             Path::new("/usr/sbin/runc"),
             &net,
             Path::new("/t/mirrors"),
+            Some(1),
         );
-        let v: toml::Value = toml::from_str(&text).expect("toml");
+        let v = toml_of(&text);
         assert_eq!(v["version"].as_integer(), Some(2));
         let cri = &v["plugins"]["io.containerd.grpc.v1.cri"];
         assert_eq!(cri["sandbox_image"].as_str(), Some(SANDBOX_IMAGE));
         assert_eq!(cri["restrict_oom_score_adj"].as_bool(), Some(true));
+        assert_eq!(cri["netns_mounts_under_state_dir"].as_bool(), Some(true));
         assert_eq!(cri["registry"]["config_path"].as_str(), Some("/t/mirrors"));
+        let runc = &cri["containerd"]["runtimes"]["runc"]["options"];
+        assert_eq!(runc["Root"].as_str(), Some("/t/pkc.x/runc"));
+        assert_eq!(runc["BinaryName"].as_str(), Some("/usr/sbin/runc"));
+        let nri = &v["plugins"]["io.containerd.nri.v1.nri"];
+        assert_eq!(nri["disable"].as_bool(), Some(false));
+        assert_eq!(nri["socket_path"].as_str(), Some("/t/pkc.x/nri.sock"));
+    }
+
+    #[test]
+    fn peer_config_should_be_v3_toml_for_containerd_2() {
+        let net = PodNetwork::new().expect("network");
+        let d = Path::new("/t/pkc.x");
+        let text = peer_config(d, Path::new("/r"), &net, Path::new("/m"), Some(2));
+        let v = toml_of(&text);
+        assert_eq!(v["version"].as_integer(), Some(3));
+        let images = &v["plugins"]["io.containerd.cri.v1.images"];
         assert_eq!(
-            cri["containerd"]["runtimes"]["runc"]["options"]["Root"].as_str(),
+            images["pinned_images"]["sandbox"].as_str(),
+            Some(SANDBOX_IMAGE)
+        );
+        assert_eq!(images["registry"]["config_path"].as_str(), Some("/m"));
+        let rt = &v["plugins"]["io.containerd.cri.v1.runtime"];
+        assert_eq!(rt["restrict_oom_score_adj"].as_bool(), Some(true));
+        assert_eq!(
+            rt["containerd"]["runtimes"]["runc"]["options"]["Root"].as_str(),
             Some("/t/pkc.x/runc")
+        );
+        assert_eq!(
+            v["plugins"]["io.containerd.nri.v1.nri"]["socket_path"].as_str(),
+            Some("/t/pkc.x/nri.sock")
+        );
+    }
+
+    #[test]
+    fn render_v2_should_leave_out_what_an_e2e_instance_does_not_set() {
+        let d = Path::new("/t/pcd.x");
+        let mut c = ContainerdConfig {
+            sandbox_image: "docker.io/petrel/pause:latest".into(),
+            runc: None,
+            cni_bin_dir: "/usr/lib/cni".into(),
+            cni_conf_dir: d.join("cni"),
+            mirrors: None,
+            nri: Nri::Absent,
+            netns_under_state: false,
+        };
+        let v = toml_of(&c.render_v2(d));
+        let cri = &v["plugins"]["io.containerd.grpc.v1.cri"];
+        assert!(cri.get("registry").is_none());
+        assert!(cri.get("netns_mounts_under_state_dir").is_none());
+        assert!(cri["containerd"]["runtimes"]["runc"]["options"]
+            .get("BinaryName")
+            .is_none());
+        assert!(v["plugins"].get("io.containerd.nri.v1.nri").is_none());
+        c.nri = Nri::Disabled {
+            socket: d.join("nri.sock"),
+        };
+        let v = toml_of(&c.render_v2(d));
+        assert_eq!(
+            v["plugins"]["io.containerd.nri.v1.nri"]["disable"].as_bool(),
+            Some(true)
         );
     }
 }

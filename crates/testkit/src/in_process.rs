@@ -66,11 +66,14 @@ struct Served {
 impl Daemon {
     /// Starts a runtime in a fresh temporary root.
     pub fn start() -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("petrel-st.")
-            .tempdir()
-            .expect("tempdir");
+        let dir = crate::process::kit_tempdir("petrel-st.").unwrap_or_else(|e| panic!("{e}"));
         let cgroup_parent = format!("/petrel-test-{}", random_suffix());
+        crate::stale::record_cgroup(dir.path(), &cgroup_parent);
+        crate::stale::record_runc_root(
+            dir.path(),
+            Path::new("runc"),
+            &dir.path().join("state/runc"),
+        );
         let config = RuntimeConfig {
             root: dir.path().join("root"),
             state: dir.path().join("state"),

@@ -45,7 +45,9 @@
 //!   standalone (static pods) or joined to a [`cluster::Cluster`].
 //! - [`process`], [`cri`], [`http`]: processes stopped by pid and swept
 //!   places (the one sweep every launcher uses), the CRI calls the kit
-//!   makes itself, plain HTTP GETs.
+//!   makes itself, plain HTTP GETs; [`stale`]: the owner file of each
+//!   directory the kit makes, and the sweep of runs that died without
+//!   cleaning up (once per process, by the first launcher).
 
 pub mod agent;
 pub mod bins;
@@ -76,6 +78,7 @@ pub mod petrel;
 pub mod prelude;
 pub mod process;
 pub mod registry;
+pub mod stale;
 pub mod test_images;
 pub mod wait;
 

@@ -6,7 +6,9 @@
 //! and config, with the busybox and pause test images imported, and torn
 //! down on drop (pods removed through CRI, containerd stopped by PID, then a
 //! sweep of whatever its shims, runc root, mounts, cgroups and bridge still
-//! hold), also when the test fails.
+//! hold), also when the test fails. Config, process and sweep are the
+//! kit's one containerd launcher's ([`crate::containerd::ContainerdProcess`]);
+//! failures panic, as tests want them.
 //!
 //! ```ignore
 //! let Some(cd) = Containerd::start(Version::V17) else { return };
@@ -23,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use petrel_cri::admin::admin_client::AdminClient;
@@ -32,11 +34,10 @@ use petrel_cri::api::image_service_client::ImageServiceClient;
 use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
 
 use crate::clients::Clients;
-use crate::cri::{answers_version, on_thread, remove_all_pods};
-use crate::process::{
-    become_subreaper, kill_children_with_arg, random_suffix, remove_cgroup_tree, runc_sweep,
-    unmount_under,
-};
+pub use crate::containerd::NriDirs;
+use crate::containerd::{ContainerdConfig, ContainerdProcess, Nri};
+use crate::cri::on_thread;
+use crate::process::{kill_children_from, kit_tempdir, random_suffix, remove_cgroup_tree};
 use crate::test_images::{images_dir, workspace_dir, BUSYBOX, PAUSE};
 
 /// Set (by `make test`) to make a missing containerd a failure, not a skip.
@@ -90,23 +91,11 @@ pub struct Containerd {
     /// NRI's directories and socket, when enabled by
     /// [`Containerd::start_with_nri`].
     pub nri: Option<NriDirs>,
-    child: Option<Child>,
+    process: ContainerdProcess,
 }
 
 /// What [`Containerd::start_with_nri`] runs before containerd starts.
 type InstallPlugins<'a> = dyn FnOnce(&NriDirs) + 'a;
-
-/// Where an NRI-enabled instance's NRI lives, all inside its directory.
-#[derive(Clone, Debug)]
-pub struct NriDirs {
-    /// containerd's NRI socket, for external plugins to dial.
-    pub socket: PathBuf,
-    /// `plugin_path`: pre-registered plugins (`NN-name` executables) that
-    /// containerd launches at start-up with their socket on fd 3.
-    pub plugin_path: PathBuf,
-    /// `plugin_config_path`: `NN-name.conf` / `name.conf`.
-    pub plugin_config_path: PathBuf,
-}
 
 impl Containerd {
     /// Starts containerd `version` and imports the busybox and pause images.
@@ -143,44 +132,63 @@ impl Containerd {
             eprintln!("skipped: {why}");
             return None;
         }
-        become_subreaper();
-
-        let dir = tempfile::Builder::new()
-            .prefix("pcd.")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
+        let dir = kit_tempdir("pcd.").unwrap_or_else(|e| panic!("{e}"));
         let suffix = random_suffix();
         let d = dir.path();
+        let nri_dirs = nri.as_ref().map(|_| NriDirs::in_dir(d));
+        if let (Some(install), Some(dirs)) = (nri, &nri_dirs) {
+            std::fs::create_dir_all(&dirs.plugin_path).expect("mkdir NRI plugin_path");
+            std::fs::create_dir_all(&dirs.plugin_config_path)
+                .expect("mkdir NRI plugin_config_path");
+            install(dirs);
+        }
+        // Interface names are limited to 15 bytes.
+        let bridge = format!("pcd{}", &suffix[..10]);
+        let subnet = format!(
+            "10.213.{}.0/24",
+            u8::from_str_radix(&suffix[10..], 16).unwrap_or(0)
+        );
+        let cni_conf = write_cni_config(d, &bridge, &subnet);
+        let config = ContainerdConfig {
+            sandbox_image: PAUSE.to_string(),
+            runc: None,
+            cni_bin_dir: Self::cni_bin_dir(),
+            cni_conf_dir: cni_conf,
+            mirrors: None,
+            nri: match (version, &nri_dirs) {
+                (Version::V17, Some(n)) => Nri::Enabled(n.clone()),
+                // 1.7 has NRI (off by default); keep its socket ours all the same.
+                (Version::V17, None) => Nri::Disabled {
+                    socket: d.join("nri.sock"),
+                },
+                (Version::V16, _) => Nri::Absent,
+            },
+            netns_under_state: false,
+        };
+        let process = ContainerdProcess::prepare(
+            d,
+            &bin_dir.join("containerd"),
+            Path::new("runc"),
+            &config.render_v2(d),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let cgroup_parent = format!("/petrel-test-{suffix}");
+        crate::stale::record_cgroup(d, &cgroup_parent);
         let mut cd = Containerd {
             version,
             root: d.join("root"),
             state: d.join("state"),
-            socket: d.join("c.sock"),
-            config_file: d.join("config.toml"),
-            runc_root: d.join("runc"),
-            cgroup_parent: format!("/petrel-test-{suffix}"),
-            // Interface names are limited to 15 bytes.
-            bridge: format!("pcd{}", &suffix[..10]),
-            subnet: format!(
-                "10.213.{}.0/24",
-                u8::from_str_radix(&suffix[10..], 16).unwrap_or(0)
-            ),
+            socket: process.socket(),
+            config_file: process.config_file(),
+            runc_root: process.runc_root(),
+            cgroup_parent,
+            bridge,
+            subnet,
             bin_dir,
-            nri: nri.as_ref().map(|_| NriDirs {
-                socket: d.join("nri.sock"),
-                plugin_path: d.join("nri-plugins"),
-                plugin_config_path: d.join("nri-conf.d"),
-            }),
+            nri: nri_dirs,
+            process,
             dir,
-            child: None,
         };
-        if let (Some(install), Some(dirs)) = (nri, cd.nri.clone()) {
-            std::fs::create_dir_all(&dirs.plugin_path).expect("mkdir NRI plugin_path");
-            std::fs::create_dir_all(&dirs.plugin_config_path)
-                .expect("mkdir NRI plugin_config_path");
-            install(&dirs);
-        }
-        cd.write_config();
         cd.spawn();
         cd.import_images();
         Some(cd)
@@ -202,124 +210,10 @@ impl Containerd {
         }
     }
 
-    fn write_config(&self) {
-        let d = self.dir.path();
-        let cni_conf = d.join("cni");
-        std::fs::create_dir_all(&cni_conf).expect("cni conf dir");
-        // A bridge of our own without a host address (isGateway false, no
-        // masquerade): pods get an eth0 with an address, the host gets no
-        // route, no iptables rule and no sysctl change.
-        std::fs::write(
-            cni_conf.join("10-petrel-test.conflist"),
-            format!(
-                r#"{{"cniVersion":"0.4.0","name":"petrel-test-{bridge}","plugins":[{{"type":"bridge","bridge":"{bridge}","isGateway":false,"ipMasq":false,"hairpinMode":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{subnet}"}}]],"dataDir":"{ipam}"}}}}]}}"#,
-                bridge = self.bridge,
-                subnet = self.subnet,
-                ipam = d.join("cni-ipam").display(),
-            ),
-        )
-        .expect("write cni config");
-        let nri = match (self.version, &self.nri) {
-            (Version::V17, Some(nri)) => format!(
-                "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n  socket_path = {:?}\n  plugin_path = {:?}\n  plugin_config_path = {:?}\n",
-                nri.socket, nri.plugin_path, nri.plugin_config_path
-            ),
-            // 1.7 has NRI (off by default); keep its socket ours all the same.
-            (Version::V17, None) => format!(
-                "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n  socket_path = {:?}\n",
-                d.join("nri.sock")
-            ),
-            (Version::V16, _) => String::new(),
-        };
-        let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
-        let config = format!(
-            r#"version = 2
-root = {root:?}
-state = {state:?}
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-
-[grpc]
-  address = {socket:?}
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = {opt:?}
-
-{nri}
-[{cri}]
-  sandbox_image = "{PAUSE}"
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-
-[{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-  Root = {runc_root:?}
-
-[{cri}.cni]
-  bin_dir = {cni_bin:?}
-  conf_dir = {cni_conf:?}
-  max_conf_num = 1
-"#,
-            root = self.root,
-            state = self.state,
-            socket = self.socket,
-            opt = d.join("opt"),
-            runc_root = self.runc_root,
-            cni_bin = Self::cni_bin_dir(),
-            cni_conf = cni_conf,
-        );
-        std::fs::write(&self.config_file, config).expect("write containerd config");
-    }
-
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("containerd.log"))
-            .expect("containerd log");
-        // containerd's own bin first, so that its shim is the one used; runc
-        // is Debian's, from /usr/sbin.
-        let path = format!(
-            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            self.bin_dir.display()
-        );
-        let child = Command::new(self.bin_dir.join("containerd"))
-            .arg("--config")
-            .arg(&self.config_file)
-            .args(["--log-level", "info"])
-            .env("PATH", path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
-        self.child = Some(child);
-        self.wait_ready();
-    }
-
-    /// Waits until the CRI socket answers `Version`.
-    fn wait_ready(&mut self) {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(30) {
-            if self.socket.exists() && answers_version(&self.endpoint()) {
-                return;
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    panic!("containerd exited at start ({st}):\n{}", self.log());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Err(e) = self.process.spawn() {
+            panic!("{e}\n{}", self.log());
         }
-        panic!("containerd did not answer Version:\n{}", self.log());
     }
 
     /// Imports the busybox and pause images into the `k8s.io` namespace and
@@ -397,37 +291,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     /// containerd's pid (0 when stopped).
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.process.pid().unwrap_or(0)
     }
 
     /// `kill -9` containerd (containers keep running under their shims).
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill9();
     }
 
     /// SIGTERM containerd and wait until it exits (its shims and containers
-    /// keep running).
+    /// keep running); SIGKILL after 10 s.
     pub fn terminate(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            crate::process::signal(c.id(), rustix::process::Signal::TERM);
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.stop(Duration::from_secs(10));
     }
 
     /// Starts containerd again on the same root, state and config.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "stop containerd first");
+        assert!(self.process.pid().is_none(), "stop containerd first");
         self.spawn();
     }
 
@@ -504,36 +384,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     fn cleanup(&mut self) {
         // 1. Through CRI: containerd knows every pod (and its network
         //    namespace under /var/run/netns) that it made.
-        if self.child.is_none() && self.root.exists() {
+        if self.process.pid().is_none() && self.root.exists() {
             // A test that stopped containerd: start it again to clean up.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spawn()));
+            if let Err(e) = self.process.spawn() {
+                eprintln!("petrel-testkit: containerd not restarted for cleanup: {e}");
+            }
         }
-        if self.child.is_some() {
-            let _ = remove_all_pods(&self.endpoint());
-            self.terminate();
-        }
-        // 2. Shims still running for this instance (orphans re-parented to
-        //    us, see `become_subreaper`): kill them by pid, then whatever
-        //    runc still has in this instance's root.
-        kill_children_with_arg(&self.socket.display().to_string());
-        runc_sweep(Path::new("runc"), &self.runc_root);
-        reap_shims(&self.socket);
+        // 2. Pods, containerd, its shims, runc root, mounts.
+        self.process.sweep();
         // Pre-registered NRI plugins outlive a containerd that died without
         // stopping them (they are re-parented to us): those whose executable
         // is in this instance's plugin directory.
         if let Some(nri) = &self.nri {
-            stop_children_from(&nri.plugin_path);
+            kill_children_from(&nri.plugin_path);
         }
-        // 3. Mounts (rootfs overlays, shm) under our directory.
-        unmount_under(self.dir.path());
-        // 4. Cgroups and the bridge.
+        // 3. Cgroups and the bridge.
         remove_cgroup_tree(&self.cgroup_parent);
         if Path::new("/sys/class/net").join(&self.bridge).exists() {
             let _ = Command::new("ip")
                 .args(["link", "del", "dev", &self.bridge])
                 .output();
         }
-        // 5. The directory goes with `self.dir`.
+        // 4. The directory goes with `self.dir`.
     }
 }
 
@@ -543,92 +415,20 @@ impl Drop for Containerd {
     }
 }
 
-/// Our children that are containerd shims (as `comm` names them).
-fn shim_children() -> Vec<(i32, String)> {
-    let me = std::process::id().to_string();
-    let mut out = vec![];
-    let Ok(it) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in it.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...; comm may hold spaces, so split after ')'.
-        let Some((head, tail)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
-        let ppid = tail.split_whitespace().nth(1).unwrap_or("");
-        if ppid == me && comm.starts_with("containerd-shim") {
-            out.push((
-                pid,
-                tail.split_whitespace().next().unwrap_or("").to_string(),
-            ));
-        }
-    }
-    out
-}
-
-/// Kills (by pid) and reaps our children whose executable lies in `dir`.
-fn stop_children_from(dir: &Path) {
-    let me = std::process::id().to_string();
-    let Ok(it) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in it.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let ours = std::fs::read_to_string(e.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                let (_, tail) = s.rsplit_once(')')?;
-                Some(tail.split_whitespace().nth(1)? == me)
-            })
-            .unwrap_or(false);
-        // A zombie has no exe link any more: it is left to the test
-        // process's exit, as it may be another part of the test's to wait for.
-        let from_dir = std::fs::read_link(e.path().join("exe"))
-            .map(|x| x.starts_with(dir))
-            .unwrap_or(false);
-        if ours && from_dir {
-            // Our own child, started from this instance's directory.
-            if let Some(p) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
-            }
-        }
-    }
-}
-
-/// Live shims of the containerd listening on `socket`.
-fn shims_of(socket: &Path) -> Vec<i32> {
-    let address = socket.display().to_string();
-    shim_children()
-        .into_iter()
-        .filter(|(_, state)| state != "Z")
-        .filter(|(pid, _)| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| c.split(|b| *b == 0).any(|a| a == address.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|(pid, _)| pid)
-        .collect()
-}
-
-/// Reaps exited shims among our children, waiting briefly for those of the
-/// containerd on `socket` to exit.
-fn reap_shims(socket: &Path) {
-    let start = Instant::now();
-    loop {
-        crate::process::reap_zombies_named("containerd-shim");
-        if shims_of(socket).is_empty() || start.elapsed() > Duration::from_secs(2) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Writes the CNI config of an instance in `d`: a bridge of its own
+/// without a host address (isGateway false, no masquerade): pods get an
+/// eth0 with an address, the host gets no route, no iptables rule and no
+/// sysctl change. Returns the config directory.
+fn write_cni_config(d: &Path, bridge: &str, subnet: &str) -> PathBuf {
+    let cni_conf = d.join("cni");
+    std::fs::create_dir_all(&cni_conf).expect("cni conf dir");
+    std::fs::write(
+        cni_conf.join("10-petrel-test.conflist"),
+        format!(
+            r#"{{"cniVersion":"0.4.0","name":"petrel-test-{bridge}","plugins":[{{"type":"bridge","bridge":"{bridge}","isGateway":false,"ipMasq":false,"hairpinMode":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"{subnet}"}}]],"dataDir":"{ipam}"}}}}]}}"#,
+            ipam = d.join("cni-ipam").display(),
+        ),
+    )
+    .expect("write cni config");
+    cni_conf
 }

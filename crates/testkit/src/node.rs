@@ -1,16 +1,19 @@
-//! A Petrel runtime under test as its own process: `petrel runtime` (or
-//! `petrel node`, with the agent in its process) in a temporary root, its
-//! own state, socket, cgroup parent (`/petrel-test-<random>`) and NRI
-//! directories, driven over its socket with CRI [`Clients`]. Cleaned up on
-//! drop even when a test fails: pods removed through the runtime, then a
-//! sweep ([`crate::process`]) of whatever the test's own directories, runc
-//! root and cgroup parent still hold.
+//! A Petrel runtime under test as its own process, for the end-to-end
+//! suite: `petrel runtime` (or `petrel node`, with the agent in its
+//! process) from [`crate::petrel::PetrelRuntime`], the kit's one launcher of
+//! Petrel, in a temporary root (`/tmp/petrel-e2e.*`) with its own state,
+//! socket, cgroup parent (`/petrel-test-<random>`) and NRI directories,
+//! loopback pods unless a test asks otherwise, driven over its socket with
+//! CRI [`Clients`]. Failures panic, as tests want them. Cleaned up on drop
+//! even when a test fails, as the launcher does: pods removed through the
+//! runtime, then a sweep of its directory, runc root and cgroup parent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use petrel_cri::admin::admin_client::AdminClient;
@@ -20,18 +23,26 @@ use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
 
 use crate::bins::petrel_bin;
 use crate::clients::Clients;
-use crate::process::{random_suffix, remove_cgroup_tree, runc_sweep, unmount_under};
+use crate::petrel::{Mode, PetrelConfig, PetrelRuntime};
+use crate::process::random_suffix;
 
-/// A runtime under test.
+/// A runtime under test: a [`PetrelRuntime`] (its fields and methods
+/// through `Deref`) with the end-to-end suite's helpers.
 pub struct Node {
-    pub dir: tempfile::TempDir,
-    pub root: PathBuf,
-    pub state: PathBuf,
-    pub socket: PathBuf,
-    pub config_file: PathBuf,
-    /// A cgroup parent of this test only, e.g. `/petrel-test-3fa2…`.
-    pub cgroup_parent: String,
-    child: Option<Child>,
+    rt: PetrelRuntime,
+}
+
+impl Deref for Node {
+    type Target = PetrelRuntime;
+    fn deref(&self) -> &PetrelRuntime {
+        &self.rt
+    }
+}
+
+impl DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut PetrelRuntime {
+        &mut self.rt
+    }
 }
 
 impl Node {
@@ -50,7 +61,7 @@ impl Node {
 
     /// Starts a runtime with extra `[cri]` settings (TOML lines).
     pub fn start_with(extra_cri: &str) -> Node {
-        let mut node = Self::prepare(extra_cri);
+        let mut node = Self::prepare_with(extra_cri, "");
         node.spawn();
         node
     }
@@ -58,7 +69,7 @@ impl Node {
     /// Starts a runtime whose root is a tmpfs of `size` (e.g. `16m`): a
     /// small disk to fill. The mount is swept with the test's others.
     pub fn start_on_tmpfs(size: &str) -> Node {
-        let mut node = Self::prepare("");
+        let mut node = Self::prepare_with("", "");
         std::fs::create_dir_all(&node.root).expect("mkdir root");
         let data = std::ffi::CString::new(format!("size={size},mode=0700")).expect("cstring");
         rustix::mount::mount(
@@ -73,55 +84,24 @@ impl Node {
         node
     }
 
-    /// A runtime's directories and config, not started yet.
-    fn prepare(extra_cri: &str) -> Node {
-        Self::prepare_with(extra_cri, "")
-    }
-
     /// A runtime's directories and config with extra `[cri]` and `[nri]`
     /// settings (TOML lines; `[nri.…]` tables last), not started yet
     /// ([`Node::spawn`] starts it). NRI's socket and plugin directories are
     /// the test's own ([`Node::nri_dir`]).
     pub fn prepare_with(extra_cri: &str, extra_nri: &str) -> Node {
-        let dir = tempfile::Builder::new()
-            .prefix("petrel-e2e.")
-            .tempdir()
-            .expect("tempdir");
-        let root = dir.path().join("root");
-        let state = dir.path().join("state");
-        let socket = state.join("petrel.sock");
-        let cgroup_parent = format!("/petrel-test-{}", random_suffix());
-        let config_file = dir.path().join("config.toml");
-        let nri_dir = dir.path().join("nri");
-        // Pods get loopback only unless a test sets up a CNI network.
-        let network = if extra_cri.contains("pod_network") {
-            ""
-        } else {
-            "pod_network = \"loopback\"\n"
+        let config = PetrelConfig {
+            dir_prefix: "petrel-e2e.",
+            runc: None,
+            shim: None,
+            cgroup_parent: format!("/petrel-test-{}", random_suffix()),
+            cni: None,
+            mirrors: None,
+            extra_cri: extra_cri.to_string(),
+            extra_nri: extra_nri.to_string(),
+            log_level: "debug",
         };
-        std::fs::write(
-            &config_file,
-            format!(
-                "[cri]\nroot = {:?}\nstate = {:?}\ndefault_cgroup_parent = {:?}\n{network}{extra_cri}\n\
-                 [nri]\nsocket_path = {:?}\nplugin_path = {:?}\nplugin_config_path = {:?}\n{extra_nri}\n",
-                root,
-                state,
-                cgroup_parent,
-                nri_dir.join("nri.sock"),
-                nri_dir.join("plugins"),
-                nri_dir.join("conf.d"),
-            ),
-        )
-        .expect("write config");
-        Node {
-            dir,
-            root,
-            state,
-            socket,
-            config_file,
-            cgroup_parent,
-            child: None,
-        }
+        let rt = PetrelRuntime::prepare(&petrel_bin(), &config).unwrap_or_else(|e| panic!("{e}"));
+        Node { rt }
     }
 
     /// NRI's directory of this runtime: `nri.sock`, `plugins/` (the
@@ -132,7 +112,8 @@ impl Node {
 
     /// Starts the prepared runtime and waits until it serves.
     pub fn spawn(&mut self) {
-        self.spawn_command(Command::new(petrel_bin()));
+        let cmd = self.command();
+        self.spawn_as(cmd, Mode::Runtime);
     }
 
     /// Starts the prepared runtime with a soft open-file limit of `soft`
@@ -140,7 +121,7 @@ impl Node {
     #[allow(unsafe_code)] // pre_exec has no safe form
     pub fn spawn_with_open_file_limit(&mut self, soft: u64) {
         use std::os::unix::process::CommandExt;
-        let mut cmd = Command::new(petrel_bin());
+        let mut cmd = self.command();
         // SAFETY: only setrlimit(2), async-signal-safe, runs in the child.
         unsafe {
             cmd.pre_exec(move || {
@@ -158,11 +139,7 @@ impl Node {
                 Ok(())
             })
         };
-        self.spawn_command(cmd);
-    }
-
-    fn spawn_command(&mut self, cmd: Command) {
-        self.spawn_as(cmd, "runtime", &[]);
+        self.spawn_as(cmd, Mode::Runtime);
     }
 
     /// Starts the prepared runtime as `petrel node`: runtime and agent in
@@ -170,73 +147,38 @@ impl Node {
     /// it its own manifests, socket, port and node name). Waits until the
     /// runtime serves; cleaned up like a runtime.
     pub fn spawn_node(&mut self, agent_args: &[&str]) {
-        self.spawn_as(Command::new(petrel_bin()), "node", agent_args);
+        let cmd = self.command();
+        let args = agent_args.iter().map(|a| a.to_string()).collect();
+        self.spawn_as(cmd, Mode::Node(args));
     }
 
-    fn spawn_as(&mut self, mut cmd: Command, sub: &str, extra: &[&str]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("runtime.log"))
-            .expect("runtime log");
-        let child = cmd
-            .args([sub, "--config"])
-            .arg(&self.config_file)
-            .args(["--log-level", "debug"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start petrel {sub}: {e}"));
-        self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&mut self) {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(20) {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return;
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    panic!("runtime exited at start ({st}):\n{}", self.log());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    fn spawn_as(&mut self, cmd: Command, mode: Mode) {
+        if let Err(e) = self.rt.spawn(cmd, &mode) {
+            panic!("{e}\n{}", self.log());
         }
-        panic!("runtime did not start:\n{}", self.log());
     }
 
     /// The runtime's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("runtime.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// The runtime's pid.
+    /// The runtime's pid (0 when stopped).
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.rt.pid().unwrap_or(0)
     }
 
     /// The runtime's children that are zombies (pid and name): an orphan
     /// it adopted as a child subreaper and never reaped.
     pub fn zombie_children(&self) -> Vec<String> {
-        let me = self.pid().to_string();
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            let Some(close) = stat.rfind(')') else {
-                continue;
-            };
-            let mut f = stat[close + 1..].split_whitespace();
-            if f.next() == Some("Z") && f.next() == Some(me.as_str()) {
-                found.push(stat[..=close].to_string());
-            }
-        }
-        found
+        let Some(pid) = self.rt.pid() else {
+            return Vec::new();
+        };
+        crate::process::children_of(pid)
+            .into_iter()
+            .filter(|c| c.state == 'Z')
+            .map(|c| format!("{} ({})", c.pid, c.comm))
+            .collect()
     }
 
     /// Waits up to `within` for the runtime to have no zombie children (its
@@ -257,7 +199,7 @@ impl Node {
     /// runc's containers in this runtime's runc root: id → status
     /// (`created`, `running`, `stopped`...).
     pub fn runc_list(&self) -> HashMap<String, String> {
-        let out = Command::new("runc")
+        let out = Command::new(self.runc())
             .arg("--root")
             .arg(self.state.join("runc"))
             .args(["list", "--format", "json"])
@@ -308,35 +250,17 @@ impl Node {
         found
     }
 
-    /// `kill -9` the runtime (containers keep running under their shims).
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
     /// SIGTERM the runtime and wait for it to exit; returns its status code.
+    /// Panics if it needed a SIGKILL after 20 s.
     pub fn terminate(&mut self) -> Option<i32> {
-        let mut c = self.child.take()?;
-        crate::process::signal(c.id(), rustix::process::Signal::TERM);
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(st)) = c.try_wait() {
-                return st.code();
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("runtime did not stop on SIGTERM:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (st, killed) = self.stop(Duration::from_secs(20))?;
+        assert!(!killed, "runtime did not stop on SIGTERM:\n{}", self.log());
+        st.code()
     }
 
     /// Starts the runtime again on the same root and state.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "stop the runtime first");
+        assert!(!self.is_running(), "stop the runtime first");
         self.spawn();
     }
 
@@ -420,39 +344,6 @@ impl Node {
             !Node::cgroup_dir("memory", &pod_cg).exists(),
             "pod cgroup {pod_cg} left"
         );
-    }
-
-    fn cleanup(&mut self) {
-        // 1. Through the runtime: it knows every pod it made.
-        if self.child.is_none() && self.root.join("meta.redb").exists() {
-            // A test that killed the runtime: start it again to clean up.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.spawn()));
-        }
-        if self.child.is_some() {
-            let _ = crate::cri::remove_all_pods(&format!("unix://{}", self.socket.display()));
-            if let Some(mut c) = self.child.take() {
-                crate::process::signal(c.id(), rustix::process::Signal::TERM);
-                let start = Instant::now();
-                while start.elapsed() < Duration::from_secs(10) {
-                    if let Ok(Some(_)) = c.try_wait() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        // 2. Sweep what is left in this test's own places.
-        runc_sweep(Path::new("runc"), &self.state.join("runc"));
-        unmount_under(self.dir.path());
-        remove_cgroup_tree(&self.cgroup_parent);
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.cleanup();
     }
 }
 

@@ -1,12 +1,19 @@
-//! Petrel's runtime under test: `petrel runtime` with its own root, state,
-//! socket, cgroup parent and NRI socket in a temporary directory, on a
-//! given CNI network and registry mirror directory; or `petrel node`, the
-//! same runtime with the agent in its process ([`PetrelOptions::node`]).
-//! On drop: pods removed through CRI, the process stopped by pid, then a
-//! sweep of its runc root, mounts and cgroup parent.
+//! Petrel under test as a process, the one launcher of `petrel runtime` and
+//! `petrel node`: a temporary directory of its own with root, state,
+//! socket, cgroup parent and NRI directories ([`PetrelConfig`] says what
+//! else goes into the config file), the process started with its log and
+//! pid file, ready once its socket accepts. On drop: pods removed through
+//! CRI (a runtime a test killed is started again for that), the process
+//! stopped by pid, then a sweep of its runc root, mounts and cgroup parent.
+//!
+//! [`PetrelRuntime::start`] runs it the way the conformance kit and the
+//! bench compare runtimes (on a CNI network, pulling through a registry
+//! mirror, optionally as a node with [`NodeAgent`]); the end-to-end suite's
+//! [`crate::node::Node`] is built on it.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
 use crate::network::PodNetwork;
@@ -14,6 +21,9 @@ use crate::process::{
     self, describe, free_port, kit_tempdir, random_suffix, spawn_logged, stop_child, write_pid_file,
 };
 use crate::KitError;
+
+/// How long a runtime may take to serve its socket.
+const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// How `petrel` is started, beyond the network and mirrors.
 #[derive(Debug, Clone, Default)]
@@ -41,18 +51,125 @@ pub struct NodeAgent {
     pub eviction_hard: Option<String>,
 }
 
-/// A running `petrel runtime` (or `petrel node`).
+/// What goes into a runtime's config file, and how its directory is named.
+#[derive(Debug, Clone)]
+pub struct PetrelConfig {
+    /// The directory's prefix (short: socket paths stay below 108 bytes).
+    pub dir_prefix: &'static str,
+    /// `runtime_binary`; None: Petrel's default (`runc` in PATH).
+    pub runc: Option<PathBuf>,
+    /// `shim_binary`; None: the one beside `petrel`.
+    pub shim: Option<PathBuf>,
+    /// `default_cgroup_parent`.
+    pub cgroup_parent: String,
+    /// A CNI network (`pod_network = "cni"`); None: loopback only, unless
+    /// `extra_cri` sets `pod_network` itself.
+    pub cni: Option<CniDirs>,
+    /// `[cri.registry] config_path`: a hosts.toml mirror directory.
+    pub mirrors: Option<PathBuf>,
+    /// More `[cri]` settings (TOML lines).
+    pub extra_cri: String,
+    /// More `[nri]` settings (TOML lines; `[nri.…]` tables last).
+    pub extra_nri: String,
+    /// `--log-level`.
+    pub log_level: &'static str,
+}
+
+/// A CNI network's configuration and plugin directories.
+#[derive(Debug, Clone)]
+pub struct CniDirs {
+    /// `conf_dir`.
+    pub conf_dir: PathBuf,
+    /// The one entry of `bin_dirs`.
+    pub bin_dir: PathBuf,
+}
+
+impl From<&PodNetwork> for CniDirs {
+    fn from(net: &PodNetwork) -> CniDirs {
+        CniDirs {
+            conf_dir: net.conf_dir.clone(),
+            bin_dir: net.bin_dir.clone(),
+        }
+    }
+}
+
+impl PetrelConfig {
+    /// The config file's text for a runtime whose directory is `d`.
+    pub fn render(&self, d: &Path) -> String {
+        let nri = d.join("nri");
+        let mut text = format!(
+            "[cri]\nroot = {:?}\nstate = {:?}\ndefault_cgroup_parent = {:?}\n",
+            d.join("root"),
+            d.join("state"),
+            self.cgroup_parent,
+        );
+        if let Some(runc) = &self.runc {
+            text.push_str(&format!("runtime_binary = {runc:?}\n"));
+        }
+        if let Some(shim) = &self.shim {
+            text.push_str(&format!("shim_binary = {shim:?}\n"));
+        }
+        if self.cni.is_some() {
+            text.push_str("pod_network = \"cni\"\n");
+        } else if !self.extra_cri.contains("pod_network") {
+            // Pods get loopback only unless a test sets up a CNI network.
+            text.push_str("pod_network = \"loopback\"\n");
+        }
+        text.push_str(&self.extra_cri);
+        text.push('\n');
+        if let Some(cni) = &self.cni {
+            text.push_str(&format!(
+                "[cri.cni]\nconf_dir = {:?}\nbin_dirs = [{:?}]\n",
+                cni.conf_dir, cni.bin_dir
+            ));
+        }
+        if let Some(m) = &self.mirrors {
+            text.push_str(&format!("[cri.registry]\nconfig_path = {m:?}\n"));
+        }
+        text.push_str(&format!(
+            "[nri]\nsocket_path = {:?}\nplugin_path = {:?}\nplugin_config_path = {:?}\n{}\n",
+            nri.join("nri.sock"),
+            nri.join("plugins"),
+            nri.join("conf.d"),
+            self.extra_nri,
+        ));
+        text
+    }
+}
+
+/// How the process runs: `petrel runtime`, or `petrel node` with the
+/// agent's flags.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// `petrel runtime`.
+    Runtime,
+    /// `petrel node` with these agent flags.
+    Node(Vec<String>),
+}
+
+/// A `petrel runtime` (or `petrel node`) under test.
 pub struct PetrelRuntime {
-    dir: tempfile::TempDir,
+    /// Everything of this runtime lives here.
+    pub dir: tempfile::TempDir,
+    /// Its `root`.
+    pub root: PathBuf,
+    /// Its `state`.
+    pub state: PathBuf,
     /// The CRI socket.
     pub socket: PathBuf,
     /// NRI's socket (for critest's `-nri-socket`).
     pub nri_socket: PathBuf,
+    /// Its config file.
+    pub config_file: PathBuf,
     /// The cgroup every pod of this runtime goes under by default.
     pub cgroup_parent: String,
+    petrel: PathBuf,
     runc: PathBuf,
-    /// Node mode: the agent's plain-HTTP address (`/healthz`, `/metrics`).
-    agent_listen: Option<std::net::SocketAddr>,
+    log_level: &'static str,
+    /// Node mode with [`NodeAgent`]: the agent's plain-HTTP address.
+    agent_listen: Option<SocketAddr>,
+    /// The last command line started, for messages.
+    command_line: String,
     child: Option<Child>,
 }
 
@@ -78,6 +195,59 @@ impl PetrelRuntime {
         mirrors: &Path,
         opts: &PetrelOptions,
     ) -> Result<PetrelRuntime, KitError> {
+        let config = PetrelConfig {
+            dir_prefix: "pkp.",
+            runc: Some(runc.to_path_buf()),
+            shim: opts.shim.clone(),
+            cgroup_parent: opts
+                .cgroup_parent
+                .clone()
+                .unwrap_or_else(|| format!("/petrel-conformance-{}", random_suffix())),
+            cni: Some(net.into()),
+            mirrors: Some(mirrors.to_path_buf()),
+            extra_cri: String::new(),
+            extra_nri: String::new(),
+            log_level: "info",
+        };
+        let mut rt = Self::prepare(petrel, &config)?;
+        let mode = match &opts.node {
+            None => Mode::Runtime,
+            Some(agent) => {
+                let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+                rt.agent_listen = Some(listen);
+                let manifests = rt.manifest_dir();
+                std::fs::create_dir_all(&manifests)
+                    .map_err(|e| KitError::io("create directory", &manifests, e))?;
+                let mut args = vec![
+                    "--manifests".to_string(),
+                    manifests.display().to_string(),
+                    "--agent-socket".to_string(),
+                    rt.agent_socket().display().to_string(),
+                    "--node-name".to_string(),
+                    agent.node_name.clone(),
+                    "--listen".to_string(),
+                    listen.to_string(),
+                    "--pleg".to_string(),
+                    agent.pleg.clone(),
+                ];
+                if let Some(e) = &agent.eviction_hard {
+                    args.extend(["--eviction-hard".to_string(), e.clone()]);
+                }
+                Mode::Node(args)
+            }
+        };
+        let cmd = rt.command();
+        rt.spawn(cmd, &mode)?;
+        if opts.node.is_some() {
+            let agent_socket = rt.agent_socket();
+            rt.wait_for("petrel node's agent", &agent_socket)?;
+        }
+        Ok(rt)
+    }
+
+    /// Makes the runtime's directory (a [`kit_tempdir`]) and writes its
+    /// config; [`PetrelRuntime::spawn`] starts it.
+    pub fn prepare(petrel: &Path, config: &PetrelConfig) -> Result<PetrelRuntime, KitError> {
         if !petrel.is_file() {
             return Err(KitError::Missing {
                 component: "petrel".into(),
@@ -85,98 +255,69 @@ impl PetrelRuntime {
                 hint: "cargo build --bins".into(),
             });
         }
-        // Short: unix socket paths are limited to 108 bytes.
-        let dir = kit_tempdir("pkp.")?;
+        let dir = kit_tempdir(config.dir_prefix)?;
         let d = dir.path();
-        let state = d.join("state");
-        let nri = d.join("nri");
-        let config = d.join("config.toml");
-        let cgroup_parent = opts
-            .cgroup_parent
-            .clone()
-            .unwrap_or_else(|| format!("/petrel-conformance-{}", random_suffix()));
-        let mut text = format!(
-            "[cri]\nroot = {root:?}\nstate = {state:?}\nruntime_binary = {runc:?}\n\
-             default_cgroup_parent = {cgroup_parent:?}\npod_network = \"cni\"\n",
-            root = d.join("root"),
-        );
-        if let Some(shim) = &opts.shim {
-            text.push_str(&format!("shim_binary = {shim:?}\n"));
+        let config_file = d.join("config.toml");
+        std::fs::write(&config_file, config.render(d))
+            .map_err(|e| KitError::io("write", &config_file, e))?;
+        let runc = config.runc.clone().unwrap_or_else(|| PathBuf::from("runc"));
+        // For the sweep after a hard death of this process.
+        crate::stale::record_runc_root(d, &runc, &d.join("state/runc"));
+        if crate::stale::is_kit_cgroup(&config.cgroup_parent) {
+            crate::stale::record_cgroup(d, &config.cgroup_parent);
         }
-        text.push_str(&format!(
-            "[cri.cni]\nconf_dir = {conf:?}\nbin_dirs = [{bin:?}]\n\
-             [cri.registry]\nconfig_path = {mirrors:?}\n\
-             [nri]\nsocket_path = {nri_sock:?}\nplugin_path = {plugins:?}\nplugin_config_path = {confd:?}\n",
-            conf = net.conf_dir,
-            bin = net.bin_dir,
-            nri_sock = nri.join("nri.sock"),
-            plugins = nri.join("plugins"),
-            confd = nri.join("conf.d"),
-        ));
-        std::fs::write(&config, text).map_err(|e| KitError::io("write", &config, e))?;
-        let log = d.join("runtime.log");
-        let mut cmd = Command::new(petrel);
-        let mut agent_listen = None;
-        match &opts.node {
-            None => {
-                cmd.arg("runtime");
-            }
-            Some(agent) => {
-                let listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?));
-                agent_listen = Some(listen);
-                let manifests = d.join("manifests");
-                std::fs::create_dir_all(&manifests)
-                    .map_err(|e| KitError::io("create directory", &manifests, e))?;
-                cmd.arg("node")
-                    .arg("--manifests")
-                    .arg(&manifests)
-                    .arg("--agent-socket")
-                    .arg(d.join("agent.sock"))
-                    .args(["--node-name", &agent.node_name])
-                    .args(["--listen", &listen.to_string()])
-                    .args(["--pleg", &agent.pleg]);
-                if let Some(e) = &agent.eviction_hard {
-                    cmd.args(["--eviction-hard", e]);
-                }
-            }
-        }
-        cmd.arg("--config")
-            .arg(&config)
-            .args(["--log-level", "info"]);
-        let command = describe(&cmd);
-        let child = spawn_logged("petrel runtime", &mut cmd, &log)?;
-        write_pid_file(d, "runtime", child.id());
-        let mut rt = PetrelRuntime {
-            socket: state.join("petrel.sock"),
-            nri_socket: nri.join("nri.sock"),
-            cgroup_parent,
-            runc: runc.to_path_buf(),
-            agent_listen,
+        Ok(PetrelRuntime {
+            root: d.join("root"),
+            state: d.join("state"),
+            socket: d.join("state/petrel.sock"),
+            nri_socket: d.join("nri/nri.sock"),
+            config_file,
+            cgroup_parent: config.cgroup_parent.clone(),
+            petrel: petrel.to_path_buf(),
+            runc,
+            log_level: config.log_level,
+            agent_listen: None,
+            command_line: String::new(),
+            child: None,
             dir,
-            child: Some(child),
+        })
+    }
+
+    /// A command for the `petrel` binary, to give [`PetrelRuntime::spawn`]
+    /// (with settings of the caller's, e.g. a resource limit).
+    pub fn command(&self) -> Command {
+        Command::new(&self.petrel)
+    }
+
+    /// Starts the prepared runtime with `cmd` (from
+    /// [`PetrelRuntime::command`]) in `mode`, its output appended to its
+    /// log, and waits until its socket accepts.
+    pub fn spawn(&mut self, mut cmd: Command, mode: &Mode) -> Result<(), KitError> {
+        match mode {
+            Mode::Runtime => cmd.arg("runtime"),
+            Mode::Node(_) => cmd.arg("node"),
         };
-        let agent_socket = rt.agent_socket();
-        if let Some(c) = rt.child.as_mut() {
-            process::wait_for_socket(
-                "petrel runtime",
-                c,
-                &rt.socket,
-                Duration::from_secs(30),
-                &command,
-                &log,
-            )?;
-            if opts.node.is_some() {
-                process::wait_for_socket(
-                    "petrel node's agent",
-                    c,
-                    &agent_socket,
-                    Duration::from_secs(30),
-                    &command,
-                    &log,
-                )?;
-            }
+        cmd.arg("--config")
+            .arg(&self.config_file)
+            .args(["--log-level", self.log_level]);
+        if let Mode::Node(args) = mode {
+            cmd.args(args);
         }
-        Ok(rt)
+        self.command_line = describe(&cmd);
+        let child = spawn_logged("petrel runtime", &mut cmd, &self.log_path())?;
+        write_pid_file(self.dir.path(), "runtime", child.id());
+        self.child = Some(child);
+        let socket = self.socket.clone();
+        self.wait_for("petrel runtime", &socket)
+    }
+
+    /// Waits for a socket of the process (its CRI socket, its agent's).
+    fn wait_for(&mut self, component: &str, socket: &Path) -> Result<(), KitError> {
+        let log = self.log_path();
+        let Some(c) = self.child.as_mut() else {
+            return Ok(());
+        };
+        process::wait_for_socket(component, c, socket, READY_WITHIN, &self.command_line, &log)
     }
 
     /// The CRI endpoint, `unix:///tmp/pkp.…/state/petrel.sock`.
@@ -191,12 +332,22 @@ impl PetrelRuntime {
 
     /// The runtime's state directory (its shims name bundles below it).
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.state.clone()
     }
 
     /// The process's pid (None once stopped).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// The OCI runtime binary (`runc` in PATH unless configured).
+    pub fn runc(&self) -> &Path {
+        &self.runc
+    }
+
+    /// Whether the process was started and not stopped since.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Node mode: the agent's static pod directory.
@@ -210,13 +361,34 @@ impl PetrelRuntime {
     }
 
     /// Node mode: the agent's plain-HTTP address (`/healthz`, `/metrics`).
-    pub fn agent_listen(&self) -> Option<std::net::SocketAddr> {
+    pub fn agent_listen(&self) -> Option<SocketAddr> {
         self.agent_listen
     }
-}
 
-impl Drop for PetrelRuntime {
-    fn drop(&mut self) {
+    /// SIGKILLs the process (containers keep running under their shims).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            process::kill_child(&mut c);
+        }
+    }
+
+    /// SIGTERM, up to `grace` to exit, then SIGKILL: its exit status, and
+    /// whether it had to be killed (None when it was not running).
+    pub fn stop(&mut self, grace: Duration) -> Option<(ExitStatus, bool)> {
+        let mut c = self.child.take()?;
+        stop_child(&mut c, grace)
+    }
+
+    fn cleanup(&mut self) {
+        // 1. Through the runtime: it knows every pod it made.
+        if self.child.is_none() && self.root.join("meta.redb").exists() {
+            // A test killed the runtime: start it again (without an agent
+            // that would start pods again) to clean up.
+            let cmd = self.command();
+            if let Err(e) = self.spawn(cmd, &Mode::Runtime) {
+                eprintln!("petrel-testkit: runtime not restarted for cleanup: {e}");
+            }
+        }
         if let Some(mut c) = self.child.take() {
             if self.agent_listen.is_some() {
                 // The agent would start the pods again from their
@@ -231,8 +403,85 @@ impl Drop for PetrelRuntime {
             let _ = crate::cri::remove_all_pods(&self.endpoint());
             stop_child(&mut c, Duration::from_secs(15));
         }
-        process::runc_sweep(&self.runc, &self.dir.path().join("state/runc"));
+        // 2. Sweep what is left in this runtime's own places.
+        process::runc_sweep(&self.runc, &self.state.join("runc"));
         process::unmount_under(self.dir.path());
         process::remove_cgroup_tree(&self.cgroup_parent);
+    }
+}
+
+impl Drop for PetrelRuntime {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn config() -> PetrelConfig {
+        PetrelConfig {
+            dir_prefix: "petrel-e2e.",
+            runc: None,
+            shim: None,
+            cgroup_parent: "/petrel-test-abc".into(),
+            cni: None,
+            mirrors: None,
+            extra_cri: String::new(),
+            extra_nri: String::new(),
+            log_level: "debug",
+        }
+    }
+
+    #[test]
+    fn render_should_give_a_test_runtime_loopback_and_its_own_places() {
+        let d = Path::new("/tmp/petrel-e2e.x");
+        let mut c = config();
+        c.extra_nri = "enable = true".into();
+        let v: toml::Value = toml::from_str(&c.render(d)).expect("toml");
+        let cri = &v["cri"];
+        assert_eq!(cri["root"].as_str(), Some("/tmp/petrel-e2e.x/root"));
+        assert_eq!(cri["state"].as_str(), Some("/tmp/petrel-e2e.x/state"));
+        assert_eq!(
+            cri["default_cgroup_parent"].as_str(),
+            Some("/petrel-test-abc")
+        );
+        assert_eq!(cri["pod_network"].as_str(), Some("loopback"));
+        assert!(cri.get("runtime_binary").is_none());
+        assert_eq!(
+            v["nri"]["socket_path"].as_str(),
+            Some("/tmp/petrel-e2e.x/nri/nri.sock")
+        );
+        assert_eq!(v["nri"]["enable"].as_bool(), Some(true));
+    }
+
+    #[test]
+    fn render_should_keep_a_tests_own_pod_network() {
+        let mut c = config();
+        c.extra_cri = "pod_network = \"host\"".into();
+        let v: toml::Value = toml::from_str(&c.render(Path::new("/t"))).expect("toml");
+        assert_eq!(v["cri"]["pod_network"].as_str(), Some("host"));
+    }
+
+    #[test]
+    fn render_should_put_a_compared_runtime_on_cni_with_mirrors() {
+        let mut c = config();
+        c.runc = Some("/usr/sbin/runc".into());
+        c.shim = Some("/b/petrel-shim".into());
+        c.cni = Some(CniDirs {
+            conf_dir: "/n/net.d".into(),
+            bin_dir: "/usr/lib/cni".into(),
+        });
+        c.mirrors = Some("/m".into());
+        let v: toml::Value = toml::from_str(&c.render(Path::new("/t"))).expect("toml");
+        let cri = &v["cri"];
+        assert_eq!(cri["pod_network"].as_str(), Some("cni"));
+        assert_eq!(cri["runtime_binary"].as_str(), Some("/usr/sbin/runc"));
+        assert_eq!(cri["shim_binary"].as_str(), Some("/b/petrel-shim"));
+        assert_eq!(cri["cni"]["conf_dir"].as_str(), Some("/n/net.d"));
+        assert_eq!(cri["cni"]["bin_dirs"][0].as_str(), Some("/usr/lib/cni"));
+        assert_eq!(cri["registry"]["config_path"].as_str(), Some("/m"));
     }
 }

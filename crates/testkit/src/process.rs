@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -37,14 +37,20 @@ pub fn kit_tmp_dir() -> PathBuf {
 }
 
 /// A new temporary directory `<prefix>XXXXXX` in [`kit_tmp_dir`] (created
-/// if missing), removed on drop.
+/// if missing), removed on drop, with an owner file naming this process
+/// ([`crate::stale`]). `prefix` is `petrel-…`, `pcd.`, `pkp.` or `pkc.`:
+/// the names a sweep of stale runs looks at. The first call of a process
+/// sweeps the directories of runs that died without cleaning up.
 pub fn kit_tempdir(prefix: &str) -> Result<tempfile::TempDir, KitError> {
+    crate::stale::sweep_stale_runs_once();
     let base = kit_tmp_dir();
     std::fs::create_dir_all(&base).map_err(|e| KitError::io("create directory", &base, e))?;
-    tempfile::Builder::new()
+    let dir = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in(&base)
-        .map_err(|e| KitError::io("create", &base, e))
+        .map_err(|e| KitError::io("create", &base, e))?;
+    crate::stale::claim(dir.path())?;
+    Ok(dir)
 }
 
 /// Writes `pid` to `<dir>/<name>.pid`: what a sweep outside this process
@@ -101,20 +107,57 @@ pub fn signal(pid: u32, sig: Signal) {
 }
 
 /// SIGTERM to our child, up to `grace` for it to exit, then SIGKILL; the
-/// child is reaped either way.
-pub fn stop_child(child: &mut Child, grace: Duration) {
-    if let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
-        let _ = rustix::process::kill_process(pid, Signal::TERM);
-    }
+/// child is reaped either way. Returns its exit status and whether it had
+/// to be killed (None if it could not be waited for).
+pub fn stop_child(child: &mut Child, grace: Duration) -> Option<(ExitStatus, bool)> {
+    signal(child.id(), Signal::TERM);
     let start = Instant::now();
     while start.elapsed() < grace {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some((st, false));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    kill_child(child).map(|st| (st, true))
+}
+
+/// SIGKILL to our child, and reaps it.
+pub fn kill_child(child: &mut Child) -> Option<ExitStatus> {
     let _ = child.kill();
-    let _ = child.wait();
+    child.wait().ok()
+}
+
+/// Waits up to `within` for `ready` to hold, failing early (with the
+/// command and log in the error) when `child` exits.
+pub fn wait_until_ready(
+    component: &str,
+    child: &mut Child,
+    within: Duration,
+    command: &str,
+    log: &Path,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), KitError> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if ready() {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(KitError::Start {
+                component: component.into(),
+                command: command.into(),
+                log: log.to_path_buf(),
+                detail: format!("exited at start ({st})"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(KitError::Start {
+        component: component.into(),
+        command: command.into(),
+        log: log.to_path_buf(),
+        detail: format!("not ready within {within:?}"),
+    })
 }
 
 /// Makes this process the reaper of the orphans of its descendants (the
@@ -123,14 +166,39 @@ pub fn become_subreaper() {
     let _ = rustix::process::set_child_subreaper(rustix::process::getpid().into());
 }
 
-/// Our children in state Z whose name starts with `prefix` (`comm`).
-fn zombie_children(prefix: &str) -> Vec<i32> {
-    let me = std::process::id().to_string();
+/// A process of `/proc` whose parent is a given process.
+#[derive(Debug, Clone)]
+pub struct ProcChild {
+    /// Its pid.
+    pub pid: i32,
+    /// Its name (`comm`, at most 15 bytes).
+    pub comm: String,
+    /// Its state letter (`R`, `S`, `Z`, ...).
+    pub state: char,
+}
+
+impl ProcChild {
+    /// Whether its command line holds `arg` as one argument (a zombie's
+    /// holds none).
+    pub fn has_arg(&self, arg: &str) -> bool {
+        std::fs::read(format!("/proc/{}/cmdline", self.pid))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+            .unwrap_or(false)
+    }
+
+    /// Whether its executable lies in `dir` (a zombie has none).
+    pub fn runs_from(&self, dir: &Path) -> bool {
+        std::fs::read_link(format!("/proc/{}/exe", self.pid))
+            .map(|x| x.starts_with(dir))
+            .unwrap_or(false)
+    }
+}
+
+/// The children of process `parent`, from `/proc/*/stat`.
+pub fn children_of(parent: u32) -> Vec<ProcChild> {
+    let parent = parent.to_string();
     let mut out = Vec::new();
-    let Ok(it) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in it.flatten() {
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
@@ -143,19 +211,31 @@ fn zombie_children(prefix: &str) -> Vec<i32> {
         };
         let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
         let mut f = tail.split_whitespace();
-        if f.next() == Some("Z") && f.next() == Some(me.as_str()) && comm.starts_with(prefix) {
-            out.push(pid);
+        let state = f.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        if f.next() == Some(parent.as_str()) {
+            out.push(ProcChild {
+                pid,
+                comm: comm.to_string(),
+                state,
+            });
         }
     }
     out
 }
 
+/// This process's children (its own and adopted orphans).
+pub fn our_children() -> Vec<ProcChild> {
+    children_of(std::process::id())
+}
+
 /// Reaps our exited children named `prefix*` (adopted orphans), leaving
 /// every other child to whoever waits for it.
 pub fn reap_zombies_named(prefix: &str) {
-    for pid in zombie_children(prefix) {
-        if let Some(p) = Pid::from_raw(pid) {
-            let _ = rustix::process::waitpid(Some(p), WaitOptions::NOHANG);
+    for c in our_children() {
+        if c.state == 'Z' && c.comm.starts_with(prefix) {
+            if let Some(p) = Pid::from_raw(c.pid) {
+                let _ = rustix::process::waitpid(Some(p), WaitOptions::NOHANG);
+            }
         }
     }
 }
@@ -163,43 +243,40 @@ pub fn reap_zombies_named(prefix: &str) {
 /// Kills (SIGKILL) our live children whose command line holds `needle` as
 /// one argument: the shims of a runtime instance, by its socket's path.
 pub fn kill_children_with_arg(needle: &str) {
-    let me = std::process::id().to_string();
-    let Ok(it) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in it.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let ours = std::fs::read_to_string(e.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                let (_, tail) = s.rsplit_once(')')?;
-                let mut f = tail.split_whitespace();
-                let state = f.next()?;
-                Some(state != "Z" && f.next()? == me)
-            })
-            .unwrap_or(false);
-        let matches = std::fs::read(e.path().join("cmdline"))
-            .map(|c| c.split(|b| *b == 0).any(|a| a == needle.as_bytes()))
-            .unwrap_or(false);
-        if ours && matches {
-            if let Some(p) = Pid::from_raw(pid) {
+    for c in our_children() {
+        if c.state != 'Z' && c.has_arg(needle) {
+            if let Some(p) = Pid::from_raw(c.pid) {
                 let _ = rustix::process::kill_process(p, Signal::KILL);
             }
         }
     }
 }
 
-/// Mount points at or below `dir` (by path prefix), from
-/// /proc/self/mountinfo.
+/// Kills (SIGKILL) and reaps our children whose executable lies in `dir`
+/// (e.g. plugins a daemon of the run started from its directory, adopted
+/// when it died). A zombie has no executable any more: it is left to
+/// whoever waits for it.
+pub fn kill_children_from(dir: &Path) {
+    for c in our_children() {
+        if c.runs_from(dir) {
+            if let Some(p) = Pid::from_raw(c.pid) {
+                let _ = rustix::process::kill_process(p, Signal::KILL);
+                let _ = rustix::process::waitpid(Some(p), WaitOptions::empty());
+            }
+        }
+    }
+}
+
+/// Mount points at or below `dir`, from /proc/self/mountinfo.
 pub fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.display().to_string();
+    let d = dir.display().to_string();
+    let below = format!("{}/", d.trim_end_matches('/'));
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
+        // Not a mere prefix: /tmp/pcd.ab is not below /tmp/pcd.a.
+        .filter(|m| *m == d || m.starts_with(&below))
         .map(str::to_string)
         .collect()
 }
@@ -286,26 +363,22 @@ pub fn wait_for_socket(
     command: &str,
     log: &Path,
 ) -> Result<(), KitError> {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Ok(());
-        }
-        if let Ok(Some(st)) = child.try_wait() {
-            return Err(KitError::Start {
-                component: component.into(),
-                command: command.into(),
-                log: log.to_path_buf(),
-                detail: format!("exited at start ({st})"),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(KitError::Start {
-        component: component.into(),
-        command: command.into(),
-        log: log.to_path_buf(),
-        detail: format!("no socket at {} within {within:?}", path.display()),
+    wait_until_ready(component, child, within, command, log, || {
+        std::os::unix::net::UnixStream::connect(path).is_ok()
+    })
+    .map_err(|e| match e {
+        KitError::Start {
+            component,
+            command,
+            log,
+            detail,
+        } if detail.starts_with("not ready") => KitError::Start {
+            component,
+            command,
+            log,
+            detail: format!("no socket at {} within {within:?}", path.display()),
+        },
+        e => e,
     })
 }
 

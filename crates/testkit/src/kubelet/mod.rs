@@ -206,6 +206,10 @@ impl Kubelet {
             child: None,
             dir,
         };
+        if opts.cgroup_root.is_none() {
+            // Ours: swept after a hard death of this process too.
+            crate::stale::record_cgroup(kubelet.dir.path(), &kubelet.cgroup_root);
+        }
         create_cgroup_root(&kubelet.cgroup_root)?;
         share_root_dir(&kubelet.root_dir)?;
         mountns::prepare(&kubelet.dir.path().join("mountns"))?;
