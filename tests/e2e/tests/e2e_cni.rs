@@ -304,7 +304,7 @@ async fn networked_pods_should_survive_a_restart_and_a_lost_namespace() {
     node.terminate();
     // The configuration changes while the runtime is down: teardown must
     // still use the network the pods were set up with.
-    std::fs::remove_file(net.conf_dir.join("10-test.conflist")).unwrap();
+    std::fs::remove_file(net.conf_dir.join("10-petrel-test.conflist")).unwrap();
     node.restart();
     let mut c = node.clients().await;
     assert_eq!(pod_ip(&mut c, &a).await, ip_a);
