@@ -96,7 +96,8 @@ pub struct Runtime {
     pub(crate) cgroup_owners: std::sync::Mutex<()>,
     pub(crate) events: Mailbox<api::ContainerEventResponse>,
     pub(crate) metrics: Metrics,
-    pub(crate) networks: crate::sandbox::network::PodNetworks,
+    /// Pod networks (CNI, or loopback only).
+    pub(crate) networks: Arc<dyn crate::parts::PodNetworking>,
     /// The streaming server (serving from the open on; URLs are only
     /// handed out by calls, which wait for recovery).
     pub(crate) streams: petrel_stream::StreamServer,
@@ -174,13 +175,13 @@ impl Runtime {
         );
         let metrics = Metrics::new();
         let events = Mailbox::new(config.event_queue_capacity, metrics.events.clone());
-        let networks = crate::sandbox::network::PodNetworks::new(&config);
         let Parts {
             oci,
             cgroups,
             shims,
             rootfs,
             pods,
+            networks,
             host,
         } = parts;
         let listening = petrel_stream::StreamServer::listen(petrel_stream::StreamConfig {

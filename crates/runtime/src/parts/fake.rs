@@ -1,5 +1,6 @@
 //! Test doubles of the parts: one in-memory host ([`FakeHost`]) that is
-//! the OCI runtime, the cgroups, the shims and the mounts at once, so that
+//! the OCI runtime, the cgroups, the shims, the mounts, the pods' kernel
+//! parts and their networks at once, so that
 //! what one part does shows in the others (a shim's create makes a runc
 //! container and its cgroup; a SIGKILL through the OCI runtime makes the
 //! shim record the exit and exit). Every call is recorded as a [`Call`];
@@ -18,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use oci_spec::runtime::{LinuxResources, Process};
+use petrel_cni::NetworkList;
 use petrel_cri::api;
 use petrel_oci::cgroups::{CgroupError, CgroupStats, CgroupVersion};
 use petrel_oci::runc::{ExecOutput, RuncError, RuncState};
@@ -25,13 +27,13 @@ use petrel_shim::{Command, ExitRecord, EXIT_FILE};
 use tokio::sync::Notify;
 
 use super::{
-    CgroupOps, ExitReadError, FoundShim, InitSeen, OciRuntime, Parts, RootfsMounter, ShimLauncher,
-    ShimSeen, ShimWatch, StartedShim, WaitFailed,
+    CgroupOps, ExitReadError, FoundShim, InitSeen, OciRuntime, Parts, PodNetworking, Readiness,
+    RootfsMounter, ShimLauncher, ShimSeen, ShimWatch, StartedShim, WaitFailed,
 };
 use crate::container::rootfs::WritableLayer;
 use crate::container::shim::ShimOptions;
 use crate::error::{Result, RuntimeError};
-use crate::records::ProcessRef;
+use crate::records::{NetworkRecord, ProcessRef, SandboxRecord};
 use crate::service::Runtime;
 
 /// Where fake pids start: above any pid the kernel hands out.
@@ -44,8 +46,15 @@ const CGROUP_ROOT: &str = "/fake-cgroup";
 pub(crate) enum Call {
     ShimStart(String),
     OciStart(String),
-    OciKill { id: String, signal: i32, all: bool },
-    OciDelete { id: String, force: bool },
+    OciKill {
+        id: String,
+        signal: i32,
+        all: bool,
+    },
+    OciDelete {
+        id: String,
+        force: bool,
+    },
     OciState(String),
     OciList,
     OciUpdate(String),
@@ -64,6 +73,12 @@ pub(crate) enum Call {
     UnmountShm(PathBuf),
     SpawnPidHolder,
     KillPidHolder(u32),
+    /// CNI ADD of the pod with this id.
+    NetworkAdd(String),
+    /// CNI DEL of the pod with this id.
+    NetworkDel(String),
+    /// CNI CHECK of the pod with this id.
+    NetworkCheck(String),
 }
 
 /// A call that can be made to fail.
@@ -85,6 +100,9 @@ pub(crate) enum Fault {
     MountShm,
     UnmountShm,
     SpawnPidHolder,
+    NetworkAdd,
+    NetworkDel,
+    NetworkCheck,
 }
 
 /// The OCI runtime's status of a fake container.
@@ -152,6 +170,10 @@ struct World {
     namespaces: BTreeSet<PathBuf>,
     shm_mounts: BTreeSet<PathBuf>,
     pid_holders: BTreeSet<u32>,
+    /// The network new pods join (`None`: loopback only).
+    network: Option<NetworkList>,
+    /// The pods attached to the network, by sandbox id.
+    attached: BTreeMap<String, NetworkRecord>,
     oom_kills: HashMap<String, u64>,
     calls: Vec<Call>,
     faults: HashMap<Fault, u32>,
@@ -250,6 +272,7 @@ impl FakeHost {
             shims: self.clone(),
             rootfs: self.clone(),
             pods: self.clone(),
+            networks: self.clone(),
             host: petrel_oci::spec::HostLimits {
                 bounding_caps: Vec::new(),
                 min_oom_score_adj: -1000,
@@ -318,6 +341,41 @@ impl FakeHost {
     /// Live PID-namespace holders.
     pub fn pid_holders(&self) -> BTreeSet<u32> {
         self.world().pid_holders.clone()
+    }
+
+    /// Pods attached to the network (by sandbox id).
+    pub fn attached(&self) -> BTreeMap<String, NetworkRecord> {
+        self.world().attached.clone()
+    }
+
+    /// Pods that are not on the host's network join a network from now on
+    /// (until then they get loopback only, whatever `pod_network` says:
+    /// the fake stands in for the whole of pod networking).
+    pub fn use_network(&self) {
+        let list = NetworkList::parse(
+            Path::new("/fake/net.d/10-fake.conflist"),
+            br#"{"cniVersion":"1.0.0","name":"fake","plugins":[{"type":"fake"}]}"#,
+        );
+        match list {
+            Ok(list) => self.world().network = Some(list),
+            Err(e) => panic!("fake network config: {e}"),
+        }
+    }
+
+    /// What a reboot takes: every pinned namespace, shm mount and
+    /// PID-namespace holder (address leases, the network's, survive).
+    pub fn reboot(&self) {
+        let mut w = self.world();
+        for p in std::mem::take(&mut w.namespaces) {
+            std::fs::remove_file(&p).unwrap_or_default();
+        }
+        w.shm_mounts.clear();
+        w.pid_holders.clear();
+    }
+
+    /// The PID-namespace holder `pid` dies.
+    pub fn kill_holder(&self, pid: u32) {
+        self.world().pid_holders.remove(&pid);
     }
 
     /// Sets the OOM kill count of a cgroup.
@@ -763,6 +821,80 @@ impl super::PodKernel for FakeHost {
         w.calls.push(Call::KillPidHolder(holder.pid));
         w.pid_holders.remove(&holder.pid);
     }
+
+    fn namespace_pinned(&self, path: &Path) -> bool {
+        self.world().namespaces.contains(path)
+    }
+
+    fn pid_holder_alive(&self, holder: &ProcessRef) -> bool {
+        self.world().pid_holders.contains(&holder.pid)
+    }
+}
+
+fn injected_cni(command: &'static str) -> RuntimeError {
+    RuntimeError::Cni(petrel_cni::CniError::Plugin {
+        plugin: "fake".to_string(),
+        command,
+        message: "injected failure".to_string(),
+    })
+}
+
+#[async_trait::async_trait]
+impl PodNetworking for FakeHost {
+    fn current(&self) -> Result<Option<NetworkList>> {
+        Ok(self.world().network.clone())
+    }
+
+    fn readiness(&self) -> Readiness {
+        Readiness {
+            ready: true,
+            reason: String::new(),
+            message: "fake network".to_string(),
+        }
+    }
+
+    async fn add(&self, list: &NetworkList, rec: &SandboxRecord) -> Result<NetworkRecord> {
+        let mut w = self.world();
+        w.calls.push(Call::NetworkAdd(rec.id.clone()));
+        if w.fails(Fault::NetworkAdd) {
+            return Err(injected_cni("ADD"));
+        }
+        if rec.netns.as_ref().is_none_or(|p| !w.namespaces.contains(p)) {
+            return Err(RuntimeError::Invariant(format!(
+                "fake CNI ADD of pod {} without its network namespace",
+                rec.id
+            )));
+        }
+        let n = w.attached.len() + 2;
+        let net = NetworkRecord {
+            conflist: list.to_json(),
+            ifname: crate::sandbox::network::POD_IFNAME.to_string(),
+            ips: vec![format!("10.88.0.{n}")],
+            result: Some(serde_json::json!({ "cniVersion": list.cni_version })),
+        };
+        w.attached.insert(rec.id.clone(), net.clone());
+        Ok(net)
+    }
+
+    async fn del(&self, rec: &SandboxRecord, _net: &NetworkRecord) -> Result<()> {
+        let mut w = self.world();
+        w.calls.push(Call::NetworkDel(rec.id.clone()));
+        if w.fails(Fault::NetworkDel) {
+            return Err(injected_cni("DEL"));
+        }
+        // As CNI's DEL: releasing what is not there is fine.
+        w.attached.remove(&rec.id);
+        Ok(())
+    }
+
+    async fn check(&self, rec: &SandboxRecord, _net: &NetworkRecord) -> Result<Option<()>> {
+        let mut w = self.world();
+        w.calls.push(Call::NetworkCheck(rec.id.clone()));
+        if w.fails(Fault::NetworkCheck) {
+            return Err(injected_cni("CHECK"));
+        }
+        Ok(Some(()))
+    }
 }
 
 /// A fake shim found at start-up.
@@ -1022,6 +1154,17 @@ impl TestRuntime {
             .pod_sandbox_id
     }
 
+    /// A pod of [its own namespaces](isolated_pod_config).
+    pub async fn isolated_pod(&self, name: &str) -> Result<String> {
+        self.rt
+            .run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(isolated_pod_config(name)),
+                runtime_handler: String::new(),
+            })
+            .await
+            .map(|r| r.pod_sandbox_id)
+    }
+
     /// Creates a container `name` in `pod`.
     pub async fn create(&self, pod: &str, name: &str) -> Result<String> {
         let sandbox_config = self.rt.sandbox(pod)?.with(|r| r.config.clone());
@@ -1094,6 +1237,25 @@ pub(crate) fn pod_config(name: &str) -> api::PodSandboxConfig {
         }),
         ..Default::default()
     }
+}
+
+/// A pod config with network, IPC, UTS and PID namespaces of its own:
+/// every kernel step of RunPodSandbox runs (and CNI ADD, once the host
+/// [uses a network](FakeHost::use_network)).
+pub(crate) fn isolated_pod_config(name: &str) -> api::PodSandboxConfig {
+    let mut config = pod_config(name);
+    config.hostname = name.to_string();
+    if let Some(ns) = config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+    {
+        ns.network = api::NamespaceMode::Pod as i32;
+        ns.pid = api::NamespaceMode::Pod as i32;
+        ns.ipc = api::NamespaceMode::Pod as i32;
+    }
+    config
 }
 
 /// A container config running the test image.

@@ -1,5 +1,6 @@
 //! The runtime's seams to the host: the OCI runtime, cgroups, shims,
-//! rootfs mounts and pod sandboxes' kernel operations, each a trait with the real implementation beside it,
+//! rootfs mounts, pod sandboxes' kernel operations and pod networks (CNI),
+//! each a trait with the real implementation beside it,
 //! handed to [`Runtime::with_parts`](crate::Runtime::with_parts) together
 //! as one [`Parts`] ([`Parts::host`] finds and builds the real ones).
 //! Unit tests build the runtime on test doubles instead (`fake`, test
@@ -19,6 +20,7 @@
 pub mod cgroups;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod networks;
 pub mod oci;
 pub mod pods;
 pub mod rootfs;
@@ -36,6 +38,7 @@ use crate::config::RuntimeConfig;
 use crate::error::{Result, RuntimeError};
 
 pub use cgroups::{CgroupOps, HostCgroups};
+pub use networks::{CniNetworks, PodNetworking, Readiness};
 pub use oci::{InitSeen, OciError, OciRuntime};
 pub use pods::{HostPods, PodKernel};
 pub use rootfs::{OverlayMounter, RootfsMounter};
@@ -58,6 +61,8 @@ pub struct Parts {
     pub rootfs: Arc<dyn RootfsMounter>,
     /// Pod sandboxes' namespaces, shm mounts and PID-namespace holders.
     pub pods: Arc<dyn PodKernel>,
+    /// Pod networks (CNI, or loopback only).
+    pub networks: Arc<dyn PodNetworking>,
     /// What the host lets containers have.
     pub host: HostLimits,
 }
@@ -66,7 +71,8 @@ impl Parts {
     /// The real parts: the shim and runc binaries found (a missing one is
     /// reported before anything is created), the host's cgroups and limits
     /// detected, the runtime's soft open-file limit raised (the one it
-    /// started with is what containers get). The OCI runtime is runc with
+    /// started with is what containers get), pod networks as `[cri]
+    /// pod_network` and `[cri.cni]` say. The OCI runtime is runc with
     /// its fast paths when `fast_paths` is on and the runc version is one
     /// they mirror (see [`oci_runtime`]), else the typed runc.
     pub fn host(config: &RuntimeConfig) -> Result<Self> {
@@ -84,6 +90,7 @@ impl Parts {
             shims: Arc::new(ProcessShims::new(shim_binary)),
             rootfs: Arc::new(OverlayMounter),
             pods: Arc::new(HostPods),
+            networks: Arc::new(CniNetworks::new(config)),
             host,
         })
     }

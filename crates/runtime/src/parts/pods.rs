@@ -1,6 +1,6 @@
 //! The kernel seam of pod sandboxes: pinning and releasing their
 //! namespaces, their `/dev/shm` tmpfs, and killing their PID-namespace
-//! holder. The holder is started through [`super::ShimLauncher`]; the pod
+//! holder; and, for recovery, whether a pin and a holder are still there. The holder is started through [`super::ShimLauncher`]; the pod
 //! cgroup goes through [`super::CgroupOps`].
 
 use std::path::Path;
@@ -30,6 +30,13 @@ pub trait PodKernel: Send + Sync + std::fmt::Debug {
     /// Kills the PID-namespace holder, if it is still the process started,
     /// and reaps it.
     fn kill_pid_holder(&self, holder: &ProcessRef);
+
+    /// Whether the namespace pinned at `path` is still there (a reboot
+    /// loses every pin).
+    fn namespace_pinned(&self, path: &Path) -> bool;
+
+    /// Whether the PID-namespace holder is still the process started.
+    fn pid_holder_alive(&self, holder: &ProcessRef) -> bool;
 }
 
 /// The host's kernel.
@@ -55,5 +62,13 @@ impl PodKernel for HostPods {
 
     fn kill_pid_holder(&self, holder: &ProcessRef) {
         pid_holder::kill(holder);
+    }
+
+    fn namespace_pinned(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn pid_holder_alive(&self, holder: &ProcessRef) -> bool {
+        crate::util::process_alive(holder.pid, holder.start_time)
     }
 }

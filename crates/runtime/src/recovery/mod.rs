@@ -14,7 +14,10 @@
 //! - a container whose shim still runs is watched again (pidfd);
 //! - a container whose shim is gone exited while the runtime was down: its
 //!   exit record (written by the shim) is read and committed;
-//! - a sandbox whose namespaces vanished (a reboot) is marked NotReady;
+//! - a `Ready` sandbox whose pinned namespaces or PID-namespace holder
+//!   vanished (a reboot) is marked NotReady and its network released (CNI
+//!   DEL; kept recorded when DEL fails, for StopPodSandbox to retry); an
+//!   intact one stays Ready and its network is checked in the background;
 //! - runc containers and per-object directories of ours that no record
 //!   names are reported and removed. Only ids in our own directories are
 //!   considered: nothing else on the host is touched.
@@ -37,7 +40,7 @@ use crate::state::{Container, Sandbox};
 use crate::util;
 use crate::util::remove_dir;
 
-use crate::parts::{InitSeen, ShimSeen};
+use crate::parts::{InitSeen, PodKernel, ShimSeen};
 use crate::records::ProcessRef;
 use crate::util::is_id;
 use decide::{decide, Action, Seen};
@@ -73,7 +76,7 @@ impl Runtime {
                 interrupted_pods.push(rec);
                 continue;
             }
-            if rec.state == SandboxState::Ready && !sandbox_intact(&rec) {
+            if rec.state == SandboxState::Ready && !sandbox_intact(self.pods.as_ref(), &rec) {
                 tracing::warn!(sandbox.id = %rec.id, "pod namespaces are gone (reboot?); sandbox is NotReady");
                 rec.state = SandboxState::NotReady;
                 // Address leases outlive a reboot (host-local keeps them on
@@ -312,14 +315,13 @@ impl Runtime {
     }
 }
 
-/// Whether a Ready sandbox still has what it was created with.
-fn sandbox_intact(rec: &SandboxRecord) -> bool {
+/// Whether a Ready sandbox still has what it was created with: every
+/// namespace pinned and its PID-namespace holder, if it has one.
+fn sandbox_intact(pods: &dyn PodKernel, rec: &SandboxRecord) -> bool {
     let pins_ok = [&rec.netns, &rec.ipcns, &rec.utsns]
         .into_iter()
         .flatten()
-        .all(|p| p.exists());
-    let holder_ok = rec
-        .pid_holder
-        .is_none_or(|h| util::process_alive(h.pid, h.start_time));
+        .all(|p| pods.namespace_pinned(p));
+    let holder_ok = rec.pid_holder.is_none_or(|h| pods.pid_holder_alive(&h));
     pins_ok && holder_ok
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use petrel_store::Table;
 
-use crate::parts::fake::{Call, ExitFile, FakeContainer, FakeShim, Status, TestRuntime};
+use crate::parts::fake::{Call, ExitFile, FakeContainer, FakeShim, Fault, Status, TestRuntime};
 use crate::parts::{InitSeen, RootfsMounter, ShimSeen};
 use crate::records::{ContainerRecord, ContainerState, ProcessRef, SandboxRecord, SandboxState};
 use crate::util;
@@ -410,4 +410,134 @@ async fn recovery_should_wait_for_a_shim_inside_its_create_before_removing_it() 
     assert!(deleted.is_some(), "{calls:?}");
     assert!(t.host.containers().is_empty());
     assert!(!l.bundle.exists());
+}
+
+/// A pod of its own namespaces, PID-namespace holder and (fake) network,
+/// made through RunPodSandbox, then forgotten by the runtime's memory as
+/// by a restart (its record and what it has on the host stay).
+async fn pod_before_restart(t: &TestRuntime) -> SandboxRecord {
+    t.host.use_network();
+    let id = t.isolated_pod("p").await.expect("run pod");
+    let rec: SandboxRecord =
+        t.rt.store
+            .get(Table::Sandboxes, &id)
+            .expect("get")
+            .expect("pod record");
+    assert!(rec.netns.is_some() && rec.pid_holder.is_some() && rec.network.is_some());
+    t.rt.state.remove_sandbox(&id);
+    t.rt.state.release_name(&rec.name, &id);
+    t.host.clear_calls();
+    rec
+}
+
+fn stored_pod(t: &TestRuntime, id: &str) -> SandboxRecord {
+    t.rt.store
+        .get(Table::Sandboxes, id)
+        .expect("get")
+        .expect("pod record")
+}
+
+fn network_calls(t: &TestRuntime) -> Vec<Call> {
+    t.host
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            matches!(
+                c,
+                Call::NetworkAdd(_) | Call::NetworkDel(_) | Call::NetworkCheck(_)
+            )
+        })
+        .collect()
+}
+
+/// The pod is known again, `NotReady`, in memory and in the store, its
+/// name held.
+fn assert_recovered_not_ready(t: &TestRuntime, pod: &SandboxRecord) -> SandboxRecord {
+    let sb = t.rt.state.sandbox(&pod.id).expect("pod in memory");
+    assert_eq!(sb.with(|r| r.state), SandboxState::NotReady);
+    let rec = stored_pod(t, &pod.id);
+    assert_eq!(rec.state, SandboxState::NotReady);
+    assert!(t.rt.state.reserve_name(&pod.name, "someone-else").is_err());
+    rec
+}
+
+#[tokio::test]
+async fn recovery_should_mark_a_pod_whose_namespaces_and_holder_are_gone_not_ready() {
+    let t = TestRuntime::new();
+    let pod = pod_before_restart(&t).await;
+    t.host.reboot();
+    t.rt.recover().await.expect("recover");
+    let rec = assert_recovered_not_ready(&t, &pod);
+    // Address leases outlive a reboot: the network is released at once.
+    assert!(rec.network.is_none());
+    assert!(t.host.attached().is_empty());
+    assert_eq!(network_calls(&t), [Call::NetworkDel(pod.id.clone())]);
+    // Its remains go with it.
+    t.rt.remove_pod_sandbox(petrel_cri::api::RemovePodSandboxRequest {
+        pod_sandbox_id: pod.id.clone(),
+    })
+    .await
+    .expect("remove pod");
+    assert!(!pod.dir.exists());
+    assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
+}
+
+#[tokio::test]
+async fn recovery_should_mark_a_pod_whose_pid_holder_died_not_ready() {
+    let t = TestRuntime::new();
+    let pod = pod_before_restart(&t).await;
+    let holder = pod.pid_holder.expect("holder");
+    t.host.kill_holder(holder.pid);
+    t.rt.recover().await.expect("recover");
+    let rec = assert_recovered_not_ready(&t, &pod);
+    assert!(rec.network.is_none());
+    assert_eq!(network_calls(&t), [Call::NetworkDel(pod.id.clone())]);
+}
+
+#[tokio::test]
+async fn recovery_should_keep_the_network_of_a_vanished_pod_whose_release_fails() {
+    let t = TestRuntime::new();
+    let pod = pod_before_restart(&t).await;
+    t.host.reboot();
+    t.host.fail(Fault::NetworkDel, 1);
+    t.rt.recover().await.expect("recover");
+    let rec = assert_recovered_not_ready(&t, &pod);
+    assert!(rec.network.is_some(), "network record dropped");
+    assert!(t.host.attached().contains_key(&pod.id));
+    // StopPodSandbox releases it.
+    t.rt.stop_pod_sandbox(petrel_cri::api::StopPodSandboxRequest {
+        pod_sandbox_id: pod.id.clone(),
+    })
+    .await
+    .expect("stop pod");
+    assert!(stored_pod(&t, &pod.id).network.is_none());
+    assert!(t.host.attached().is_empty());
+}
+
+#[tokio::test]
+async fn recovery_should_keep_an_intact_pod_ready_and_check_its_network() {
+    let t = TestRuntime::new();
+    let pod = pod_before_restart(&t).await;
+    t.rt.recover().await.expect("recover");
+    let sb = t.rt.state.sandbox(&pod.id).expect("pod in memory");
+    assert_eq!(sb.with(|r| r.state), SandboxState::Ready);
+    let rec = stored_pod(&t, &pod.id);
+    assert_eq!(rec.state, SandboxState::Ready);
+    assert_eq!(rec.network, pod.network);
+    assert!(t.host.attached().contains_key(&pod.id));
+    assert!(t.rt.state.reserve_name(&pod.name, "someone-else").is_err());
+    // CNI CHECK runs off the start-up path; nothing is released.
+    let checked = t
+        .host
+        .wait_for(Duration::from_secs(5), |h| {
+            h.calls().contains(&Call::NetworkCheck(pod.id.clone()))
+        })
+        .await;
+    assert!(checked, "no CNI CHECK: {:?}", t.host.calls());
+    assert_eq!(network_calls(&t), [Call::NetworkCheck(pod.id.clone())]);
+    assert!(!t
+        .host
+        .calls()
+        .iter()
+        .any(|c| matches!(c, Call::UnpinNamespace(_) | Call::KillPidHolder(_))));
 }

@@ -178,7 +178,7 @@ mod tests {
 
     use crate::config::PodNetworkMode;
     use crate::error::RuntimeError;
-    use crate::parts::fake::{pod_config, Call, Fault, TestRuntime};
+    use crate::parts::fake::{Call, Fault, TestRuntime};
     use crate::records::SandboxRecord;
 
     /// A runtime whose pods get a network namespace with loopback only.
@@ -186,30 +186,20 @@ mod tests {
         TestRuntime::with_config(|c| c.pod_network = PodNetworkMode::Loopback)
     }
 
-    /// A pod with every namespace of its own: each kernel step runs.
-    fn own_namespaces(name: &str) -> api::PodSandboxConfig {
-        let mut config = pod_config(name);
-        config.hostname = name.to_string();
-        if let Some(ns) = config
-            .linux
-            .as_mut()
-            .and_then(|l| l.security_context.as_mut())
-            .and_then(|s| s.namespace_options.as_mut())
-        {
-            ns.network = api::NamespaceMode::Pod as i32;
-            ns.pid = api::NamespaceMode::Pod as i32;
-            ns.ipc = api::NamespaceMode::Pod as i32;
-        }
-        config
+    /// A runtime whose pods join a (fake) CNI network.
+    fn networked() -> TestRuntime {
+        let t = TestRuntime::new();
+        t.host.use_network();
+        t
+    }
+
+    /// Where in `calls` the first call `is` is.
+    fn position(calls: &[Call], is: impl Fn(&Call) -> bool) -> Option<usize> {
+        calls.iter().position(is)
     }
 
     async fn run(t: &TestRuntime, name: &str) -> Result<String, RuntimeError> {
-        t.rt.run_pod_sandbox(api::RunPodSandboxRequest {
-            config: Some(own_namespaces(name)),
-            runtime_handler: String::new(),
-        })
-        .await
-        .map(|r| r.pod_sandbox_id)
+        t.isolated_pod(name).await
     }
 
     /// Nothing of a failed RunPodSandbox is left: no record, nothing in
@@ -230,6 +220,7 @@ mod tests {
             t.host.pid_holders()
         );
         assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
+        assert!(t.host.attached().is_empty(), "{:?}", t.host.attached());
         let dir = t.rt.layout.state.join("sandboxes");
         let left: Vec<_> = std::fs::read_dir(&dir)
             .expect("read dir")
@@ -360,5 +351,147 @@ mod tests {
         assert!(t.host.namespaces().is_empty(), "{:?}", t.host.namespaces());
         assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
         assert!(t.rt.state.sandboxes().is_empty());
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_join_the_network_and_remove_should_release_it() {
+        let t = networked();
+        let id = run(&t, "p").await.expect("run pod");
+        let attached = t.host.attached();
+        assert_eq!(attached.keys().collect::<Vec<_>>(), [&id]);
+        let stored: Option<SandboxRecord> = t.rt.store.get(Table::Sandboxes, &id).expect("get");
+        let net = stored.and_then(|r| r.network).expect("network recorded");
+        assert_eq!(net.ips, attached[&id].ips);
+        t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await
+            .expect("remove pod");
+        assert!(t.host.attached().is_empty());
+        assert!(t.host.namespaces().is_empty());
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_leave_nothing_when_cni_add_fails() {
+        let t = networked();
+        t.host.fail(Fault::NetworkAdd, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        let RuntimeError::Cni(cni) = &err else {
+            panic!("not the ADD's error: {err}");
+        };
+        assert!(cni.to_string().contains("(ADD): injected"), "{cni}");
+        // The intent was recorded before ADD, so DEL runs (CNI: a DEL after
+        // a failed ADD releases whatever it made), while the netns exists.
+        let calls = t.host.calls();
+        let add = position(&calls, |c| matches!(c, Call::NetworkAdd(_)));
+        let del = position(&calls, |c| matches!(c, Call::NetworkDel(_)));
+        let unpin = position(&calls, |c| matches!(c, Call::UnpinNamespace(_)));
+        assert!(add.is_some() && add < del && del < unpin, "{calls:?}");
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_delete_the_network_when_a_step_after_add_fails() {
+        let t = networked();
+        t.host.fail(Fault::SpawnPidHolder, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(err.to_string().contains("spawn pid holder"), "{err}");
+        let calls = t.host.calls();
+        let add = position(&calls, |c| matches!(c, Call::NetworkAdd(_)));
+        let del = position(&calls, |c| matches!(c, Call::NetworkDel(_)));
+        assert!(add.is_some() && add < del, "{calls:?}");
+        assert_nothing_left(&t).await;
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_return_its_error_with_a_failed_network_release() {
+        let t = networked();
+        t.host.fail(Fault::SpawnPidHolder, 1);
+        t.host.fail(Fault::NetworkDel, 1);
+        let err = run(&t, "p").await.expect_err("run must fail");
+        let RuntimeError::Undone { error, cleanup } = &err else {
+            panic!("not an undone error: {err}");
+        };
+        assert!(error.to_string().contains("spawn pid holder"), "{error}");
+        assert_eq!(cleanup.len(), 1, "{cleanup:?}");
+        assert!(
+            cleanup[0].to_string().contains("(DEL): injected"),
+            "{}",
+            cleanup[0]
+        );
+        // Everything else was undone all the same, the record deleted.
+        assert!(t.host.namespaces().is_empty(), "{:?}", t.host.namespaces());
+        assert!(t.host.shm_mounts().is_empty());
+        assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
+        assert!(t.rt.state.sandboxes().is_empty());
+        let stored = t.rt.store.list::<SandboxRecord>(Table::Sandboxes);
+        assert!(stored.is_ok_and(|s| s.is_empty()));
+    }
+
+    /// An NRI plugin, in this process, that refuses the first pod it is
+    /// shown.
+    async fn refusing_plugin(t: &TestRuntime) -> petrel_nri::stub::StubHandle {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        t.rt.nri.launch().expect("launch nri");
+        let socket = t.rt.nri.socket().expect("nri socket").to_path_buf();
+        let refused = std::sync::Arc::new(AtomicBool::new(false));
+        let stub = petrel_nri::stub::Stub::builder(())
+            .name("refuser")
+            .index("10")
+            .socket_path(&socket)
+            .on_run_pod_sandbox(move |_s, _req: petrel_nri::api::RunPodSandboxRequest| {
+                let first = !refused.swap(true, Ordering::SeqCst);
+                async move {
+                    if first {
+                        return Err(petrel_nri::stub::PluginError::new("no pods today"));
+                    }
+                    Ok(())
+                }
+            })
+            .build()
+            .expect("build plugin");
+        let handle = stub.handle();
+        tokio::spawn(async move {
+            if let Err(e) = stub.run().await {
+                tracing::debug!(error = %e, "test plugin ended");
+            }
+        });
+        for _ in 0..500 {
+            if !t.rt.nri.registry().all().is_empty() {
+                return handle;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the test plugin did not register");
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_undo_everything_when_an_nri_plugin_refuses_it() {
+        let t = TestRuntime::with_config(|c| {
+            c.nri.socket_path = c.root.join("nri").join("nri.sock");
+            c.nri.plugin_path = c.root.join("nri-plugins");
+            c.nri.plugin_config_path = c.root.join("nri-conf.d");
+        });
+        t.host.use_network();
+        let plugin = refusing_plugin(&t).await;
+        let err = run(&t, "p").await.expect_err("run must fail");
+        assert!(
+            err.to_string().contains("10-refuser") && err.to_string().contains("no pods today"),
+            "{err}"
+        );
+        // Refused after every step was made: each was undone.
+        let calls = t.host.calls();
+        let steps: [fn(&Call) -> bool; 6] = [
+            |c: &Call| matches!(c, Call::PinNamespaces(_)),
+            |c: &Call| matches!(c, Call::MountShm(_)),
+            |c: &Call| matches!(c, Call::NetworkAdd(_)),
+            |c: &Call| matches!(c, Call::SpawnPidHolder),
+            |c: &Call| matches!(c, Call::NetworkDel(_)),
+            |c: &Call| matches!(c, Call::KillPidHolder(_)),
+        ];
+        for made in steps {
+            assert!(position(&calls, made).is_some(), "{calls:?}");
+        }
+        assert_nothing_left(&t).await;
+        plugin.stop();
+        t.rt.nri.shutdown().await;
     }
 }

@@ -100,3 +100,105 @@ impl Runtime {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use petrel_cri::api;
+    use petrel_store::Table;
+
+    use crate::error::RuntimeError;
+    use crate::parts::fake::{Call, Fault, TestRuntime};
+    use crate::records::{SandboxRecord, SandboxState};
+
+    fn stop(id: &str) -> api::StopPodSandboxRequest {
+        api::StopPodSandboxRequest {
+            pod_sandbox_id: id.to_string(),
+        }
+    }
+
+    fn stored(t: &TestRuntime, id: &str) -> SandboxRecord {
+        t.rt.store
+            .get::<SandboxRecord>(Table::Sandboxes, id)
+            .expect("read store")
+            .expect("record")
+    }
+
+    #[tokio::test]
+    async fn stop_pod_should_fail_and_keep_the_network_when_cni_del_fails_until_a_retry() {
+        let t = TestRuntime::new();
+        t.host.use_network();
+        let id = t.isolated_pod("p").await.expect("run pod");
+        let netns = stored(&t, &id).netns.expect("netns pinned");
+        t.host.fail(Fault::NetworkDel, 1);
+
+        let err =
+            t.rt.stop_pod_sandbox(stop(&id))
+                .await
+                .expect_err("stop must fail");
+        assert!(matches!(err, RuntimeError::Cni(_)), "{err}");
+        assert!(err.to_string().contains("(DEL): injected"), "{err}");
+        // The pod stays Ready with its network recorded (in memory and in
+        // the store) and its netns pinned, for the client's retry.
+        let rec = stored(&t, &id);
+        assert_eq!(rec.state, SandboxState::Ready);
+        assert!(rec.network.is_some());
+        let sb = t.rt.state.sandbox(&id).expect("in memory");
+        assert!(sb.with(|r| r.state == SandboxState::Ready && r.network.is_some()));
+        assert!(t.host.attached().contains_key(&id));
+        assert!(t.host.namespaces().contains(&netns));
+        // The holder was killed all the same: a stopped pod runs nothing.
+        assert!(t.host.pid_holders().is_empty());
+
+        t.rt.stop_pod_sandbox(stop(&id))
+            .await
+            .expect("retried stop");
+        let rec = stored(&t, &id);
+        assert_eq!(rec.state, SandboxState::NotReady);
+        assert!(rec.network.is_none() && rec.netns.is_none());
+        assert!(t.host.attached().is_empty());
+        assert!(!t.host.namespaces().contains(&netns));
+        let dels = t
+            .host
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::NetworkDel(_)))
+            .count();
+        assert_eq!(dels, 2);
+
+        // Stopped again: nothing left to release, nothing run.
+        t.rt.stop_pod_sandbox(stop(&id)).await.expect("stop again");
+        let dels_after = t
+            .host
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::NetworkDel(_)))
+            .count();
+        assert_eq!(dels_after, 2);
+    }
+
+    #[tokio::test]
+    async fn remove_pod_should_fail_and_keep_the_pod_when_cni_del_fails() {
+        let t = TestRuntime::new();
+        t.host.use_network();
+        let id = t.isolated_pod("p").await.expect("run pod");
+        t.host.fail(Fault::NetworkDel, 1);
+        let removed =
+            t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        assert!(removed.is_err_and(|e| e.to_string().contains("(DEL): injected")));
+        assert_eq!(stored(&t, &id).state, SandboxState::Ready);
+        assert!(t.host.attached().contains_key(&id));
+
+        t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await
+        .expect("retried remove");
+        assert!(t.rt.state.sandbox(&id).is_none());
+        assert!(t.host.attached().is_empty());
+        assert!(t.host.namespaces().is_empty());
+        assert!(t.host.cgroups().is_empty(), "{:?}", t.host.cgroups());
+    }
+}

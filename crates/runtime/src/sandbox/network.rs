@@ -1,6 +1,7 @@
 //! Pod networks through CNI: which network a pod joins, ADD when it is
 //! made, DEL when it is stopped or removed (also after a restart, and when
-//! its namespace is gone), CHECK on demand.
+//! its namespace is gone), CHECK on demand. The runtime reaches it through
+//! [`PodNetworking`], the seam unit tests replace.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use petrel_cri::api;
 
 use crate::config::{PodNetworkMode, RuntimeConfig};
 use crate::error::{Result, RuntimeError};
+use crate::parts::PodNetworking;
 use crate::records::{NetworkRecord, SandboxRecord};
 
 /// The interface a pod's network appears as inside it.
@@ -27,16 +29,17 @@ pub struct Readiness {
     pub message: String,
 }
 
-/// The runtime's view of pod networking.
+/// Pod networking through the CNI plugins and the network configuration
+/// of `[cri.cni]` (or loopback only, as `pod_network` says).
 #[derive(Debug)]
-pub struct PodNetworks {
+pub struct CniNetworks {
     mode: PodNetworkMode,
     conf_dir: PathBuf,
     bin_dirs: Vec<PathBuf>,
     runner: PluginRunner,
 }
 
-impl PodNetworks {
+impl CniNetworks {
     /// From the runtime's configuration.
     pub fn new(config: &RuntimeConfig) -> Self {
         Self {
@@ -47,19 +50,6 @@ impl PodNetworks {
                 config.cni.bin_dirs.clone(),
                 Duration::from_secs(config.cni.plugin_timeout_secs.max(1)),
             ),
-        }
-    }
-
-    /// The network new pods join: `Ok(None)` in loopback mode; an error
-    /// (FAILED_PRECONDITION) when CNI is used but not usable. Read afresh
-    /// each time, so that a configuration installed after start-up (as a
-    /// network add-on does) is picked up without a restart.
-    pub fn current(&self) -> Result<Option<NetworkList>> {
-        match self.mode {
-            PodNetworkMode::Loopback => Ok(None),
-            PodNetworkMode::Cni => self.usable_list().map(Some).map_err(|msg| {
-                RuntimeError::FailedPrecondition(format!("pod network is not ready: {msg}"))
-            }),
         }
     }
 
@@ -87,9 +77,25 @@ impl PodNetworks {
         }
         Ok(list)
     }
+}
+
+#[async_trait::async_trait]
+impl PodNetworking for CniNetworks {
+    /// The network new pods join: `Ok(None)` in loopback mode; an error
+    /// (FAILED_PRECONDITION) when CNI is used but not usable. Read afresh
+    /// each time, so that a configuration installed after start-up (as a
+    /// network add-on does) is picked up without a restart.
+    fn current(&self) -> Result<Option<NetworkList>> {
+        match self.mode {
+            PodNetworkMode::Loopback => Ok(None),
+            PodNetworkMode::Cni => self.usable_list().map(Some).map_err(|msg| {
+                RuntimeError::FailedPrecondition(format!("pod network is not ready: {msg}"))
+            }),
+        }
+    }
 
     /// NetworkReady as Status reports it.
-    pub fn readiness(&self) -> Readiness {
+    fn readiness(&self) -> Readiness {
         match self.mode {
             PodNetworkMode::Loopback => Readiness {
                 ready: true,
@@ -112,7 +118,7 @@ impl PodNetworks {
     }
 
     /// ADD: attaches the pod in `rec` (whose namespace is pinned) to `list`.
-    pub async fn add(&self, list: &NetworkList, rec: &SandboxRecord) -> Result<NetworkRecord> {
+    async fn add(&self, list: &NetworkList, rec: &SandboxRecord) -> Result<NetworkRecord> {
         let att = attachment(rec, rec.netns.as_deref(), POD_IFNAME)?;
         let result = list.add(&self.runner, &att).await?;
         Ok(NetworkRecord {
@@ -130,7 +136,7 @@ impl PodNetworks {
     /// DEL: releases the pod's network as recorded in `net`. The namespace
     /// may be gone; DEL still runs so that addresses, host-side interfaces
     /// and rules are released.
-    pub async fn del(&self, rec: &SandboxRecord, net: &NetworkRecord) -> Result<()> {
+    async fn del(&self, rec: &SandboxRecord, net: &NetworkRecord) -> Result<()> {
         let list = stored_list(net)?;
         let att = attachment(rec, rec.netns.as_deref(), &net.ifname)?;
         list.del(&self.runner, &att, net.result.as_ref())
@@ -141,7 +147,7 @@ impl PodNetworks {
     /// CHECK: whether the pod's network is still as ADD made it.
     /// `Ok(None)` when the network's CNI version or configuration has no
     /// CHECK.
-    pub async fn check(&self, rec: &SandboxRecord, net: &NetworkRecord) -> Result<Option<()>> {
+    async fn check(&self, rec: &SandboxRecord, net: &NetworkRecord) -> Result<Option<()>> {
         let Some(prev) = net.result.as_ref() else {
             return Ok(None);
         };
@@ -303,7 +309,7 @@ mod tests {
         let mut config = RuntimeConfig::default();
         config.cni.conf_dir = dir.path().join("net.d");
         config.cni.bin_dirs = vec![bin.path().to_path_buf()];
-        let nets = PodNetworks::new(&config);
+        let nets = CniNetworks::new(&config);
         let r = nets.readiness();
         assert!(!r.ready);
         assert_eq!(r.reason, "NetworkPluginNotReady");
@@ -341,7 +347,7 @@ mod tests {
         assert!(r.message.contains("05-broken.conf"), "{}", r.message);
 
         config.pod_network = PodNetworkMode::Loopback;
-        let nets = PodNetworks::new(&config);
+        let nets = CniNetworks::new(&config);
         assert!(nets.readiness().ready);
         assert!(nets.current().is_ok_and(|l| l.is_none()));
         Ok(())
