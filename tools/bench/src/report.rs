@@ -998,6 +998,28 @@ mod tests {
     }
 
     #[test]
+    fn render_kubelet_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        golden(
+            "sample-kubelet.md",
+            &render_kubelet_only(&m, &report_sample::kubelet()).unwrap(),
+        );
+        golden(
+            "sample-kubelet-partial.md",
+            &render_kubelet_only(&m, &report_sample::kubelet_partial()).unwrap(),
+        );
+        // Stopped before any setup.
+        let none = crate::kubelet::KubeletResults {
+            error: Some("no kubelet in build/peers/bin (`make peers`)\nmore".into()),
+            ..Default::default()
+        };
+        golden(
+            "sample-kubelet-none.md",
+            &render_kubelet_only(&m, &none).unwrap(),
+        );
+    }
+
+    #[test]
     fn render_agent_only_should_match_the_stored_sample() {
         let text = render_agent_only(&report_sample::machine(), &report_sample::agent()).unwrap();
         golden("sample-agent.md", &text);
