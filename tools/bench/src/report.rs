@@ -258,15 +258,6 @@ fn percent_of_core(cpu_ms: f64, wall: Duration) -> f64 {
 /// A partial report's template (`--only PART`).
 const PART: &str = include_str!("../templates/part.md");
 
-/// Text written by `f` into a String (for the parts still written with
-/// `writeln!`).
-fn written(f: impl FnOnce(&mut String) -> std::fmt::Result) -> String {
-    let mut o = String::new();
-    // `write!` into a String cannot fail.
-    let _ = f(&mut o);
-    o
-}
-
 /// Renders the queue figures alone (`--only queue`): a partial report for
 /// quick iteration, not a replacement for docs/PERFORMANCE.md.
 pub fn render_queue_only(m: &Machine, q: &QueueResults) -> Result<String, TemplateError> {
@@ -341,8 +332,8 @@ pub fn render_kubelet_only(m: &Machine, k: &KubeletResults) -> Result<String, Te
         m,
         &m.command,
         "the real kubelet beside Petrel only",
-        written(|o| kubelet_report::summary_rows(o, k)),
-        written(|o| kubelet_report::sections(o, k)),
+        kubelet_report::summary_rows(k)?,
+        kubelet_report::sections(k)?,
     )
 }
 
@@ -528,8 +519,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         sections += &eviction_report::sections(e)?;
     }
     if let Some(k) = &r.kubelet {
-        rows += &written(|o| kubelet_report::summary_rows(o, k));
-        sections += &written(|o| kubelet_report::sections(o, k));
+        rows += &kubelet_report::summary_rows(k)?;
+        sections += &kubelet_report::sections(k)?;
     }
     Ok((rows, sections))
 }
