@@ -1,6 +1,6 @@
-//! P23-P27 in docs/PERFORMANCE.md: the summary rows and the sections.
+//! P23-P27 in docs/PERFORMANCE.md: the summary rows and the sections,
+//! from `templates/kubelet.md`.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use crate::kubelet::{
@@ -8,6 +8,10 @@ use crate::kubelet::{
     JITTER, POLL_GAP, SETTLE,
 };
 use crate::stats::{ms, one_line, ratio, verdict};
+use crate::template::{render, TemplateError, Vars};
+
+/// The rows and sections P23-P27.
+const TEMPLATE: &str = include_str!("../templates/kubelet.md");
 
 /// Seed 000 (iSulad with evented PLEG, busybox containers): steady-state
 /// CPU reduction of iSulad and of kubelet against the generic PLEG, %.
@@ -36,6 +40,18 @@ fn sched_ms(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e6)
 }
 
+fn pct(w: &Window) -> String {
+    format!("{:.3}", w.percent())
+}
+
+/// `a / b` of two windows' totals.
+fn total_ratio(a: &Window, b: &Window) -> String {
+    format!(
+        "{:.3}",
+        a.total().as_secs_f64() / b.total().as_secs_f64().max(1e-12)
+    )
+}
+
 /// 1 − a/b in percent.
 fn reduction(a: f64, b: f64) -> Option<f64> {
     (b > 0.0).then(|| (1.0 - a / b) * 100.0)
@@ -61,14 +77,6 @@ fn common_size(a: &SetupRun, b: &SetupRun, pleg_b: Pleg) -> Option<usize> {
         .max()
 }
 
-fn not_measured(o: &mut String, id: &str, what: &str, why: &str) -> std::fmt::Result {
-    writeln!(
-        o,
-        "| {id} | {what} | — | not measured: {} | — | — | — |",
-        one_line(why)
-    )
-}
-
 /// Why `run` (or the whole section) has no figure.
 fn why(r: &KubeletResults, run: Option<&SetupRun>, what: &str) -> String {
     if let Some(e) = &r.error {
@@ -82,183 +90,6 @@ fn why(r: &KubeletResults, run: Option<&SetupRun>, what: &str) -> String {
             .or_else(|| run.skipped.first().cloned())
             .unwrap_or_else(|| "the run stopped before this figure".to_string()),
     }
-}
-
-/// The rows of P23-P27 in the summary table.
-pub fn summary_rows(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    for setup in [
-        Setup::KubeletPetrel,
-        Setup::KubeletContainerd,
-        Setup::KubeletContainerd17,
-    ] {
-        let run = r.run(setup);
-        let label = format!(
-            "Steady-state CPU of kubelet + runtime + shims, evented against generic PLEG ({})",
-            run.map(name).unwrap_or_else(|| setup_name(setup, ""))
-        );
-        let Some(run) = run.filter(|x| !x.windows.is_empty()) else {
-            not_measured(o, "P23", &label, &why(r, run, &setup_name(setup, "")))?;
-            continue;
-        };
-        let mut cells = vec![];
-        for s in sizes(run) {
-            if let (Some(g), Some(e)) = (run.window(s, Pleg::Generic), run.window(s, Pleg::Evented))
-            {
-                cells.push(format!(
-                    "{s}: {:.3} → {:.3} % of a core ({})",
-                    g.percent(),
-                    e.percent(),
-                    red_cell(reduction(e.total().as_secs_f64(), g.total().as_secs_f64()))
-                ));
-            }
-        }
-        if cells.is_empty() {
-            not_measured(o, "P23", &label, &why(r, Some(run), &label))?;
-            continue;
-        }
-        writeln!(
-            o,
-            "| P23 | {label} | — (seed 000's table, reproduced) | {} | published (seed 000): kubelet −11.0 / −10.4 / −10.1 %, iSulad −30.5 / −27.5 / −28.5 % at 10 / 50 / 100 containers | see P23 | — |",
-            cells.join("; ")
-        )?;
-    }
-    let node = r.run(Setup::PetrelNode);
-    let reference = r.run(REFERENCE);
-    match (node, reference) {
-        (Some(n), Some(c)) if common_size(n, c, Pleg::Generic).is_some() => {
-            let s = common_size(n, c, Pleg::Generic).unwrap_or(0);
-            let (nw, cg) = (n.window(s, Pleg::Evented), c.window(s, Pleg::Generic));
-            if let (Some(nw), Some(cg)) = (nw, cg) {
-                let ce = c.window(s, Pleg::Evented);
-                let q = nw.total().as_secs_f64() / cg.total().as_secs_f64().max(1e-12);
-                writeln!(
-                    o,
-                    "| P24 | Whole node idle CPU at {s} containers: `petrel node` against kubelet + containerd | ≤ {NODE_CPU_GOAL}× kubelet + containerd (default, generic PLEG) at {GOAL_SIZE} containers | {:.3} % of a core ({} ms in {:.0} s) | {}: generic {:.3} %, evented {} | {:.3}× generic{} | {} |",
-                    nw.percent(),
-                    ms_f(nw.total()),
-                    nw.wall.as_secs_f64(),
-                    name(c),
-                    cg.percent(),
-                    ce.map(|w| format!("{:.3} %", w.percent())).unwrap_or_else(|| "—".into()),
-                    q,
-                    ce.map(|w| format!(", {:.3}× evented", nw.total().as_secs_f64() / w.total().as_secs_f64().max(1e-12))).unwrap_or_default(),
-                    goal_verdict(s, q <= NODE_CPU_GOAL)
-                )?;
-            }
-        }
-        _ => not_measured(
-            o,
-            "P24",
-            "Whole node idle CPU: `petrel node` against kubelet + containerd",
-            &why(
-                r,
-                node.filter(|n| n.windows.is_empty() || n.error.is_some())
-                    .or(reference),
-                "a setup",
-            ),
-        )?,
-    }
-    match (
-        node.and_then(|n| n.memory.as_ref()),
-        reference.and_then(|c| c.memory.as_ref()),
-    ) {
-        (Some(nm), Some(cm)) => {
-            let (nr, np) = nm.sum();
-            let (cr, cp) = cm.sum();
-            let q = nr as f64 / cr.max(1) as f64;
-            let size = nm.containers.min(cm.containers);
-            writeln!(
-                o,
-                "| P25 | Whole node memory at {} containers: `petrel node` + shims against kubelet + containerd + shims | ≤ {NODE_MEMORY_GOAL}× kubelet + containerd's RSS at {GOAL_SIZE} containers | RSS {}, PSS {} ({} processes) | {}: RSS {}, PSS {} ({} processes; its {} pause containers add RSS {}) | RSS {:.3}×, PSS {:.3}× | {} |",
-                nm.containers,
-                mib(nr),
-                mib(np),
-                1 + nm.shims.len(),
-                reference.map(name).unwrap_or_default(),
-                mib(cr),
-                mib(cp),
-                2 + cm.shims.len(),
-                cm.pause.len(),
-                mib(cm.pause.iter().map(|m| m.rss_kib).sum()),
-                q,
-                np as f64 / cp.max(1) as f64,
-                goal_verdict(size, q <= NODE_MEMORY_GOAL)
-            )?;
-        }
-        _ => not_measured(
-            o,
-            "P25",
-            "Whole node memory: `petrel node` against kubelet + containerd",
-            &why(
-                r,
-                node.filter(|n| n.memory.is_none()).or(reference),
-                "a setup",
-            ),
-        )?,
-    }
-    let n_start = node.and_then(|n| n.starts_in(Pleg::Evented));
-    let c_start = reference.and_then(|c| c.starts_in(Pleg::Evented));
-    match (n_start, c_start) {
-        (Some(ns), Some(cs)) => writeln!(
-            o,
-            "| P26 | Manifest written → container running at `/pods`: `petrel node` against kubelet (evented) + containerd | — (figure for comparison) | p50 {} ms, p99 {} ms ({} pods) | {} evented: p50 {} ms, p99 {} ms; generic: {} | p50 {}×, p99 {}× | — |",
-            ms(ns.samples.p50()),
-            ms(ns.samples.p99()),
-            ns.samples.len(),
-            reference.map(name).unwrap_or_default(),
-            ms(cs.samples.p50()),
-            ms(cs.samples.p99()),
-            reference
-                .and_then(|c| c.starts_in(Pleg::Generic))
-                .map(|g| format!("p50 {} ms, p99 {} ms", ms(g.samples.p50()), ms(g.samples.p99())))
-                .unwrap_or_else(|| "—".into()),
-            ratio(ns.samples.p50(), cs.samples.p50()),
-            ratio(ns.samples.p99(), cs.samples.p99()),
-        )?,
-        _ => not_measured(
-            o,
-            "P26",
-            "Manifest written → container running: `petrel node` against kubelet + containerd",
-            &why(r, node.filter(|n| n_start.is_none() && n.error.is_some()).or(reference), "a setup"),
-        )?,
-    }
-    let n_exit = node.and_then(|n| n.exits_in(Pleg::Evented));
-    let c_exit = reference.and_then(|c| c.exits_in(Pleg::Evented));
-    match (n_exit, c_exit) {
-        (Some(ne), Some(ce)) => {
-            let q = ne.samples.p99().as_secs_f64() / ce.samples.p99().as_secs_f64().max(1e-12);
-            writeln!(
-                o,
-                "| P27 | Container exit → terminated at `/pods` at {} containers: `petrel node` against kubelet (evented) + containerd | p99 ≤ {EXIT_P99_GOAL}× kubelet's in evented mode | p50 {} ms, p99 {} ms ({} exits) | {} evented: p50 {} ms, p99 {} ms; generic: {} | p50 {}×, p99 {:.2}× | {} |",
-                ne.containers,
-                ms(ne.samples.p50()),
-                ms(ne.samples.p99()),
-                ne.samples.len(),
-                reference.map(name).unwrap_or_default(),
-                ms(ce.samples.p50()),
-                ms(ce.samples.p99()),
-                reference
-                    .and_then(|c| c.exits_in(Pleg::Generic))
-                    .map(|g| format!("p50 {} ms, p99 {} ms", ms(g.samples.p50()), ms(g.samples.p99())))
-                    .unwrap_or_else(|| "—".into()),
-                ratio(ne.samples.p50(), ce.samples.p50()),
-                q,
-                goal_verdict(ne.containers.min(ce.containers), q <= EXIT_P99_GOAL)
-            )?;
-        }
-        _ => not_measured(
-            o,
-            "P27",
-            "Container exit → terminated at `/pods`: `petrel node` against kubelet + containerd",
-            &why(
-                r,
-                node.filter(|n| n_exit.is_none() && n.error.is_some())
-                    .or(reference),
-                "a setup",
-            ),
-        )?,
-    }
-    Ok(())
 }
 
 /// A verdict where the goal's size was reached; a plain note elsewhere.
@@ -282,132 +113,6 @@ fn sizes(run: &SetupRun) -> Vec<usize> {
     v
 }
 
-/// The sections of P23-P27 and the critest counts.
-pub fn sections(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    writeln!(
-        o,
-        "## P23-P27 The real kubelet beside Petrel ({})",
-        if r.kubelet_version.is_empty() {
-            "kubelet from `make peers`"
-        } else {
-            r.kubelet_version.as_str()
-        }
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "**Method.** Four node stacks run one after the other, each on its own CNI bridge network, directories, ports and cgroups (`/petrel-bench-<id>/…`), all started by the test kit (crates/testkit): `petrel node` (agent and runtime in one process, `--pleg events`); the real kubelet, standalone (static pods from its `staticPodPath`, no API server, the kit's KubeletConfiguration with kubelet's default log verbosity), on `petrel runtime`, on containerd 2.x (`make peers`) and on containerd 1.7 (`make containerd`). All use the same OCI runtime (`runc` from PATH) and the same pods: one container per pod, `{IMAGE}` (the conformance kit's busybox, pulled once by each runtime from the kit's read-only registry through its mirror configuration) running `sleep 86400`, `restartPolicy: Always`. For each size in {:?}, the bench writes the missing manifests (renamed into place whole) and waits until every pod shows its container running at `/pods` (timeout {} s: past it the setup's larger sizes are skipped, said below), then waits {} s and measures a {} s window with nothing happening; kubelet is then restarted in the other PLEG mode (generic ↔ `EventedPLEG=true`; its pods are adopted, checked by container id), {} s more, and a second window. The modes alternate in order from size to size (generic first at the first size). A window's CPU is that of kubelet (or none: `petrel node`'s agent is in the runtime process) + the runtime process + all its shims (containerd's pause containers are containers and not counted), by the CPU accounting of a cpuacct cgroup they are moved into for the window (children they fork included); per process by schedstat beside it.",
-        r.sizes,
-        r.ramp_timeout.as_secs(),
-        SETTLE.as_secs(),
-        r.idle_seconds,
-        SETTLE.as_secs()
-    )?;
-    writeln!(o)?;
-    if let Some(e) = &r.error {
-        writeln!(
-            o,
-            "The section did not run: `{}`.",
-            one_line(e).replace('`', "'")
-        )?;
-        writeln!(o)?;
-    }
-    p23(o, r)?;
-    p24(o, r)?;
-    p25(o, r)?;
-    p26_p27(o, r)?;
-    notes(o, r)?;
-    critest(o, r)
-}
-
-fn p23(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    writeln!(
-        o,
-        "### P23 Steady-state CPU: generic against evented PLEG (seed 000's table, with kubelet)"
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| setup | containers | PLEG | window s | kubelet ms | runtime ms | shims ms (count) | all by cgroup ms | % of one core |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|---|---|---|---|")?;
-    for run in &r.runs {
-        for (s, p, w) in &run.windows {
-            writeln!(
-                o,
-                "| {} | {s} | {} | {:.1} | {} | {} | {} ({}) | {} | {:.3} |",
-                name(run),
-                pleg_name(run.setup, *p),
-                w.wall.as_secs_f64(),
-                w.kubelet
-                    .map(|c| sched_ms(c.sched_ns))
-                    .unwrap_or_else(|| "—".into()),
-                sched_ms(w.runtime.sched_ns),
-                sched_ms(w.shims.sched_ns),
-                w.shim_count,
-                w.accounted.map(ms_f).unwrap_or_else(|| "—".into()),
-                w.percent()
-            )?;
-        }
-    }
-    writeln!(o)?;
-    writeln!(
-        o,
-        "Change from the generic to the evented PLEG (negative: evented used less), as seed 000's table gives it for iSulad and kubelet; the runtime side is the runtime process and its shims, by schedstat, the total by the cgroup:"
-    )?;
-    writeln!(o)?;
-    let kubelets: Vec<&SetupRun> = r
-        .runs
-        .iter()
-        .filter(|x| x.setup.is_kubelet() && !x.windows.is_empty())
-        .collect();
-    let mut head = "| busybox containers | seed 000: iSulad | seed 000: kubelet |".to_string();
-    let mut rule = "|---|---|---|".to_string();
-    for k in &kubelets {
-        let n = name(k);
-        let _ = write!(head, " {n}: runtime + shims | {n}: kubelet | {n}: all |");
-        rule.push_str("---|---|---|");
-    }
-    writeln!(o, "{head}")?;
-    writeln!(o, "{rule}")?;
-    let mut all: Vec<usize> = r.sizes.clone();
-    for (s, _, _) in SEED {
-        if !all.contains(&s) {
-            all.push(s);
-        }
-    }
-    all.sort_unstable();
-    for s in all {
-        let seed = SEED.iter().find(|(n, _, _)| *n == s);
-        let mut row = format!(
-            "| {s} | {} | {} |",
-            seed.map(|x| format!("−{:.1} %", x.1))
-                .unwrap_or_else(|| "—".into()),
-            seed.map(|x| format!("−{:.1} %", x.2))
-                .unwrap_or_else(|| "—".into())
-        );
-        for k in &kubelets {
-            match (k.window(s, Pleg::Generic), k.window(s, Pleg::Evented)) {
-                (Some(g), Some(e)) => {
-                    let side = |w: &Window| (w.runtime.sched_ns + w.shims.sched_ns) as f64;
-                    let kub = |w: &Window| w.kubelet.map(|c| c.sched_ns).unwrap_or(0) as f64;
-                    let _ = write!(
-                        row,
-                        " {} | {} | {} |",
-                        red_cell(reduction(side(e), side(g))),
-                        red_cell(reduction(kub(e), kub(g))),
-                        red_cell(reduction(e.total().as_secs_f64(), g.total().as_secs_f64()))
-                    );
-                }
-                _ => row.push_str(" — | — | — |"),
-            }
-        }
-        writeln!(o, "{row}")?;
-    }
-    writeln!(o)?;
-    Ok(())
-}
-
 fn pleg_name(setup: Setup, p: Pleg) -> &'static str {
     match (setup, p) {
         (Setup::PetrelNode, _) => "events (`petrel node`)",
@@ -416,290 +121,608 @@ fn pleg_name(setup: Setup, p: Pleg) -> &'static str {
     }
 }
 
-fn p24(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    writeln!(
-        o,
-        "### P24 Idle CPU of the whole node: `petrel node` against kubelet + a runtime"
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "The same windows as P23, total of each stack, % of one core (ratio: `petrel node` / that stack):"
-    )?;
-    writeln!(o)?;
-    let node = r.run(Setup::PetrelNode);
-    let others: Vec<&SetupRun> = r
-        .runs
+/// An error's first line for a code span (backticks made quotes).
+fn stopped(e: &str) -> Vars {
+    let mut v = Vars::new();
+    v.set("first", one_line(e).replace('`', "'"));
+    v
+}
+
+/// The kubelet setups with windows, for the tables with a column per
+/// setup.
+fn kubelets(r: &KubeletResults) -> Vec<&SetupRun> {
+    r.runs
         .iter()
         .filter(|x| x.setup.is_kubelet() && !x.windows.is_empty())
+        .collect()
+}
+
+fn setup_vars(run: &SetupRun) -> Vars {
+    let mut v = Vars::new();
+    v.set("setup", name(run));
+    v
+}
+
+/// "p50 … ms, p99 … ms" of a series, or "—".
+fn p50_p99(s: Option<&Series>) -> String {
+    s.map(|g| {
+        format!(
+            "p50 {} ms, p99 {} ms",
+            ms(g.samples.p50()),
+            ms(g.samples.p99())
+        )
+    })
+    .unwrap_or_else(|| "—".into())
+}
+
+// ---- summary rows ----
+
+/// P23 for each kubelet setup.
+fn p23_rows(r: &KubeletResults) -> Vec<Vars> {
+    [
+        Setup::KubeletPetrel,
+        Setup::KubeletContainerd,
+        Setup::KubeletContainerd17,
+    ]
+    .into_iter()
+    .map(|setup| {
+        let run = r.run(setup);
+        let label = format!(
+            "Steady-state CPU of kubelet + runtime + shims, evented against generic PLEG ({})",
+            run.map(name).unwrap_or_else(|| setup_name(setup, ""))
+        );
+        let mut v = Vars::new();
+        v.set("label", &label);
+        let Some(run) = run.filter(|x| !x.windows.is_empty()) else {
+            v.flag("measured", false)
+                .set("why", one_line(&why(r, run, &setup_name(setup, ""))));
+            return v;
+        };
+        let cells: Vec<String> = sizes(run)
+            .into_iter()
+            .filter_map(|s| {
+                let (g, e) = (run.window(s, Pleg::Generic)?, run.window(s, Pleg::Evented)?);
+                Some(format!(
+                    "{s}: {} → {} % of a core ({})",
+                    pct(g),
+                    pct(e),
+                    red_cell(reduction(e.total().as_secs_f64(), g.total().as_secs_f64()))
+                ))
+            })
+            .collect();
+        v.flag("measured", !cells.is_empty())
+            .set("cells", cells.join("; "))
+            .set("why", one_line(&why(r, Some(run), &label)));
+        v
+    })
+    .collect()
+}
+
+/// P24: the node's idle CPU against the reference's, at the largest size
+/// both reached.
+fn p24_row(node: Option<&SetupRun>, c: Option<&SetupRun>) -> Option<Vars> {
+    let (n, c) = (node?, c?);
+    let s = common_size(n, c, Pleg::Generic)?;
+    let (nw, cg) = (n.window(s, Pleg::Evented)?, c.window(s, Pleg::Generic)?);
+    let ce = c.window(s, Pleg::Evented);
+    let q = nw.total().as_secs_f64() / cg.total().as_secs_f64().max(1e-12);
+    let mut v = Vars::new();
+    v.set("size", s)
+        .set("percent", pct(nw))
+        .set("cpu_ms", ms_f(nw.total()))
+        .set("wall_s", format!("{:.0}", nw.wall.as_secs_f64()))
+        .set("reference", name(c))
+        .set("generic", pct(cg))
+        .set(
+            "evented",
+            ce.map(|w| format!("{} %", pct(w)))
+                .unwrap_or_else(|| "—".into()),
+        )
+        .set("vs_generic", format!("{q:.3}"))
+        .flag("has_evented", ce.is_some())
+        .set(
+            "vs_evented",
+            ce.map(|w| total_ratio(nw, w)).unwrap_or_default(),
+        )
+        .set("verdict", goal_verdict(s, q <= NODE_CPU_GOAL));
+    Some(v)
+}
+
+/// P25: the node's memory against the reference's.
+fn p25_row(nm: &MemoryPoint, c: &SetupRun, cm: &MemoryPoint) -> Vars {
+    let (nr, np) = nm.sum();
+    let (cr, cp) = cm.sum();
+    let q = nr as f64 / cr.max(1) as f64;
+    let mut v = Vars::new();
+    v.set("size", nm.containers)
+        .set("rss", mib(nr))
+        .set("pss", mib(np))
+        .set("processes", 1 + nm.shims.len())
+        .set("reference", name(c))
+        .set("ref_rss", mib(cr))
+        .set("ref_pss", mib(cp))
+        .set("ref_processes", 2 + cm.shims.len())
+        .set("pause", cm.pause.len())
+        .set("pause_rss", mib(cm.pause.iter().map(|m| m.rss_kib).sum()))
+        .set("rss_ratio", format!("{q:.3}"))
+        .set("pss_ratio", format!("{:.3}", np as f64 / cp.max(1) as f64))
+        .set(
+            "verdict",
+            goal_verdict(nm.containers.min(cm.containers), q <= NODE_MEMORY_GOAL),
+        );
+    v
+}
+
+/// P26 and P27: the node's series against the reference's in evented
+/// mode (and its generic one beside).
+fn series_vs(n: &Series, c: &Series, c_generic: Option<&Series>, reference: &SetupRun) -> Vars {
+    let mut v = Vars::new();
+    v.set("size", n.containers)
+        .set("p50", ms(n.samples.p50()))
+        .set("p99", ms(n.samples.p99()))
+        .set("count", n.samples.len())
+        .set("reference", name(reference))
+        .set("ref_p50", ms(c.samples.p50()))
+        .set("ref_p99", ms(c.samples.p99()))
+        .set("generic", p50_p99(c_generic))
+        .set("ratio_p50", ratio(n.samples.p50(), c.samples.p50()));
+    v
+}
+
+/// Every value of the summary rows.
+fn row_vars(v: &mut Vars, r: &KubeletResults) {
+    let node = r.run(Setup::PetrelNode);
+    let reference = r.run(REFERENCE);
+    v.list("p23", p23_rows(r))
+        .set("cpu_goal", NODE_CPU_GOAL)
+        .set("memory_goal", NODE_MEMORY_GOAL)
+        .set("exit_goal", EXIT_P99_GOAL)
+        .set("goal_size", GOAL_SIZE);
+
+    v.list("p24", p24_row(node, reference).into_iter().collect())
+        .set(
+            "p24_why",
+            one_line(&why(
+                r,
+                node.filter(|n| n.windows.is_empty() || n.error.is_some())
+                    .or(reference),
+                "a setup",
+            )),
+        );
+
+    let p25 = match (
+        node.and_then(|n| n.memory.as_ref()),
+        reference.and_then(|c| c.memory.as_ref().map(|m| (c, m))),
+    ) {
+        (Some(nm), Some((c, cm))) => vec![p25_row(nm, c, cm)],
+        _ => vec![],
+    };
+    v.list("p25", p25).set(
+        "p25_why",
+        one_line(&why(
+            r,
+            node.filter(|n| n.memory.is_none()).or(reference),
+            "a setup",
+        )),
+    );
+
+    let n_start = node.and_then(|n| n.starts_in(Pleg::Evented));
+    let p26 = match (n_start, reference) {
+        (Some(ns), Some(c)) => c
+            .starts_in(Pleg::Evented)
+            .map(|cs| {
+                let mut v = series_vs(ns, cs, c.starts_in(Pleg::Generic), c);
+                v.set("ratio_p99", ratio(ns.samples.p99(), cs.samples.p99()));
+                v
+            })
+            .into_iter()
+            .collect(),
+        _ => vec![],
+    };
+    v.list("p26", p26).set(
+        "p26_why",
+        one_line(&why(
+            r,
+            node.filter(|n| n_start.is_none() && n.error.is_some())
+                .or(reference),
+            "a setup",
+        )),
+    );
+
+    let n_exit = node.and_then(|n| n.exits_in(Pleg::Evented));
+    let p27 = match (n_exit, reference) {
+        (Some(ne), Some(c)) => c
+            .exits_in(Pleg::Evented)
+            .map(|ce| {
+                let q = ne.samples.p99().as_secs_f64() / ce.samples.p99().as_secs_f64().max(1e-12);
+                let mut v = series_vs(ne, ce, c.exits_in(Pleg::Generic), c);
+                v.set("ratio_p99", format!("{q:.2}")).set(
+                    "verdict",
+                    goal_verdict(ne.containers.min(ce.containers), q <= EXIT_P99_GOAL),
+                );
+                v
+            })
+            .into_iter()
+            .collect(),
+        _ => vec![],
+    };
+    v.list("p27", p27).set(
+        "p27_why",
+        one_line(&why(
+            r,
+            node.filter(|n| n_exit.is_none() && n.error.is_some())
+                .or(reference),
+            "a setup",
+        )),
+    );
+}
+
+// ---- sections ----
+
+/// P23's table of windows and its table of changes beside seed 000.
+fn p23_vars(v: &mut Vars, r: &KubeletResults) {
+    let windows = r
+        .runs
+        .iter()
+        .flat_map(|run| {
+            run.windows.iter().map(move |(s, p, w)| {
+                let mut x = setup_vars(run);
+                x.set("size", s)
+                    .set("pleg", pleg_name(run.setup, *p))
+                    .set("wall_s", format!("{:.1}", w.wall.as_secs_f64()))
+                    .set(
+                        "kubelet_ms",
+                        w.kubelet
+                            .map(|c| sched_ms(c.sched_ns))
+                            .unwrap_or_else(|| "—".into()),
+                    )
+                    .set("runtime_ms", sched_ms(w.runtime.sched_ns))
+                    .set("shims_ms", sched_ms(w.shims.sched_ns))
+                    .set("shim_count", w.shim_count)
+                    .set(
+                        "cgroup_ms",
+                        w.accounted.map(ms_f).unwrap_or_else(|| "—".into()),
+                    )
+                    .set("percent", pct(w));
+                x
+            })
+        })
         .collect();
-    let mut head = "| containers | `petrel node` |".to_string();
-    let mut rule = "|---|---|".to_string();
-    for k in &others {
-        let n = name(k);
-        let _ = write!(head, " {n}, generic | {n}, evented |");
-        rule.push_str("---|---|");
+    let kubelets = kubelets(r);
+    let mut all: Vec<usize> = r.sizes.clone();
+    for (s, _, _) in SEED {
+        if !all.contains(&s) {
+            all.push(s);
+        }
     }
-    writeln!(o, "{head}")?;
-    writeln!(o, "{rule}")?;
+    all.sort_unstable();
+    let changes = all
+        .into_iter()
+        .map(|s| {
+            let seed = SEED.iter().find(|(n, _, _)| *n == s);
+            let seed_cell = |f: fn(&(usize, f64, f64)) -> f64| {
+                seed.map(|x| format!("−{:.1} %", f(x)))
+                    .unwrap_or_else(|| "—".into())
+            };
+            let cells = kubelets
+                .iter()
+                .map(|k| {
+                    let mut c = Vars::new();
+                    let side = |w: &Window| (w.runtime.sched_ns + w.shims.sched_ns) as f64;
+                    let kub = |w: &Window| w.kubelet.map(|c| c.sched_ns).unwrap_or(0) as f64;
+                    let (rs, ks, all) =
+                        match (k.window(s, Pleg::Generic), k.window(s, Pleg::Evented)) {
+                            (Some(g), Some(e)) => (
+                                red_cell(reduction(side(e), side(g))),
+                                red_cell(reduction(kub(e), kub(g))),
+                                red_cell(reduction(
+                                    e.total().as_secs_f64(),
+                                    g.total().as_secs_f64(),
+                                )),
+                            ),
+                            _ => ("—".into(), "—".into(), "—".into()),
+                        };
+                    c.set("runtime_side", rs)
+                        .set("kubelet_side", ks)
+                        .set("all", all);
+                    c
+                })
+                .collect();
+            let mut x = Vars::new();
+            x.set("size", s)
+                .set("isulad", seed_cell(|x| x.1))
+                .set("seed_kubelet", seed_cell(|x| x.2))
+                .list("cells", cells);
+            x
+        })
+        .collect();
+    v.list("windows", windows)
+        .list("kubelets", kubelets.iter().map(|k| setup_vars(k)).collect())
+        .list("changes", changes);
+}
+
+/// P24's table: each stack's total at each size.
+fn p24_vars(v: &mut Vars, r: &KubeletResults) {
+    let node = r.run(Setup::PetrelNode);
+    let others = kubelets(r);
     let mut all: Vec<usize> = r.runs.iter().flat_map(sizes).collect();
     all.sort_unstable();
     all.dedup();
-    for s in all {
-        let nw = node.and_then(|n| n.window(s, Pleg::Evented));
-        let mut row = format!(
-            "| {s} | {} |",
-            nw.map(|w| format!("{:.3} %", w.percent()))
-                .unwrap_or_else(|| "—".into())
-        );
-        for k in &others {
-            for p in [Pleg::Generic, Pleg::Evented] {
-                let cell = match (k.window(s, p), nw) {
-                    (Some(w), Some(n)) => format!(
-                        "{:.3} % ({:.3}×)",
-                        w.percent(),
-                        n.total().as_secs_f64() / w.total().as_secs_f64().max(1e-12)
-                    ),
-                    (Some(w), None) => format!("{:.3} %", w.percent()),
-                    _ => "—".into(),
-                };
-                let _ = write!(row, " {cell} |");
-            }
-        }
-        writeln!(o, "{row}")?;
-    }
-    writeln!(o)?;
-    Ok(())
-}
-
-fn p25(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    writeln!(o, "### P25 Memory of the whole node")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "At the largest size each stack reached, after its windows: RSS and PSS (`/proc/<pid>/smaps_rollup`) of kubelet, the runtime process and every shim, summed (RSS counts shared pages once per process, so PSS is the fairer sum). containerd's pause containers are containers, shown apart and not summed."
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| setup | containers | kubelet RSS | runtime RSS | shims: count, RSS sum (mean) | total RSS | total PSS | pause containers: count, RSS sum |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|---|---|---|")?;
-    for run in &r.runs {
-        let Some(m) = &run.memory else { continue };
-        let (rss, pss) = m.sum();
-        writeln!(
-            o,
-            "| {} | {} | {} | {} | {}, {} ({}) | {} | {} | {} |",
-            name(run),
-            m.containers,
-            m.kubelet
-                .map(|k| mib(k.rss_kib))
-                .unwrap_or_else(|| "— (in the runtime process)".into()),
-            mib(m.runtime.rss_kib),
-            m.shims.len(),
-            mib(shim_sum(m)),
-            mib(shim_sum(m) / (m.shims.len().max(1) as u64)),
-            mib(rss),
-            mib(pss),
-            if m.pause.is_empty() {
-                "—".to_string()
-            } else {
-                format!(
-                    "{}, {}",
-                    m.pause.len(),
-                    mib(m.pause.iter().map(|p| p.rss_kib).sum())
+    let totals = all
+        .into_iter()
+        .map(|s| {
+            let nw = node.and_then(|n| n.window(s, Pleg::Evented));
+            let cells = others
+                .iter()
+                .flat_map(|k| [Pleg::Generic, Pleg::Evented].map(|p| k.window(s, p)))
+                .map(|w| {
+                    let cell = match (w, nw) {
+                        (Some(w), Some(n)) => format!("{} % ({}×)", pct(w), total_ratio(n, w)),
+                        (Some(w), None) => format!("{} %", pct(w)),
+                        _ => "—".into(),
+                    };
+                    let mut c = Vars::new();
+                    c.set("cell", cell);
+                    c
+                })
+                .collect();
+            let mut x = Vars::new();
+            x.set("size", s)
+                .set(
+                    "node",
+                    nw.map(|w| format!("{} %", pct(w)))
+                        .unwrap_or_else(|| "—".into()),
                 )
-            }
-        )?;
-    }
-    writeln!(o)?;
-    Ok(())
+                .list("cells", cells);
+            x
+        })
+        .collect();
+    v.list("others", others.iter().map(|k| setup_vars(k)).collect())
+        .list("totals", totals);
 }
 
-fn shim_sum(m: &MemoryPoint) -> u64 {
-    m.shims.iter().map(|s| s.rss_kib).sum()
+/// P25's table: each stack's memory.
+fn p25_vars(v: &mut Vars, r: &KubeletResults) {
+    let memory = r
+        .runs
+        .iter()
+        .filter_map(|run| {
+            let m = run.memory.as_ref()?;
+            let (rss, pss) = m.sum();
+            let shims: u64 = m.shims.iter().map(|s| s.rss_kib).sum();
+            let mut x = setup_vars(run);
+            x.set("containers", m.containers)
+                .set(
+                    "kubelet_rss",
+                    m.kubelet
+                        .map(|k| mib(k.rss_kib))
+                        .unwrap_or_else(|| "— (in the runtime process)".into()),
+                )
+                .set("runtime_rss", mib(m.runtime.rss_kib))
+                .set("shims", m.shims.len())
+                .set("shims_rss", mib(shims))
+                .set("shim_mean", mib(shims / (m.shims.len().max(1) as u64)))
+                .set("total_rss", mib(rss))
+                .set("total_pss", mib(pss))
+                .set(
+                    "pause",
+                    if m.pause.is_empty() {
+                        "—".to_string()
+                    } else {
+                        format!(
+                            "{}, {}",
+                            m.pause.len(),
+                            mib(m.pause.iter().map(|p| p.rss_kib).sum())
+                        )
+                    },
+                );
+            Some(x)
+        })
+        .collect();
+    v.list("memory", memory);
 }
 
-fn series_row(o: &mut String, run: &SetupRun, s: &Series) -> std::fmt::Result {
-    let p = s.pleg.map(|p| pleg_name(run.setup, p)).unwrap_or("—");
-    writeln!(
-        o,
-        "| {} | {p} | {} | {} | {} | {} | {} | {} | {} |",
-        name(run),
-        s.containers,
-        s.samples.len(),
-        ms(s.samples.p50()),
-        ms(s.samples.p99()),
-        ms(s.samples.max()),
-        ms(s.samples.mean()),
-        ms(s.polls.p50())
+/// A row of P26's or P27's table.
+fn series_row(run: &SetupRun, s: &Series) -> Vars {
+    let mut x = setup_vars(run);
+    x.set(
+        "pleg",
+        s.pleg.map(|p| pleg_name(run.setup, p)).unwrap_or("—"),
     )
+    .set("containers", s.containers)
+    .set("n", s.samples.len())
+    .set("p50", ms(s.samples.p50()))
+    .set("p99", ms(s.samples.p99()))
+    .set("max", ms(s.samples.max()))
+    .set("mean", ms(s.samples.mean()))
+    .set("polls", ms(s.polls.p50()));
+    x
 }
 
-fn p26_p27(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    writeln!(o, "### P26 Manifest written → container running at `/pods`")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "After the exits (P27), in each mode: {} new pods one after the other, each after {} ms + a random 0-{} ms of quiet; from the manifest's rename into the manifest directory to the first answer of `/pods` showing its container running. `/pods` is polled with a GET every {} ms (kubelet: its read-only port on 127.0.0.1, the whole pod list; `petrel node`: the agent's unix socket, the same list): the last column is the GET's own round trip, the figures' resolution.",
-        r.starts,
-        GAP.as_millis(),
-        JITTER.as_millis(),
-        POLL_GAP.as_millis()
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| setup | PLEG | containers before | n | p50 ms | p99 ms | max ms | mean ms | `/pods` GET p50 ms |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|---|---|---|---|")?;
-    for run in &r.runs {
-        for s in &run.starts {
-            series_row(o, run, s)?;
-        }
-    }
-    writeln!(o)?;
-    writeln!(
-        o,
-        "Batches: manifests of a whole size step written at once → every pod running at `/pods` (each stack's first batch includes pulling the image, and containerd's its pause image):"
-    )?;
-    writeln!(o)?;
-    writeln!(o, "| setup | pods | PLEG | took s |")?;
-    writeln!(o, "|---|---|---|---|")?;
-    for run in &r.runs {
-        for ramp in &run.ramps {
-            writeln!(
-                o,
-                "| {} | {} → {} | {} | {:.1} |",
-                name(run),
-                ramp.from,
-                ramp.to,
-                pleg_name(run.setup, ramp.pleg),
-                ramp.took.as_secs_f64()
-            )?;
-        }
-    }
-    writeln!(o)?;
-    writeln!(o, "### P27 Container exit → terminated at `/pods`")?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "At the largest size, {} exits per mode, each of another pod (the modes take disjoint halves of the pods where there are enough; kubelet restarted between them): the bench reads the container's init pid from the runtime (ContainerStatus, verbose), waits {} ms + a random 0-{} ms, kills it (SIGKILL) and times until `/pods` shows the exit (the container terminated, or as the last state of its restarted successor); then it waits for the restart before the next. The pods restart (`restartPolicy: Always`, as most pods do): an agent that shows the exit only once it has restarted the container is timed until then (P11 times the agent on pods that do not restart). Polled as in P26.",
-        r.exits,
-        GAP.as_millis(),
-        JITTER.as_millis()
-    )?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "| setup | PLEG | containers | n | p50 ms | p99 ms | max ms | mean ms | `/pods` GET p50 ms |"
-    )?;
-    writeln!(o, "|---|---|---|---|---|---|---|---|---|")?;
-    for run in &r.runs {
-        for s in &run.exits {
-            series_row(o, run, s)?;
-        }
-    }
-    writeln!(o)?;
-    Ok(())
-}
-
-fn notes(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    for run in &r.runs {
-        let mut lines = vec![];
-        if !run.adoptions.is_empty() {
-            let kept: usize = run.adoptions.iter().map(|a| a.kept).sum();
-            let before: usize = run.adoptions.iter().map(|a| a.before).sum();
-            let new: usize = run.adoptions.iter().map(|a| a.new).sum();
-            let slowest = run
-                .adoptions
-                .iter()
-                .map(|a| a.took)
-                .max()
-                .unwrap_or_default();
-            lines.push(format!(
-                "{} kubelet restarts: {kept} of {before} running containers kept their id, {new} new; the slowest back to all running in {:.1} s.",
-                run.adoptions.len(),
-                slowest.as_secs_f64()
-            ));
-        }
-        for w in &run.warnings {
-            lines.push(format!(
-                "kubelet warned at start: `{}`.",
-                one_line(w).replace('`', "'")
-            ));
-        }
-        if run.setup == Setup::KubeletContainerd17 && !run.windows.is_empty() {
-            lines.push(format!(
-                "kubelet {} accepted containerd {}: it started on it and ran the pods.",
-                r.kubelet_version.trim_start_matches("Kubernetes "),
-                run.runtime_version
-            ));
-        }
-        let streams: Vec<(f64, f64)> = run
-            .windows
+/// P26's and P27's tables.
+fn p26_p27_vars(v: &mut Vars, r: &KubeletResults) {
+    let rows = |f: fn(&SetupRun) -> &Vec<Series>| -> Vec<Vars> {
+        r.runs
             .iter()
-            .filter(|(_, p, _)| *p == Pleg::Evented)
-            .filter_map(|(_, _, w)| w.evented_stream)
-            .collect();
-        if run.setup.is_kubelet() && !streams.is_empty() {
-            let ok = streams
-                .iter()
-                .filter(|(c, e)| *c >= 1.0 && *e == 0.0)
-                .count();
-            let errors: f64 = streams.iter().map(|(_, e)| e).sum();
-            lines.push(format!(
-                "After {ok} of its {} evented windows kubelet's GetContainerEvents stream was connected without errors{}.",
-                streams.len(),
-                if errors > 0.0 {
-                    format!(" ({errors} connection errors in the others: kubelet falls back to relisting after them)")
-                } else {
-                    String::new()
-                }
-            ));
-        }
-        for s in &run.skipped {
-            lines.push(format!("Skipped: {s}."));
-        }
-        if let Some(e) = &run.error {
-            lines.push(format!("Stopped: `{}`.", one_line(e).replace('`', "'")));
-        }
-        if !lines.is_empty() {
-            writeln!(o, "**{}.** {}", name(run), lines.join(" "))?;
-            writeln!(o)?;
-        }
-    }
-    Ok(())
+            .flat_map(|run| f(run).iter().map(move |s| series_row(run, s)))
+            .collect()
+    };
+    let ramps = r
+        .runs
+        .iter()
+        .flat_map(|run| {
+            run.ramps.iter().map(move |ramp| {
+                let mut x = setup_vars(run);
+                x.set("from", ramp.from)
+                    .set("to", ramp.to)
+                    .set("pleg", pleg_name(run.setup, ramp.pleg))
+                    .set("took_s", format!("{:.1}", ramp.took.as_secs_f64()));
+                x
+            })
+        })
+        .collect();
+    v.list("start_rows", rows(|run| &run.starts))
+        .list("exit_rows", rows(|run| &run.exits))
+        .list("ramps", ramps)
+        .set("starts", r.starts)
+        .set("exits", r.exits)
+        .set("gap_ms", GAP.as_millis())
+        .set("jitter_ms", JITTER.as_millis())
+        .set("poll_ms", POLL_GAP.as_millis());
 }
 
-fn critest(o: &mut String, r: &KubeletResults) -> std::fmt::Result {
-    writeln!(
-        o,
-        "### critest: Petrel's runtime and containerd 2.x side by side"
-    )?;
-    writeln!(o)?;
-    match (&r.critest.table, &r.critest.missing) {
-        (Some(t), _) => {
-            writeln!(
-                o,
-                "From {} (`petrel-conformance`: critest with the conformance kit's images, each runtime with its own network, registry mirror and runc; every spec of each run, and those on which they differ, are in `build/conformance/`):",
-                r.critest.source
-            )?;
-            writeln!(o)?;
-            o.push_str(t);
-            writeln!(o)?;
-        }
-        (None, Some(why)) => {
-            writeln!(o, "Not included: {}.", one_line(why))?;
-            writeln!(o)?;
-        }
-        (None, None) => {
-            writeln!(o, "Not included: the section stopped before it.")?;
-            writeln!(o)?;
-        }
+/// The notes on one setup: its restarts, warnings, evented streams,
+/// skipped steps and error; None when there is nothing to say.
+fn note(r: &KubeletResults, run: &SetupRun) -> Option<Vars> {
+    let mut x = setup_vars(run);
+    let mut any = false;
+    let mut entry = |x: &mut Vars, name: &str, entries: Vec<Vars>| {
+        any |= !entries.is_empty();
+        x.list(name, entries);
+    };
+    let adoptions = (!run.adoptions.is_empty()).then(|| {
+        let sum = |f: fn(&crate::kubelet::Adoption) -> usize| -> usize {
+            run.adoptions.iter().map(f).sum()
+        };
+        let slowest = run
+            .adoptions
+            .iter()
+            .map(|a| a.took)
+            .max()
+            .unwrap_or_default();
+        let mut a = Vars::new();
+        a.set("restarts", run.adoptions.len())
+            .set("kept", sum(|a| a.kept))
+            .set("before", sum(|a| a.before))
+            .set("new", sum(|a| a.new))
+            .set("slowest_s", format!("{:.1}", slowest.as_secs_f64()));
+        a
+    });
+    entry(&mut x, "adoptions", adoptions.into_iter().collect());
+    let warnings = run
+        .warnings
+        .iter()
+        .map(|w| {
+            let mut a = Vars::new();
+            a.set("warning", one_line(w).replace('`', "'"));
+            a
+        })
+        .collect();
+    entry(&mut x, "warnings", warnings);
+    let accepted =
+        (run.setup == Setup::KubeletContainerd17 && !run.windows.is_empty()).then(|| {
+            let mut a = Vars::new();
+            a.set(
+                "kubelet",
+                r.kubelet_version.trim_start_matches("Kubernetes "),
+            )
+            .set("containerd", &run.runtime_version);
+            a
+        });
+    entry(&mut x, "accepted", accepted.into_iter().collect());
+    let streams: Vec<(f64, f64)> = run
+        .windows
+        .iter()
+        .filter(|(_, p, _)| *p == Pleg::Evented)
+        .filter_map(|(_, _, w)| w.evented_stream)
+        .collect();
+    let stream = (run.setup.is_kubelet() && !streams.is_empty()).then(|| {
+        let ok = streams
+            .iter()
+            .filter(|(c, e)| *c >= 1.0 && *e == 0.0)
+            .count();
+        let errors: f64 = streams.iter().map(|(_, e)| e).sum();
+        let mut a = Vars::new();
+        a.set("ok", ok)
+            .set("windows", streams.len())
+            .flag("has_errors", errors > 0.0)
+            .set("errors", errors);
+        a
+    });
+    entry(&mut x, "streams", stream.into_iter().collect());
+    let skipped = run
+        .skipped
+        .iter()
+        .map(|s| {
+            let mut a = Vars::new();
+            a.set("step", s);
+            a
+        })
+        .collect();
+    entry(&mut x, "skipped", skipped);
+    entry(
+        &mut x,
+        "stopped",
+        run.error.iter().map(|e| stopped(e)).collect(),
+    );
+    any.then_some(x)
+}
+
+/// The critest counts, or why there are none.
+fn critest_vars(v: &mut Vars, r: &KubeletResults) {
+    let c = &r.critest;
+    let table = c.table.as_ref().map(|t| {
+        let mut x = Vars::new();
+        x.set("source", &c.source).set("table", t);
+        x
+    });
+    v.list("critest", table.into_iter().collect()).set(
+        "critest_missing",
+        c.missing
+            .as_deref()
+            .map(one_line)
+            .unwrap_or_else(|| "the section stopped before it".into()),
+    );
+}
+
+/// Every value of the sections.
+fn section_vars(v: &mut Vars, r: &KubeletResults) {
+    v.set(
+        "kubelet_version",
+        if r.kubelet_version.is_empty() {
+            "kubelet from `make peers`"
+        } else {
+            r.kubelet_version.as_str()
+        },
+    )
+    .set("image", IMAGE)
+    .set("sizes", format!("{:?}", r.sizes))
+    .set("ramp_timeout_s", r.ramp_timeout.as_secs())
+    .set("settle_s", SETTLE.as_secs())
+    .set("idle_seconds", r.idle_seconds)
+    .list("stopped", r.error.iter().map(|e| stopped(e)).collect());
+    p23_vars(v, r);
+    p24_vars(v, r);
+    p25_vars(v, r);
+    p26_p27_vars(v, r);
+    v.list(
+        "notes",
+        r.runs.iter().filter_map(|run| note(r, run)).collect(),
+    );
+    critest_vars(v, r);
+}
+
+/// Every value of the template; `rows` or `sections` says which half
+/// to render.
+fn vars(r: &KubeletResults, rows: bool) -> Vars {
+    let mut v = Vars::new();
+    v.flag("rows", rows).flag("sections", !rows);
+    if rows {
+        row_vars(&mut v, r);
+    } else {
+        section_vars(&mut v, r);
     }
-    Ok(())
+    v
+}
+
+/// The rows of P23-P27 in the summary table.
+pub fn summary_rows(r: &KubeletResults) -> Result<String, TemplateError> {
+    render(TEMPLATE, &vars(r, true))
+}
+
+/// The sections of P23-P27 and the critest counts.
+pub fn sections(r: &KubeletResults) -> Result<String, TemplateError> {
+    render(TEMPLATE, &vars(r, false))
 }
 
 #[cfg(test)]
@@ -799,8 +822,7 @@ mod tests {
 
     #[test]
     fn summary_should_judge_the_node_against_kubelet_and_containerd() {
-        let mut o = String::new();
-        summary_rows(&mut o, &results()).unwrap();
+        let o = summary_rows(&results()).unwrap();
         let p24 = o.lines().find(|l| l.starts_with("| P24 ")).unwrap();
         // 30 ms against 1200 ms: 0.025×.
         assert!(p24.contains("0.025× generic"), "{p24}");
@@ -822,8 +844,7 @@ mod tests {
 
     #[test]
     fn sections_should_show_seed_000_beside_the_measured_change() {
-        let mut o = String::new();
-        sections(&mut o, &results()).unwrap();
+        let o = sections(&results()).unwrap();
         let row = o
             .lines()
             .find(|l| l.starts_with("| 100 | −28.5 % | −10.1 % |"))

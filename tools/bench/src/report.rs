@@ -258,15 +258,6 @@ fn percent_of_core(cpu_ms: f64, wall: Duration) -> f64 {
 /// A partial report's template (`--only PART`).
 const PART: &str = include_str!("../templates/part.md");
 
-/// Text written by `f` into a String (for the parts still written with
-/// `writeln!`).
-fn written(f: impl FnOnce(&mut String) -> std::fmt::Result) -> String {
-    let mut o = String::new();
-    // `write!` into a String cannot fail.
-    let _ = f(&mut o);
-    o
-}
-
 /// Renders the queue figures alone (`--only queue`): a partial report for
 /// quick iteration, not a replacement for docs/PERFORMANCE.md.
 pub fn render_queue_only(m: &Machine, q: &QueueResults) -> Result<String, TemplateError> {
@@ -341,8 +332,8 @@ pub fn render_kubelet_only(m: &Machine, k: &KubeletResults) -> Result<String, Te
         m,
         &m.command,
         "the real kubelet beside Petrel only",
-        written(|o| kubelet_report::summary_rows(o, k)),
-        written(|o| kubelet_report::sections(o, k)),
+        kubelet_report::summary_rows(k)?,
+        kubelet_report::sections(k)?,
     )
 }
 
@@ -528,8 +519,8 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         sections += &eviction_report::sections(e)?;
     }
     if let Some(k) = &r.kubelet {
-        rows += &written(|o| kubelet_report::summary_rows(o, k));
-        sections += &written(|o| kubelet_report::sections(o, k));
+        rows += &kubelet_report::summary_rows(k)?;
+        sections += &kubelet_report::sections(k)?;
     }
     Ok((rows, sections))
 }
@@ -903,7 +894,11 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?}");
         }
-        // Every table keeps as many cells in each row as in its head.
+        assert_tables_square(&text);
+    }
+
+    /// Every table keeps as many cells in each row as in its head.
+    fn assert_tables_square(text: &str) {
         let mut cells = None;
         for l in text.lines() {
             if l.starts_with('|') {
@@ -994,6 +989,27 @@ mod tests {
         golden(
             "sample-queue-none.md",
             &render_queue_only(&m, &none).unwrap(),
+        );
+    }
+
+    #[test]
+    fn render_kubelet_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        let full = render_kubelet_only(&m, &report_sample::kubelet()).unwrap();
+        // The tables with a column per setup among them.
+        assert_tables_square(&full);
+        golden("sample-kubelet.md", &full);
+        let partial = render_kubelet_only(&m, &report_sample::kubelet_partial()).unwrap();
+        assert_tables_square(&partial);
+        golden("sample-kubelet-partial.md", &partial);
+        // Stopped before any setup.
+        let none = crate::kubelet::KubeletResults {
+            error: Some("no kubelet in build/peers/bin (`make peers`)\nmore".into()),
+            ..Default::default()
+        };
+        golden(
+            "sample-kubelet-none.md",
+            &render_kubelet_only(&m, &none).unwrap(),
         );
     }
 

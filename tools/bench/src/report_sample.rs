@@ -11,6 +11,10 @@ use crate::agent::{
 };
 use crate::agent_proc::{Mode, ObserveMethod};
 use crate::eviction::{CpuWindow, EvictionResults};
+use crate::kubelet::{
+    Adoption as KubeletAdoption, Critest, KubeletResults, MemoryPoint, Pleg, Ramp, Series, Setup,
+    SetupRun, Window,
+};
 use crate::large_image::{LargeImage, LayerInfo};
 use crate::machine::Machine;
 use crate::net::NetResults;
@@ -348,6 +352,181 @@ pub fn queue() -> QueueResults {
         throughput_fifo: Throughput {
             rounds: vec![3.0e6, 3.1e6, 2.9e6],
         },
+    }
+}
+
+/// One idle window of the kubelet figures: `ms` of CPU in 60 s, split
+/// kubelet 2 : runtime 2 : shims 1 by schedstat.
+fn kubelet_window(ms: u64, kubelet: bool, containers: usize) -> Window {
+    let part = ms * 200_000;
+    Window {
+        wall: Duration::from_secs(60),
+        kubelet: kubelet.then(|| cpu(0, 2 * part)),
+        runtime: cpu(0, 2 * part),
+        shims: cpu(0, part),
+        shim_count: containers,
+        accounted: (ms != 2).then(|| Duration::from_millis(ms)),
+        evented_stream: None,
+    }
+}
+
+fn series(pleg: Pleg, containers: usize, samples: Samples) -> Series {
+    Series {
+        pleg: Some(pleg),
+        containers,
+        samples,
+        polls: ramp(20, 0.4, 0.01),
+    }
+}
+
+fn setup_run(setup: Setup, version: &str) -> SetupRun {
+    SetupRun {
+        setup,
+        runtime_version: version.into(),
+        windows: vec![],
+        ramps: vec![],
+        memory: None,
+        exits: vec![],
+        starts: vec![],
+        adoptions: vec![],
+        skipped: vec![],
+        warnings: vec![],
+        error: None,
+    }
+}
+
+/// A kubelet setup measured at 10 and 100 containers in both PLEG modes
+/// (`petrel node`: its one mode), `base` ms of CPU per window.
+fn kubelet_run(setup: Setup, version: &str, base: u64) -> SetupRun {
+    let kubelet = setup.is_kubelet();
+    let mut r = setup_run(setup, version);
+    for (i, size) in [10, 100].into_iter().enumerate() {
+        let k = base * (1 + 4 * i as u64);
+        if kubelet {
+            r.windows
+                .push((size, Pleg::Generic, kubelet_window(k, true, size)));
+        }
+        let mut e = kubelet_window(k * 9 / 10, kubelet, size);
+        if kubelet {
+            e.evented_stream = Some(if i == 0 { (1.0, 0.0) } else { (2.0, 1.0) });
+        }
+        r.windows.push((size, Pleg::Evented, e));
+        r.ramps.push(Ramp {
+            from: [0, 10][i],
+            to: size,
+            pleg: if kubelet && i == 0 {
+                Pleg::Generic
+            } else {
+                Pleg::Evented
+            },
+            took: Duration::from_millis(2_000 + 9_000 * i as u64),
+        });
+    }
+    r.memory = Some(MemoryPoint {
+        containers: 100,
+        kubelet: kubelet.then(|| mem(60_000)),
+        runtime: mem(if kubelet { 40_000 } else { 30_000 }),
+        shims: (0..100).map(|i| mem(900 + i)).collect(),
+        pause: if setup == Setup::KubeletContainerd {
+            (0..100).map(|_| mem(400)).collect()
+        } else {
+            vec![]
+        },
+    });
+    let plegs: &[Pleg] = if kubelet {
+        &[Pleg::Generic, Pleg::Evented]
+    } else {
+        &[Pleg::Evented]
+    };
+    for (i, p) in plegs.iter().enumerate() {
+        let scale = if kubelet { 100.0 * (2 - i) as f64 } else { 5.0 };
+        r.exits
+            .push(series(*p, 100, ramp(20, scale, scale / 100.0)));
+        r.starts
+            .push(series(*p, 100, ramp(20, 2.0 * scale, scale / 50.0)));
+    }
+    if kubelet {
+        r.adoptions = vec![
+            KubeletAdoption {
+                before: 10,
+                kept: 10,
+                new: 0,
+                took: Duration::from_millis(1_500),
+            },
+            KubeletAdoption {
+                before: 100,
+                kept: 99,
+                new: 1,
+                took: Duration::from_millis(4_200),
+            },
+        ];
+    }
+    r
+}
+
+/// The kubelet section of a sample run: every setup measured, containerd
+/// 1.7 stopped after its first size.
+pub fn kubelet() -> KubeletResults {
+    let mut kp = kubelet_run(Setup::KubeletPetrel, "0.1.0", 100);
+    kp.warnings
+        .push("runtime `petrel` is not tested | here\nsecond line".into());
+    let mut c17 = kubelet_run(Setup::KubeletContainerd17, "1.7.24~ds1", 150);
+    c17.windows.retain(|(s, _, _)| *s == 10);
+    c17.memory = None;
+    c17.exits.clear();
+    c17.starts.clear();
+    c17.skipped
+        .push("100 containers: not all running after 300 s".into());
+    c17.error = Some("kubelet exited: `status 1`\nmore".into());
+    KubeletResults {
+        runs: vec![
+            kubelet_run(Setup::PetrelNode, "", 3),
+            kp,
+            kubelet_run(Setup::KubeletContainerd, "v2.4.2", 120),
+            c17,
+        ],
+        kubelet_version: "Kubernetes v1.37.2".into(),
+        critest: Critest {
+            source: "build/conformance/summary.md (2026-01-01)".into(),
+            table: Some(
+                "| runtime | passed | failed | skipped |\n|---|---|---|---|\n| petrel | 80 | 2 | 5 |\n| containerd v2.4.2 | 82 | 0 | 5 |\n"
+                    .into(),
+            ),
+            missing: None,
+        },
+        sizes: vec![10, 100],
+        idle_seconds: 60,
+        exits: 20,
+        starts: 20,
+        ramp_timeout: Duration::from_secs(300),
+        error: None,
+    }
+}
+
+/// The kubelet section of a run cut short: `petrel node` measured at one
+/// size only, kubelet + containerd stopped before any figure, no critest
+/// counts.
+pub fn kubelet_partial() -> KubeletResults {
+    let mut node = kubelet_run(Setup::PetrelNode, "", 3);
+    node.windows.retain(|(s, _, _)| *s == 10);
+    node.memory = None;
+    node.exits.clear();
+    let mut c2 = setup_run(Setup::KubeletContainerd, "");
+    c2.error = Some("containerd did not start | in 30 s\nits log: ...".into());
+    KubeletResults {
+        runs: vec![node, c2],
+        kubelet_version: String::new(),
+        critest: Critest {
+            source: String::new(),
+            table: None,
+            missing: Some("no build/conformance/summary.md (`make conformance`)".into()),
+        },
+        sizes: vec![10],
+        idle_seconds: 5,
+        exits: 4,
+        starts: 4,
+        ramp_timeout: Duration::from_secs(60),
+        error: None,
     }
 }
 
