@@ -139,7 +139,11 @@ else
     command="scripts/bench.sh${*:+ $*}"
 fi
 
-cargo run --release -p petrel-bench -- \
+# Built with the workspace's feature set, as `make release` builds it: a
+# `-p petrel-bench` build resolves features differently and would rebuild
+# every dependency. After `make release` this is a no-op.
+cargo build --release --workspace --bins
+target/release/petrel-bench \
     --build-dir "$(realpath -m build)" \
     --petrel "$(realpath target/release/petrel)" \
     --image "$(realpath "$image")" \
