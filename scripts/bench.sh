@@ -56,15 +56,6 @@ if [[ $only =~ ^(all|kubelet)$ ]]; then
     scripts/conformance-images.sh >/dev/null ||
         echo "bench: scripts/conformance-images.sh failed (the bench names what is missing)" >&2
 fi
-# What users run: `make release`'s binaries, the shim linked statically
-# (`make shim-release`), measured as they are.
-if [[ ! -x target/release/petrel ]]; then
-    cargo build --release --workspace --bins
-fi
-if [[ ! -x target/release/petrel-shim ]] || ldd target/release/petrel-shim >/dev/null 2>&1; then
-    make -s shim-release
-fi
-shim_args=(--shim "$(realpath target/release/petrel-shim)")
 
 id=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 work=$(mktemp -d /tmp/petrel-bench.XXXXXX)
@@ -139,10 +130,18 @@ else
     command="scripts/bench.sh${*:+ $*}"
 fi
 
-# Built with the workspace's feature set, as `make release` builds it: a
+# What users run: `make release`'s binaries, the shim linked statically
+# (`make shim-release`), measured as they are. Built with the workspace's
+# feature set, as `make release` builds it: a
 # `-p petrel-bench` build resolves features differently and would rebuild
 # every dependency. After `make release` this is a no-op.
 cargo build --release --workspace --bins
+# That build links a dynamic shim over the static one when `make
+# shim-release` made it last: the static one is linked again here, after.
+if [[ ! -x target/release/petrel-shim ]] || ldd target/release/petrel-shim >/dev/null 2>&1; then
+    make -s shim-release
+fi
+shim_args=(--shim "$(realpath target/release/petrel-shim)")
 target/release/petrel-bench \
     --build-dir "$(realpath -m build)" \
     --petrel "$(realpath target/release/petrel)" \
