@@ -281,57 +281,74 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Unmounts (lazily, deepest first) every mount at or below `dir`.
+/// Unmounts (lazily, deepest first) every mount at or below `dir`; a
+/// failure is reported on stderr and the rest still unmounted.
 pub fn unmount_under(dir: &Path) {
     let mut mounts = mounts_under(dir);
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
     for m in mounts {
-        let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
+        if let Err(e) = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH) {
+            eprintln!("testkit: unmount {m}: {e}");
+        }
     }
 }
 
+/// Cgroup `path` in every hierarchy of this host: under
+/// `/sys/fs/cgroup` itself on a pure v2 host, else under each mounted
+/// hierarchy (v1 controllers and a hybrid host's `unified`). The
+/// directories need not exist.
+pub fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
+    let base = Path::new("/sys/fs/cgroup");
+    let rel = path.trim_start_matches('/');
+    if base.join("cgroup.controllers").exists() {
+        return vec![base.join(rel)];
+    }
+    std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|h| h.join("cgroup.procs").exists())
+        .map(|h| h.join(rel))
+        .collect()
+}
+
 /// Removes cgroup `path` (e.g. `/petrel-conformance-…`) and everything
-/// below it in every v1 hierarchy and the v2 one, deepest first.
-pub fn remove_cgroup_tree(path: &str) {
-    let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return;
-    };
-    for c in ctrls.flatten() {
-        let top = c.path().join(path.trim_start_matches('/'));
-        if !top.is_dir() {
-            continue;
-        }
+/// below it in every hierarchy ([`cgroup_dirs`]), deepest first. Returns
+/// the directories that could not be removed (a cgroup with a process
+/// still in it).
+pub fn remove_cgroup_tree(path: &str) -> Vec<PathBuf> {
+    let mut left = vec![];
+    for top in cgroup_dirs(path) {
         let mut dirs: Vec<PathBuf> = Vec::new();
         let mut stack = vec![top];
         while let Some(d) = stack.pop() {
             if let Ok(it) = std::fs::read_dir(&d) {
                 for e in it.flatten() {
-                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
                         stack.push(e.path());
                     }
                 }
+                dirs.push(d);
             }
-            dirs.push(d);
         }
+        // Children were pushed after their parents: reversed, depth first.
         for d in dirs.into_iter().rev() {
-            let _ = std::fs::remove_dir(&d);
+            if std::fs::remove_dir(&d).is_err() && d.exists() {
+                left.push(d);
+            }
         }
     }
+    left
 }
 
 /// The directories of cgroup `path` that exist in any hierarchy: what a
 /// test's cgroup parent left.
 pub fn cgroup_leftovers(path: &str) -> Vec<PathBuf> {
-    let mut out = vec![];
-    if let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") {
-        for c in ctrls.flatten() {
-            let top = c.path().join(path.trim_start_matches('/'));
-            if top.is_dir() {
-                out.push(top);
-            }
-        }
-    }
-    out
+    cgroup_dirs(path)
+        .into_iter()
+        .filter(|d| d.is_dir())
+        .collect()
 }
 
 /// `runc --root ROOT delete --force` of every container runc lists there.

@@ -293,8 +293,8 @@ impl Containerd {
         }
         crate::sweep::reap_orphans();
         if self.shims().is_empty() {
-            crate::sweep::unmount_under(&self.runc_root);
-            crate::sweep::unmount_under(&self.state);
+            petrel_testkit::process::unmount_under(&self.runc_root);
+            petrel_testkit::process::unmount_under(&self.state);
         }
     }
 }

@@ -181,7 +181,7 @@ impl Node {
         // The state tmpfs goes with the runtime, unless shims still use it
         // (then the work directory's sweep takes it at the end).
         if crate::procfs::shims_of(&self.state).is_ok_and(|s| s.is_empty()) {
-            crate::sweep::unmount_under(&self.state);
+            petrel_testkit::process::unmount_under(&self.state);
         }
     }
 }

@@ -1,8 +1,11 @@
 //! The bench's work directory and cgroup parent, swept on drop: mounts
 //! under the directory, the cgroup tree in every hierarchy (deepest
-//! first), orphans reparented to the bench, then the directory itself.
+//! first; both with the test kit's sweep), orphans reparented to the
+//! bench, then the directory itself.
 
 use std::path::{Path, PathBuf};
+
+use petrel_testkit::process::{remove_cgroup_tree, unmount_under};
 
 use anyhow::{Context, Result};
 use rustix::process::WaitOptions;
@@ -77,61 +80,6 @@ pub fn volatile_dir(dir: &Path) -> Result<()> {
         c"mode=0700,size=1g",
     )
     .with_context(|| format!("mount a tmpfs at {}", dir.display()))
-}
-
-/// Detaches every mount at or below `dir`, deepest first.
-pub fn unmount_under(dir: &Path) {
-    let prefix = dir.display().to_string();
-    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
-        .collect();
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for m in mounts {
-        if let Err(e) = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH) {
-            eprintln!("petrel-bench: unmount {m}: {e}");
-        }
-    }
-}
-
-/// Removes cgroup `path` and everything below it in every hierarchy
-/// (v1: one per controller directory; v2: the root itself). Returns what
-/// could not be removed.
-pub fn remove_cgroup_tree(path: &str) -> Vec<PathBuf> {
-    let rel = path.trim_start_matches('/');
-    let mut tops = vec![Path::new("/sys/fs/cgroup").join(rel)];
-    if let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") {
-        for c in ctrls.flatten() {
-            tops.push(c.path().join(rel));
-        }
-    }
-    let mut left = vec![];
-    for top in tops {
-        if !top.is_dir() {
-            continue;
-        }
-        let mut dirs = vec![];
-        let mut stack = vec![top];
-        while let Some(d) = stack.pop() {
-            if let Ok(it) = std::fs::read_dir(&d) {
-                for e in it.flatten() {
-                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                        stack.push(e.path());
-                    }
-                }
-            }
-            dirs.push(d);
-        }
-        // Children were pushed after their parents: reverse is depth-first.
-        for d in dirs.into_iter().rev() {
-            if std::fs::remove_dir(&d).is_err() && d.exists() {
-                left.push(d);
-            }
-        }
-    }
-    left
 }
 
 /// Reaps every exited child: the bench is a child subreaper, so inits and

@@ -458,23 +458,7 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     found
 }
 
-/// The directories of cgroup `path`: one per v1 hierarchy (and a hybrid
-/// host's cgroup2 mount), or the one of a pure v2 host.
-pub fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
-    let base = Path::new("/sys/fs/cgroup");
-    let rel = path.trim_start_matches('/');
-    if base.join("cgroup.controllers").exists() {
-        return vec![base.join(rel)];
-    }
-    std::fs::read_dir(base)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|h| h.join("cgroup.procs").exists())
-        .map(|h| h.join(rel))
-        .collect()
-}
+pub use crate::process::cgroup_dirs;
 
 /// Whether cgroup `path` exists in any hierarchy.
 pub fn cgroup_exists(path: &str) -> bool {
@@ -519,28 +503,6 @@ fn create_cgroup_root(path: &str) -> Result<(), KitError> {
     Ok(())
 }
 
-/// Removes cgroup `path` and everything below it in every hierarchy,
-/// deepest first.
-fn remove_cgroup_tree(path: &str) {
-    for top in cgroup_dirs(path) {
-        let mut dirs = Vec::new();
-        let mut stack = vec![top];
-        while let Some(d) = stack.pop() {
-            if let Ok(it) = std::fs::read_dir(&d) {
-                for e in it.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        stack.push(e.path());
-                    }
-                }
-                dirs.push(d);
-            }
-        }
-        for d in dirs.into_iter().rev() {
-            let _ = std::fs::remove_dir(&d);
-        }
-    }
-}
-
 /// Bind-mounts `dir` on itself with shared propagation, in the host's
 /// mount namespace: kubelet's mounts under it (made in its own namespace)
 /// then show here, where the runtime mounts them into containers. kubelet
@@ -570,7 +532,7 @@ impl Drop for Kubelet {
         // A cgroup whose last process just exited may be busy a moment.
         let start = Instant::now();
         loop {
-            remove_cgroup_tree(&self.cgroup_root);
+            crate::process::remove_cgroup_tree(&self.cgroup_root);
             if !cgroup_exists(&self.cgroup_root) || start.elapsed() > Duration::from_secs(5) {
                 break;
             }
