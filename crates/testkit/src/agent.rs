@@ -436,3 +436,19 @@ pub fn condition(pod: &Value, kind: &str) -> bool {
             .any(|c| c["type"] == kind && c["status"] == "True")
     })
 }
+
+/// A static pod's manifest: `extra_spec` (indented spec lines, may be
+/// empty) before `containers` (list items, e.g. from [`sh_container`]).
+pub fn pod_yaml(name: &str, extra_spec: &str, containers: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{extra_spec}  containers:\n{containers}"
+    )
+}
+
+/// A manifest's busybox container item running `sh -c script`.
+pub fn sh_container(name: &str, script: &str) -> String {
+    format!(
+        "  - name: {name}\n    image: {}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n",
+        crate::test_images::BUSYBOX
+    )
+}

@@ -104,12 +104,9 @@ impl ContainerdConfig {
         }
     }
 
-    /// containerd 1.x's configuration (version 2) for an instance in `d`:
-    /// no pinned images (1.7 never removes its sandbox image), one CNI
-    /// plugin directory.
-    pub fn render_v2(&self, d: &Path) -> String {
-        let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
-        let nri = self.nri_section("\"io.containerd.nri.v1.nri\"");
+    /// The lines both config versions write only when set: netns mounts
+    /// under the state directory, and the runc binary.
+    fn optional_lines(&self) -> (&'static str, String) {
         let netns = if self.netns_under_state {
             "  netns_mounts_under_state_dir = true\n"
         } else {
@@ -119,6 +116,16 @@ impl ContainerdConfig {
             Some(r) => format!("  BinaryName = {r:?}\n"),
             None => String::new(),
         };
+        (netns, binary)
+    }
+
+    /// containerd 1.x's configuration (version 2) for an instance in `d`:
+    /// no pinned images (1.7 never removes its sandbox image), one CNI
+    /// plugin directory.
+    pub fn render_v2(&self, d: &Path) -> String {
+        let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
+        let nri = self.nri_section("\"io.containerd.nri.v1.nri\"");
+        let (netns, binary) = self.optional_lines();
         let registry = match &self.mirrors {
             Some(m) => format!("\n[{cri}.registry]\n  config_path = {m:?}\n"),
             None => String::new(),
@@ -174,15 +181,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     pub fn render_v3(&self, d: &Path) -> String {
         let nri = self.nri_section("'io.containerd.nri.v1.nri'");
         let rt = "plugins.'io.containerd.cri.v1.runtime'";
-        let netns = if self.netns_under_state {
-            "  netns_mounts_under_state_dir = true\n"
-        } else {
-            ""
-        };
-        let binary = match &self.runc {
-            Some(r) => format!("  BinaryName = {r:?}\n"),
-            None => String::new(),
-        };
+        let (netns, binary) = self.optional_lines();
         let registry = match &self.mirrors {
             Some(m) => format!(
                 "\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = {m:?}\n"

@@ -7,23 +7,12 @@ use std::time::Duration;
 
 use petrel_cri::api;
 use petrel_testkit::agent::{
-    condition, container_id, container_state, container_status, phase, running, Agent,
+    condition, container_id, container_state, container_status, phase, pod_yaml, running,
+    sh_container as sh, Agent,
 };
-use petrel_testkit::prelude::{Node, BUSYBOX};
+use petrel_testkit::prelude::Node;
 
 const T: Duration = Duration::from_secs(30);
-
-fn pod_yaml(name: &str, extra_spec: &str, containers: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{extra_spec}  containers:\n{containers}"
-    )
-}
-
-fn sh(name: &str, script: &str) -> String {
-    format!(
-        "  - name: {name}\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n"
-    )
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_should_start_change_and_delete_a_pod() {

@@ -8,24 +8,14 @@
 use std::time::{Duration, Instant};
 
 use petrel_cri::api;
-use petrel_testkit::agent::{condition, container_id, phase, running, Agent};
+use petrel_testkit::agent::{
+    condition, container_id, phase, pod_yaml, running, sh_container as sh, Agent,
+};
 use petrel_testkit::network::{PodNetwork, LOOPBACK_PORTMAP};
-use petrel_testkit::prelude::{Node, BUSYBOX};
+use petrel_testkit::prelude::Node;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(30);
-
-fn pod_yaml(name: &str, extra_spec: &str, containers: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{extra_spec}  containers:\n{containers}"
-    )
-}
-
-fn sh(name: &str, script: &str) -> String {
-    format!(
-        "  - name: {name}\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n"
-    )
-}
 
 /// Init container `name`'s status.
 fn init_status<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {

@@ -11,23 +11,12 @@
 use std::time::{Duration, Instant};
 
 use petrel_testkit::agent::{
-    container_id, container_state, container_status, phase, running, Agent,
+    container_id, container_state, container_status, phase, pod_yaml, running, sh_container as sh,
+    Agent,
 };
 use petrel_testkit::prelude::{Node, BUSYBOX};
 
 const T: Duration = Duration::from_secs(30);
-
-fn pod_yaml(name: &str, extra_spec: &str, containers: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{extra_spec}  containers:\n{containers}"
-    )
-}
-
-fn sh(name: &str, script: &str) -> String {
-    format!(
-        "  - name: {name}\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", {script:?}]\n"
-    )
-}
 
 /// The waiting reason of container `c` ("" when it is not waiting).
 fn waiting_reason(p: &serde_json::Value, c: &str) -> String {
