@@ -85,7 +85,10 @@ async fn agent_should_run_native_sidecars_as_kubelet_does() {
         let s = init_status(&pod, name).unwrap();
         assert_eq!(s["state"]["terminated"]["reason"], "Completed", "{s}");
     }
-    let order = std::fs::read_to_string(out.join("order")).unwrap();
+    // `main` is running before its shell has written its line.
+    let read_order = || std::fs::read_to_string(out.join("order")).unwrap_or_default();
+    petrel_testkit::wait::eventually(T, || read_order().lines().count() >= 5).await;
+    let order = read_order();
     assert_eq!(
         order.lines().take(5).collect::<Vec<_>>(),
         ["setup", "proxy", "proxy-up", "late", "main"],

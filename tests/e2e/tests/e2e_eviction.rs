@@ -594,8 +594,14 @@ async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Its container is gone from the runtime; nobody was evicted.
+    // Its container is gone from the runtime; nobody was evicted. The log
+    // is deleted before the pass observes the node again and says so.
     assert_eq!(dead(&agent.runtime_containers(&node).await), 0);
+    petrel_testkit::wait::eventually(Duration::from_secs(30), || {
+        let log = agent.log();
+        log.contains("relieved the pressure") || log.contains("evicting pod")
+    })
+    .await;
     let log = agent.log();
     assert!(
         log.contains("node-level reclaim relieved the pressure; no eviction"),
