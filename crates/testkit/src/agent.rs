@@ -21,6 +21,61 @@ use crate::process::{
     describe, kill_child, random_suffix, spawn_logged, stop_child, wait_until_ready,
 };
 
+/// The command line of a `petrel agent` under test, the kit's one for the
+/// end-to-end suite and the bench: its runtime, its own places, names and
+/// ports, and the flags of the run.
+#[derive(Debug, Clone)]
+pub struct AgentArgs {
+    /// `--runtime-endpoint`.
+    pub endpoint: String,
+    /// `--manifests`: the static pod directory.
+    pub manifests: PathBuf,
+    /// `--root`.
+    pub root: PathBuf,
+    /// `--listen`: /healthz and /metrics.
+    pub listen: std::net::SocketAddr,
+    /// `--agent-socket`: the whole API.
+    pub socket: PathBuf,
+    /// `--node-name`.
+    pub node_name: String,
+    /// `--cgroup-root`.
+    pub cgroup_root: String,
+    /// `--eviction-hard`; None: the flags in `extra` say it, or the
+    /// agent's defaults hold.
+    pub eviction_hard: Option<String>,
+    /// More flags, last.
+    pub extra: Vec<String>,
+}
+
+impl AgentArgs {
+    /// `petrel agent` with these flags, run from the binary `petrel`.
+    pub fn command(&self, petrel: &Path) -> Command {
+        let mut cmd = Command::new(petrel);
+        cmd.arg("agent")
+            .args(["--runtime-endpoint", &self.endpoint])
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--root")
+            .arg(&self.root)
+            .args(["--listen", &self.listen.to_string()])
+            .arg("--agent-socket")
+            .arg(&self.socket)
+            .args(["--node-name", &self.node_name])
+            .args(["--cgroup-root", &self.cgroup_root]);
+        if let Some(e) = &self.eviction_hard {
+            cmd.args(["--eviction-hard", e]);
+        }
+        cmd.args(&self.extra);
+        cmd
+    }
+}
+
+/// The eviction threshold of an agent whose run is not about eviction:
+/// memory only. kubelet's default disk thresholds (nodefs < 10 %, imagefs
+/// < 15 % free) may well hold on a shared test machine's disk and would
+/// evict or refuse its pods.
+pub const QUIET_EVICTION: &str = "memory.available<100Mi";
+
 /// A running agent.
 pub struct Agent {
     pub manifests: PathBuf,
@@ -96,21 +151,20 @@ impl Agent {
     }
 
     fn spawn(&mut self) {
-        let mut cmd = Command::new(petrel_bin());
-        cmd.arg("agent")
-            .args(["--runtime-endpoint", &self.endpoint])
-            .arg("--manifests")
-            .arg(&self.manifests)
-            .arg("--root")
-            .arg(&self.root)
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
-            .arg("--agent-socket")
-            .arg(&self.socket)
-            .args(["--node-name", &self.node_name])
-            .args(["--cgroup-root", &self.cgroup_root])
-            .args(["--log-level", "debug"])
-            .args(self.default_eviction())
-            .args(&self.extra);
+        let mut extra = vec!["--log-level".to_string(), "debug".to_string()];
+        extra.extend(self.extra.iter().cloned());
+        let args = AgentArgs {
+            endpoint: self.endpoint.clone(),
+            manifests: self.manifests.clone(),
+            root: self.root.clone(),
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], self.port)),
+            socket: self.socket.clone(),
+            node_name: self.node_name.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            eviction_hard: self.default_eviction(),
+            extra,
+        };
+        let mut cmd = args.command(&petrel_bin());
         let command = describe(&cmd);
         let child =
             spawn_logged("petrel agent", &mut cmd, &self.log).unwrap_or_else(|e| panic!("{e}"));
@@ -133,11 +187,11 @@ impl Agent {
     /// kubelet's default disk thresholds (nodefs < 10 %, imagefs < 15 %
     /// free) may well hold on a shared test machine's disk and would evict
     /// or refuse their pods.
-    fn default_eviction(&self) -> Vec<&'static str> {
+    fn default_eviction(&self) -> Option<String> {
         if self.extra.iter().any(|a| a == "--eviction-hard") {
-            Vec::new()
+            None
         } else {
-            vec!["--eviction-hard", "memory.available<100Mi"]
+            Some(QUIET_EVICTION.to_string())
         }
     }
 

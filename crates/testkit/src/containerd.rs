@@ -249,6 +249,7 @@ pub struct ContainerdProcess {
     dir: PathBuf,
     containerd: PathBuf,
     runc: PathBuf,
+    log_level: &'static str,
     command_line: String,
     child: Option<Child>,
 }
@@ -268,6 +269,7 @@ impl ContainerdProcess {
             dir: dir.to_path_buf(),
             containerd: containerd.to_path_buf(),
             runc: runc.to_path_buf(),
+            log_level: "info",
             command_line: String::new(),
             child: None,
         };
@@ -276,6 +278,13 @@ impl ContainerdProcess {
         // For the sweep after a hard death of this process.
         crate::stale::record_runc_root(dir, runc, &p.runc_root());
         Ok(p)
+    }
+
+    /// containerd's `--log-level` (`info` unless set): a comparison that
+    /// measures containerd's CPU sets the level it is measured at.
+    pub fn with_log_level(mut self, level: &'static str) -> ContainerdProcess {
+        self.log_level = level;
+        self
     }
 
     /// The CRI socket.
@@ -320,7 +329,7 @@ impl ContainerdProcess {
         let mut cmd = Command::new(&self.containerd);
         cmd.arg("--config")
             .arg(self.config_file())
-            .args(["--log-level", "info"])
+            .args(["--log-level", self.log_level])
             .env("PATH", path);
         self.command_line = describe(&cmd);
         let log = self.log_path();
@@ -386,6 +395,73 @@ impl ContainerdProcess {
         }
         process::unmount_under(&self.dir);
     }
+}
+
+/// Imports OCI `archives` into the `k8s.io` namespace of the containerd
+/// serving `socket` with `ctr` (from containerd's own `bin_dir`), then
+/// waits up to `within` until its CRI sees every image of `refs`: CRI
+/// learns of imported images from containerd's events, shortly after.
+pub fn import_archives(
+    bin_dir: &Path,
+    socket: &Path,
+    archives: &[PathBuf],
+    refs: &[&str],
+    within: Duration,
+) -> Result<(), KitError> {
+    let log = socket.with_file_name("containerd.log");
+    let failed = |detail: String| KitError::Run {
+        component: "ctr images import".into(),
+        detail,
+        log: log.clone(),
+    };
+    let ctr = bin_dir.join("ctr");
+    for archive in archives {
+        let out = Command::new(&ctr)
+            .arg("--address")
+            .arg(socket)
+            .args(["--namespace", "k8s.io", "images", "import"])
+            .args(["--snapshotter", "overlayfs"])
+            .arg(archive)
+            .output()
+            .map_err(|e| KitError::io("run", &ctr, e))?;
+        if !out.status.success() {
+            return Err(failed(format!(
+                "{}: {}",
+                archive.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    let endpoint = format!("unix://{}", socket.display());
+    let wanted: Vec<String> = refs.iter().map(|r| r.to_string()).collect();
+    let seen = crate::cri::on_thread(move || async move {
+        let ch = petrel_cri::connect(&endpoint).await.ok()?;
+        let mut img = petrel_cri::api::image_service_client::ImageServiceClient::new(ch);
+        let start = Instant::now();
+        while start.elapsed() < within {
+            let mut all = true;
+            for r in &wanted {
+                let st = img
+                    .image_status(petrel_cri::api::ImageStatusRequest {
+                        image: Some(petrel_cri::api::ImageSpec {
+                            image: r.clone(),
+                            ..Default::default()
+                        }),
+                        verbose: false,
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                all &= st.image.is_some();
+            }
+            if all {
+                return Some(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    });
+    seen.ok_or_else(|| failed(format!("CRI does not see {refs:?} after the import")))
 }
 
 /// The cgroup containerd puts pods under when they name no parent (as

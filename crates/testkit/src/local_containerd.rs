@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use petrel_cri::admin::admin_client::AdminClient;
 use petrel_cri::api;
@@ -36,7 +36,6 @@ use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
 use crate::clients::Clients;
 pub use crate::containerd::NriDirs;
 use crate::containerd::{ContainerdConfig, ContainerdProcess, Nri};
-use crate::cri::on_thread;
 use crate::process::{kill_children_from, kit_tempdir, random_suffix, remove_cgroup_tree};
 use crate::test_images::{images_dir, workspace_dir, BUSYBOX, PAUSE};
 
@@ -225,54 +224,16 @@ impl Containerd {
             // script rebuilds every archive atomically.
             crate::test_images::build(&images);
         }
-        for tar in ["busybox-oci.tar", "pause-oci.tar"] {
-            let out = self
-                .ctr()
-                .args(["images", "import", "--snapshotter", "overlayfs"])
-                .arg(images.join(tar))
-                .output()
-                .expect("run ctr images import");
-            assert!(
-                out.status.success(),
-                "ctr images import {tar}: {}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                self.log()
-            );
+        let archives = [images.join("busybox-oci.tar"), images.join("pause-oci.tar")];
+        if let Err(e) = crate::containerd::import_archives(
+            &self.bin_dir,
+            &self.socket,
+            &archives,
+            &[BUSYBOX, PAUSE],
+            Duration::from_secs(10),
+        ) {
+            panic!("{e}\n{}", self.log());
         }
-        // CRI learns of imported images from containerd's events, shortly.
-        let endpoint = self.endpoint();
-        let seen = on_thread(move || async move {
-            let ch = petrel_cri::connect(&endpoint).await.ok()?;
-            let mut img = ImageServiceClient::new(ch);
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(10) {
-                let mut all = true;
-                for r in [BUSYBOX, PAUSE] {
-                    let s = img
-                        .image_status(api::ImageStatusRequest {
-                            image: Some(api::ImageSpec {
-                                image: r.to_string(),
-                                ..Default::default()
-                            }),
-                            verbose: false,
-                        })
-                        .await
-                        .ok()?
-                        .into_inner();
-                    all &= s.image.is_some();
-                }
-                if all {
-                    return Some(());
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            None
-        });
-        assert!(
-            seen.is_some(),
-            "CRI does not see the imported images:\n{}",
-            self.log()
-        );
     }
 
     /// `ctr` on this instance's socket, in the `k8s.io` namespace.

@@ -171,6 +171,8 @@ pub struct PetrelRuntime {
     /// The last command line started, for messages.
     command_line: String,
     child: Option<Child>,
+    /// Set once [`PetrelRuntime::shutdown`] ran: nothing is left to do.
+    shut_down: bool,
 }
 
 impl PetrelRuntime {
@@ -279,6 +281,7 @@ impl PetrelRuntime {
             agent_listen: None,
             command_line: String::new(),
             child: None,
+            shut_down: false,
             dir,
         })
     }
@@ -379,6 +382,17 @@ impl PetrelRuntime {
         stop_child(&mut c, grace)
     }
 
+    /// Removes every pod through the runtime (a runtime a test killed is
+    /// started again for that), stops it, then sweeps its runc root,
+    /// mounts and cgroup parent. Runs once: a later call (or the drop)
+    /// does nothing. The directory stays until the drop.
+    pub fn shutdown(&mut self) {
+        if std::mem::replace(&mut self.shut_down, true) {
+            return;
+        }
+        self.cleanup();
+    }
+
     fn cleanup(&mut self) {
         // 1. Through the runtime: it knows every pod it made.
         if self.child.is_none() && self.root.join("meta.redb").exists() {
@@ -412,7 +426,7 @@ impl PetrelRuntime {
 
 impl Drop for PetrelRuntime {
     fn drop(&mut self) {
-        self.cleanup();
+        self.shutdown();
     }
 }
 

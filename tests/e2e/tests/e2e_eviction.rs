@@ -55,6 +55,42 @@ fn node_condition(agent: &Agent, kind: &str) -> Option<String> {
         .and_then(|c| c["status"].as_str().map(str::to_string))
 }
 
+/// Waits up to `within` until the node's condition `kind` has `status`.
+fn wait_node_condition(agent: &Agent, kind: &str, status: &str, within: Duration) {
+    let start = Instant::now();
+    while node_condition(agent, kind).as_deref() != Some(status) {
+        assert!(
+            start.elapsed() < within,
+            "{kind} is not {status} after {within:?} ({:?}):\n{}",
+            node_condition(agent, kind),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An agent whose root is the small filesystem `root`, watching it every
+/// second against the hard threshold `hard` (a `nodefs.available` one),
+/// with pressure kept for `transition` after it ends; `extra` flags last.
+fn disk_agent(
+    node: &Node,
+    root: &std::path::Path,
+    hard: &str,
+    transition: &str,
+    extra: &[&str],
+) -> Agent {
+    let mut flags = vec![
+        "--eviction-hard",
+        hard,
+        "--eviction-monitoring-interval",
+        "1s",
+        "--eviction-pressure-transition-period",
+        transition,
+    ];
+    flags.extend_from_slice(extra);
+    Agent::for_node_at(node, root, &flags)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guaranteed_pod() {
     let node = Node::start_with_busybox().await;
@@ -71,15 +107,7 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
         ],
     );
     // The node is quiet: no pressure yet.
-    let start = Instant::now();
-    while node_condition(&agent, "MemoryPressure").as_deref() != Some("False") {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "no /node conditions:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_node_condition(&agent, "MemoryPressure", "False", Duration::from_secs(15));
 
     agent.write_manifest(
         "steady.yaml",
@@ -130,15 +158,7 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
     assert_eq!(phase(&steady), "Running");
 
     // The pressure ends after the transition period.
-    let start = Instant::now();
-    while node_condition(&agent, "MemoryPressure").as_deref() != Some("False") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "MemoryPressure stays:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_node_condition(&agent, "MemoryPressure", "False", Duration::from_secs(30));
 
     // The summary of the last pass, in kubelet's shape.
     let (code, body) = agent.get("/stats/summary").unwrap();
@@ -345,18 +365,7 @@ async fn disk_pressure_should_evict_by_local_storage_limits_then_by_usage() {
     let node = Node::start_with_busybox().await;
     let root = node.dir.path().join("agent-root");
     small_fs(&root, "32m");
-    let agent = Agent::for_node_at(
-        &node,
-        &root,
-        &[
-            "--eviction-hard",
-            "nodefs.available<50%",
-            "--eviction-monitoring-interval",
-            "1s",
-            "--eviction-pressure-transition-period",
-            "60s",
-        ],
-    );
+    let agent = disk_agent(&node, &root, "nodefs.available<50%", "60s", &[]);
     agent.write_manifest(
         "steady.yaml",
         &pod(
@@ -474,15 +483,7 @@ async fn a_soft_threshold_should_wait_out_its_grace_period() {
     );
     agent.write_manifest("hog.yaml", &pod("hog", "", MEMORY_HOG));
     // Pressure shows as soon as the soft threshold is met...
-    let start = Instant::now();
-    while node_condition(&agent, "MemoryPressure").as_deref() != Some("True") {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no MemoryPressure:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_node_condition(&agent, "MemoryPressure", "True", Duration::from_secs(60));
     let pressure_at = Instant::now();
     // ...but the pod is evicted only after the grace period.
     let evicted = agent.wait_pod("default", "hog", Duration::from_secs(30), "evicted", |p| {
@@ -567,18 +568,7 @@ async fn node_level_reclaim_should_remove_dead_containers_with_their_logs_before
     let node = Node::start_with_busybox().await;
     let root = node.dir.path().join("agent-root");
     small_fs(&root, "32m");
-    let agent = Agent::for_node_at(
-        &node,
-        &root,
-        &[
-            "--eviction-hard",
-            "nodefs.available<40%",
-            "--eviction-monitoring-interval",
-            "1s",
-            "--eviction-pressure-transition-period",
-            "5s",
-        ],
-    );
+    let agent = disk_agent(&node, &root, "nodefs.available<40%", "5s", &[]);
     let logs = start_chatty(&agent, &node).await;
     let first_log = logs.join("0.log");
 
@@ -634,19 +624,12 @@ async fn minimum_reclaim_should_evict_when_node_level_reclaim_frees_too_little()
     small_fs(&root, "32m");
     // Threshold 40 % of 32 MiB (12.8 MiB available); with the minimum
     // reclaim, pressure ends only above 24.8 MiB available.
-    let agent = Agent::for_node_at(
+    let agent = disk_agent(
         &node,
         &root,
-        &[
-            "--eviction-hard",
-            "nodefs.available<40%",
-            "--eviction-minimum-reclaim",
-            "nodefs.available=12Mi",
-            "--eviction-monitoring-interval",
-            "1s",
-            "--eviction-pressure-transition-period",
-            "5s",
-        ],
+        "nodefs.available<40%",
+        "5s",
+        &["--eviction-minimum-reclaim", "nodefs.available=12Mi"],
     );
     let logs = start_chatty(&agent, &node).await;
     let first_log = logs.join("0.log");
@@ -688,18 +671,7 @@ async fn disk_ranking_should_count_writable_layers_on_the_node_filesystem() {
     let mut c = node.clients().await;
     node.import_busybox(&mut c).await;
     let root = node.root.join("agent-root");
-    let agent = Agent::for_node_at(
-        &node,
-        &root,
-        &[
-            "--eviction-hard",
-            "nodefs.available<50%",
-            "--eviction-monitoring-interval",
-            "1s",
-            "--eviction-pressure-transition-period",
-            "60s",
-        ],
-    );
+    let agent = disk_agent(&node, &root, "nodefs.available<50%", "60s", &[]);
     // 10 MB in an emptyDir...
     agent.write_manifest(
         "volume.yaml",

@@ -1100,7 +1100,6 @@ async fn measure_petrel(
     let mut node = Node::start(
         &args.petrel,
         args.shim.as_deref(),
-        &dir,
         &format!("{}/agent-direct", work.cgroup_parent),
     )?;
     let mut c = node.connect().await?;
@@ -1108,7 +1107,7 @@ async fn measure_petrel(
     let node_name = format!("bench-{}", work.id());
     let mut agent = AgentProc::new(
         &args.petrel,
-        &format!("unix://{}", node.socket().display()),
+        &node.endpoint(),
         &dir,
         &node_name,
         &format!("{}/agent", work.cgroup_parent),
@@ -1245,10 +1244,7 @@ async fn measure_containerd(
     let mut cd =
         Containerd::start(&crate::containerd::bin_dir(&args.build_dir), &dir, &images).await?;
     if !cd.version.is_empty() {
-        // "containerd github.com/containerd/containerd 1.7.24~ds1"
-        if let Some(v) = cd.version.split_whitespace().nth(2) {
-            run.name = format!("containerd {v}");
-        }
+        run.name = format!("containerd {}", cd.version);
     }
     let mut c = Clients::connect(&cd.endpoint()).await?;
     let node_name = format!("bench-{}-cd", work.id());

@@ -6,13 +6,15 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rustix::process::{Pid, Signal};
 use serde_json::Value;
 use tokio::sync::mpsc;
+
+use petrel_testkit::agent::{AgentArgs, QUIET_EVICTION};
+use petrel_testkit::process::{spawn_logged, stop_child, write_pid_file};
 
 use crate::http;
 
@@ -61,7 +63,8 @@ pub struct AgentProc {
     /// `--cgroup-root`: the cgroup parent of its pods.
     pub cgroup_root: String,
     log: PathBuf,
-    pid_file: PathBuf,
+    /// Where its log and pid file are.
+    dir: PathBuf,
     /// Its TCP port: /healthz and /metrics.
     pub addr: SocketAddr,
     /// Its unix socket: pods and the rest of the API.
@@ -102,14 +105,13 @@ impl AgentProc {
             node: node.to_string(),
             cgroup_root: cgroup_root.to_string(),
             log: dir.join("agent.log"),
-            pid_file: dir.join("agent.pid"),
+            dir: dir.to_path_buf(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             socket: dir.join("agent-sock/agent.sock"),
             mode: Mode::Events,
             last_startup: Duration::ZERO,
-            // The bench measures pods, not disk pressure: kubelet's default
-            // disk thresholds may hold on the bench machine's disk.
-            eviction_hard: "memory.available<100Mi".to_string(),
+            // The bench measures pods, not disk pressure.
+            eviction_hard: QUIET_EVICTION.to_string(),
             extra_args: vec![],
             child: None,
         })
@@ -122,37 +124,24 @@ impl AgentProc {
         }
         self.mode = mode;
         self.addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("open {}", self.log.display()))?;
-        let mut cmd = Command::new(&self.petrel);
-        cmd.arg("agent")
-            .args(["--runtime-endpoint", &self.endpoint])
-            .arg("--manifests")
-            .arg(&self.manifests)
-            .arg("--root")
-            .arg(&self.root)
-            .args(["--listen", &self.addr.to_string()])
-            .arg("--agent-socket")
-            .arg(&self.socket)
-            .args(["--node-name", &self.node])
-            .args(["--cgroup-root", &self.cgroup_root])
-            .args(["--pleg", mode.arg()])
-            .args(["--eviction-hard", &self.eviction_hard])
-            .args(&self.extra_args);
+        let mut extra = vec!["--pleg".to_string(), mode.arg().to_string()];
         if mode == Mode::Relist {
-            cmd.args(["--relist-period", RELIST_PERIOD]);
+            extra.extend(["--relist-period".to_string(), RELIST_PERIOD.to_string()]);
         }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("start {} agent", self.petrel.display()))?;
-        std::fs::write(&self.pid_file, child.id().to_string())
-            .with_context(|| format!("write {}", self.pid_file.display()))?;
+        extra.extend(self.extra_args.iter().cloned());
+        let args = AgentArgs {
+            endpoint: self.endpoint.clone(),
+            manifests: self.manifests.clone(),
+            root: self.root.clone(),
+            listen: self.addr,
+            socket: self.socket.clone(),
+            node_name: self.node.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            eviction_hard: Some(self.eviction_hard.clone()),
+            extra,
+        };
+        let child = spawn_logged("petrel agent", &mut args.command(&self.petrel), &self.log)?;
+        write_pid_file(&self.dir, "agent", child.id());
         self.child = Some(child);
         let start = Instant::now();
         let mut last = String::from("no answer");
@@ -214,22 +203,9 @@ impl AgentProc {
 
     /// Stops the agent (SIGTERM, SIGKILL after 10 s); its pods keep running.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Some(pid) = Pid::from_raw(child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, Signal::TERM);
+        if let Some(mut child) = self.child.take() {
+            stop_child(&mut child, Duration::from_secs(10));
         }
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if !matches!(child.try_wait(), Ok(None)) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // Our own child, by its handle: a no-op if it already exited.
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     /// Stops the agent and starts it again in `mode`.

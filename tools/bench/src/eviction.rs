@@ -176,7 +176,6 @@ async fn measure_into(
     let mut node = Node::start(
         &args.petrel,
         args.shim.as_deref(),
-        &dir,
         &format!("{cgroup}/direct"),
     )?;
     let mut c = node.connect().await?;
@@ -184,7 +183,7 @@ async fn measure_into(
     let node_name = format!("bench-evict-{}", work.id());
     let mut agent = AgentProc::new(
         &args.petrel,
-        &format!("unix://{}", node.socket().display()),
+        &node.endpoint(),
         &dir,
         &node_name,
         &format!("{cgroup}/agent"),

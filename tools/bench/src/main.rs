@@ -590,12 +590,10 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     let fsync = probe_fsync(&work.dir, 100)?;
 
     progress("starting the runtime");
-    let mut node = Node::start(
-        &args.petrel,
-        args.shim.as_deref(),
-        &work.dir,
-        &work.cgroup_parent,
-    )?;
+    // Pods under a cgroup of their own, beside raw runc's: the runtime's
+    // sweep removes it.
+    let pods_cgroup = format!("{}/petrel", work.cgroup_parent);
+    let mut node = Node::start(&args.petrel, args.shim.as_deref(), &pods_cgroup)?;
     let mut c = node.connect().await?;
     c.import(&args.image).await?;
     let layer = single_layer(&node.root)?;
@@ -612,7 +610,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     {
         let mut up = Lifecycle::default();
         let mut down = Lifecycle::default();
-        let pod = petrel_up(&mut c, "warmup", &work.cgroup_parent, &work.dir, &mut up).await?;
+        let pod = petrel_up(&mut c, "warmup", &pods_cgroup, &work.dir, &mut up).await?;
         petrel_down(&mut c, &pod, &mut down).await?;
         raw_up(&mut raw, "warmup", &mut up)?;
         raw_down(&mut raw, "warmup", &mut down)?;
@@ -633,7 +631,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
             raw_up(&mut raw, &raw_id, &mut up)?;
         }
         let name = format!("p{i:04}");
-        pods.push(petrel_up(&mut c, &name, &work.cgroup_parent, &work.dir, &mut up).await?);
+        pods.push(petrel_up(&mut c, &name, &pods_cgroup, &work.dir, &mut up).await?);
         if i % 2 == 0 {
             raw_up(&mut raw, &raw_id, &mut up)?;
         }

@@ -21,6 +21,7 @@ use crate::stats::Samples;
 use crate::stream;
 use crate::sweep::Work;
 use crate::Args;
+use petrel_testkit::petrel::CniDirs;
 
 /// The plugins both runtimes run.
 pub const CNI_BIN: &str = "/usr/lib/cni";
@@ -142,23 +143,14 @@ async fn measure_into(
     let cgroup = format!("{}/net", work.cgroup_parent);
 
     progress("net: starting petrel runtime and containerd 1.7 on the bench's CNI network");
-    let conf_arg = petrel_conf.display().to_string();
-    let petrel_dir = dir.join("petrel");
-    std::fs::create_dir_all(&petrel_dir)
-        .with_context(|| format!("create {}", petrel_dir.display()))?;
-    let mut node = Node::start_with(
+    let mut node = Node::start_on(
         &args.petrel,
         args.shim.as_deref(),
-        &petrel_dir,
         &cgroup,
-        &[
-            "--pod-network",
-            "cni",
-            "--cni-conf-dir",
-            &conf_arg,
-            "--cni-bin-dir",
-            CNI_BIN,
-        ],
+        Some(CniDirs {
+            conf_dir: petrel_conf.clone(),
+            bin_dir: PathBuf::from(CNI_BIN),
+        }),
     )?;
     let mut pc = node.connect().await?;
     pc.import(&args.image).await?;
@@ -183,10 +175,10 @@ async fn measure_into(
                 Path::new(CNI_BIN),
             )
             .await?;
-            // `containerd --version` is "containerd <module> <version> <revision>".
-            res.containerd_version = match c.version.split_whitespace().nth(2) {
-                Some(v) => format!("containerd {v}"),
-                None => "containerd 1.7".to_string(),
+            res.containerd_version = if c.version.is_empty() {
+                "containerd 1.7".to_string()
+            } else {
+                format!("containerd {}", c.version)
             };
             Some(c)
         }

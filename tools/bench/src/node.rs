@@ -1,222 +1,87 @@
-//! The runtime under test: a `petrel runtime` process in the bench's own
-//! directory, and CRI clients on its socket.
+//! The runtime under test: the test kit's `petrel runtime`
+//! ([`PetrelRuntime`]) with the bench's own cgroup parent and its volatile
+//! state on a tmpfs, as `/run` is on a standard host, and CRI clients on
+//! its socket.
 
-use std::fs::OpenOptions;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use petrel_cri::admin::admin_client::AdminClient;
 use petrel_cri::api;
 use petrel_cri::api::image_service_client::ImageServiceClient;
 use petrel_cri::api::runtime_service_client::RuntimeServiceClient;
-use rustix::process::{Pid, Signal};
+use petrel_testkit::petrel::{CniDirs, Mode, PetrelConfig, PetrelRuntime};
 use tonic::transport::Channel;
 
 /// The image the bench runs (built by `make image`).
 pub const BUSYBOX: &str = "docker.io/petrel/busybox:latest";
 
-/// A `petrel runtime` started by the bench.
-pub struct Node {
-    /// `<work>/root`: persistent data (on the same disk as /var/lib).
-    pub root: PathBuf,
-    /// `<work>/state`: volatile state, on a tmpfs as `/run` is on a standard
-    /// host; the socket is `<state>/petrel.sock`.
-    pub state: PathBuf,
-    /// The runtime's log file.
-    pub log: PathBuf,
-    child: Option<Child>,
-}
+/// A `petrel runtime` started by the bench: the kit's runtime (its
+/// directory under `PETREL_KIT_TMPDIR`, which scripts/bench.sh points into
+/// the bench's work directory), read through [`Deref`] (`root`, `state`,
+/// `socket`, `endpoint()`, `log_path()`...). On [`Node::shutdown`] or drop
+/// its pods are removed through CRI, the process stopped and its runc
+/// root, mounts and cgroup parent swept.
+pub struct Node(PetrelRuntime);
 
 impl Node {
-    /// Starts `petrel runtime` (pods get loopback only) and waits until
-    /// its socket accepts.
-    pub fn start(
-        petrel: &Path,
-        shim: Option<&Path>,
-        work: &Path,
-        cgroup_parent: &str,
-    ) -> Result<Node> {
-        // The bench's pods measure the runtime, not a CNI network.
-        Self::start_with(
-            petrel,
-            shim,
-            work,
-            cgroup_parent,
-            &["--pod-network", "loopback"],
-        )
+    /// Starts `petrel runtime` with pods under `cgroup_parent` (loopback
+    /// only: the bench's pods measure the runtime, not a CNI network) and
+    /// waits until its socket accepts. `shim`: the shim binary, None for
+    /// the one beside `petrel`.
+    pub fn start(petrel: &Path, shim: Option<&Path>, cgroup_parent: &str) -> Result<Node> {
+        Self::start_on(petrel, shim, cgroup_parent, None)
     }
 
-    /// Starts `petrel runtime` with `extra` flags (e.g. a CNI network) and
-    /// waits until its socket accepts.
-    pub fn start_with(
+    /// Like [`Node::start`], with pods on the CNI network `cni`.
+    pub fn start_on(
         petrel: &Path,
         shim: Option<&Path>,
-        work: &Path,
         cgroup_parent: &str,
-        extra: &[&str],
+        cni: Option<CniDirs>,
     ) -> Result<Node> {
-        let root = work.join("root");
-        let state = work.join("state");
-        crate::sweep::volatile_dir(&state)?;
-        let log = work.join("runtime.log");
-        let log_file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .with_context(|| format!("open {}", log.display()))?;
-        let mut cmd = Command::new(petrel);
-        cmd.arg("runtime")
-            .arg("--root")
-            .arg(&root)
-            .arg("--state")
-            .arg(&state)
-            .arg("--default-cgroup-parent")
-            .arg(cgroup_parent)
-            .arg("--nri-socket")
-            .arg(work.join("nri.sock"))
-            .arg("--nri-plugin-path")
-            .arg(work.join("nri-plugins"))
-            .arg("--nri-plugin-config-path")
-            .arg(work.join("nri-conf"))
-            .args(extra);
-        if let Some(shim) = shim {
-            cmd.arg("--shim-binary").arg(shim);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("start {}", petrel.display()))?;
-        std::fs::write(work.join("runtime.pid"), child.id().to_string())
-            .with_context(|| format!("write {}", work.join("runtime.pid").display()))?;
-        let mut node = Node {
-            root,
-            state,
-            log,
-            child: Some(child),
+        let config = PetrelConfig {
+            dir_prefix: "pbr.",
+            runc: None,
+            shim: shim.map(Path::to_path_buf),
+            cgroup_parent: cgroup_parent.to_string(),
+            cni,
+            mirrors: None,
+            extra_cri: String::new(),
+            extra_nri: String::new(),
+            log_level: "info",
         };
-        node.wait_ready()?;
-        Ok(node)
-    }
-
-    fn wait_ready(&mut self) -> Result<()> {
-        let socket = self.socket();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(30) {
-            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                return Ok(());
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Some(st) = c.try_wait().context("wait for the runtime")? {
-                    bail!("runtime exited at start ({st}):\n{}", self.log_tail());
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!("runtime did not start within 30 s:\n{}", self.log_tail())
-    }
-
-    /// The CRI socket.
-    pub fn socket(&self) -> PathBuf {
-        self.state.join("petrel.sock")
+        let mut rt = PetrelRuntime::prepare(petrel, &config)?;
+        crate::sweep::volatile_dir(&rt.state)?;
+        let cmd = rt.command();
+        rt.spawn(cmd, &Mode::Runtime)?;
+        Ok(Node(rt))
     }
 
     /// The runtime's pid (0 once stopped).
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(Child::id).unwrap_or(0)
-    }
-
-    /// The last lines of the runtime's log.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        self.0.pid().unwrap_or(0)
     }
 
     /// Connects CRI and admin clients on one connection.
     pub async fn connect(&self) -> Result<Clients> {
-        let endpoint = format!("unix://{}", self.socket().display());
-        let ch = petrel_cri::connect(&endpoint)
-            .await
-            .with_context(|| format!("connect to {endpoint}"))?;
-        Ok(Clients {
-            rt: RuntimeServiceClient::new(ch.clone()),
-            img: ImageServiceClient::new(ch.clone()),
-            admin: AdminClient::new(ch),
-        })
-    }
-
-    /// Removes every pod through the runtime (from a thread of its own, so
-    /// it works from inside or outside an async context), then stops the
-    /// runtime with SIGTERM (SIGKILL after 15 s). Containers whose pods
-    /// could not be removed keep running under their shims; the caller
-    /// sweeps the runc root afterwards.
-    pub fn shutdown(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if matches!(child.try_wait(), Ok(None)) {
-            let socket = self.socket();
-            let removed = std::thread::spawn(move || remove_all_pods(&socket)).join();
-            if !matches!(removed, Ok(Ok(()))) {
-                eprintln!("petrel-bench: removing pods through the runtime failed: {removed:?}");
-            }
-            if let Some(pid) = Pid::from_raw(child.id() as i32) {
-                let _ = rustix::process::kill_process(pid, Signal::TERM);
-            }
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(15) {
-                if !matches!(child.try_wait(), Ok(None)) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        // Our own child, by its handle: a no-op if it already exited.
-        let _ = child.kill();
-        let _ = child.wait();
-        // The state tmpfs goes with the runtime, unless shims still use it
-        // (then the work directory's sweep takes it at the end).
-        if crate::procfs::shims_of(&self.state).is_ok_and(|s| s.is_empty()) {
-            petrel_testkit::process::unmount_under(&self.state);
-        }
+        Clients::connect(&self.endpoint()).await
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.shutdown();
+impl Deref for Node {
+    type Target = PetrelRuntime;
+
+    fn deref(&self) -> &PetrelRuntime {
+        &self.0
     }
 }
 
-fn remove_all_pods(socket: &Path) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("build a tokio runtime for clean-up")?;
-    rt.block_on(async {
-        let ch = petrel_cri::connect(&format!("unix://{}", socket.display())).await?;
-        let mut c = RuntimeServiceClient::new(ch);
-        let pods = c
-            .list_pod_sandbox(api::ListPodSandboxRequest::default())
-            .await?
-            .into_inner()
-            .items;
-        for p in pods {
-            if let Err(e) = c
-                .remove_pod_sandbox(api::RemovePodSandboxRequest {
-                    pod_sandbox_id: p.id.clone(),
-                })
-                .await
-            {
-                eprintln!("petrel-bench: RemovePodSandbox {}: {e}", p.id);
-            }
-        }
-        Ok(())
-    })
+impl DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut PetrelRuntime {
+        &mut self.0
+    }
 }
 
 /// CRI clients on one connection.

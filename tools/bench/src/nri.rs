@@ -139,11 +139,11 @@ async fn measure_into(
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let cgroup = format!("{}/nri", work.cgroup_parent);
     progress("NRI: starting a runtime");
-    let mut node = Node::start(&args.petrel, args.shim.as_deref(), &dir, &cgroup)?;
+    let mut node = Node::start(&args.petrel, args.shim.as_deref(), &cgroup)?;
     let r = async {
         let mut c = node.connect().await?;
         c.import(&args.image).await?;
-        let socket = dir.join("nri.sock");
+        let socket = node.nri_socket.clone();
         measure_create(args, &mut c, &socket, &dir, &cgroup, res, progress).await?;
         measure_sync(args, &mut c, &socket, &dir, &cgroup, res, progress).await
     }

@@ -203,7 +203,7 @@ async fn petrel_pull(
     res: &mut PullResults,
 ) -> Result<()> {
     fresh_dir(dir)?;
-    let mut node = Node::start(&args.petrel, args.shim.as_deref(), dir, cgroup)?;
+    let mut node = Node::start(&args.petrel, args.shim.as_deref(), cgroup)?;
     let mut c = node.connect().await?;
     // The connection is up and the runtime answers before the clock runs.
     c.rt.version(api::VersionRequest::default())
@@ -320,7 +320,7 @@ async fn measure_create(
     res: &mut PullResults,
 ) -> Result<()> {
     fresh_dir(dir)?;
-    let mut node = Node::start(&args.petrel, args.shim.as_deref(), dir, cgroup)?;
+    let mut node = Node::start(&args.petrel, args.shim.as_deref(), cgroup)?;
     let mut c = node.connect().await?;
     c.import(&args.image).await?;
     pull(&mut c, &res.reference).await?;
