@@ -123,6 +123,16 @@ pub fn net_dev_in_netns(netns: &Path) -> io::Result<Vec<InterfaceCounters>> {
         .map(|t| parse_net_dev(&t))
 }
 
+/// The `/dev` name of block device `major:minor` (`/dev/vda`), as
+/// cAdvisor labels devices; `major:minor` itself when sysfs does not say.
+pub fn block_device_name(major: u64, minor: u64) -> String {
+    let id = format!("{major}:{minor}");
+    std::fs::read_link(format!("/sys/dev/block/{id}"))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| format!("/dev/{}", n.to_string_lossy())))
+        .unwrap_or(id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +184,11 @@ Inter-|   Receive                                                |  Transmit
             }
         );
         Ok(())
+    }
+
+    #[test]
+    fn block_device_name_should_fall_back_to_the_numbers() {
+        assert_eq!(block_device_name(4095, 1_048_575), "4095:1048575");
     }
 
     #[test]

@@ -68,6 +68,25 @@ pub struct CgroupMetrics {
     /// The swap limit (v1: memory + swap, as cAdvisor reports it),
     /// `Some(0)` when unlimited.
     pub memory_swap_limit: Option<u64>,
+    /// Block I/O per device, in device order (empty without blkio/io).
+    pub io: Vec<DeviceIo>,
+}
+
+/// Block I/O of a cgroup on one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceIo {
+    /// The device's major number.
+    pub major: u64,
+    /// The device's minor number.
+    pub minor: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// Reads completed.
+    pub reads: u64,
+    /// Writes completed.
+    pub writes: u64,
 }
 
 impl Cgroups {
@@ -133,6 +152,11 @@ impl Cgroups {
             memory_limit: read("memory", "memory.limit_in_bytes").and_then(unlimited_v1),
             memory_reservation: read("memory", "memory.soft_limit_in_bytes").and_then(unlimited_v1),
             memory_swap_limit: read("memory", "memory.memsw.limit_in_bytes").and_then(unlimited_v1),
+            // The throttle files count every I/O whatever the scheduler.
+            io: v1_io(
+                read("blkio", "blkio.throttle.io_service_bytes_recursive").as_deref(),
+                read("blkio", "blkio.throttle.io_serviced_recursive").as_deref(),
+            ),
         })
     }
 
@@ -183,8 +207,72 @@ impl Cgroups {
             memory_limit: limit("memory.max"),
             memory_reservation: num("memory.low"),
             memory_swap_limit: limit("memory.swap.max"),
+            io: read("io.stat").map(|t| v2_io(&t)).unwrap_or_default(),
         })
     }
+}
+
+/// The device entry of `io` for `major:minor`, added when missing.
+fn device<'a>(io: &'a mut Vec<DeviceIo>, dev: &str) -> Option<&'a mut DeviceIo> {
+    let (major, minor) = dev.split_once(':')?;
+    let (major, minor) = (major.parse().ok()?, minor.parse().ok()?);
+    let i = match io.iter().position(|d| d.major == major && d.minor == minor) {
+        Some(i) => i,
+        None => {
+            io.push(DeviceIo {
+                major,
+                minor,
+                ..DeviceIo::default()
+            });
+            io.len() - 1
+        }
+    };
+    io.get_mut(i)
+}
+
+/// v1 blkio files: `<major>:<minor> <Read|Write|Sync|Async|Discard|Total> <n>`
+/// lines (and a final `Total <n>`).
+fn v1_io(bytes: Option<&str>, ops: Option<&str>) -> Vec<DeviceIo> {
+    let mut io = Vec::new();
+    for (text, is_bytes) in [(bytes, true), (ops, false)] {
+        for line in text.unwrap_or_default().lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [dev, op, n] = f[..] else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            let Some(d) = device(&mut io, dev) else { continue };
+            match (op, is_bytes) {
+                ("Read", true) => d.read_bytes = n,
+                ("Write", true) => d.write_bytes = n,
+                ("Read", false) => d.reads = n,
+                ("Write", false) => d.writes = n,
+                _ => {}
+            }
+        }
+    }
+    io
+}
+
+/// v2 `io.stat`: `<major>:<minor> rbytes=N wbytes=N rios=N wios=N ...`.
+fn v2_io(text: &str) -> Vec<DeviceIo> {
+    let mut io = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let Some(d) = f.next().and_then(|dev| device(&mut io, dev)) else {
+            continue;
+        };
+        for kv in f {
+            let Some((k, v)) = kv.split_once('=') else { continue };
+            let Ok(v) = v.parse() else { continue };
+            match k {
+                "rbytes" => d.read_bytes = v,
+                "wbytes" => d.write_bytes = v,
+                "rios" => d.reads = v,
+                "wios" => d.writes = v,
+                _ => {}
+            }
+        }
+    }
+    io
 }
 
 /// `cpu.max`: `"<quota|max> <period>"`.
@@ -217,7 +305,7 @@ mod tests {
     /// A v1 layout whose controllers are directories of `root`.
     fn v1_tree(root: &Path) -> Cgroups {
         let mut mountinfo = String::new();
-        for (i, c) in ["cpu", "cpuacct", "memory", "pids"].iter().enumerate() {
+        for (i, c) in ["cpu", "cpuacct", "memory", "pids", "blkio"].iter().enumerate() {
             let dir = root.join(c);
             std::fs::create_dir_all(&dir).unwrap();
             mountinfo.push_str(&format!(
@@ -272,6 +360,16 @@ mod tests {
             ],
         );
         write(&at("pids"), &[("pids.current", "4\n"), ("pids.max", "max\n")]);
+        write(
+            &at("blkio"),
+            &[
+                (
+                    "blkio.throttle.io_service_bytes_recursive",
+                    "254:0 Read 4096\n254:0 Write 8192\n254:0 Sync 0\n254:0 Total 12288\nTotal 12288\n",
+                ),
+                ("blkio.throttle.io_serviced_recursive", "254:0 Read 1\n254:0 Write 2\nTotal 3\n"),
+            ],
+        );
         let m = cg.metrics("/pod/ctr").unwrap();
         assert_eq!(
             m,
@@ -302,6 +400,14 @@ mod tests {
                 memory_limit: Some(67_108_864),
                 memory_reservation: Some(0),
                 memory_swap_limit: Some(67_108_864),
+                io: vec![DeviceIo {
+                    major: 254,
+                    minor: 0,
+                    read_bytes: 4096,
+                    write_bytes: 8192,
+                    reads: 1,
+                    writes: 2,
+                }],
             }
         );
     }
@@ -358,6 +464,10 @@ mod tests {
                 ("memory.swap.max", "max\n"),
                 ("pids.current", "4\n"),
                 ("pids.max", "1024\n"),
+                (
+                    "io.stat",
+                    "254:0 rbytes=4096 wbytes=8192 rios=1 wios=2 dbytes=0 dios=0\n8:0 rbytes=1 wbytes=0 rios=1 wios=0\n",
+                ),
             ],
         );
         let m = cg.metrics("/pod/ctr").unwrap();
@@ -391,6 +501,23 @@ mod tests {
                 memory_limit: Some(67_108_864),
                 memory_reservation: Some(0),
                 memory_swap_limit: Some(0),
+                io: vec![
+                    DeviceIo {
+                        major: 254,
+                        minor: 0,
+                        read_bytes: 4096,
+                        write_bytes: 8192,
+                        reads: 1,
+                        writes: 2,
+                    },
+                    DeviceIo {
+                        major: 8,
+                        minor: 0,
+                        read_bytes: 1,
+                        reads: 1,
+                        ..DeviceIo::default()
+                    },
+                ],
             }
         );
     }
