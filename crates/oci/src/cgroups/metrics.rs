@@ -102,7 +102,8 @@ impl Cgroups {
 
     fn metrics_v1(&self, path: &str) -> Result<CgroupMetrics, CgroupError> {
         let read = |controller: &str, file: &str| self.read(controller, path, file).ok();
-        let num = |controller: &str, file: &str| read(controller, file).and_then(|t| parse::single(&t));
+        let num =
+            |controller: &str, file: &str| read(controller, file).and_then(|t| parse::single(&t));
         // The memory cgroup is the one every container has: its absence
         // means the cgroup is gone.
         let stat = self.read("memory", path, "memory.stat")?;
@@ -142,7 +143,8 @@ impl Cgroups {
             memory_failcnt: num("memory", "memory.failcnt"),
             pgfault: ms("pgfault"),
             pgmajfault: ms("pgmajfault"),
-            oom_kills: read("memory", "memory.oom_control").and_then(|t| parse::keyed(&t, "oom_kill")),
+            oom_kills: read("memory", "memory.oom_control")
+                .and_then(|t| parse::keyed(&t, "oom_kill")),
             tasks: num("pids", "pids.current"),
             tasks_max: read("pids", "pids.max").map(|t| parse::v2_limit(&t).unwrap_or(0)),
             cpu_shares: num("cpu", "cpu.shares"),
@@ -193,7 +195,10 @@ impl Cgroups {
             // `kernel` since Linux 5.18; its main parts before.
             memory_kernel: ms("kernel").or_else(|| {
                 let parts = [ms("kernel_stack"), ms("pagetables"), ms("slab")];
-                parts.iter().any(Option::is_some).then(|| parts.iter().flatten().sum())
+                parts
+                    .iter()
+                    .any(Option::is_some)
+                    .then(|| parts.iter().flatten().sum())
             }),
             memory_failcnt: ev("max"),
             pgfault: ms("pgfault"),
@@ -239,7 +244,9 @@ fn v1_io(bytes: Option<&str>, ops: Option<&str>) -> Vec<DeviceIo> {
             let f: Vec<&str> = line.split_whitespace().collect();
             let [dev, op, n] = f[..] else { continue };
             let Ok(n) = n.parse::<u64>() else { continue };
-            let Some(d) = device(&mut io, dev) else { continue };
+            let Some(d) = device(&mut io, dev) else {
+                continue;
+            };
             match (op, is_bytes) {
                 ("Read", true) => d.read_bytes = n,
                 ("Write", true) => d.write_bytes = n,
@@ -261,7 +268,9 @@ fn v2_io(text: &str) -> Vec<DeviceIo> {
             continue;
         };
         for kv in f {
-            let Some((k, v)) = kv.split_once('=') else { continue };
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
             let Ok(v) = v.parse() else { continue };
             match k {
                 "rbytes" => d.read_bytes = v,
@@ -290,6 +299,7 @@ fn weight_to_shares(weight: u64) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // fixture set-up: a failure is the test's failure
 mod tests {
     use std::path::Path;
 
@@ -305,7 +315,10 @@ mod tests {
     /// A v1 layout whose controllers are directories of `root`.
     fn v1_tree(root: &Path) -> Cgroups {
         let mut mountinfo = String::new();
-        for (i, c) in ["cpu", "cpuacct", "memory", "pids", "blkio"].iter().enumerate() {
+        for (i, c) in ["cpu", "cpuacct", "memory", "pids", "blkio"]
+            .iter()
+            .enumerate()
+        {
             let dir = root.join(c);
             std::fs::create_dir_all(&dir).unwrap();
             mountinfo.push_str(&format!(
@@ -334,7 +347,10 @@ mod tests {
         write(
             &at("cpu"),
             &[
-                ("cpu.stat", "nr_periods 50\nnr_throttled 7\nthrottled_time 900000\n"),
+                (
+                    "cpu.stat",
+                    "nr_periods 50\nnr_throttled 7\nthrottled_time 900000\n",
+                ),
                 ("cpu.shares", "1024\n"),
                 ("cpu.cfs_quota_us", "20000\n"),
                 ("cpu.cfs_period_us", "100000\n"),
@@ -359,7 +375,10 @@ mod tests {
                 ("memory.memsw.limit_in_bytes", "67108864\n"),
             ],
         );
-        write(&at("pids"), &[("pids.current", "4\n"), ("pids.max", "max\n")]);
+        write(
+            &at("pids"),
+            &[("pids.current", "4\n"), ("pids.max", "max\n")],
+        );
         write(
             &at("blkio"),
             &[
@@ -418,11 +437,17 @@ mod tests {
         let cg = v1_tree(d.path());
         write(
             &d.path().join("cpuacct/c"),
-            &[("cpuacct.usage", "5\n"), ("cpuacct.stat", "user 150\nsystem 20\n")],
+            &[
+                ("cpuacct.usage", "5\n"),
+                ("cpuacct.stat", "user 150\nsystem 20\n"),
+            ],
         );
         write(
             &d.path().join("memory/c"),
-            &[("memory.stat", "total_rss 1\n"), ("memory.usage_in_bytes", "10\n")],
+            &[
+                ("memory.stat", "total_rss 1\n"),
+                ("memory.usage_in_bytes", "10\n"),
+            ],
         );
         let m = cg.metrics("/c").unwrap();
         assert_eq!(m.cpu_user_ns, Some(1_500_000_000));
@@ -540,7 +565,10 @@ mod tests {
         assert_eq!((m.memory_usage, m.memory_working_set), (None, None));
         assert_eq!(m.memory_kernel, Some(30));
         assert_eq!(m.cfs_periods, None);
-        assert!(matches!(cg.metrics("/gone"), Err(CgroupError::NotFound { .. })));
+        assert!(matches!(
+            cg.metrics("/gone"),
+            Err(CgroupError::NotFound { .. })
+        ));
     }
 
     #[test]
@@ -549,7 +577,10 @@ mod tests {
         for shares in [2u64, 1024, 262_144] {
             let weight = 1 + (shares - 2) * 9999 / 262_142;
             let back = weight_to_shares(weight);
-            assert!(back.abs_diff(shares) <= 27, "{shares} -> {weight} -> {back}");
+            assert!(
+                back.abs_diff(shares) <= 27,
+                "{shares} -> {weight} -> {back}"
+            );
         }
     }
 }
