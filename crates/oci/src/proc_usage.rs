@@ -129,7 +129,10 @@ pub fn block_device_name(major: u64, minor: u64) -> String {
     let id = format!("{major}:{minor}");
     std::fs::read_link(format!("/sys/dev/block/{id}"))
         .ok()
-        .and_then(|t| t.file_name().map(|n| format!("/dev/{}", n.to_string_lossy())))
+        .and_then(|t| {
+            t.file_name()
+                .map(|n| format!("/dev/{}", n.to_string_lossy()))
+        })
         .unwrap_or(id)
 }
 
