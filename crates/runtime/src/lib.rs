@@ -16,6 +16,7 @@ pub mod open_files;
 pub mod orphans;
 pub mod parts;
 pub mod records;
+pub mod sample;
 pub mod sandbox;
 pub mod server;
 pub mod service;

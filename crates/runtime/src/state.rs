@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use crate::error::{Result, RuntimeError};
 use crate::records::{ContainerRecord, ContainerState, SandboxRecord};
+use crate::sample::{Cached, ContainerSample, LayerUsage, PodSample};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Record updates are whole-value replacements: a panic elsewhere cannot
@@ -56,6 +57,8 @@ pub struct Sandbox {
     listing: Listing,
     containers: Mutex<BTreeSet<String>>,
     cpu_sample: Mutex<Option<(i64, u64)>>,
+    /// The last reading of its network, for the metrics calls.
+    pub metrics_sample: Cached<PodSample>,
     /// Lifecycle lock: container creation takes it shared, stopping and
     /// removing the pod take it exclusively.
     pub op: tokio::sync::RwLock<()>,
@@ -70,6 +73,7 @@ impl Sandbox {
             listing: Listing::default(),
             containers: Mutex::new(BTreeSet::new()),
             cpu_sample: Mutex::new(None),
+            metrics_sample: Cached::default(),
             op: tokio::sync::RwLock::new(()),
         }
     }
@@ -129,6 +133,10 @@ pub struct Container {
     pub op: tokio::sync::Mutex<()>,
     exited: watch::Sender<bool>,
     cpu_sample: Mutex<Option<(i64, u64)>>,
+    /// The last reading of its cgroup and processes, for the metrics calls.
+    pub metrics_sample: Cached<ContainerSample>,
+    /// The last walk of its writable layer (stats and metrics calls).
+    pub layer_usage: Cached<LayerUsage>,
     /// Whether runc's record of the container is gone; held while deleting
     /// it, so that exit handling and removal never both run `runc delete`.
     pub runc_deleted: tokio::sync::Mutex<bool>,
@@ -151,6 +159,8 @@ impl Container {
             op: tokio::sync::Mutex::new(()),
             exited,
             cpu_sample: Mutex::new(None),
+            metrics_sample: Cached::default(),
+            layer_usage: Cached::default(),
             runc_deleted: tokio::sync::Mutex::new(false),
             listing: Listing::default(),
             generation: OnceLock::new(),

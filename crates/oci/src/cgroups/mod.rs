@@ -4,12 +4,14 @@
 //! the same in every hierarchy. They are validated before any filesystem access: no
 //! `..` or `.` components, no NUL, must start with `/`.
 
+mod metrics;
 mod parse;
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use metrics::{CgroupMetrics, DeviceIo};
 pub use parse::{cgroup_mounts, Mounted};
 
 /// `CGROUP2_SUPER_MAGIC` from `linux/magic.h`.

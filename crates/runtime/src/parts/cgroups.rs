@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use petrel_oci::cgroups::{CgroupError, CgroupStats, CgroupVersion, Cgroups};
+use petrel_oci::cgroups::{CgroupError, CgroupMetrics, CgroupStats, CgroupVersion, Cgroups};
 
 use crate::container::migration_warmup::MigrationWarmup;
 
@@ -35,6 +35,12 @@ pub trait CgroupOps: Send + Sync + std::fmt::Debug {
 
     /// CPU and memory usage of a cgroup.
     fn stats(&self, path: &str) -> Result<CgroupStats, CgroupError>;
+
+    /// The fuller reading behind the metrics calls.
+    fn metrics(&self, path: &str) -> Result<CgroupMetrics, CgroupError>;
+
+    /// The processes in a cgroup.
+    fn procs(&self, path: &str) -> Result<Vec<u32>, CgroupError>;
 
     /// Starts warming the kernel's cgroup migration lock ahead of a create
     /// (see `container::migration_warmup`); returns at once.
@@ -93,6 +99,14 @@ impl CgroupOps for HostCgroups {
 
     fn stats(&self, path: &str) -> Result<CgroupStats, CgroupError> {
         self.cgroups.stats(path)
+    }
+
+    fn metrics(&self, path: &str) -> Result<CgroupMetrics, CgroupError> {
+        self.cgroups.metrics(path)
+    }
+
+    fn procs(&self, path: &str) -> Result<Vec<u32>, CgroupError> {
+        self.cgroups.procs(path)
     }
 
     fn warm_up_migration(&self) {

@@ -679,6 +679,14 @@ impl CgroupOps for FakeHost {
     fn stats(&self, _path: &str) -> Result<CgroupStats, CgroupError> {
         Ok(CgroupStats::default())
     }
+
+    fn metrics(&self, _path: &str) -> Result<petrel_oci::cgroups::CgroupMetrics, CgroupError> {
+        Ok(Default::default())
+    }
+
+    fn procs(&self, _path: &str) -> Result<Vec<u32>, CgroupError> {
+        Ok(Vec::new())
+    }
 }
 
 impl RootfsMounter for FakeHost {

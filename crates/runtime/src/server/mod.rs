@@ -24,8 +24,10 @@ pub mod image_pull;
 pub mod images;
 #[cfg(test)]
 mod list_perf;
+pub mod metric_descriptors;
 pub mod runtime_info;
 pub mod sandbox_list;
+pub mod sandbox_metrics;
 pub mod sandbox_remove;
 pub mod sandbox_run;
 pub mod sandbox_stop;

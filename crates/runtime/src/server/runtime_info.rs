@@ -107,20 +107,4 @@ impl Runtime {
         }
         Ok(api::UpdateRuntimeConfigResponse {})
     }
-
-    /// ListMetricDescriptors: no CRI-level metrics are offered.
-    pub(crate) async fn list_metric_descriptors(
-        self: &Arc<Self>,
-        _req: api::ListMetricDescriptorsRequest,
-    ) -> Result<api::ListMetricDescriptorsResponse> {
-        Ok(api::ListMetricDescriptorsResponse::default())
-    }
-
-    /// ListPodSandboxMetrics: no CRI-level metrics are offered.
-    pub(crate) async fn list_pod_sandbox_metrics(
-        self: &Arc<Self>,
-        _req: api::ListPodSandboxMetricsRequest,
-    ) -> Result<api::ListPodSandboxMetricsResponse> {
-        Ok(api::ListPodSandboxMetricsResponse::default())
-    }
 }

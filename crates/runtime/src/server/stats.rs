@@ -1,6 +1,7 @@
 //! ContainerStats, ListContainerStats, PodSandboxStats, ListPodSandboxStats:
 //! read from the cgroups and the writable layers when asked, never sampled
-//! in the background.
+//! in the background. Each walk of a writable layer is kept for the metrics
+//! calls (`sandbox_metrics`).
 
 use std::sync::Arc;
 
@@ -74,13 +75,17 @@ impl Runtime {
         } else {
             (None, None, None)
         };
-        let petrel_oci::dir_usage::DirUsage { bytes, inodes } = dir_usage(&upper);
+        let usage = dir_usage(&upper);
+        let walked_at = util::now_ns();
+        // Kept for the metrics calls, which then need not walk again.
+        c.layer_usage.put((walked_at, usage));
+        let petrel_oci::dir_usage::DirUsage { bytes, inodes } = usage;
         api::ContainerStats {
             attributes: Some(attributes),
             cpu,
             memory,
             writable_layer: Some(api::FilesystemUsage {
-                timestamp: util::now_ns(),
+                timestamp: walked_at,
                 fs_id: Some(api::FilesystemIdentifier {
                     mountpoint: self.layout.root.join("containers").display().to_string(),
                 }),

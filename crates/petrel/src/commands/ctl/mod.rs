@@ -5,8 +5,8 @@
 //! `pods`, `ps`, `inspect`, `inspectp`, `inspecti`, `images`, `pull`, `rmi`
 //! (with `-a` and `--prune`), `imagefsinfo`, `events`, `logs`, `exec`
 //! (`-i`/`-t` stream through the runtime's streaming server), `attach`,
-//! `port-forward`, `stats`, `run`, `stop`, `rm`, `stopp`, `rmp` and
-//! `metrics`; Petrel's own
+//! `port-forward`, `stats`, `metricdescs`, `metricsp`, `run`, `stop`, `rm`,
+//! `stopp`, `rmp` and `metrics`; Petrel's own
 //! `image import`, `image export`, `image prune` and `image gc --high --low`
 //! go through its admin API.
 //!
@@ -33,6 +33,7 @@ mod info;
 mod logs;
 mod nri;
 mod output;
+mod pod_metrics;
 mod pods;
 mod pull;
 mod run;
@@ -134,6 +135,10 @@ enum CtlCommand {
     Rmp(pods::RmpArgs),
     /// Show the runtime's metrics (Prometheus text).
     Metrics,
+    /// List the CRI metric descriptors (what `metricsp` reports).
+    Metricdescs,
+    /// List every ready pod's CRI metrics and its containers'.
+    Metricsp,
     /// List the runtime's NRI plugins: index, subscriptions, health, calls.
     Nri,
 }
@@ -165,6 +170,8 @@ async fn dispatch(ctl: &Ctl, command: CtlCommand) -> Result<ExitCode, CtlError> 
         CtlCommand::Version => info::version(ctl).await,
         CtlCommand::Info => info::info(ctl).await,
         CtlCommand::Metrics => info::metrics(ctl).await,
+        CtlCommand::Metricdescs => pod_metrics::descriptors(ctl).await,
+        CtlCommand::Metricsp => pod_metrics::pod_metrics(ctl).await,
         CtlCommand::Nri => nri::plugins(ctl).await,
         CtlCommand::Pods(a) => pods::list(ctl, a).await,
         CtlCommand::Inspectp(a) => pods::inspect(ctl, a).await,
