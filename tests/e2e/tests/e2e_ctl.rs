@@ -69,6 +69,16 @@ async fn ctl_should_drive_a_pod_through_its_life() {
     assert_eq!(o.status.code(), Some(3));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "petrel");
     assert!(ok(&node, &["stats"]).contains("talker"));
+    let descs = ok(&node, &["metricdescs"]);
+    assert!(
+        descs.contains("container_cpu_usage_seconds_total"),
+        "{descs}"
+    );
+    let metrics = ok(&node, &["metricsp"]);
+    assert!(
+        metrics.contains(&pod) && metrics.contains("container_memory_working_set_bytes"),
+        "{metrics}"
+    );
     assert!(ok(&node, &["info"]).contains("RuntimeReady"));
     assert!(ok(&node, &["version"]).contains("petrel"));
 
