@@ -413,8 +413,7 @@ async fn verbose_pod_status_should_not_run_a_cni_check_per_call() {
     std::fs::create_dir_all(&bin).unwrap();
     let plugin = bin.join("petrel-count");
     std::fs::write(&plugin, COUNTING_PLUGIN).unwrap();
-    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let calls = |cmd: &str| {
         std::fs::read_to_string(bin.join("calls"))
             .unwrap_or_default()
@@ -435,7 +434,11 @@ async fn verbose_pod_status_should_not_run_a_cni_check_per_call() {
         verbose: true,
     };
     for _ in 0..5 {
-        let st = c.rt.pod_sandbox_status(verbose(&id)).await.unwrap().into_inner();
+        let st =
+            c.rt.pod_sandbox_status(verbose(&id))
+                .await
+                .unwrap()
+                .into_inner();
         assert!(st.info["info"].contains("\"ips\""), "{:?}", st.info);
     }
     assert_eq!(calls("CHECK"), 0, "a verbose status ran a CNI CHECK");
@@ -447,7 +450,11 @@ async fn verbose_pod_status_should_not_run_a_cni_check_per_call() {
     let mut c = node.clients().await;
     let mut check = None;
     for _ in 0..100 {
-        let st = c.rt.pod_sandbox_status(verbose(&id)).await.unwrap().into_inner();
+        let st =
+            c.rt.pod_sandbox_status(verbose(&id))
+                .await
+                .unwrap()
+                .into_inner();
         check = st.info.get("networkCheck").cloned();
         if check.is_some() {
             break;

@@ -1108,13 +1108,13 @@ async fn stop_and_remove_should_succeed_for_what_is_gone() {
     while let Some(r) = removals.join_next().await {
         r.unwrap().unwrap();
     }
-    let left =
-        c.img
-            .list_images(api::ListImagesRequest { filter: None })
-            .await
-            .unwrap()
-            .into_inner()
-            .images;
+    let left = c
+        .img
+        .list_images(api::ListImagesRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
     assert!(left.is_empty(), "{left:?}");
     c.img.remove_image(remove_image()).await.unwrap();
 }

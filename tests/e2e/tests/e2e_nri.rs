@@ -1191,9 +1191,8 @@ async fn a_pod_should_stay_unseen_until_its_run_pod_sandbox_hook_returns() {
 /// StopPodSandbox and RemovePodSandbox name the pod's addresses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_stop_should_reach_plugins_once_with_its_addresses() {
-    let net = petrel_testkit::network::PodNetwork::with_chain(
-        petrel_testkit::network::LOOPBACK_PORTMAP,
-    );
+    let net =
+        petrel_testkit::network::PodNetwork::with_chain(petrel_testkit::network::LOOPBACK_PORTMAP);
     let mut node = Node::prepare_with(&net.cri_config(), "");
     node.spawn();
     let mut c = node.clients().await;
@@ -1219,9 +1218,8 @@ async fn a_pods_stop_should_reach_plugins_once_with_its_addresses() {
     let handle = run(&mut c, stub).await;
 
     let pod = c.run_pod(node.pod_config("twice")).await;
-    let ip = c
-        .rt
-        .pod_sandbox_status(api::PodSandboxStatusRequest {
+    let ip =
+        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
             pod_sandbox_id: pod.clone(),
             verbose: false,
         })

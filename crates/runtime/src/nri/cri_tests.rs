@@ -49,7 +49,10 @@ async fn wait_plugins(t: &TestRuntime, n: usize) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{} plugins registered, expected {n}", t.rt.nri.registry().all().len());
+    panic!(
+        "{} plugins registered, expected {n}",
+        t.rt.nri.registry().all().len()
+    );
 }
 
 fn run_request(name: &str) -> cri::RunPodSandboxRequest {
@@ -64,9 +67,11 @@ type Log = Arc<Mutex<Vec<String>>>;
 
 fn note(log: &Log, event: &str, pod: Option<api::PodSandbox>) {
     let pod = pod.unwrap_or_default();
-    log.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(format!("{event} {} {}", pod.id, pod.ips.join(",")));
+    log.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+        "{event} {} {}",
+        pod.id,
+        pod.ips.join(",")
+    ));
 }
 
 fn logged(log: &Log) -> Vec<String> {
@@ -117,7 +122,10 @@ async fn run_pod_should_keep_the_pod_unseen_until_the_nri_hook_returns() {
             verbose: false,
         })
         .await;
-    assert!(matches!(status, Err(RuntimeError::NotFound { .. })), "{status:?}");
+    assert!(
+        matches!(status, Err(RuntimeError::NotFound { .. })),
+        "{status:?}"
+    );
     let created =
         t.rt.create_container(cri::CreateContainerRequest {
             pod_sandbox_id: id.clone(),
@@ -125,7 +133,10 @@ async fn run_pod_should_keep_the_pod_unseen_until_the_nri_hook_returns() {
             sandbox_config: Some(isolated_pod_config("p")),
         })
         .await;
-    assert!(created.is_err(), "a container was created in a pod being run");
+    assert!(
+        created.is_err(),
+        "a container was created in a pod being run"
+    );
     assert!(t.rt.state.containers().is_empty());
 
     release.notify_one();
@@ -223,7 +234,10 @@ async fn a_container_created_while_a_late_plugin_synchronizes_should_reach_it() 
     // the registration timeout instead, and the plugin is kept.
     let t = runtime(Duration::from_millis(300));
     let pod = t.isolated_pod("p").await.unwrap_or_else(|e| panic!("{e}"));
-    let before = t.create(&pod, "before").await.unwrap_or_else(|e| panic!("{e}"));
+    let before = t
+        .create(&pod, "before")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 
     let seen: Log = Arc::default();
     let (s1, s2) = (seen.clone(), seen.clone());
@@ -239,9 +253,7 @@ async fn a_container_created_while_a_late_plugin_synchronizes_should_reach_it() 
             let (s1, tx, r) = (s1.clone(), reached_tx.clone(), r.clone());
             async move {
                 for c in containers {
-                    s1.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(c.id);
+                    s1.lock().unwrap_or_else(|p| p.into_inner()).push(c.id);
                 }
                 let _ = tx.send(());
                 r.notified().await;
@@ -283,7 +295,10 @@ async fn a_container_created_while_a_late_plugin_synchronizes_should_reach_it() 
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{e}"));
     wait_plugins(&t, 1).await;
-    let after = t.create(&pod, "after").await.unwrap_or_else(|e| panic!("{e}"));
+    let after = t
+        .create(&pod, "after")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let seen = logged(&seen);
     for id in [&before, &during, &after] {
         assert_eq!(

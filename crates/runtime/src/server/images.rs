@@ -195,9 +195,7 @@ impl Runtime {
         match removed {
             // A concurrent RemoveImage of the same image got there first:
             // the image is gone, which is what this call asked for.
-            Ok(_) | Err(petrel_image::ImageError::NotFound(_)) => {
-                Ok(api::RemoveImageResponse {})
-            }
+            Ok(_) | Err(petrel_image::ImageError::NotFound(_)) => Ok(api::RemoveImageResponse {}),
             Err(e) => Err(e.into()),
         }
     }
@@ -281,7 +279,9 @@ mod tests {
             r.expect("every removal succeeds");
         }
         assert!(t.rt.images.list().is_empty());
-        t.rt.remove_image(remove(IMAGE)).await.expect("removed again");
+        t.rt.remove_image(remove(IMAGE))
+            .await
+            .expect("removed again");
         t.rt.remove_image(remove("nothing.local/x:1"))
             .await
             .expect("never there");

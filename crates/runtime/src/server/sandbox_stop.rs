@@ -47,7 +47,9 @@ mod tests {
         .await
         .expect("remove");
         t.host.clear_calls();
-        t.rt.stop_pod_sandbox(stop(&id)).await.expect("stop removed");
+        t.rt.stop_pod_sandbox(stop(&id))
+            .await
+            .expect("stop removed");
         assert_eq!(t.host.calls(), Vec::<Call>::new());
         assert!(t.rt.stop_pod_sandbox(stop("")).await.is_err());
     }
