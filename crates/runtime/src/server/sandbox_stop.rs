@@ -15,6 +15,9 @@ impl Runtime {
         self: &Arc<Self>,
         req: api::StopPodSandboxRequest,
     ) -> Result<api::StopPodSandboxResponse> {
+        // As creations and removals: a plugin being synchronized is told
+        // of the stop after its Synchronize, or synchronized after the stop.
+        let _sync = self.nri_block_sync().await;
         let sb = match self.sandbox(&req.pod_sandbox_id) {
             Ok(sb) => sb,
             Err(RuntimeError::NotFound { .. }) => return Ok(api::StopPodSandboxResponse {}),
