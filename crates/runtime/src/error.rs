@@ -26,6 +26,10 @@ pub enum RuntimeError {
         /// The id or reference asked for.
         id: String,
     },
+    /// Something the image store or a registry lacks; the message names
+    /// it (`image …`, `tag … of image …`, a manifest).
+    #[error("{0} not found")]
+    ImageNotFound(String),
     /// A name is reserved by another object.
     #[error("name {name} is reserved by {owner}")]
     AlreadyExists {
@@ -271,7 +275,7 @@ impl RuntimeError {
         use petrel_stream::StreamError as S;
         match self {
             Self::InvalidArgument { .. } => Code::InvalidArgument,
-            Self::NotFound { .. } => Code::NotFound,
+            Self::NotFound { .. } | Self::ImageNotFound(_) => Code::NotFound,
             Self::AlreadyExists { .. } => Code::AlreadyExists,
             Self::FailedPrecondition(_) => Code::FailedPrecondition,
             Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
@@ -374,10 +378,8 @@ impl From<petrel_image::ImageError> for RuntimeError {
         use petrel_image::ImageError as E;
         match e {
             // Answers about the request, worded as the others are.
-            E::NotFound(what) => Self::NotFound {
-                kind: "image",
-                id: what,
-            },
+            // The store's message names what is missing ("image …").
+            E::NotFound(what) => Self::ImageNotFound(what),
             E::InvalidReference { .. } => Self::invalid("image.image", e.to_string()),
             other => Self::Image(other),
         }

@@ -87,6 +87,10 @@ pub struct SandboxRecord {
     /// The pod's CNI network, from just before ADD until DEL succeeded.
     #[serde(default)]
     pub network: Option<NetworkRecord>,
+    /// The addresses the pod had when its network was released (DEL):
+    /// NRI's StopPodSandbox and RemovePodSandbox events still name them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released_ips: Vec<String>,
 }
 
 /// A pod's attachment to a CNI network, kept so that it is torn down with

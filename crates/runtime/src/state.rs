@@ -59,6 +59,9 @@ pub struct Sandbox {
     cpu_sample: Mutex<Option<(i64, u64)>>,
     /// The last reading of its network, for the metrics calls.
     pub metrics_sample: Cached<PodSample>,
+    /// The verdict of the last CNI CHECK of the pod's network (run once
+    /// after a restart, never per status call), for verbose status.
+    network_check: Mutex<Option<String>>,
     /// Lifecycle lock: container creation takes it shared, stopping and
     /// removing the pod take it exclusively.
     pub op: tokio::sync::RwLock<()>,
@@ -74,6 +77,7 @@ impl Sandbox {
             containers: Mutex::new(BTreeSet::new()),
             cpu_sample: Mutex::new(None),
             metrics_sample: Cached::default(),
+            network_check: Mutex::new(None),
             op: tokio::sync::RwLock::new(()),
         }
     }
@@ -120,6 +124,16 @@ impl Sandbox {
     /// Records a CPU usage sample of the pod and returns the previous one.
     pub fn swap_cpu_sample(&self, sample: (i64, u64)) -> Option<(i64, u64)> {
         lock(&self.cpu_sample).replace(sample)
+    }
+
+    /// Records the verdict of a CNI CHECK of the pod's network.
+    pub fn set_network_check(&self, verdict: String) {
+        *lock(&self.network_check) = Some(verdict);
+    }
+
+    /// The verdict of the last CNI CHECK, if one ran.
+    pub fn network_check(&self) -> Option<String> {
+        lock(&self.network_check).clone()
     }
 }
 

@@ -310,20 +310,25 @@ async fn networked_pods_should_survive_a_restart_and_a_lost_namespace() {
     assert_eq!(pod_ip(&mut c, &a).await, ip_a);
     let (code, out) = exec(&mut c, &ca, &fetch(&ip_b)).await;
     assert_eq!((code, out.trim()), (0, "hello-from-lost"), "{out}");
-    let st =
-        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
-            pod_sandbox_id: a.clone(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        st.info.get("networkCheck").map(String::as_str),
-        Some("ok"),
-        "{:?}",
-        st.info
-    );
+    // The CNI CHECK run after the restart (off the start-up path) passed;
+    // verbose status shows its verdict.
+    let mut check = None;
+    for _ in 0..100 {
+        let st =
+            c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+                pod_sandbox_id: a.clone(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        check = st.info.get("networkCheck").cloned();
+        if check.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(check.as_deref(), Some("ok"));
 
     // Pod b's namespace disappears behind the runtime's back: DEL still
     // releases its address.
@@ -382,4 +387,86 @@ async fn agent_should_probe_pods_on_their_cni_address() {
     // A terminated pod's sandbox is stopped: its lease goes at once.
     let released = eventually(Duration::from_secs(30), || net.leased().is_empty()).await;
     assert!(released, "{:?}", net.leased());
+}
+
+/// A chained CNI plugin that writes each command it runs to `calls` beside
+/// itself and passes the previous result on.
+const COUNTING_PLUGIN: &str = r#"#!/usr/bin/python3
+import json, os, sys
+conf = json.load(sys.stdin)
+cmd = os.environ.get("CNI_COMMAND", "")
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "calls"), "a") as f:
+    f.write(cmd + "\n")
+if cmd == "ADD":
+    json.dump(conf["prevResult"], sys.stdout)
+elif cmd == "VERSION":
+    json.dump({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}, sys.stdout)
+"#;
+
+/// Verbose PodSandboxStatus answers from what the runtime holds: no CNI
+/// CHECK per call (only recovery's, once, after a restart, whose verdict
+/// status then shows).
+#[tokio::test]
+async fn verbose_pod_status_should_not_run_a_cni_check_per_call() {
+    let net = PodNetwork::with_chain(r#"{"type":"loopback"},{"type":"petrel-count"}"#);
+    let bin = net.dir().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let plugin = bin.join("petrel-count");
+    std::fs::write(&plugin, COUNTING_PLUGIN).unwrap();
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let calls = |cmd: &str| {
+        std::fs::read_to_string(bin.join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == cmd)
+            .count()
+    };
+    let cri = format!(
+        "pod_network = \"cni\"\n[cri.cni]\nconf_dir = {:?}\nbin_dirs = [{:?}, {:?}]\n",
+        net.conf_dir, bin, net.bin_dir
+    );
+    let mut node = Node::start_with(&cri);
+    let mut c = node.clients().await;
+    let id = c.run_pod(node.pod_config("counted")).await;
+    assert_eq!(calls("ADD"), 1, "the counting plugin is in the chain");
+    let verbose = |id: &str| api::PodSandboxStatusRequest {
+        pod_sandbox_id: id.to_string(),
+        verbose: true,
+    };
+    for _ in 0..5 {
+        let st =
+            c.rt.pod_sandbox_status(verbose(&id))
+                .await
+                .unwrap()
+                .into_inner();
+        assert!(st.info["info"].contains("\"ips\""), "{:?}", st.info);
+    }
+    assert_eq!(calls("CHECK"), 0, "a verbose status ran a CNI CHECK");
+
+    // After a restart recovery checks the pod's network once; status shows
+    // that verdict and runs no CHECK of its own.
+    node.terminate();
+    node.restart();
+    let mut c = node.clients().await;
+    let mut check = None;
+    for _ in 0..100 {
+        let st =
+            c.rt.pod_sandbox_status(verbose(&id))
+                .await
+                .unwrap()
+                .into_inner();
+        check = st.info.get("networkCheck").cloned();
+        if check.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(check.as_deref(), Some("ok"));
+    for _ in 0..5 {
+        c.rt.pod_sandbox_status(verbose(&id)).await.unwrap();
+    }
+    assert_eq!(calls("CHECK"), 1);
+    c.remove_pod(&id).await.unwrap();
+    assert_eq!(calls("DEL"), 1);
+    assert!(net.leased().is_empty(), "{:?}", net.leased());
 }

@@ -1060,3 +1060,61 @@ async fn the_runtime_should_raise_its_open_file_limit_while_containers_keep_the_
     c.remove(&id).await.expect("remove");
     c.remove_pod(&pod).await.expect("remove pod");
 }
+
+/// CRI's idempotence: stopping or removing a pod, a container or an image
+/// that is gone (or never was) succeeds and does nothing; concurrent
+/// removals of one image all succeed.
+#[tokio::test]
+async fn stop_and_remove_should_succeed_for_what_is_gone() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let unknown = "0123456789abcdef".repeat(4);
+    let stop_pod = |id: &str| api::StopPodSandboxRequest {
+        pod_sandbox_id: id.to_string(),
+    };
+    let remove_image = || api::RemoveImageRequest {
+        image: Some(api::ImageSpec {
+            image: BUSYBOX.to_string(),
+            ..Default::default()
+        }),
+    };
+    c.stop(&unknown, 0).await.unwrap();
+    c.remove(&unknown).await.unwrap();
+    c.rt.stop_pod_sandbox(stop_pod(&unknown)).await.unwrap();
+    c.remove_pod(&unknown).await.unwrap();
+
+    let pc = node.pod_config("gone");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("c", "sleep 1000")).await;
+    c.stop(&id, 0).await.unwrap();
+    c.stop(&id, 0).await.unwrap();
+    c.remove(&id).await.unwrap();
+    c.stop(&id, 0).await.unwrap();
+    c.remove(&id).await.unwrap();
+    c.rt.stop_pod_sandbox(stop_pod(&pod)).await.unwrap();
+    c.rt.stop_pod_sandbox(stop_pod(&pod)).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+    c.rt.stop_pod_sandbox(stop_pod(&pod)).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+
+    // Five RemoveImage calls of one image at once: all succeed.
+    let mut removals = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        let mut img = c.img.clone();
+        let req = remove_image();
+        removals.spawn(async move { img.remove_image(req).await });
+    }
+    while let Some(r) = removals.join_next().await {
+        r.unwrap().unwrap();
+    }
+    let left = c
+        .img
+        .list_images(api::ListImagesRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    assert!(left.is_empty(), "{left:?}");
+    c.img.remove_image(remove_image()).await.unwrap();
+}

@@ -1103,3 +1103,217 @@ async fn a_known_images_rootfs_should_be_mounted_while_plugins_are_asked() {
         assert!(text.contains(metric), "{metric} not in:\n{text}");
     }
 }
+
+/// Until a plugin's RunPodSandbox hook returns, the pod is not listed, has
+/// no status and takes no container; after it, the pod is Ready and runs
+/// containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_should_stay_unseen_until_its_run_pod_sandbox_hook_returns() {
+    let node = start_node("", |_| {});
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel::<String>();
+    let reached_tx = Mutex::new(reached_tx);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    let stub = plugin(&node, "10", "blocker", ())
+        .on_run_pod_sandbox(move |_s, req: nri::RunPodSandboxRequest| {
+            let id = req.pod.map(|p| p.id).unwrap_or_default();
+            let _ = reached_tx.lock().unwrap().send(id);
+            let r = r.clone();
+            async move {
+                r.notified().await;
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
+    let handle = run(&mut c, stub).await;
+
+    let pc = node.pod_config("hooked");
+    let mut rt = c.rt.clone();
+    let req = api::RunPodSandboxRequest {
+        config: Some(pc.clone()),
+        runtime_handler: String::new(),
+    };
+    let running = tokio::spawn(async move { rt.run_pod_sandbox(req).await });
+    let id = tokio::task::spawn_blocking(move || reached_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("the RunPodSandbox hook was not called");
+
+    let listed =
+        c.rt.list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+    assert!(listed.iter().all(|p| p.id != id), "{listed:?}");
+    let status =
+        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    let created =
+        c.rt.create_container(api::CreateContainerRequest {
+            pod_sandbox_id: id.clone(),
+            config: Some(sh_container("early", "sleep 1000")),
+            sandbox_config: Some(pc.clone()),
+        })
+        .await;
+    assert!(created.is_err(), "{created:?}");
+
+    release.notify_one();
+    let ran = running.await.unwrap().unwrap().into_inner();
+    assert_eq!(ran.pod_sandbox_id, id);
+    let status =
+        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.status.unwrap().state,
+        api::PodSandboxState::SandboxReady as i32
+    );
+    let ctr = c.run(&id, &pc, sh_container("late", "sleep 1000")).await;
+    c.stop(&ctr, 0).await.unwrap();
+    c.remove_pod(&id).await.unwrap();
+    handle.stop();
+}
+
+/// StopPodSandbox reaches plugins once however often a pod is stopped, and
+/// StopPodSandbox and RemovePodSandbox name the pod's addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_stop_should_reach_plugins_once_with_its_addresses() {
+    let net =
+        petrel_testkit::network::PodNetwork::with_chain(petrel_testkit::network::LOOPBACK_PORTMAP);
+    let mut node = Node::prepare_with(&net.cri_config(), "");
+    node.spawn();
+    let mut c = node.clients().await;
+    let told: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (t1, t2) = (told.clone(), told.clone());
+    let note = |t: &Mutex<Vec<String>>, what: &str, pod: Option<nri::PodSandbox>| {
+        let pod = pod.unwrap_or_default();
+        t.lock()
+            .unwrap()
+            .push(format!("{what} {} {}", pod.id, pod.ips.join(",")));
+    };
+    let stub = plugin(&node, "10", "stops", ())
+        .on_stop_pod_sandbox(move |_s, req: nri::StopPodSandboxRequest| {
+            note(&t1, "stop", req.pod);
+            async { Ok(()) }
+        })
+        .on_remove_pod_sandbox(move |_s, req: nri::RemovePodSandboxRequest| {
+            note(&t2, "remove", req.pod);
+            async { Ok(()) }
+        })
+        .build()
+        .unwrap();
+    let handle = run(&mut c, stub).await;
+
+    let pod = c.run_pod(node.pod_config("twice")).await;
+    let ip =
+        c.rt.pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .and_then(|s| s.network)
+        .map(|n| n.ip)
+        .unwrap_or_default();
+    assert!(ip.starts_with(&net.prefix), "{ip}");
+    for _ in 0..3 {
+        c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .unwrap();
+    }
+    c.remove_pod(&pod).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+    assert_eq!(
+        *told.lock().unwrap(),
+        [format!("stop {pod} {ip}"), format!("remove {pod} {ip}")]
+    );
+    assert!(net.leased().is_empty(), "{:?}", net.leased());
+    handle.stop();
+}
+
+/// A plugin that connects late and takes longer than the request timeout
+/// to synchronize is kept, and learns of a container created meanwhile
+/// (the create waits for the Synchronize to end, then reaches it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_created_while_a_late_plugin_synchronizes_should_reach_it() {
+    let node = start_node("", |_| {});
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("sync");
+    let pod = c.run_pod(pc.clone()).await;
+    let before = c.run(&pod, &pc, sh_container("before", "sleep 1000")).await;
+
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (s1, s2) = (seen.clone(), seen.clone());
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel::<()>();
+    let reached_tx = Mutex::new(reached_tx);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    let stub = plugin(&node, "20", "late", ())
+        .on_synchronize(move |_s, _pods, containers: Vec<nri::Container>| {
+            s1.lock()
+                .unwrap()
+                .extend(containers.into_iter().map(|c| c.id));
+            let _ = reached_tx.lock().unwrap().send(());
+            let r = r.clone();
+            async move {
+                r.notified().await;
+                Ok(Vec::new())
+            }
+        })
+        .on_create_container(move |_s, req: nri::CreateContainerRequest| {
+            s2.lock()
+                .unwrap()
+                .push(req.container.map(|c| c.id).unwrap_or_default());
+            async { Ok(nri::CreateContainerResponse::default()) }
+        })
+        .build()
+        .unwrap();
+    let handle = stub.handle();
+    tokio::spawn(stub.run());
+    tokio::task::spawn_blocking(move || reached_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("Synchronize was not called");
+
+    let mut rt = c.rt.clone();
+    let req = api::CreateContainerRequest {
+        pod_sandbox_id: pod.clone(),
+        config: Some(sh_container("during", "sleep 1000")),
+        sandbox_config: Some(pc.clone()),
+    };
+    let creating = tokio::spawn(async move { rt.create_container(req).await });
+    // Past the default request timeout (2 s) of the Synchronize call.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    release.notify_one();
+    let during = creating.await.unwrap().unwrap().into_inner().container_id;
+    wait_connected(&mut c, "20-late").await;
+    let after = c.run(&pod, &pc, sh_container("after", "sleep 1000")).await;
+    let seen = seen.lock().unwrap().clone();
+    for id in [&before, &during, &after] {
+        assert_eq!(
+            seen.iter().filter(|s| *s == id).count(),
+            1,
+            "container {id} reached the late plugin other than once: {seen:?}"
+        );
+    }
+    c.remove_pod(&pod).await.unwrap();
+    handle.stop();
+}

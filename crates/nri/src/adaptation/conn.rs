@@ -310,8 +310,27 @@ impl PluginConn {
         method: &str,
         req: &Req,
     ) -> Result<Resp, ConnError> {
-        let timeout = Some(self.inner.options.request_timeout);
-        Ok(self.inner.client.call(method, req, timeout).await?)
+        self.call_within(method, req, self.inner.options.request_timeout)
+            .await
+    }
+
+    async fn call_within<Req: Message, Resp: Message + Default>(
+        &self,
+        method: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, ConnError> {
+        Ok(self.inner.client.call(method, req, Some(timeout)).await?)
+    }
+
+    /// The bound of each Synchronize message: the larger of the request and
+    /// registration timeouts. Synchronize ends a plugin's admission, and a
+    /// plugin that reconciles (or waits for) what it is shown there is not
+    /// dropped at the request timeout, which would lose it every object
+    /// created meanwhile.
+    pub fn sync_timeout(&self) -> Duration {
+        let o = &self.inner.options;
+        o.request_timeout.max(o.registration_timeout)
     }
 
     /// Sends Configure and records the subscription. An answer of 0 means every event,
@@ -346,7 +365,7 @@ impl PluginConn {
 
     /// Sends every pod and container, split into as many Synchronize messages as the
     /// size budget needs (`more` set on all but the last), and returns the updates the
-    /// plugin asks for. Each message is bounded by the request timeout.
+    /// plugin asks for. Each message is bounded by [`PluginConn::sync_timeout`].
     pub async fn synchronize(
         &self,
         pods: &[api::PodSandbox],
@@ -361,7 +380,9 @@ impl PluginConn {
                 containers: containers[c].to_vec(),
                 more,
             };
-            let resp: api::SynchronizeResponse = self.call(method::SYNCHRONIZE, &req).await?;
+            let resp: api::SynchronizeResponse = self
+                .call_within(method::SYNCHRONIZE, &req, self.sync_timeout())
+                .await?;
             if !more {
                 return Ok(resp.update);
             }

@@ -123,11 +123,12 @@ impl Runtime {
         }
     }
 
-    /// RunPodSandbox: a plugin may refuse the pod (the caller undoes it).
-    pub(crate) async fn nri_run_pod(&self, sb: &Sandbox) -> Result<()> {
+    /// RunPodSandbox, for the pod `rec` describes once it is made (still
+    /// `Creating`): a plugin may refuse the pod (the caller undoes it).
+    pub(crate) async fn nri_run_pod(&self, rec: &SandboxRecord) -> Result<()> {
         match self.nri() {
             Some(n) if n.registry().any(Event::RunPodSandbox) => {
-                Ok(n.run_pod_sandbox(&sb.with(records::pod)).await?)
+                Ok(n.run_pod_sandbox(&records::pod(rec)).await?)
             }
             _ => Ok(()),
         }
@@ -135,10 +136,21 @@ impl Runtime {
 
     /// StopPodSandbox and RemovePodSandbox notifications.
     pub(crate) async fn nri_pod_gone(&self, sb: &Sandbox, event: Event) {
+        self.nri_pod_event(event, || sb.with(records::pod)).await;
+    }
+
+    /// RemovePodSandbox for a pod whose RunPodSandbox the plugins accepted
+    /// but which failed after (it is undone).
+    pub(crate) async fn nri_run_pod_undone(&self, rec: &SandboxRecord) {
+        self.nri_pod_event(Event::RemovePodSandbox, || records::pod(rec))
+            .await;
+    }
+
+    async fn nri_pod_event(&self, event: Event, pod: impl FnOnce() -> api::PodSandbox) {
         let Some(n) = self.nri().filter(|n| n.registry().any(event)) else {
             return;
         };
-        let pod = sb.with(records::pod);
+        let pod = pod();
         match event {
             Event::StopPodSandbox => n.stop_pod_sandbox(&pod).await,
             Event::RemovePodSandbox => n.remove_pod_sandbox(&pod).await,

@@ -623,3 +623,6 @@ fn bind(path: &Path) -> Result<UnixListener, NriError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cri_tests;

@@ -81,11 +81,12 @@ pub fn pod(rec: &SandboxRecord) -> api::PodSandbox {
             ..Default::default()
         }),
         pid: rec.pid_holder.map(|h| h.pid).unwrap_or(0),
+        // A stopped pod's addresses are those it had: plugins told of the
+        // stop or the removal learn which addresses went.
         ips: rec
             .network
             .as_ref()
-            .map(|n| n.ips.clone())
-            .unwrap_or_default(),
+            .map_or_else(|| rec.released_ips.clone(), |n| n.ips.clone()),
     }
 }
 

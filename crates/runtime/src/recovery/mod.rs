@@ -167,8 +167,8 @@ impl Runtime {
     }
 
     /// CNI CHECK of a pod that survived a restart, off the start-up path:
-    /// what the plugins say is logged (the pod stays as it is; its
-    /// containers tell whether they can still work).
+    /// what the plugins say is logged and kept for verbose status (the pod
+    /// stays as it is; its containers tell whether they can still work).
     fn check_network_later(self: &Arc<Self>, rec: &SandboxRecord) {
         let rt = self.clone();
         let rec = rec.clone();
@@ -176,10 +176,19 @@ impl Runtime {
             let Some(net) = rec.network.as_ref() else {
                 return;
             };
-            match rt.networks.check(&rec, net).await {
-                Ok(Some(())) => tracing::debug!(sandbox.id = %rec.id, "CNI CHECK passed"),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(sandbox.id = %rec.id, error = %e, "CNI CHECK failed"),
+            let verdict = match rt.networks.check(&rec, net).await {
+                Ok(Some(())) => {
+                    tracing::debug!(sandbox.id = %rec.id, "CNI CHECK passed");
+                    "ok".to_string()
+                }
+                Ok(None) => "not supported by the network's CNI version or config".to_string(),
+                Err(e) => {
+                    tracing::warn!(sandbox.id = %rec.id, error = %e, "CNI CHECK failed");
+                    format!("failed: {e}")
+                }
+            };
+            if let Some(sb) = rt.state.sandbox(&rec.id) {
+                sb.set_network_check(verdict);
             }
         });
     }

@@ -233,6 +233,7 @@ fn pod_record(t: &TestRuntime) -> SandboxRecord {
         created_cgroups: Vec::new(),
         created_cgroup_dirs: Vec::new(),
         network: None,
+        released_ips: Vec::new(),
     };
     t.rt.store
         .put(Table::Sandboxes, &id, &rec)

@@ -1,6 +1,7 @@
 //! A pod sandbox's creation: namespaces pinned without a pause process,
 //! shared files, the shm tmpfs, the pod cgroup, the CNI network, the
-//! PID-namespace holder; then `Ready` committed. All or nothing: a failure
+//! PID-namespace holder; then NRI's RunPodSandbox, and `Ready` committed
+//! once every plugin accepted the pod. All or nothing: a failure
 //! (a refusing NRI plugin among them) undoes every step
 //! (`sandbox::teardown`), deletes the record and frees the name.
 
@@ -48,8 +49,20 @@ impl Runtime {
             .make_sandbox(&mut rec, hostname, host_network, network)
             .await
         {
-            // A plugin may still refuse the pod: it is undone like a failure.
-            Ok(()) => self.nri_run_pod(&sb).await,
+            // A plugin may still refuse the pod: it is undone like a
+            // failure. Until its hook returns the pod stays `Creating`,
+            // unseen by clients (not listed, no status, no containers).
+            Ok(()) => match self.nri_run_pod(&rec).await {
+                Ok(()) => {
+                    let ready = self.sandbox_ready(&sb, &mut rec);
+                    if ready.is_err() {
+                        // The plugins accepted a pod that is now undone.
+                        self.nri_run_pod_undone(&rec).await;
+                    }
+                    ready
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         match made {
@@ -127,11 +140,13 @@ impl Runtime {
             // layout alone cannot find again after a crash.
             self.store.put(Table::Sandboxes, &rec.id, &*rec)?;
         }
+        Ok(())
+    }
+
+    /// Commits a made pod as `Ready`: from here on clients see it.
+    fn sandbox_ready(&self, sb: &Arc<Sandbox>, rec: &mut SandboxRecord) -> Result<()> {
         rec.state = SandboxState::Ready;
-        let sb = self.state.sandbox(&rec.id).ok_or_else(|| {
-            RuntimeError::Invariant(format!("sandbox {} vanished while created", rec.id))
-        })?;
-        self.save_sandbox(&sb, rec.clone())
+        self.save_sandbox(sb, rec.clone())
     }
 
     /// CNI ADD. The intent (which network) is committed first, so that a

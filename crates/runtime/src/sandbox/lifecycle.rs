@@ -20,11 +20,25 @@ use crate::service::Runtime;
 use crate::state::Sandbox;
 
 impl Runtime {
-    /// Stops a pod (StopPodSandbox, and RemovePodSandbox first): its
-    /// containers killed, the PID-namespace holder gone, the CNI network
-    /// released (committed at once), the network namespace released, then
-    /// `NotReady` committed and STOPPED published. Idempotent.
+    /// Stops a pod (StopPodSandbox, RemovePodSandbox first, evictions) and,
+    /// when this call is the one that stopped it, tells the NRI plugins
+    /// (StopPodSandbox, once per pod however often it is stopped; sent
+    /// after the pod's lock is released, so that its status stays readable
+    /// while a plugin takes its time). Idempotent.
     pub(crate) async fn sandbox_stop(self: &Arc<Self>, sb: &Arc<Sandbox>) -> Result<()> {
+        if self.sandbox_stop_locked(sb).await? {
+            self.nri_pod_gone(sb, petrel_nri::api::Event::StopPodSandbox)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// The stop itself: its containers killed, the PID-namespace holder
+    /// gone, the CNI network released (committed at once, its addresses
+    /// kept for NRI's events), the network namespace released, then
+    /// `NotReady` committed and STOPPED published. True when this call
+    /// moved the pod from `Ready` to `NotReady`.
+    async fn sandbox_stop_locked(self: &Arc<Self>, sb: &Arc<Sandbox>) -> Result<bool> {
         let _op = sb.op.write().await;
         // Containers first: they die with SIGKILL, as CRI asks of a pod stop.
         let containers: Vec<_> = sb
@@ -43,12 +57,15 @@ impl Runtime {
         // that the client's retry releases it (CRI: stop until it succeeds).
         if let Some(net) = &rec.network {
             self.networks.del(&rec, net).await?;
+            if !net.ips.is_empty() {
+                rec.released_ips = net.ips.clone();
+            }
             rec.network = None;
             // Committed at once: the network is gone whatever fails next.
             self.save_sandbox(sb, rec.clone())?;
         }
         if rec.state == SandboxState::NotReady {
-            return Ok(());
+            return Ok(false);
         }
         if let Some(netns) = rec.netns.take() {
             self.pods
@@ -61,19 +78,14 @@ impl Runtime {
         rec.state = SandboxState::NotReady;
         self.save_sandbox(sb, rec)?;
         self.publish(&sb.id, api::ContainerEventType::ContainerStoppedEvent, sb);
-        Ok(())
+        Ok(true)
     }
 
     /// Removes a pod (RemovePodSandbox): stopped, every container removed,
     /// everything it has on the host undone, its record deleted, DELETED
     /// published, its name freed.
     pub(crate) async fn sandbox_remove(self: &Arc<Self>, sb: &Arc<Sandbox>) -> Result<()> {
-        let was_ready = sb.with(|r| r.state == crate::records::SandboxState::Ready);
         self.sandbox_stop(sb).await?;
-        if was_ready {
-            self.nri_pod_gone(sb, petrel_nri::api::Event::StopPodSandbox)
-                .await;
-        }
         let _op = sb.op.write().await;
         // The stop above killed every container, so what is left is teardown
         // (runc delete, unmounts, cgroups) that overlaps well: all at once,

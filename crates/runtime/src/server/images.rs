@@ -167,7 +167,8 @@ impl Runtime {
 
     /// RemoveImage with untag semantics: one of several tags removes only
     /// that tag; an id, digest or the last tag removes the image (refused
-    /// while a container uses it). Removing an absent image succeeds.
+    /// while a container uses it). Removing an absent image succeeds, also
+    /// when a concurrent RemoveImage removed it first (CRI: idempotent).
     pub(crate) async fn remove_image(
         self: &Arc<Self>,
         req: api::RemoveImageRequest,
@@ -188,10 +189,15 @@ impl Runtime {
             self.image_users.remove(image_id);
         }
         let rt = self.clone();
-        tokio::task::spawn_blocking(move || rt.images.apply_removal(&removal))
+        let removed = tokio::task::spawn_blocking(move || rt.images.apply_removal(&removal))
             .await
-            .map_err(|e| RuntimeError::task("remove image", e))??;
-        Ok(api::RemoveImageResponse {})
+            .map_err(|e| RuntimeError::task("remove image", e))?;
+        match removed {
+            // A concurrent RemoveImage of the same image got there first:
+            // the image is gone, which is what this call asked for.
+            Ok(_) | Err(petrel_image::ImageError::NotFound(_)) => Ok(api::RemoveImageResponse {}),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Ids of the containers (in any state) created from image `image_id`.
@@ -245,5 +251,48 @@ impl Runtime {
                 inodes_used: Some(api::UInt64Value { value: inodes }),
             }],
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::future::join_all;
+    use petrel_cri::api;
+
+    use crate::error::RuntimeError;
+    use crate::parts::fake::{TestRuntime, IMAGE};
+
+    fn remove(image: &str) -> api::RemoveImageRequest {
+        api::RemoveImageRequest {
+            image: Some(api::ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_removals_of_one_image_should_all_succeed() {
+        let t = TestRuntime::new();
+        let removals = (0..5).map(|_| t.rt.remove_image(remove(IMAGE)));
+        for r in join_all(removals).await {
+            r.expect("every removal succeeds");
+        }
+        assert!(t.rt.images.list().is_empty());
+        t.rt.remove_image(remove(IMAGE))
+            .await
+            .expect("removed again");
+        t.rt.remove_image(remove("nothing.local/x:1"))
+            .await
+            .expect("never there");
+    }
+
+    #[test]
+    fn image_not_found_should_name_the_image_once() {
+        let e = RuntimeError::from(petrel_image::ImageError::NotFound(
+            "image sha256:abc".into(),
+        ));
+        assert_eq!(e.to_string(), "image sha256:abc not found");
+        assert_eq!(e.code(), tonic::Code::NotFound);
     }
 }

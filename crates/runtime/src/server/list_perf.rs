@@ -85,6 +85,7 @@ pub(crate) fn sandbox_record(pod: usize) -> SandboxRecord {
         created_cgroups: Vec::new(),
         created_cgroup_dirs: Vec::new(),
         network: None,
+        released_ips: Vec::new(),
     }
 }
 

@@ -101,6 +101,7 @@ impl Runtime {
             created_cgroups: Vec::new(),
             created_cgroup_dirs: Vec::new(),
             network: None,
+            released_ips: Vec::new(),
         };
         self.sandbox_create(rec, &hostname, host_network, network)
             .await?;
