@@ -2,6 +2,7 @@
 pub mod cgroups;
 pub mod dir_usage;
 pub mod exec_fifo;
+pub mod features;
 pub mod proc_stat;
 pub mod proc_usage;
 pub mod runc;

@@ -201,4 +201,9 @@ pub struct ContainerRecord {
     /// The resources currently applied (after UpdateContainerResources).
     #[serde(default)]
     pub resources: Option<api::LinuxContainerResources>,
+    /// The identity its process runs with (uid, gid, supplementary groups
+    /// with the primary one), from its final OCI spec; `None` before the
+    /// spec is made (and for records written before it was kept).
+    #[serde(default)]
+    pub user: Option<api::LinuxContainerUser>,
 }

@@ -386,7 +386,10 @@ impl Runtime {
                 windows: None,
             }),
             image_id: r.image_id.clone(),
-            user: None,
+            user: r
+                .user
+                .clone()
+                .map(|linux| api::ContainerUser { linux: Some(linux) }),
         })
     }
 

@@ -15,7 +15,8 @@
 //! - [`clients`]: CRI clients and the configs the tests build; [`ctl`]:
 //!   `petrel ctl`; [`wait`]: polling; [`h2raw`]: hand-made HTTP/2.
 //! - [`test_images`]: the busybox and pause test image archives;
-//!   [`oci_layout`]: synthetic OCI layouts of a chosen size.
+//!   [`oci_layout`]: synthetic OCI layouts of a chosen size, and images
+//!   with files of a test's own.
 //! - [`local_containerd`]: the containerd 1.7/1.6 `make containerd`
 //!   unpacks, as a CRI runtime the agent drives.
 //! - [`prelude`]: what most end-to-end tests use.

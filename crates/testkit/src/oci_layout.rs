@@ -82,3 +82,120 @@ pub fn random_image(dir: &Path, layer_sizes: &[usize]) -> String {
     std::fs::write(dir.join("index.json"), index.to_string()).expect("write index.json");
     format!("oci:{}:latest", dir.display())
 }
+
+/// Writes to `out` an OCI image-layout archive of the image in the
+/// `base` archive (one image, as `busybox-oci.tar`) with one more layer
+/// holding `files` (path in the image, contents; mode 0644), named
+/// `reference`: an image of the test's own, e.g. with an `/etc/group` of
+/// its choosing.
+pub fn archive_with_files(base: &Path, out: &Path, reference: &str, files: &[(&str, &str)]) {
+    use std::collections::BTreeMap;
+    use std::io::Read as _;
+    let mut entries: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let file = std::fs::File::open(base).unwrap_or_else(|e| panic!("open {}: {e}", base.display()));
+    let mut archive = tar::Archive::new(file);
+    for entry in archive.entries().expect("read base archive") {
+        let mut entry = entry.expect("archive entry");
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        let path = entry.path().expect("entry path").display().to_string();
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).expect("read entry");
+        entries.insert(path.trim_start_matches("./").to_string(), data);
+    }
+    let blob = |entries: &BTreeMap<String, Vec<u8>>, d: &str| -> serde_json::Value {
+        let path = format!("blobs/sha256/{}", d.trim_start_matches("sha256:"));
+        serde_json::from_slice(entries.get(&path).expect("blob in base archive"))
+            .expect("json blob")
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(entries.get("index.json").expect("index.json")).expect("index");
+    let desc = &index["manifests"][0];
+    let mut manifest = blob(&entries, desc["digest"].as_str().expect("manifest digest"));
+    let mut config = blob(
+        &entries,
+        manifest["config"]["digest"]
+            .as_str()
+            .expect("config digest"),
+    );
+
+    let mut b = tar::Builder::new(Vec::new());
+    let mut dirs: Vec<String> = Vec::new();
+    for (path, _) in files {
+        let mut parent = Path::new(path).parent();
+        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            dirs.push(format!("{}/", p.display()));
+            parent = p.parent();
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_mtime(0);
+        b.append_data(&mut h, dir, std::io::empty())
+            .expect("tar dir");
+    }
+    for (path, contents) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(contents.len() as u64);
+        h.set_mtime(0);
+        b.append_data(&mut h, path, contents.as_bytes())
+            .expect("tar file");
+    }
+    let layer = b.into_inner().expect("tar");
+
+    let mut put = |media_type: &str, data: Vec<u8>| -> serde_json::Value {
+        let d = digest(&data);
+        let desc = serde_json::json!({ "mediaType": media_type, "digest": d, "size": data.len() });
+        entries.insert(
+            format!("blobs/sha256/{}", d.trim_start_matches("sha256:")),
+            data,
+        );
+        desc
+    };
+    config["rootfs"]["diff_ids"]
+        .as_array_mut()
+        .expect("diff_ids")
+        .push(digest(&layer).into());
+    let layer_desc = put(LAYER_TAR, layer);
+    manifest["layers"]
+        .as_array_mut()
+        .expect("layers")
+        .push(layer_desc);
+    manifest["config"] = put(
+        "application/vnd.oci.image.config.v1+json",
+        config.to_string().into_bytes(),
+    );
+    let mut desc = put(
+        "application/vnd.oci.image.manifest.v1+json",
+        manifest.to_string().into_bytes(),
+    );
+    desc["annotations"] = serde_json::json!({ "org.opencontainers.image.ref.name": reference });
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [desc],
+    });
+    entries.insert("index.json".into(), index.to_string().into_bytes());
+
+    let out_file =
+        std::fs::File::create(out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
+    let mut b = tar::Builder::new(out_file);
+    for (path, data) in &entries {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        h.set_mtime(0);
+        b.append_data(&mut h, path, data.as_slice())
+            .expect("tar entry");
+    }
+    b.finish().expect("write archive");
+}

@@ -212,6 +212,7 @@ mod tests {
             online_cpus: None,
             online_mems: None,
             hugetlb: true,
+            recursive_read_only: true,
         }
     }
 
@@ -328,6 +329,7 @@ mod tests {
             online_cpus: None,
             online_mems: None,
             hugetlb: true,
+            recursive_read_only: true,
         };
         let caps = capabilities(Some(&s), &small).expect("caps");
         assert_eq!(names(caps.effective()), ["CAP_CHOWN", "CAP_KILL"]);

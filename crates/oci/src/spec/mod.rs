@@ -179,6 +179,11 @@ pub struct HostLimits {
     /// containerd does (`tolerate_missing_hugetlb_controller`, on by default): kubelet
     /// asks limits (0) for every page size the kernel offers on every container.
     pub hugetlb: bool,
+    /// Whether a bind mount can be made read-only recursively (the `rro`
+    /// option): the kernel has `mount_setattr(2)` and the OCI runtime knows
+    /// the option (see [`crate::features`]). CRI mounts asking for it are
+    /// refused where it is false.
+    pub recursive_read_only: bool,
 }
 
 /// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
@@ -243,8 +248,9 @@ impl HostLimits {
             open_files: Some(OpenFileLimit::current()),
             online_cpus: ids("/sys/devices/system/cpu/online"),
             online_mems,
-            // The runtime knows its cgroups and corrects this.
+            // The runtime knows its cgroups and OCI runtime and corrects these.
             hugetlb: true,
+            recursive_read_only: false,
         })
     }
 }
@@ -308,7 +314,7 @@ pub fn check_container(
         linux_resources(r, host)?;
     }
     oom_score_adj(config, host)?;
-    check_mounts(&config.mounts, privileged)
+    check_mounts(&config.mounts, privileged, host.recursive_read_only)
 }
 
 fn check_privileged(
@@ -343,7 +349,8 @@ fn check_privileged(
 ///
 /// Not supported (documented gaps): seccomp and AppArmor profiles (the container runs
 /// unconfined; a requested profile is logged), SELinux labels, user namespaces,
-/// `TARGET` PID mode, image volumes, recursive read-only and id-mapped mounts, CDI
+/// `TARGET` PID mode, image volumes, id-mapped mounts, recursive read-only mounts
+/// where the host cannot make them ([`HostLimits::recursive_read_only`]), CDI
 /// devices, and the shared/slave check of bidirectional mount sources.
 pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
     let config = input.config;
@@ -389,7 +396,13 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_oom_score_adj(oom_score_adj(config, input.host)?);
 
     // Mounts and root.
-    let mounts = mounts::mounts(config, sandbox, privileged, readonly_rootfs)?;
+    let mounts = mounts::mounts(
+        config,
+        sandbox,
+        privileged,
+        readonly_rootfs,
+        input.host.recursive_read_only,
+    )?;
     let mut root = Root::default();
     root.set_path(input.rootfs.to_path_buf())
         .set_readonly(Some(readonly_rootfs));

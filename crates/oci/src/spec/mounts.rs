@@ -23,6 +23,8 @@ struct Bind {
     destination: String,
     source: PathBuf,
     readonly: bool,
+    /// Read-only submounts too (`rro`); only with `readonly`.
+    recursive: bool,
     propagation: api::MountPropagation,
 }
 
@@ -33,13 +35,16 @@ struct Bind {
 /// everything under `/dev` when `/dev` itself is bound), then the CRI mounts and the
 /// sandbox's `/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf` and `/dev/shm`
 /// (CRI mounts win over those), sorted by depth so that parents come first.
+/// `recursive_read_only` says whether the host can make a bind mount
+/// read-only with its submounts ([`HostLimits::recursive_read_only`](super::HostLimits)).
 pub(super) fn mounts(
     config: &api::ContainerConfig,
     sandbox: &SandboxContext,
     privileged: bool,
     readonly_rootfs: bool,
+    recursive_read_only: bool,
 ) -> Result<Mounts, SpecError> {
-    let mut binds = cri_binds(&config.mounts, privileged)?;
+    let mut binds = cri_binds(&config.mounts, privileged, recursive_read_only)?;
     let cri_dests: HashSet<String> = binds.iter().map(|b| b.destination.clone()).collect();
     let extras = [
         (
@@ -76,6 +81,7 @@ pub(super) fn mounts(
             destination: dest.to_string(),
             source,
             readonly,
+            recursive: false,
             propagation: api::MountPropagation::PropagationPrivate,
         });
     }
@@ -108,7 +114,13 @@ pub(super) fn mounts(
                 "rshared"
             }
         };
-        let rw = if b.readonly { "ro" } else { "rw" };
+        // `rro` alone: runc makes the mount and every submount read-only
+        // with one recursive mount_setattr(2).
+        let rw = match (b.readonly, b.recursive) {
+            (true, true) => "rro",
+            (true, false) => "ro",
+            (false, _) => "rw",
+        };
         out.push(mount(
             &b.destination,
             "bind",
@@ -143,9 +155,15 @@ const PATH_MAX: usize = 4096;
 /// Checks the CRI mounts of a container, and resolves nothing: what
 /// CreateContainer refuses before it makes anything. See [`container_path`]
 /// for the destinations; bidirectional propagation needs a privileged
-/// container (kubelet's and the API server's rule); a host path must exist.
-pub fn check_mounts(mounts: &[api::Mount], privileged: bool) -> Result<(), SpecError> {
-    cri_binds(mounts, privileged).map(|_| ())
+/// container (kubelet's and the API server's rule); a host path must exist;
+/// a recursive read-only mount must be read-only, of private propagation,
+/// and `recursive_read_only` (the host's support) true.
+pub fn check_mounts(
+    mounts: &[api::Mount],
+    privileged: bool,
+    recursive_read_only: bool,
+) -> Result<(), SpecError> {
+    cri_binds(mounts, privileged, recursive_read_only).map(|_| ())
 }
 
 /// Checks a mount destination: absolute, without `.` or `..` components
@@ -189,7 +207,11 @@ pub fn container_path(field: &str, p: &str) -> Result<String, SpecError> {
 }
 
 /// Validates the CRI mounts and resolves their host paths.
-fn cri_binds(mounts: &[api::Mount], privileged: bool) -> Result<Vec<Bind>, SpecError> {
+fn cri_binds(
+    mounts: &[api::Mount],
+    privileged: bool,
+    recursive_read_only: bool,
+) -> Result<Vec<Bind>, SpecError> {
     let mut out = Vec::with_capacity(mounts.len());
     for (i, m) in mounts.iter().enumerate() {
         let field = |f: &str| format!("mounts[{i}].{f}");
@@ -212,12 +234,6 @@ fn cri_binds(mounts: &[api::Mount], privileged: bool) -> Result<Vec<Bind>, SpecE
                 ),
             ));
         }
-        if m.recursive_read_only {
-            return Err(invalid(
-                field("recursive_read_only"),
-                "recursive read-only mounts are not supported by the OCI runtime",
-            ));
-        }
         if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
             return Err(invalid(
                 field("uid_mappings"),
@@ -230,6 +246,10 @@ fn cri_binds(mounts: &[api::Mount], privileged: bool) -> Result<Vec<Bind>, SpecE
                 format!("unknown propagation {}", m.propagation),
             )
         })?;
+        if m.recursive_read_only {
+            check_recursive_read_only(m, propagation, recursive_read_only)
+                .map_err(|why| invalid(field("recursive_read_only"), why))?;
+        }
         if propagation == api::MountPropagation::PropagationBidirectional && !privileged {
             return Err(invalid(
                 field("propagation"),
@@ -257,10 +277,40 @@ fn cri_binds(mounts: &[api::Mount], privileged: bool) -> Result<Vec<Bind>, SpecE
             destination,
             source,
             readonly: m.readonly,
+            recursive: m.recursive_read_only,
             propagation,
         });
     }
     Ok(out)
+}
+
+/// Why a mount asking to be read-only recursively cannot be (the CRI's
+/// rules, as containerd and CRI-O apply them): it must be read-only, its
+/// propagation private (a submount propagated in later could not be made
+/// read-only), and the host must support it (`supported`).
+fn check_recursive_read_only(
+    m: &api::Mount,
+    propagation: api::MountPropagation,
+    supported: bool,
+) -> Result<(), String> {
+    if !m.readonly {
+        return Err("a recursive read-only mount must also be readonly".into());
+    }
+    if propagation != api::MountPropagation::PropagationPrivate {
+        return Err(format!(
+            "a recursive read-only mount needs propagation PROPAGATION_PRIVATE, not {}",
+            propagation.as_str_name()
+        ));
+    }
+    if !supported {
+        return Err(format!(
+            "recursive read-only mounts are not supported here (they need Linux {}.{} \
+             or later and an OCI runtime that knows the rro mount option)",
+            crate::features::RRO_KERNEL.0,
+            crate::features::RRO_KERNEL.1
+        ));
+    }
+    Ok(())
 }
 
 /// The filesystems every container gets.
@@ -398,7 +448,7 @@ mod tests {
 
     #[test]
     fn mounts_should_start_with_the_default_filesystems() {
-        let m = mounts(&config(vec![]), &sandbox(), false, false).expect("mounts");
+        let m = mounts(&config(vec![]), &sandbox(), false, false, true).expect("mounts");
         assert_eq!(
             dests(&m),
             [
@@ -419,7 +469,7 @@ mod tests {
 
     #[test]
     fn mounts_should_make_sys_writable_when_privileged() {
-        let m = mounts(&config(vec![]), &sandbox(), true, false).expect("mounts");
+        let m = mounts(&config(vec![]), &sandbox(), true, false, true).expect("mounts");
         assert!(opts(find(&m, "/sys")).contains(&"rw".to_string()));
         assert!(!opts(find(&m, "/sys")).contains(&"ro".to_string()));
         assert!(opts(find(&m, "/sys/fs/cgroup")).contains(&"rw".to_string()));
@@ -440,7 +490,7 @@ mod tests {
         sb.etc_hosts = Some(f("hosts"));
         sb.resolv_conf = Some(f("resolv.conf"));
         sb.shm = Some(shm.clone());
-        let m = mounts(&config(vec![]), &sb, false, true).expect("mounts");
+        let m = mounts(&config(vec![]), &sb, false, true, true).expect("mounts");
         let shm_mount = find(&m, "/dev/shm");
         assert_eq!(shm_mount.typ().as_deref(), Some("bind"));
         assert_eq!(shm_mount.source().as_deref(), Some(shm.as_path()));
@@ -463,7 +513,7 @@ mod tests {
             cri_mount("/etc/hosts/", &mine),
             cri_mount("/dev", tmp.path()),
         ]);
-        let m = mounts(&cfg, &sb, false, false).expect("mounts");
+        let m = mounts(&cfg, &sb, false, false, true).expect("mounts");
         assert_eq!(
             find(&m, "/etc/hosts").source().as_deref(),
             Some(mine.as_path())
@@ -486,7 +536,7 @@ mod tests {
             cri_mount("/a", tmp.path()),
             cri_mount("/y", tmp.path()),
         ]);
-        let m = mounts(&cfg, &sandbox(), false, false).expect("mounts");
+        let m = mounts(&cfg, &sandbox(), false, false, true).expect("mounts");
         assert_eq!(dests(&m)[7..], ["/z", "/a", "/y", "/a/b", "/a/b/c"]);
     }
 
@@ -497,7 +547,7 @@ mod tests {
         ro.readonly = true;
         let mut slave = cri_mount("/slave", tmp.path());
         slave.propagation = api::MountPropagation::PropagationHostToContainer as i32;
-        let m = mounts(&config(vec![ro, slave]), &sandbox(), false, false).expect("mounts");
+        let m = mounts(&config(vec![ro, slave]), &sandbox(), false, false, true).expect("mounts");
         assert_eq!(opts(find(&m, "/ro")), ["rbind", "rprivate", "ro"]);
         assert_eq!(opts(find(&m, "/slave")), ["rbind", "rslave", "rw"]);
         assert_eq!(find(&m, "/ro").typ().as_deref(), Some("bind"));
@@ -510,9 +560,71 @@ mod tests {
         let both = config(vec![shared, slave]);
         // Bidirectional propagation is for privileged containers only.
         assert_eq!(invalid_field(both.clone()).0, "mounts[0].propagation");
-        let m = mounts(&both, &sandbox(), true, false).expect("mounts");
+        let m = mounts(&both, &sandbox(), true, false, true).expect("mounts");
         assert_eq!(opts(find(&m, "/shared")), ["rbind", "rshared", "rw"]);
         assert_eq!(m.rootfs_propagation.as_deref(), Some("rshared"));
+    }
+
+    #[test]
+    fn mounts_should_map_recursive_read_only_to_the_rro_option() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut rro = cri_mount("/rro", tmp.path());
+        rro.readonly = true;
+        rro.recursive_read_only = true;
+        let mut ro = cri_mount("/ro", tmp.path());
+        ro.readonly = true;
+        let m = mounts(&config(vec![rro, ro]), &sandbox(), false, false, true).expect("mounts");
+        assert_eq!(opts(find(&m, "/rro")), ["rbind", "rprivate", "rro"]);
+        assert_eq!(opts(find(&m, "/ro")), ["rbind", "rprivate", "ro"]);
+        assert!(m.rootfs_propagation.is_none());
+    }
+
+    #[test]
+    fn mounts_should_refuse_recursive_read_only_where_the_cri_does() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut rro = cri_mount("/rro", tmp.path());
+        rro.readonly = true;
+        rro.recursive_read_only = true;
+        let refused = |m: api::Mount, privileged: bool, supported: bool| match mounts(
+            &config(vec![m]),
+            &sandbox(),
+            privileged,
+            false,
+            supported,
+        ) {
+            Err(SpecError::Invalid { field, reason }) => (field, reason),
+            other => panic!("expected Invalid, got {other:?}"),
+        };
+        let mut writable = rro.clone();
+        writable.readonly = false;
+        let (f, r) = refused(writable, false, true);
+        assert_eq!(f, "mounts[0].recursive_read_only");
+        assert!(r.contains("readonly"), "{r}");
+        for (prop, name) in [
+            (
+                api::MountPropagation::PropagationHostToContainer,
+                "PROPAGATION_HOST_TO_CONTAINER",
+            ),
+            (
+                api::MountPropagation::PropagationBidirectional,
+                "PROPAGATION_BIDIRECTIONAL",
+            ),
+        ] {
+            let mut m = rro.clone();
+            m.propagation = prop as i32;
+            // Privileged too: the propagation itself is allowed there.
+            for privileged in [false, true] {
+                let (f, r) = refused(m.clone(), privileged, true);
+                assert_eq!(f, "mounts[0].recursive_read_only");
+                assert!(r.contains(name), "{r}");
+            }
+        }
+        let (f, r) = refused(rro.clone(), false, false);
+        assert_eq!(f, "mounts[0].recursive_read_only");
+        assert!(r.contains("not supported"), "{r}");
+        // check_mounts, CreateContainer's early check, refuses the same.
+        assert!(check_mounts(&[rro.clone()], false, false).is_err());
+        assert!(check_mounts(&[rro], false, true).is_ok());
     }
 
     #[test]
@@ -527,6 +639,7 @@ mod tests {
             &sandbox(),
             false,
             false,
+            true,
         )
         .expect("mounts");
         assert_eq!(
@@ -536,7 +649,7 @@ mod tests {
     }
 
     fn invalid_field(cfg: api::ContainerConfig) -> (String, String) {
-        match mounts(&cfg, &sandbox(), false, false) {
+        match mounts(&cfg, &sandbox(), false, false, true) {
             Err(SpecError::Invalid { field, reason }) => (field, reason),
             other => panic!("expected Invalid, got {other:?}"),
         }
@@ -572,14 +685,6 @@ mod tests {
         assert_eq!(
             invalid_field(config(vec![bad_prop])).0,
             "mounts[0].propagation"
-        );
-
-        let mut rro = ok.clone();
-        rro.readonly = true;
-        rro.recursive_read_only = true;
-        assert_eq!(
-            invalid_field(config(vec![rro])).0,
-            "mounts[0].recursive_read_only"
         );
 
         let mut img = ok;

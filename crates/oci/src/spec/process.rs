@@ -111,7 +111,10 @@ pub(super) fn cwd(
 }
 
 /// Resolves the user of the process inside `rootfs`: CRI `run_as_username` or
-/// `run_as_user` (with `run_as_group`), else the image `User`, else root.
+/// `run_as_user` (with `run_as_group`), else the image `User`, else root. Its
+/// supplementary groups: the primary group, then with the `Merge` policy (the
+/// default) the groups the image's `/etc/group` gives the user, then the
+/// requested `supplemental_groups`; with `Strict` the image's are left out.
 pub(super) fn user(
     sc: Option<&api::LinuxContainerSecurityContext>,
     image: Option<&ImageConfig>,
@@ -148,9 +151,16 @@ pub(super) fn user(
         for (i, g) in sc.supplemental_groups.iter().enumerate() {
             supplemental.push(id(*g, &format!("supplemental_groups[{i}]"))?);
         }
-        if sc.supplemental_groups_policy == api::SupplementalGroupsPolicy::Strict as i32 {
-            policy = GroupsPolicy::Strict;
-        }
+        policy = match api::SupplementalGroupsPolicy::try_from(sc.supplemental_groups_policy) {
+            Ok(api::SupplementalGroupsPolicy::Merge) => GroupsPolicy::Merge,
+            Ok(api::SupplementalGroupsPolicy::Strict) => GroupsPolicy::Strict,
+            Err(_) => {
+                return Err(invalid(
+                    format!("{SC}.supplemental_groups_policy"),
+                    format!("unknown policy {}", sc.supplemental_groups_policy),
+                ))
+            }
+        };
     }
     if user.is_empty() {
         user = image
@@ -419,6 +429,29 @@ mod tests {
         s.supplemental_groups = vec![1, -2];
         let err = user(Some(&s), None, r.path(), None).expect_err("should fail");
         assert!(err.to_string().contains("supplemental_groups[1]"), "{err}");
+    }
+
+    #[test]
+    fn user_should_merge_the_image_groups_by_default_and_skip_them_when_strict() {
+        let r = rootfs();
+        let mut s = sc();
+        s.run_as_user = Some(api::Int64Value { value: 1000 });
+        s.supplemental_groups = vec![1234, 50];
+        let merged = user(Some(&s), None, r.path(), None).expect("user");
+        assert_eq!((merged.uid, merged.gid), (1000, 1000));
+        assert_eq!(merged.additional_gids, [1000, 50, 1234]);
+        s.supplemental_groups_policy = api::SupplementalGroupsPolicy::Merge as i32;
+        assert_eq!(user(Some(&s), None, r.path(), None).expect("user"), merged);
+        s.supplemental_groups_policy = api::SupplementalGroupsPolicy::Strict as i32;
+        let strict = user(Some(&s), None, r.path(), None).expect("user");
+        assert_eq!(strict.additional_gids, [1000, 1234, 50]);
+        s.supplemental_groups_policy = 7;
+        let err = user(Some(&s), None, r.path(), None).expect_err("unknown policy");
+        assert!(
+            err.to_string()
+                .contains("linux.security_context.supplemental_groups_policy"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -328,6 +328,7 @@ mod tests {
             online_cpus: None,
             online_mems: None,
             hugetlb: true,
+            recursive_read_only: false,
         }
     }
 

@@ -68,6 +68,7 @@ impl Fixture {
                 online_cpus: None,
                 online_mems: None,
                 hugetlb: true,
+                recursive_read_only: true,
             },
         }
     }

@@ -49,6 +49,21 @@ fn container_pid_mode(
     }
 }
 
+/// The identity of a process as the CRI reports it (`ContainerStatus.user`):
+/// what runc gives the process, NRI's adjustments included.
+fn process_user(u: &oci_spec::runtime::User) -> api::LinuxContainerUser {
+    api::LinuxContainerUser {
+        uid: i64::from(u.uid()),
+        gid: i64::from(u.gid()),
+        supplemental_groups: u
+            .additional_gids()
+            .iter()
+            .flatten()
+            .map(|g| i64::from(*g))
+            .collect(),
+    }
+}
+
 fn ns_ref(p: &Option<PathBuf>) -> NamespaceRef {
     match p {
         Some(p) => NamespaceRef::Path(p.clone()),
@@ -168,6 +183,7 @@ impl Runtime {
             None => None,
         };
         let (oci, adjusted, nri_span) = prepared?;
+        rec.user = oci.process().as_ref().map(|p| process_user(p.user()));
         if let Some(mounted) = mounted {
             let done = mounted?;
             // What NRI added to the create: the part of its span after the
@@ -354,6 +370,49 @@ mod tests {
         }
         let again = t.create(pod, "c").await;
         assert!(again.is_ok(), "the name is still taken: {again:?}");
+    }
+
+    #[tokio::test]
+    async fn create_should_keep_the_process_user_for_container_status() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let mut config = container_config("c");
+        config.linux = Some(api::LinuxContainerConfig {
+            security_context: Some(api::LinuxContainerSecurityContext {
+                run_as_user: Some(api::Int64Value { value: 1000 }),
+                run_as_group: Some(api::Int64Value { value: 3000 }),
+                supplemental_groups: vec![4000, 3000],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let sandbox_config = t.rt.sandbox(&pod).expect("pod").with(|r| r.config.clone());
+        let id =
+            t.rt.create_container(api::CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(config),
+                sandbox_config: Some(sandbox_config),
+            })
+            .await
+            .expect("create")
+            .container_id;
+        let want = api::LinuxContainerUser {
+            uid: 1000,
+            gid: 3000,
+            supplemental_groups: vec![3000, 4000],
+        };
+        let status =
+            t.rt.container_status_rpc(api::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .expect("status")
+            .status
+            .expect("status");
+        assert_eq!(status.user.and_then(|u| u.linux), Some(want.clone()));
+        // Kept across restarts: it is in the durable record.
+        assert_eq!(t.stored(&id).and_then(|r| r.user), Some(want));
     }
 
     #[tokio::test]

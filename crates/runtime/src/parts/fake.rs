@@ -280,6 +280,7 @@ impl FakeHost {
                 online_cpus: None,
                 online_mems: None,
                 hugetlb: false,
+                recursive_read_only: true,
             },
         }
     }

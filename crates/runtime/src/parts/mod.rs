@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use petrel_oci::cgroups::Cgroups;
+use petrel_oci::features::{kernel_release, recursive_read_only, RuntimeFeatures};
 use petrel_oci::runc::Runc;
 use petrel_oci::spec::HostLimits;
 
@@ -70,7 +71,8 @@ pub struct Parts {
 impl Parts {
     /// The real parts: the shim and runc binaries found (a missing one is
     /// reported before anything is created), the host's cgroups and limits
-    /// detected, the runtime's soft open-file limit raised (the one it
+    /// detected (recursive read-only mounts from the kernel release and
+    /// `runc features`), the runtime's soft open-file limit raised (the one it
     /// started with is what containers get), pod networks as `[cri]
     /// pod_network` and `[cri.cni]` say. The OCI runtime is runc with
     /// its fast paths when `fast_paths` is on and the runc version is one
@@ -78,9 +80,24 @@ impl Parts {
     pub fn host(config: &RuntimeConfig) -> Result<Self> {
         let shim_binary = find_shim(config.shim_binary.as_deref())?;
         let runc_binary = find_runc(&config.runtime_binary)?;
+        // `runc features` is a Go start-up (tens of ms): asked while the
+        // rest is detected.
+        let features = {
+            let binary = runc_binary.clone();
+            std::thread::spawn(move || RuntimeFeatures::query(&binary))
+        };
         let cgroups = Cgroups::detect().map_err(|e| RuntimeError::cgroup("detect cgroups", e))?;
         let mut host = HostLimits::detect()?;
         host.hugetlb = cgroups.has_controller("hugetlb");
+        let features = features.join().unwrap_or_default();
+        let release = kernel_release();
+        host.recursive_read_only = recursive_read_only(&release, features.as_ref());
+        tracing::debug!(
+            kernel = %release,
+            runtime_features = features.is_some(),
+            recursive_read_only = host.recursive_read_only,
+            "OCI runtime features"
+        );
         // Before anything holds descriptors; containers get what we started with.
         host.open_files = Some(crate::open_files::raise_once());
         let runc = Runc::new(runc_binary, crate::service::Layout::of(config).runc_root());

@@ -199,6 +199,7 @@ fn set_up(t: &TestRuntime, pod: &SandboxRecord, n: usize, case: Case) -> Left {
             log_path: None,
             cgroup_path: cgroup.clone(),
             resources: None,
+            user: None,
         };
         // Unsynced: hundreds of fsyncs would make the test slow.
         rt.store

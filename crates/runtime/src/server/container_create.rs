@@ -82,6 +82,7 @@ impl Runtime {
             log_path,
             cgroup_path: spec::container_cgroup_path(&sbrec.cgroup_parent, &id),
             resources: None,
+            user: None,
         };
         rec.resources = rec.config.linux.as_ref().and_then(|l| l.resources.clone());
         let c = self.container_create(&sb, &sbrec, rec, &image).await?;

@@ -188,6 +188,7 @@ pub(crate) mod tests {
             log_path: None,
             cgroup_path: "/c".into(),
             resources: None,
+            user: None,
         }
     }
 

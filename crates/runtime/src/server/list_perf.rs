@@ -147,6 +147,7 @@ pub(crate) fn container_record(pod: usize, c: usize) -> ContainerRecord {
         log_path: None,
         cgroup_path: "/c".into(),
         resources: None,
+        user: None,
     }
 }
 

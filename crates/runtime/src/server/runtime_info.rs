@@ -28,7 +28,8 @@ impl Runtime {
 
     /// Status: the runtime is ready once it serves; the network is ready
     /// when the CNI configuration and its plugins are there (or pods get
-    /// loopback only, by configuration).
+    /// loopback only, by configuration). The one handler (`""`) has
+    /// recursive read-only mounts when the host does (found at start-up).
     pub(crate) async fn status(
         self: &Arc<Self>,
         req: api::StatusRequest,
@@ -69,12 +70,14 @@ impl Runtime {
             runtime_handlers: vec![api::RuntimeHandler {
                 name: String::new(),
                 features: Some(api::RuntimeHandlerFeatures {
-                    recursive_read_only_mounts: false,
+                    recursive_read_only_mounts: self.host.recursive_read_only,
                     user_namespaces: false,
                 }),
             }],
+            // Merge and Strict are both applied (petrel_oci::user), and the
+            // process's identity is in ContainerStatus.user.
             features: Some(api::RuntimeFeatures {
-                supplemental_groups_policy: false,
+                supplemental_groups_policy: true,
             }),
         })
     }
@@ -106,5 +109,45 @@ impl Runtime {
             tracing::info!(pod_cidr = %cidr, "runtime config updated");
         }
         Ok(api::UpdateRuntimeConfigResponse {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use petrel_cri::api;
+
+    use crate::parts::fake::FakeHost;
+    use crate::service::Runtime;
+
+    async fn status_of(recursive_read_only: bool) -> api::StatusResponse {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = FakeHost::new();
+        let mut parts = host.parts();
+        parts.host.recursive_read_only = recursive_read_only;
+        let config = crate::RuntimeConfig {
+            root: dir.path().join("root"),
+            state: dir.path().join("state"),
+            ..Default::default()
+        };
+        let rt = Runtime::with_parts(config, parts).expect("open runtime");
+        rt.status(api::StatusRequest { verbose: false })
+            .await
+            .expect("status")
+    }
+
+    #[tokio::test]
+    async fn status_should_report_recursive_read_only_mounts_as_the_host_has_them() {
+        for supported in [true, false] {
+            let s = status_of(supported).await;
+            let [handler] = s.runtime_handlers.as_slice() else {
+                panic!("one handler expected: {:?}", s.runtime_handlers);
+            };
+            assert_eq!(handler.name, "");
+            let features = handler.features.as_ref().expect("features");
+            assert_eq!(features.recursive_read_only_mounts, supported);
+            assert!(!features.user_namespaces);
+            let runtime = s.features.expect("runtime features");
+            assert!(runtime.supplemental_groups_policy);
+        }
     }
 }
