@@ -125,7 +125,7 @@ pub fn load_profile(path: &Path, field: &str) -> Result<LinuxSeccomp, SpecError>
 
 /// Checks a profile's JSON and turns it into OCI `linux.seccomp`; errors
 /// name the key (`syscalls[2].action`).
-pub(crate) fn parse_profile(value: &Value) -> Result<LinuxSeccomp, String> {
+pub fn parse_profile(value: &Value) -> Result<LinuxSeccomp, String> {
     let top = object(value, "the profile")?;
     for key in top.keys() {
         match key.as_str() {

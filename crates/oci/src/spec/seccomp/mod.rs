@@ -24,7 +24,7 @@ use petrel_cri::api;
 use super::{invalid, shown, SpecError};
 
 pub use default_profile::runtime_default;
-pub use localhost::load_profile;
+pub use localhost::{load_profile, parse_profile};
 
 /// The CRI field of the new form (in a container's or a sandbox's config).
 pub const FIELD: &str = "linux.security_context.seccomp";
@@ -150,6 +150,18 @@ pub fn container_seccomp(
         SeccompRequest::RuntimeDefault => Some(runtime_default(bounding)),
         SeccompRequest::Localhost(path) => Some(load_profile(&path, &field)?),
     })
+}
+
+/// The profile a container runs under, as NRI plugins are shown it:
+/// unconfined when privileged or when its request is unusable (such a
+/// container is refused before NRI is asked).
+pub fn applied(sc: Option<&api::LinuxContainerSecurityContext>) -> SeccompRequest {
+    let Some(sc) = sc.filter(|s| !s.privileged) else {
+        return SeccompRequest::Unconfined;
+    };
+    #[allow(deprecated)]
+    requested(sc.seccomp.as_ref(), &sc.seccomp_profile_path)
+        .map_or(SeccompRequest::Unconfined, |(r, _)| r)
 }
 
 /// Checks a pod sandbox's seccomp request: its form, and a `Localhost`
