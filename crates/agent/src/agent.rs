@@ -201,6 +201,8 @@ pub async fn run(
                 root: config.root.clone(),
                 backoff_initial: config.backoff_initial,
                 backoff_max: config.backoff_max,
+                seccomp_root: config.seccomp_root(),
+                seccomp_default: config.seccomp_default,
             },
         );
         let pleg = workers.pleg().clone();

@@ -112,6 +112,10 @@ pub struct AgentConfig {
     /// it instead of `cgroup_root`, and its memory and pids limits are the
     /// node's capacity for eviction. None: the whole machine.
     pub node_cgroup: Option<String>,
+    /// kubelet's `seccompDefault` (`--seccomp-default`): containers and
+    /// pods whose manifest sets no seccomp profile get `RuntimeDefault`
+    /// instead of `Unconfined`. Off by default, as in kubelet.
+    pub seccomp_default: bool,
 }
 
 impl Default for AgentConfig {
@@ -141,6 +145,7 @@ impl Default for AgentConfig {
             eviction: crate::eviction::EvictionSettings::default(),
             drain_on_exit: false,
             node_cgroup: None,
+            seccomp_default: false,
         }
     }
 }
@@ -176,6 +181,12 @@ impl AgentConfig {
     /// given, else `cgroup_root`.
     pub fn pods_cgroup_root(&self) -> &str {
         self.node_cgroup.as_deref().unwrap_or(&self.cgroup_root)
+    }
+
+    /// The directory `Localhost` seccomp profiles are relative to:
+    /// `<root>/seccomp`, as kubelet's `<root-dir>/seccomp`.
+    pub fn seccomp_root(&self) -> std::path::PathBuf {
+        self.root.join("seccomp")
     }
 
     /// The node name, or the host name when unset.

@@ -131,7 +131,7 @@ pub fn container_plan(
     }
 
     let qos = qos_class(spec);
-    let security = security_context(spec, container, &cfield)?;
+    let security = security_context(spec, container, &cfield, ctx)?;
     let config = api::ContainerConfig {
         metadata: Some(api::ContainerMetadata {
             name: container.name.clone(),
@@ -175,6 +175,7 @@ fn security_context(
     spec: &k8s_openapi::api::core::v1::PodSpec,
     container: &Container,
     cfield: &str,
+    ctx: &ConvertContext,
 ) -> Result<api::LinuxContainerSecurityContext, ConvertError> {
     let psc = spec.security_context.as_ref();
     let csc = container.security_context.as_ref();
@@ -185,21 +186,11 @@ fn security_context(
                 .or_else(|| psc.and_then(p))
                 .map(|value| api::Int64Value { value })
         };
-    let seccomp = match csc.and_then(|c| c.seccomp_profile.as_ref()) {
-        Some(p) => Some(profile(
-            &p.type_,
-            p.localhost_profile.as_deref(),
-            &format!("{cfield}.securityContext.seccompProfile"),
-        )?),
-        None => match psc.and_then(|p| p.seccomp_profile.as_ref()) {
-            Some(p) => Some(profile(
-                &p.type_,
-                p.localhost_profile.as_deref(),
-                "spec.securityContext.seccompProfile",
-            )?),
-            None => None,
-        },
-    };
+    let seccomp = Some(super::security::seccomp(
+        spec,
+        Some((container, cfield)),
+        ctx,
+    )?);
     let apparmor = match csc.and_then(|c| c.app_armor_profile.as_ref()) {
         Some(p) => Some(profile(
             &p.type_,

@@ -23,7 +23,8 @@ pub fn container_hash(container: &Container) -> String {
 /// sandbox is made from, so that a change of a pod-level field (labels,
 /// hostname, DNS, host ports, namespaces, security context, QoS class) is
 /// seen on the running sandbox. Not hashed: the attempt (it counts
-/// recreations) and the DNS servers read from the host's resolv.conf (a
+/// recreations), the sandbox's seccomp profile (it confines nothing in a
+/// pause-less pod) and the DNS servers read from the host's resolv.conf (a
 /// host change must not recreate every pod): the pod's own DNS fields
 /// stand for them. Maps are hashed sorted, since protobuf encodes them in
 /// any order.
@@ -33,6 +34,12 @@ pub fn sandbox_hash(config: &api::PodSandboxConfig, spec: &PodSpec) -> String {
         m.attempt = 0;
     }
     c.dns_config = None;
+    // The sandbox's seccomp profile confines no process of Petrel's
+    // (pause-less pods): a change of it, or of --seccomp-default, must not
+    // recreate pods; containers carry their own profile.
+    if let Some(sc) = c.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+        sc.seccomp = None;
+    }
     let labels: BTreeMap<_, _> = std::mem::take(&mut c.labels).into_iter().collect();
     let annotations: BTreeMap<_, _> = std::mem::take(&mut c.annotations).into_iter().collect();
     let sysctls: BTreeMap<_, _> = c

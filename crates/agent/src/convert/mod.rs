@@ -56,6 +56,10 @@ pub struct ConvertContext {
     pub pod_ips: Vec<String>,
     /// The node's IP (status.hostIP fieldRefs, hostNetwork pods).
     pub host_ip: String,
+    /// Where `Localhost` seccomp profiles are (`<agent root>/seccomp`).
+    pub seccomp_root: PathBuf,
+    /// kubelet's `seccompDefault`: no profile means `RuntimeDefault`.
+    pub seccomp_default: bool,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -155,6 +159,8 @@ pub(crate) mod test_support {
             log_dir: PathBuf::from("/var/lib/petrel/logs/ns_name_uid"),
             pod_ips: vec!["10.0.0.5".to_string(), "fd00::5".to_string()],
             host_ip: "192.168.1.10".to_string(),
+            seccomp_root: PathBuf::from("/var/lib/petrel/seccomp"),
+            seccomp_default: false,
         }
     }
 

@@ -8,7 +8,7 @@ use petrel_cri::api;
 
 use super::hash::sandbox_hash;
 use super::qos::{pod_cgroup_parent, qos_class};
-use super::security::{is_privileged, namespace_options, pod_seccomp, supplemental_groups};
+use super::security::{is_privileged, namespace_options, seccomp, supplemental_groups};
 use super::{ConvertContext, ConvertError};
 use crate::types::{
     DesiredPod, ANNOTATION_SANDBOX_HASH, LABEL_MANAGED_BY, LABEL_POD_NAME, LABEL_POD_NAMESPACE,
@@ -112,7 +112,7 @@ pub fn sandbox_config(
                 run_as_group: run_as(|sc| sc.run_as_group),
                 supplemental_groups: supplemental_groups(spec),
                 privileged,
-                seccomp: pod_seccomp(spec)?,
+                seccomp: Some(seccomp(spec, None, ctx)?),
                 ..Default::default()
             }),
             sysctls,

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use petrel_cri::api;
 
-use super::ConvertError;
+use super::{ConvertContext, ConvertError};
 
 /// The pod's namespace modes: the host's where the pod asks for them;
 /// otherwise the pod's network and IPC, and a pid namespace per container
@@ -80,19 +80,69 @@ pub(crate) fn profile(
     })
 }
 
-/// The pod's seccomp profile, if set.
-pub(crate) fn pod_seccomp(spec: &PodSpec) -> Result<Option<api::SecurityProfile>, ConvertError> {
-    spec.security_context
-        .as_ref()
-        .and_then(|sc| sc.seccomp_profile.as_ref())
-        .map(|p| {
-            profile(
-                &p.type_,
-                p.localhost_profile.as_deref(),
-                "spec.securityContext.seccompProfile",
-            )
-        })
-        .transpose()
+/// The CRI seccomp profile of a container (or, with `container` `None`,
+/// of the pod's sandbox), by kubelet's rules: the container's own profile
+/// over the pod's; with neither, `RuntimeDefault` when the agent runs with
+/// `--seccomp-default` and `Unconfined` otherwise. A `Localhost` profile's
+/// `localhostProfile` is relative to the agent's seccomp directory
+/// (kubelet's `<root-dir>/seccomp`), which it may not leave. Privileged
+/// containers get the same profile: the runtime runs them unconfined.
+pub(crate) fn seccomp(
+    spec: &PodSpec,
+    container: Option<(&Container, &str)>,
+    ctx: &ConvertContext,
+) -> Result<api::SecurityProfile, ConvertError> {
+    let own = container.and_then(|(c, cfield)| {
+        c.security_context
+            .as_ref()
+            .and_then(|sc| sc.seccomp_profile.as_ref())
+            .map(|p| (p, format!("{cfield}.securityContext.seccompProfile")))
+    });
+    let pod = || {
+        spec.security_context
+            .as_ref()
+            .and_then(|sc| sc.seccomp_profile.as_ref())
+            .map(|p| (p, "spec.securityContext.seccompProfile".to_string()))
+    };
+    let Some((p, field)) = own.or_else(pod) else {
+        let ty = if ctx.seccomp_default {
+            api::security_profile::ProfileType::RuntimeDefault
+        } else {
+            api::security_profile::ProfileType::Unconfined
+        };
+        return Ok(api::SecurityProfile {
+            profile_type: ty as i32,
+            localhost_ref: String::new(),
+        });
+    };
+    let mut out = profile(&p.type_, p.localhost_profile.as_deref(), &field)?;
+    if out.profile_type == api::security_profile::ProfileType::Localhost as i32 {
+        let rel = std::path::Path::new(&out.localhost_ref);
+        let escapes = rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+        if escapes {
+            return Err(ConvertError::invalid(
+                format!("{field}.localhostProfile"),
+                format!(
+                    "{:?} must be a relative path inside the seccomp directory",
+                    out.localhost_ref
+                ),
+            ));
+        }
+        out.localhost_ref = ctx.seccomp_root.join(rel).to_string_lossy().into_owned();
+    } else if p
+        .localhost_profile
+        .as_deref()
+        .is_some_and(|f| !f.is_empty())
+    {
+        return Err(ConvertError::invalid(
+            format!("{field}.localhostProfile"),
+            "can only be set when seccomp type is Localhost",
+        ));
+    }
+    Ok(out)
 }
 
 /// Whether a container asks to be privileged.
@@ -101,4 +151,94 @@ pub(crate) fn is_privileged(c: &Container) -> bool {
         .as_ref()
         .and_then(|s| s.privileged)
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::convert::test_support::{ctx, desired};
+    use api::security_profile::ProfileType;
+
+    fn spec_of(yaml: &str) -> PodSpec {
+        desired(yaml).pod.spec.clone().unwrap()
+    }
+
+    fn container_profile(
+        yaml: &str,
+        c: &ConvertContext,
+    ) -> Result<api::SecurityProfile, ConvertError> {
+        let spec = spec_of(yaml);
+        seccomp(&spec, Some((&spec.containers[0], "spec.containers[a]")), c)
+    }
+
+    #[test]
+    fn seccomp_should_follow_seccomp_default_when_nothing_is_set() {
+        let yaml = "metadata: {name: p}\nspec: {containers: [{name: a, image: x}]}\n";
+        let mut c = ctx();
+        let got = container_profile(yaml, &c).unwrap();
+        assert_eq!(got.profile_type, ProfileType::Unconfined as i32);
+        c.seccomp_default = true;
+        let got = container_profile(yaml, &c).unwrap();
+        assert_eq!(got.profile_type, ProfileType::RuntimeDefault as i32);
+        let sandbox = seccomp(&spec_of(yaml), None, &c).unwrap();
+        assert_eq!(sandbox.profile_type, ProfileType::RuntimeDefault as i32);
+    }
+
+    #[test]
+    fn seccomp_should_prefer_the_container_and_join_localhost_to_the_root() {
+        let yaml = "metadata: {name: p}\nspec:\n  securityContext: {seccompProfile: {type: Localhost, localhostProfile: pod.json}}\n  containers: [{name: a, image: x, securityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/own.json}}}, {name: b, image: x}]\n";
+        let c = ctx();
+        let got = container_profile(yaml, &c).unwrap();
+        assert_eq!(got.profile_type, ProfileType::Localhost as i32);
+        assert_eq!(
+            got.localhost_ref,
+            "/var/lib/petrel/seccomp/profiles/own.json"
+        );
+        let spec = spec_of(yaml);
+        let b = seccomp(&spec, Some((&spec.containers[1], "spec.containers[b]")), &c).unwrap();
+        assert_eq!(b.localhost_ref, "/var/lib/petrel/seccomp/pod.json");
+        // The pod's profile wins over --seccomp-default.
+        let with_default = ConvertContext {
+            seccomp_default: true,
+            ..ctx()
+        };
+        let b = seccomp(
+            &spec,
+            Some((&spec.containers[1], "spec.containers[b]")),
+            &with_default,
+        )
+        .unwrap();
+        assert_eq!(b.profile_type, ProfileType::Localhost as i32);
+    }
+
+    #[test]
+    fn seccomp_should_refuse_profiles_outside_the_seccomp_directory() {
+        let c = ctx();
+        for (profile, want) in [
+            (
+                "{type: Localhost}",
+                "spec.containers[a].securityContext.seccompProfile.localhostProfile",
+            ),
+            (
+                "{type: Localhost, localhostProfile: /etc/p.json}",
+                "relative path",
+            ),
+            (
+                "{type: Localhost, localhostProfile: ../p.json}",
+                "relative path",
+            ),
+            (
+                "{type: RuntimeDefault, localhostProfile: p.json}",
+                "only be set",
+            ),
+            ("{type: Sometimes}", "unknown profile type"),
+        ] {
+            let yaml = format!(
+                "metadata: {{name: p}}\nspec: {{containers: [{{name: a, image: x, securityContext: {{seccompProfile: {profile}}}}}]}}\n"
+            );
+            let err = container_profile(&yaml, &c).unwrap_err().to_string();
+            assert!(err.contains(want), "{profile}: {err}");
+        }
+    }
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeSource, LifecycleHandler, Pod, Probe, Volume,
+    Container, DownwardAPIVolumeSource, LifecycleHandler, Pod, Probe, SeccompProfile, Volume,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -56,6 +56,13 @@ pub fn validate(pod: &Pod) -> Vec<String> {
         }
     }
 
+    if let Some(p) = spec
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.seccomp_profile.as_ref())
+    {
+        seccomp_profile(&mut errs, "spec.securityContext.seccompProfile", p);
+    }
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     let mut volume_names = HashSet::new();
     for (i, v) in volumes.iter().enumerate() {
@@ -232,6 +239,13 @@ fn container(
             p,
             &["Always", "IfNotPresent", "Never"],
         );
+    }
+    if let Some(p) = c
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.seccomp_profile.as_ref())
+    {
+        seccomp_profile(errs, &format!("{path}.securityContext.seccompProfile"), p);
     }
     if let Some(r) = c.resources.as_ref() {
         resources(
@@ -436,6 +450,40 @@ fn resources(
 }
 
 /// A path with a `..` component (the API server splits on '/').
+/// A seccomp profile as the API server checks it: a known type, and a
+/// `localhostProfile` exactly with `Localhost`, relative to kubelet's
+/// seccomp directory and never leaving it.
+fn seccomp_profile(errs: &mut Vec<String>, path: &str, p: &SeccompProfile) {
+    const TYPES: [&str; 3] = ["Localhost", "RuntimeDefault", "Unconfined"];
+    if p.type_.is_empty() {
+        errs.push(format!("{path}.type: Required value"));
+        return;
+    }
+    if !TYPES.contains(&p.type_.as_str()) {
+        check_enum(errs, &format!("{path}.type"), &p.type_, &TYPES);
+        return;
+    }
+    let field = format!("{path}.localhostProfile");
+    match (p.type_.as_str(), p.localhost_profile.as_deref()) {
+        ("Localhost", None | Some("")) => errs.push(format!(
+            "{field}: Required value: must be set when seccomp type is Localhost"
+        )),
+        ("Localhost", Some(f)) if f.starts_with('/') => {
+            errs.push(invalid(&field, f, "must be a relative path"))
+        }
+        ("Localhost", Some(f)) if has_backstep(f) => {
+            errs.push(invalid(&field, f, "must not contain '..'"))
+        }
+        ("Localhost", Some(_)) => {}
+        (_, Some(f)) => errs.push(invalid(
+            &field,
+            f,
+            "can only be set when seccomp type is Localhost",
+        )),
+        (_, None) => {}
+    }
+}
+
 fn has_backstep(path: &str) -> bool {
     path.split('/').any(|c| c == "..")
 }
@@ -526,6 +574,33 @@ spec:
         assert!(
             errors("metadata: {name: a.b-c}\nspec: {containers: [{name: a, image: i}]}").is_empty()
         );
+    }
+
+    #[test]
+    fn validate_should_check_seccomp_profiles_as_the_api_server_does() {
+        let cases = [
+            ("securityContext: {seccompProfile: {type: Localhost}}", "spec.securityContext.seccompProfile.localhostProfile: Required value"),
+            ("securityContext: {seccompProfile: {type: Localhost, localhostProfile: /etc/p.json}}", "must be a relative path"),
+            ("securityContext: {seccompProfile: {type: Localhost, localhostProfile: a/../../p.json}}", "must not contain '..'"),
+            ("securityContext: {seccompProfile: {type: RuntimeDefault, localhostProfile: p.json}}", "can only be set when seccomp type is Localhost"),
+            ("securityContext: {seccompProfile: {type: Strict}}", "spec.securityContext.seccompProfile.type: Unsupported value"),
+            ("containers: [{name: a, image: x, securityContext: {seccompProfile: {type: Localhost}}}]", "spec.containers[0].securityContext.seccompProfile.localhostProfile: Required value"),
+        ];
+        for (spec, want) in cases {
+            let text = if spec.starts_with("containers") {
+                format!("metadata: {{name: p}}\nspec: {{{spec}}}\n")
+            } else {
+                format!("metadata: {{name: p}}\nspec: {{{spec}, containers: [{{name: a, image: x}}]}}\n")
+            };
+            let pod: Pod = serde_yaml::from_str(&text).unwrap();
+            let errs = validate(&pod);
+            assert!(errs.iter().any(|e| e.contains(want)), "{spec}: {errs:?}");
+        }
+        let ok: Pod = serde_yaml::from_str(
+            "metadata: {name: p}\nspec: {securityContext: {seccompProfile: {type: Localhost, localhostProfile: profiles/p.json}}, containers: [{name: a, image: x, securityContext: {seccompProfile: {type: Unconfined}}}]}\n",
+        )
+        .unwrap();
+        assert_eq!(validate(&ok), Vec::<String>::new());
     }
 
     #[test]

@@ -87,6 +87,10 @@ pub struct WorkerConfig {
     pub backoff_initial: Duration,
     /// Crash-loop backoff cap.
     pub backoff_max: Duration,
+    /// Where `Localhost` seccomp profiles are (`<root>/seccomp`).
+    pub seccomp_root: PathBuf,
+    /// kubelet's `seccompDefault`.
+    pub seccomp_default: bool,
 }
 
 /// What a worker remembers about a pod between syncs.
@@ -259,6 +263,8 @@ impl PodWorkers {
                 .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid)),
             pod_ips,
             host_ip: self.config.host_ip.clone(),
+            seccomp_root: self.config.seccomp_root.clone(),
+            seccomp_default: self.config.seccomp_default,
         }
     }
 

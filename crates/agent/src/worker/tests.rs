@@ -187,6 +187,8 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             root: root.to_path_buf(),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(160),
+            seccomp_root: root.join("seccomp"),
+            seccomp_default: false,
         },
     );
     let pleg = workers.pleg().clone();

@@ -10,6 +10,7 @@ mod devices;
 mod mounts;
 mod process;
 mod resources;
+pub mod seccomp;
 
 use std::collections::HashMap;
 use std::io;
@@ -314,6 +315,9 @@ pub fn check_container(
         linux_resources(r, host)?;
     }
     oom_score_adj(config, host)?;
+    // Reads a Localhost profile, so a missing or malformed one is refused
+    // before anything exists (the capability-gated rules do not matter here).
+    seccomp::container_seccomp(sc, &Default::default())?;
     check_mounts(&config.mounts, privileged, host.recursive_read_only)
 }
 
@@ -345,10 +349,11 @@ fn check_privileged(
 /// host bounding set; mounts (see the `mounts` module); namespaces from the sandbox
 /// (a new mount namespace always; PID per the container's PID mode); devices and
 /// device cgroup rules; resources via [`linux_resources`]; masked and read-only paths;
-/// the pod's sysctls; CRI annotations plus containerd's `io.kubernetes.cri.*` keys.
+/// the pod's sysctls; CRI annotations plus containerd's `io.kubernetes.cri.*` keys;
+/// the seccomp filter (see the [`seccomp`] module: `RuntimeDefault` is Petrel's own
+/// profile, `Localhost` a checked OCI profile file, privileged means unconfined).
 ///
-/// Not supported (documented gaps): seccomp and AppArmor profiles (the container runs
-/// unconfined; a requested profile is logged), SELinux labels, user namespaces,
+/// Not supported (documented gaps): AppArmor profiles, SELinux labels, user namespaces,
 /// `TARGET` PID mode, image volumes, id-mapped mounts, recursive read-only mounts
 /// where the host cannot make them ([`HostLimits::recursive_read_only`]), CDI
 /// devices, and the shared/slave check of bidirectional mount sources.
@@ -362,7 +367,6 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
     if !config.cdi_devices.is_empty() {
         return Err(invalid("cdi_devices", "CDI devices are not supported"));
     }
-    warn_unsupported_profiles(input.id, sc);
 
     let sandbox = input.sandbox;
     let hostname = if sandbox.hostname.is_empty() {
@@ -382,13 +386,21 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_uid(user.uid)
         .set_gid(user.gid)
         .set_additional_gids(Some(user.additional_gids));
+    let capabilities = caps::capabilities(sc, input.host)?;
+    let seccomp = seccomp::container_seccomp(
+        sc,
+        capabilities
+            .bounding()
+            .as_ref()
+            .unwrap_or(&Default::default()),
+    )?;
     let mut proc = Process::default();
     proc.set_terminal(Some(config.tty))
         .set_user(oci_user)
         .set_args(Some(process::args(config, image)?))
         .set_env(Some(process::env(config, image, &hostname)?))
         .set_cwd(process::cwd(config, image)?)
-        .set_capabilities(Some(caps::capabilities(sc, input.host)?))
+        .set_capabilities(Some(capabilities))
         .set_rlimits(open_file_rlimits(input.host.open_files)?)
         .set_no_new_privileges(Some(sc.is_some_and(|s| s.no_new_privs)))
         .set_apparmor_profile(None)
@@ -441,7 +453,7 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_readonly_paths(Some(readonly))
         .set_rootfs_propagation(mounts.rootfs_propagation)
         .set_sysctl(sysctls(input.sandbox_config, sandbox)?)
-        .set_seccomp(None);
+        .set_seccomp(seccomp);
 
     let mut spec = Spec::default();
     spec.set_version(OCI_VERSION.to_string())
@@ -589,32 +601,6 @@ fn sysctls(
         }
     }
     Ok(Some(sysctls.clone()))
-}
-
-/// Seccomp and AppArmor are not applied (yet): say so when a profile is asked for.
-fn warn_unsupported_profiles(id: &str, sc: Option<&api::LinuxContainerSecurityContext>) {
-    let Some(sc) = sc else { return };
-    if sc.privileged {
-        return;
-    }
-    use api::security_profile::ProfileType;
-    let seccomp = match &sc.seccomp {
-        Some(p) if p.profile_type == ProfileType::RuntimeDefault as i32 => {
-            Some("runtime/default".to_string())
-        }
-        Some(p) if p.profile_type == ProfileType::Localhost as i32 => {
-            Some(format!("localhost/{}", p.localhost_ref))
-        }
-        Some(_) => None,
-        #[allow(deprecated)]
-        None => {
-            Some(sc.seccomp_profile_path.clone()).filter(|p| !p.is_empty() && p != "unconfined")
-        }
-    };
-    if let Some(profile) = seccomp {
-        tracing::warn!(container.id = %id, profile = %profile,
-            "seccomp profiles are not supported yet; the container runs unconfined");
-    }
 }
 
 fn spec_annotations(input: &ContainerSpecInput) -> HashMap<String, String> {

@@ -420,14 +420,90 @@ fn build_container_spec_should_copy_annotations_and_add_cri_keys() {
 }
 
 #[test]
-fn build_container_spec_should_run_unconfined_when_seccomp_is_requested() {
+fn build_container_spec_should_apply_the_runtime_default_profile() {
     let mut f = Fixture::new();
     f.sc().seccomp = Some(api::SecurityProfile {
         profile_type: api::security_profile::ProfileType::RuntimeDefault as i32,
         localhost_ref: String::new(),
     });
     let spec = f.build().expect("spec");
+    let s = linux(&spec).seccomp().as_ref().expect("seccomp");
+    assert_eq!(
+        s.default_action(),
+        oci_spec::runtime::LinuxSeccompAction::ScmpActErrno
+    );
+    // The default capability set lacks SYS_ADMIN: unshare is not allowed.
+    assert!(!s
+        .syscalls()
+        .iter()
+        .flatten()
+        .any(|r| r.names().iter().any(|n| n == "unshare")));
+    // Adding SYS_ADMIN allows it (the profile follows the bounding set).
+    f.sc().capabilities = Some(api::Capability {
+        add_capabilities: vec!["SYS_ADMIN".into()],
+        ..Default::default()
+    });
+    let spec = f.build().expect("spec");
+    let s = linux(&spec).seccomp().as_ref().expect("seccomp");
+    assert!(s
+        .syscalls()
+        .iter()
+        .flatten()
+        .any(|r| r.names().iter().any(|n| n == "unshare")));
+}
+
+#[test]
+fn build_container_spec_should_apply_a_localhost_profile_unless_privileged() {
+    let mut f = Fixture::new();
+    let profile = f.rootfs.path().join("profile.json");
+    std::fs::write(
+        &profile,
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["mkdir"],"action":"SCMP_ACT_ERRNO"}]}"#,
+    )
+    .expect("write");
+    #[allow(deprecated)]
+    {
+        f.sc().seccomp_profile_path = format!("localhost/{}", profile.display());
+    }
+    let spec = f.build().expect("spec");
+    let s = linux(&spec).seccomp().as_ref().expect("seccomp");
+    assert_eq!(
+        s.default_action(),
+        oci_spec::runtime::LinuxSeccompAction::ScmpActAllow
+    );
+    assert_eq!(s.syscalls().as_ref().map(Vec::len), Some(1));
+    f.sc().privileged = true;
+    f.sandbox_config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .privileged = true;
+    let spec = f.build().expect("spec");
     assert_eq!(linux(&spec).seccomp(), &None);
+}
+
+#[test]
+fn build_container_spec_should_refuse_a_missing_profile_naming_the_field() {
+    let mut f = Fixture::new();
+    f.sc().seccomp = Some(api::SecurityProfile {
+        profile_type: api::security_profile::ProfileType::Localhost as i32,
+        localhost_ref: "/nonexistent/petrel-profile.json".into(),
+    });
+    match f.build() {
+        Err(SpecError::Invalid { field, reason }) => {
+            assert_eq!(field, "linux.security_context.seccomp.localhost_ref");
+            assert!(
+                reason.contains("/nonexistent/petrel-profile.json"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        check_container(&f.config, &f.sandbox_config, &f.host),
+        Err(SpecError::Invalid { .. })
+    ));
 }
 
 #[test]

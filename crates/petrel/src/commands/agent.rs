@@ -69,6 +69,12 @@ pub struct AgentFlags {
     /// do, and the next agent adopts them.
     #[arg(long)]
     pub drain_on_exit: bool,
+    /// kubelet's --seccomp-default: containers whose pod sets no seccomp
+    /// profile run with the runtime's default profile (RuntimeDefault)
+    /// instead of unconfined. Localhost profiles are read from
+    /// <root>/seccomp.
+    #[arg(long)]
+    pub seccomp_default: bool,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
@@ -219,6 +225,9 @@ impl AgentFlags {
         }
         if self.drain_on_exit {
             c.drain_on_exit = true;
+        }
+        if self.seccomp_default {
+            c.seccomp_default = true;
         }
         self.eviction.apply(c);
     }

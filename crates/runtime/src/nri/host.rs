@@ -212,6 +212,14 @@ impl Runtime {
                 .as_ref()
                 .map_or(rec.name.as_str(), |m| m.name.as_str()),
             &rec.config.labels,
+            Some(spec::nri_seccomp_profile(
+                &petrel_oci::spec::seccomp::applied(
+                    rec.config
+                        .linux
+                        .as_ref()
+                        .and_then(|l| l.security_context.as_ref()),
+                ),
+            )),
             oci,
         );
         let pod = records::pod(sbrec);

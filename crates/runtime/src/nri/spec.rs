@@ -148,6 +148,7 @@ pub fn container_from_spec(
     pod_id: &str,
     name: &str,
     labels: &HashMap<String, String>,
+    seccomp_profile: Option<api::SecurityProfile>,
     spec: &Spec,
 ) -> api::Container {
     let process = spec.process().as_ref();
@@ -226,10 +227,74 @@ pub fn container_from_spec(
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             sysctl: l.sysctl().clone().unwrap_or_default(),
+            seccomp_profile,
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// The NRI form of the seccomp profile a container runs under (what the
+/// validator's `reject_*_seccomp_adjustment` options look at).
+pub fn nri_seccomp_profile(
+    req: &petrel_oci::spec::seccomp::SeccompRequest,
+) -> api::SecurityProfile {
+    use api::security_profile::ProfileType;
+    use petrel_oci::spec::seccomp::SeccompRequest as R;
+    let (ty, localhost_ref) = match req {
+        R::Unconfined => (ProfileType::Unconfined, String::new()),
+        R::RuntimeDefault => (ProfileType::RuntimeDefault, String::new()),
+        R::Localhost(p) => (ProfileType::Localhost, p.display().to_string()),
+    };
+    api::SecurityProfile {
+        profile_type: ty as i32,
+        localhost_ref,
+    }
+}
+
+/// A plugin's seccomp policy as OCI `linux.seccomp`, checked by the same
+/// rules as a `Localhost` profile file (it replaces the container's
+/// filter, as in containerd).
+fn seccomp_policy(p: &api::LinuxSeccomp) -> Result<oci_spec::runtime::LinuxSeccomp, ApplyError> {
+    use serde_json::{json, Map, Value};
+    let mut top = Map::new();
+    top.insert("defaultAction".into(), json!(p.default_action));
+    if let Some(e) = &p.default_errno {
+        top.insert("defaultErrnoRet".into(), json!(e.value));
+    }
+    if !p.architectures.is_empty() {
+        top.insert("architectures".into(), json!(p.architectures));
+    }
+    if !p.flags.is_empty() {
+        top.insert("flags".into(), json!(p.flags));
+    }
+    if !p.listener_path.is_empty() {
+        top.insert("listenerPath".into(), json!(p.listener_path));
+    }
+    let syscalls: Vec<Value> = p
+        .syscalls
+        .iter()
+        .map(|s| {
+            let mut o = Map::new();
+            o.insert("names".into(), json!(s.names));
+            o.insert("action".into(), json!(s.action));
+            if let Some(e) = &s.errno_ret {
+                o.insert("errnoRet".into(), json!(e.value));
+            }
+            let args: Vec<Value> = s
+                .args
+                .iter()
+                .map(|a| json!({"index": a.index, "value": a.value, "valueTwo": a.value_two, "op": a.op}))
+                .collect();
+            if !args.is_empty() {
+                o.insert("args".into(), Value::Array(args));
+            }
+            Value::Object(o)
+        })
+        .collect();
+    top.insert("syscalls".into(), Value::Array(syscalls));
+    petrel_oci::spec::seccomp::parse_profile(&Value::Object(top))
+        .map_err(|e| invalid("seccomp_policy", String::new(), e))
 }
 
 /// Applies a merged adjustment to `spec`.
@@ -377,9 +442,7 @@ fn apply_linux(spec: &mut Spec, l: &api::LinuxContainerAdjustment) -> Result<(),
     if l.io_priority.is_some() {
         return Err(ApplyError::Unsupported("io_priority"));
     }
-    if l.seccomp_policy.is_some() {
-        return Err(ApplyError::Unsupported("seccomp_policy"));
-    }
+    let policy = l.seccomp_policy.as_ref().map(seccomp_policy).transpose()?;
     if !l.net_devices.is_empty() {
         return Err(ApplyError::Unsupported("net_devices"));
     }
@@ -408,6 +471,9 @@ fn apply_linux(spec: &mut Spec, l: &api::LinuxContainerAdjustment) -> Result<(),
         spec.set_process(Some(process));
     }
     let mut linux = spec.linux().clone().unwrap_or_default();
+    if policy.is_some() {
+        linux.set_seccomp(policy);
+    }
     if !l.devices.is_empty() {
         let mut devices = linux.devices().clone().unwrap_or_default();
         for d in &l.devices {
@@ -766,13 +832,109 @@ mod tests {
         );
 
         // The view plugins get shows the result.
-        let c = container_from_spec("c1", "p1", "web", &HashMap::new(), &spec);
+        let c = container_from_spec("c1", "p1", "web", &HashMap::new(), None, &spec);
         assert_eq!(c.env, ["PATH=/bin", "NEW=x", "KEEP=2"]);
         assert_eq!(c.annotations.get("a").map(String::as_str), Some("1"));
         let r = c.linux.and_then(|l| l.resources).unwrap_or_default();
         assert_eq!(
             r.memory.and_then(|m| m.limit).map(|v| v.value),
             Some(64 << 20)
+        );
+    }
+
+    fn with_policy(policy: api::LinuxSeccomp) -> api::ContainerAdjustment {
+        api::ContainerAdjustment {
+            linux: Some(api::LinuxContainerAdjustment {
+                seccomp_policy: Some(policy),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn apply_adjustment_should_replace_the_seccomp_filter_with_a_plugins_policy() {
+        let mut spec = base();
+        let policy = api::LinuxSeccomp {
+            default_action: "SCMP_ACT_ALLOW".into(),
+            architectures: vec!["SCMP_ARCH_X86_64".into()],
+            syscalls: vec![api::LinuxSyscall {
+                names: vec!["mkdir".into()],
+                action: "SCMP_ACT_ERRNO".into(),
+                errno_ret: Some(api::OptionalUInt32 { value: 13 }),
+                args: vec![api::LinuxSeccompArg {
+                    index: 1,
+                    value: 0o700,
+                    value_two: 0,
+                    op: "SCMP_CMP_EQ".into(),
+                }],
+            }],
+            ..Default::default()
+        };
+        apply_adjustment(&mut spec, &with_policy(policy)).expect("apply");
+        let s = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.seccomp().clone())
+            .expect("seccomp");
+        assert_eq!(
+            s.default_action(),
+            oci_spec::runtime::LinuxSeccompAction::ScmpActAllow
+        );
+        let rules = s.syscalls().clone().unwrap_or_default();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].errno_ret(), Some(13));
+        let a = rules[0].args().clone().unwrap_or_default();
+        assert_eq!((a[0].index(), a[0].value()), (1, 0o700));
+    }
+
+    #[test]
+    fn apply_adjustment_should_refuse_a_policy_a_profile_file_could_not_have() {
+        for (policy, want) in [
+            (
+                api::LinuxSeccomp {
+                    default_action: "SCMP_ACT_SOMETIMES".into(),
+                    ..Default::default()
+                },
+                "SCMP_ACT_SOMETIMES",
+            ),
+            (
+                api::LinuxSeccomp {
+                    default_action: "SCMP_ACT_ALLOW".into(),
+                    listener_path: "/run/agent.sock".into(),
+                    ..Default::default()
+                },
+                "listenerPath",
+            ),
+        ] {
+            let mut spec = base();
+            let before = spec.clone();
+            let err = apply_adjustment(&mut spec, &with_policy(policy)).expect_err(want);
+            assert!(
+                matches!(
+                    &err,
+                    ApplyError::Invalid {
+                        field: "seccomp_policy",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains(want), "{err}");
+            assert_eq!(spec, before, "a refused adjustment changed the spec");
+        }
+    }
+
+    #[test]
+    fn container_from_spec_should_show_the_seccomp_profile() {
+        use petrel_oci::spec::seccomp::SeccompRequest;
+        let p = nri_seccomp_profile(&SeccompRequest::Localhost("/p.json".into()));
+        let c = container_from_spec("c1", "p1", "web", &HashMap::new(), Some(p.clone()), &base());
+        assert_eq!(c.linux.and_then(|l| l.seccomp_profile), Some(p));
+        let rd = nri_seccomp_profile(&SeccompRequest::RuntimeDefault);
+        assert_eq!(
+            rd.profile_type,
+            api::security_profile::ProfileType::RuntimeDefault as i32
         );
     }
 

@@ -13,7 +13,9 @@ use petrel_oci::spec::HostLimits;
 
 use crate::error::{required, Result, RuntimeError};
 
-/// RunPodSandbox's config: the pod's names, log directory and cgroup parent.
+/// RunPodSandbox's config: the pod's names, log directory, cgroup parent
+/// and seccomp request (a `Localhost` profile must exist and parse, though
+/// a pause-less pod has no process for it to confine).
 pub(crate) fn pod_sandbox(config: &api::PodSandboxConfig) -> Result<()> {
     let md = required(config.metadata.as_ref(), "config.metadata")?;
     names::pod_metadata(md)?;
@@ -22,6 +24,14 @@ pub(crate) fn pod_sandbox(config: &api::PodSandboxConfig) -> Result<()> {
         if !l.cgroup_parent.is_empty() {
             paths::cgroup_path("config.linux.cgroup_parent", &l.cgroup_parent)?;
         }
+        petrel_oci::spec::seccomp::check_sandbox_seccomp(l.security_context.as_ref()).map_err(
+            |e| match e {
+                petrel_oci::spec::SpecError::Invalid { field, reason } => {
+                    RuntimeError::invalid(format!("config.{field}"), reason)
+                }
+                other => RuntimeError::from(other),
+            },
+        )?;
     }
     Ok(())
 }
