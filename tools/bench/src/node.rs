@@ -20,9 +20,9 @@ pub const BUSYBOX: &str = "docker.io/petrel/busybox:latest";
 /// A `petrel runtime` started by the bench: the kit's runtime (its
 /// directory under `PETREL_KIT_TMPDIR`, which scripts/bench.sh points into
 /// the bench's work directory), read through [`Deref`] (`root`, `state`,
-/// `socket`, `endpoint()`, `log_path()`...). On [`Node::shutdown`] or drop
-/// its pods are removed through CRI, the process stopped and its runc
-/// root, mounts and cgroup parent swept.
+/// `socket`, `endpoint()`, `log_path()`...). On `shutdown()`
+/// ([`PetrelRuntime::shutdown`]) or drop its pods are removed through CRI,
+/// the process stopped and its runc root, mounts and cgroup parent swept.
 pub struct Node(PetrelRuntime);
 
 impl Node {
