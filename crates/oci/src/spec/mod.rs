@@ -316,8 +316,8 @@ pub fn check_container(
     }
     oom_score_adj(config, host)?;
     // Reads a Localhost profile, so a missing or malformed one is refused
-    // before anything exists (the capability-gated rules do not matter here).
-    seccomp::container_seccomp(sc, &Default::default())?;
+    // before anything exists.
+    seccomp::check_container_seccomp(sc)?;
     check_mounts(&config.mounts, privileged, host.recursive_read_only)
 }
 

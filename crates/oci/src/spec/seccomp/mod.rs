@@ -152,6 +152,30 @@ pub fn container_seccomp(
     })
 }
 
+/// Checks a container's seccomp request before anything is made: its form,
+/// and a `Localhost` profile's file (read and validated). The default
+/// profile is not built here: [`container_seccomp`] builds it once, with
+/// the container's capabilities.
+pub fn check_container_seccomp(
+    sc: Option<&api::LinuxContainerSecurityContext>,
+) -> Result<(), SpecError> {
+    let Some(sc) = sc else { return Ok(()) };
+    #[allow(deprecated)]
+    let (req, field) = requested(sc.seccomp.as_ref(), &sc.seccomp_profile_path)?;
+    check_localhost(&req, &field, sc.privileged)
+}
+
+/// Reads and validates a `Localhost` profile unless the process is
+/// privileged (then it runs unconfined and the file is never read).
+fn check_localhost(req: &SeccompRequest, field: &str, privileged: bool) -> Result<(), SpecError> {
+    if let SeccompRequest::Localhost(path) = req {
+        if !privileged {
+            load_profile(path, field)?;
+        }
+    }
+    Ok(())
+}
+
 /// The profile a container runs under, as NRI plugins are shown it:
 /// unconfined when privileged or when its request is unusable (such a
 /// container is refused before NRI is asked).
@@ -176,12 +200,7 @@ pub fn check_sandbox_seccomp(
     let Some(sc) = sc else { return Ok(()) };
     #[allow(deprecated)]
     let (req, field) = requested(sc.seccomp.as_ref(), &sc.seccomp_profile_path)?;
-    if let SeccompRequest::Localhost(path) = req {
-        if !sc.privileged {
-            load_profile(&path, &field)?;
-        }
-    }
-    Ok(())
+    check_localhost(&req, &field, sc.privileged)
 }
 
 #[cfg(test)]
