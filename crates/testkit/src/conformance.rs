@@ -73,6 +73,54 @@ pub fn runc() -> PathBuf {
 /// Runs critest against `target`, writing into `out`. Fails when something
 /// the run needs is missing or does not start; failing specs are results.
 pub fn run(target: &Target, out: &Path) -> Result<RunResult, KitError> {
+    let out = &absolute_dir(out)?;
+    let name = target.name();
+    let _ = std::fs::remove_file(out.join(format!("{name}.critest.log")));
+    let start = Instant::now();
+    let results = with_runtime(
+        target,
+        &out.join(format!("{name}.runtime.log")),
+        |critest, endpoint, nri, tick| {
+            CritestRun {
+                critest: critest.to_path_buf(),
+                endpoint: endpoint.to_string(),
+                nri_socket: Some(nri.to_path_buf()),
+                report: out.join(format!("{name}.report.json")),
+                log: out.join(format!("{name}.critest.log")),
+                timeout: Duration::from_secs(1200),
+                extra_args: Vec::new(),
+            }
+            .run(tick)
+        },
+    )?;
+    let critest_seconds = start.elapsed().as_secs_f64();
+    let tsv = out.join(format!("{name}.results.tsv"));
+    std::fs::write(&tsv, results_tsv(&results)).map_err(|e| KitError::io("write", &tsv, e))?;
+    Ok(RunResult {
+        name: name.to_string(),
+        results,
+        critest_seconds,
+        out: out.to_path_buf(),
+    })
+}
+
+/// `out` made absolute (critest runs in it) and created.
+pub(crate) fn absolute_dir(out: &Path) -> Result<PathBuf, KitError> {
+    let out = std::path::absolute(out).map_err(|e| KitError::io("resolve", out, e))?;
+    std::fs::create_dir_all(&out).map_err(|e| KitError::io("create directory", &out, e))?;
+    Ok(out)
+}
+
+/// Sets up what a critest run needs (the host-wide critest lock, the kit's
+/// registry and mirrors, a pod network), starts `target` on them and calls
+/// `f` with critest's binary, the runtime's endpoint, its NRI socket and a
+/// tick to call about every second; the runtime's log is copied to
+/// `runtime_log` before the runtime goes.
+pub(crate) fn with_runtime<T>(
+    target: &Target,
+    runtime_log: &Path,
+    f: impl FnOnce(&Path, &str, &Path, &mut dyn FnMut()) -> Result<T, KitError>,
+) -> Result<T, KitError> {
     let critest = crate::peers::peer_binary("critest")?;
     let images = ConformanceImages::locate()?;
     let runc = runc();
@@ -83,58 +131,31 @@ pub fn run(target: &Target, out: &Path) -> Result<RunResult, KitError> {
             hint: "apt-get install runc, or set PETREL_CONFORMANCE_RUNC".into(),
         });
     }
-    // Absolute: critest runs in the output directory.
-    let out = &std::path::absolute(out).map_err(|e| KitError::io("resolve", out, e))?;
-    std::fs::create_dir_all(out).map_err(|e| KitError::io("create directory", out, e))?;
-    let name = target.name();
     let _lock = CritestLock::acquire()?;
     let registry = LocalRegistry::serve_read_only(&images.registry_storage())?;
     let mirrors = crate::process::kit_tempdir("petrel-kit-mirrors.")?;
     write_mirror_config(mirrors.path(), &registry.host())?;
     let net = PodNetwork::new()?;
-    let critest_run = |endpoint: String, nri: PathBuf, tick: &mut dyn FnMut()| {
-        CritestRun {
-            critest: critest.clone(),
-            endpoint,
-            nri_socket: Some(nri),
-            report: out.join(format!("{name}.report.json")),
-            log: out.join(format!("{name}.critest.log")),
-            timeout: Duration::from_secs(1200),
-        }
-        .run(tick)
-    };
-    let _ = std::fs::remove_file(out.join(format!("{name}.critest.log")));
-    let start = Instant::now();
-    let runtime_log = out.join(format!("{name}.runtime.log"));
-    let results = match target {
+    let result = match target {
         Target::Petrel { binary } => {
             let rt = crate::petrel::PetrelRuntime::start(binary, &runc, &net, mirrors.path())?;
-            let r = critest_run(rt.endpoint(), rt.nri_socket.clone(), &mut || {});
+            let r = f(&critest, &rt.endpoint(), &rt.nri_socket, &mut || {});
             // Copied before the runtime (and its directory) goes.
-            let _ = std::fs::copy(rt.log_path(), &runtime_log);
+            let _ = std::fs::copy(rt.log_path(), runtime_log);
             r
         }
         Target::Containerd { binary } => {
             let cd = crate::containerd::Containerd::start(binary, &runc, &net, mirrors.path())?;
-            let r = critest_run(cd.endpoint(), cd.nri_socket.clone(), &mut || {
+            let r = f(&critest, &cd.endpoint(), &cd.nri_socket, &mut || {
                 cd.reap_exited_shims()
             });
-            let _ = std::fs::copy(cd.log_path(), &runtime_log);
+            let _ = std::fs::copy(cd.log_path(), runtime_log);
             r
         }
     };
-    let critest_seconds = start.elapsed().as_secs_f64();
-    let results = results?;
-    let tsv = out.join(format!("{name}.results.tsv"));
-    std::fs::write(&tsv, results_tsv(&results)).map_err(|e| KitError::io("write", &tsv, e))?;
     drop(net);
     drop(registry);
-    Ok(RunResult {
-        name: name.to_string(),
-        results,
-        critest_seconds,
-        out: out.to_path_buf(),
-    })
+    result
 }
 
 /// `OUTCOME<TAB>seconds<TAB>spec` per spec, sorted by spec.

@@ -96,6 +96,8 @@ pub struct CritestRun {
     pub log: PathBuf,
     /// The whole run's limit (critest is killed after it).
     pub timeout: Duration,
+    /// More arguments, after the kit's own (e.g. `-benchmark`).
+    pub extra_args: Vec<String>,
 }
 
 impl CritestRun {
@@ -110,6 +112,7 @@ impl CritestRun {
         if let Some(nri) = &self.nri_socket {
             cmd.arg(format!("-nri-socket={}", nri.display()));
         }
+        cmd.args(&self.extra_args);
         cmd
     }
 
@@ -318,6 +321,7 @@ mod tests {
             report: "/tmp/r.json".into(),
             log: "/tmp/l".into(),
             timeout: Duration::from_secs(900),
+            extra_args: vec!["-benchmark".into()],
         };
         let line = describe(&run.command());
         for a in [
@@ -326,6 +330,7 @@ mod tests {
             "-ginkgo.json-report=/tmp/r.json",
             "-nri-socket=/tmp/nri.sock",
             "-ginkgo.timeout=900s",
+            "-benchmark",
         ] {
             assert!(line.contains(a), "{line}");
         }

@@ -59,6 +59,7 @@ pub mod conformance;
 pub mod containerd;
 pub mod cri;
 pub mod critest;
+pub mod critest_bench;
 pub mod ctl;
 mod error;
 pub mod expected;

@@ -11,6 +11,8 @@ mod agent_proc;
 mod agent_report;
 mod containerd;
 mod cpugroup;
+mod critest_bench;
+mod critest_bench_report;
 mod eviction;
 mod eviction_report;
 mod floor;
@@ -218,6 +220,15 @@ pub struct Args {
     /// the summary of the last `make conformance`.
     #[arg(long)]
     pub kubelet_critest: bool,
+    /// P28: pod lifecycles critest's benchmark mode times per runtime.
+    #[arg(long, default_value_t = 100)]
+    pub critest_pods: usize,
+    /// P28: container lifecycles per runtime.
+    #[arg(long, default_value_t = 100)]
+    pub critest_containers: usize,
+    /// P28: image lifecycles (and image listings) per runtime.
+    #[arg(long, default_value_t = 10)]
+    pub critest_images: usize,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -233,9 +244,9 @@ pub struct Args {
     /// Run one part only: `runtime` (P1-P5), `queue` (P6-P9: in-process,
     /// needs neither root nor runc; prints its partial report unless --out
     /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18),
-    /// `nri` (P19-P20), `eviction` (P21-P22) or `kubelet` (P23-P27 and
-    /// the critest counts; these six print their partial report to
-    /// standard output unless --out is given).
+    /// `nri` (P19-P20), `eviction` (P21-P22), `kubelet` (P23-P27 and
+    /// the critest counts) or `critest` (P28; these seven print their
+    /// partial report to standard output unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -271,6 +282,9 @@ pub enum Part {
     /// the whole node's CPU, memory, start and exit latency (P23-P27),
     /// critest counts.
     Kubelet,
+    /// critest's own benchmarks against Petrel's runtime and containerd
+    /// 2.x (P28).
+    Critest,
 }
 
 /// The default report.
@@ -319,6 +333,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Kubelet {
         return run_kubelet_only(args);
+    }
+    if args.only == Part::Critest {
+        return run_critest_only(args);
     }
     if args.only == Part::All {
         // A missing peer fails the whole run now, not after an hour.
@@ -462,6 +479,19 @@ fn run_eviction_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only critest`: critest's benchmarks alone.
+fn run_critest_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| critest_bench::measure(args, work, &progress).await,
+        report::render_critest_only,
+    )?;
+    if let Err(e) = results.petrel.as_ref().and(results.containerd.as_ref()) {
+        bail!("critest's benchmarks were not measured: {e}");
+    }
+    Ok(())
+}
+
 /// `--only kubelet`: the kubelet figures alone.
 fn run_kubelet_only(args: &Args) -> Result<()> {
     kubelet::preflight(args)?;
@@ -585,7 +615,8 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         | Part::Net
         | Part::Nri
         | Part::Eviction
-        | Part::Kubelet => None,
+        | Part::Kubelet
+        | Part::Critest => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -713,7 +744,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     raw.sweep();
 
     // The other sections run after the runtime's only in a whole run.
-    let (pull, net, nri, eviction, agent, kubelet) = if args.only == Part::All {
+    let (pull, net, nri, eviction, agent, kubelet, critest) = if args.only == Part::All {
         // In this order: the tuple's elements are awaited one after another.
         (
             Some(pull::measure(args, work, &progress).await),
@@ -722,9 +753,10 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
             Some(eviction::measure(args, work, &progress).await),
             Some(agent::measure(args, work, &progress).await),
             Some(kubelet::measure(args, work, &progress).await),
+            Some(critest_bench::measure(args, work, &progress).await),
         )
     } else {
-        (None, None, None, None, None, None)
+        (None, None, None, None, None, None, None)
     };
     Ok(Results {
         fsync,
@@ -745,6 +777,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         nri,
         eviction,
         kubelet,
+        critest,
     })
 }
 

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::agent::AgentResults;
 use crate::agent_report;
+use crate::critest_bench::CritestBenchResults;
+use crate::critest_bench_report;
 use crate::eviction::EvictionResults;
 use crate::eviction_report;
 use crate::kubelet::KubeletResults;
@@ -223,6 +225,9 @@ pub struct Results {
     /// P23-P27, the real kubelet beside Petrel (absent with `--only
     /// runtime`).
     pub kubelet: Option<KubeletResults>,
+    /// P28, critest's benchmarks on both runtimes (absent with `--only
+    /// runtime`).
+    pub critest: Option<CritestBenchResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -334,6 +339,17 @@ pub fn render_kubelet_only(m: &Machine, k: &KubeletResults) -> Result<String, Te
         "the real kubelet beside Petrel only",
         kubelet_report::summary_rows(k)?,
         kubelet_report::sections(k)?,
+    )
+}
+
+/// Renders critest's benchmarks alone (`--only critest`).
+pub fn render_critest_only(m: &Machine, c: &CritestBenchResults) -> Result<String, TemplateError> {
+    render_part(
+        m,
+        &m.command,
+        "critest's benchmarks only",
+        critest_bench_report::summary_rows(c)?,
+        critest_bench_report::sections(c)?,
     )
 }
 
@@ -521,6 +537,10 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
     if let Some(k) = &r.kubelet {
         rows += &kubelet_report::summary_rows(k)?;
         sections += &kubelet_report::sections(k)?;
+    }
+    if let Some(c) = &r.critest {
+        rows += &critest_bench_report::summary_rows(c)?;
+        sections += &critest_bench_report::sections(c)?;
     }
     Ok((rows, sections))
 }
@@ -909,6 +929,21 @@ mod tests {
                 cells = None;
             }
         }
+    }
+
+    #[test]
+    fn render_critest_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        let full = render_critest_only(&m, &report_sample::critest()).unwrap();
+        assert_tables_square(&full);
+        golden("sample-critest.md", &full);
+        let none = crate::critest_bench::CritestBenchResults {
+            containerd: Err("no containerd in build/peers/bin | `make peers`\nmore".into()),
+            ..report_sample::critest()
+        };
+        let text = render_critest_only(&m, &none).unwrap();
+        assert_tables_square(&text);
+        golden("sample-critest-none.md", &text);
     }
 
     #[test]

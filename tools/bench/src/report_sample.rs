@@ -604,5 +604,55 @@ pub fn results() -> Results {
     r.nri = Some(nri());
     r.eviction = Some(eviction());
     r.kubelet = Some(Default::default());
+    r.critest = Some(critest());
     r
+}
+
+/// One operation's samples, `ms` apart from `base` ms.
+fn bench_op(name: &str, n: usize, base: f64) -> petrel_testkit::critest_bench::Operation {
+    petrel_testkit::critest_bench::Operation {
+        name: name.into(),
+        samples: (0..n)
+            .map(|i| Duration::from_secs_f64((base + i as f64 * 0.1) / 1e3))
+            .collect(),
+    }
+}
+
+/// A critest benchmark run of `name` with every operation `scale` times
+/// the base figures.
+fn bench_run(name: &str, scale: f64, seconds: f64) -> petrel_testkit::critest_bench::BenchRun {
+    let ops = [
+        ("CreatePod", 40.0),
+        ("StatusPod", 0.5),
+        ("StopPod", 20.0),
+        ("RemovePod", 5.0),
+        ("CreateContainer", 15.0),
+    ];
+    petrel_testkit::critest_bench::BenchRun {
+        name: name.into(),
+        operations: ops
+            .iter()
+            .map(|(n, ms)| bench_op(n, 5, ms * scale))
+            .collect(),
+        specs: vec![],
+        critest_seconds: seconds,
+    }
+}
+
+/// P28 with Petrel faster on all but one operation.
+pub fn critest() -> crate::critest_bench::CritestBenchResults {
+    let mut petrel = bench_run("petrel", 0.5, 30.0);
+    petrel.operations[1] = bench_op("StatusPod", 5, 0.9);
+    crate::critest_bench::CritestBenchResults {
+        params: petrel_testkit::critest_bench::BenchParams {
+            pods: 5,
+            containers: 5,
+            images: 2,
+            parallel: 1,
+        },
+        petrel: Ok(petrel),
+        containerd: Ok(bench_run("containerd", 1.0, 60.0)),
+        containerd_version: "v2.4.2".into(),
+        critest_version: "1.37.0".into(),
+    }
 }
