@@ -29,6 +29,23 @@ fn compared(p: &BenchRun, c: &BenchRun) -> Vec<(String, usize, Duration, Duratio
         .collect()
 }
 
+/// The median of CreateContainer + StartContainer, summed per sample
+/// (critest times both in one datapoint).
+fn create_and_start(r: &BenchRun) -> Option<Duration> {
+    let (c, s) = (
+        r.operation("CreateContainer")?,
+        r.operation("StartContainer")?,
+    );
+    let mut sums: Vec<Duration> = c
+        .samples
+        .iter()
+        .zip(&s.samples)
+        .map(|(a, b)| *a + *b)
+        .collect();
+    sums.sort();
+    sums.get(sums.len() / 2).copied()
+}
+
 /// Every value of the template; `rows` or `sections` says which half to
 /// render.
 fn vars(r: &CritestBenchResults, rows: bool) -> Vars {
@@ -65,6 +82,14 @@ fn vars(r: &CritestBenchResults, rows: bool) -> Vars {
         .map(|f| format!("Petrel: {f}"))
         .chain(c.failures().into_iter().map(|f| format!("containerd: {f}")))
         .collect();
+    match (create_and_start(p), create_and_start(c)) {
+        (Some(a), Some(b)) => v
+            .flag("create_start", true)
+            .set("create_start_petrel", ms(a))
+            .set("create_start_containerd", ms(b))
+            .set("create_start_ratio", ratio(a, b)),
+        _ => v.flag("create_start", false),
+    };
     v.flag("measured", true)
         .set("at_or_below", below)
         .set("compared", ops.len())
@@ -109,6 +134,7 @@ fn vars(r: &CritestBenchResults, rows: bool) -> Vars {
 /// The values when the comparison cannot be made.
 fn missing(mut v: Vars, why: &str) -> Vars {
     v.flag("measured", false)
+        .flag("create_start", false)
         .set("why", one_line(why))
         .set("petrel_seconds", "—")
         .set("containerd_seconds", "—")

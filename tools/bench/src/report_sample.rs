@@ -627,6 +627,7 @@ fn bench_run(name: &str, scale: f64, seconds: f64) -> petrel_testkit::critest_be
         ("StopPod", 20.0),
         ("RemovePod", 5.0),
         ("CreateContainer", 15.0),
+        ("StartContainer", 30.0),
     ];
     petrel_testkit::critest_bench::BenchRun {
         name: name.into(),
