@@ -175,6 +175,7 @@ pub async fn run(
     let started: std::sync::OnceLock<Arc<PodWorkers>> = std::sync::OnceLock::new();
     let main = async {
         let runtime_name = wait_for_runtime(observer.as_ref(), &health).await;
+        let recursive_read_only = supports_recursive_read_only(observer.as_ref()).await;
         let core = Core {
             runtime: Arc::clone(&runtime),
             cache: Arc::clone(&cache),
@@ -203,6 +204,7 @@ pub async fn run(
                 backoff_max: config.backoff_max,
                 seccomp_root: config.seccomp_root(),
                 seccomp_default: config.seccomp_default,
+                recursive_read_only,
             },
         );
         let pleg = workers.pleg().clone();
@@ -473,6 +475,23 @@ fn start_eviction(
         }
         // Validated at start-up already; kept for the record.
         Err(e) => tracing::error!(error = %e, "eviction manager not started"),
+    }
+}
+
+/// Whether the runtime's default handler (named "") reports recursive
+/// read-only mounts, as kubelet reads it; a runtime whose Status fails or
+/// names no such handler does not.
+async fn supports_recursive_read_only(runtime: &dyn RuntimeObserver) -> bool {
+    match runtime.runtime_handlers().await {
+        Ok(handlers) => handlers
+            .iter()
+            .find(|h| h.name.is_empty())
+            .and_then(|h| h.features.as_ref())
+            .is_some_and(|f| f.recursive_read_only_mounts),
+        Err(e) => {
+            tracing::warn!(error = %e, "runtime handlers unknown: recursive read-only mounts taken as unsupported");
+            false
+        }
     }
 }
 

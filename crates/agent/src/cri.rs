@@ -89,6 +89,12 @@ pub trait RuntimeObserver: Send + Sync + 'static {
     async fn version(&self) -> CriResult<api::VersionResponse>;
     /// Status: runtime and network readiness.
     async fn status(&self) -> CriResult<api::RuntimeStatus>;
+    /// Status's runtime handlers and their features (recursive read-only
+    /// mounts, user namespaces). A runtime that reports none has only a
+    /// default handler without them.
+    async fn runtime_handlers(&self) -> CriResult<Vec<api::RuntimeHandler>> {
+        Ok(Vec::new())
+    }
     /// ListPodSandbox with the given label selector (empty: all).
     async fn list_pod_sandboxes(
         &self,
@@ -251,6 +257,15 @@ impl RuntimeObserver for CriRuntime {
         let req = self.request(api::StatusRequest { verbose: false });
         let r = self.observe("status", c.status(req)).await?;
         Ok(r.status.unwrap_or_default())
+    }
+
+    async fn runtime_handlers(&self) -> CriResult<Vec<api::RuntimeHandler>> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::StatusRequest { verbose: false });
+        Ok(self
+            .observe("status", c.status(req))
+            .await?
+            .runtime_handlers)
     }
 
     async fn list_pod_sandboxes(

@@ -60,6 +60,9 @@ pub struct ConvertContext {
     pub seccomp_root: PathBuf,
     /// kubelet's `seccompDefault`: no profile means `RuntimeDefault`.
     pub seccomp_default: bool,
+    /// Whether the runtime's default handler supports recursive read-only
+    /// mounts (`recursiveReadOnly`).
+    pub recursive_read_only: bool,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -161,6 +164,7 @@ pub(crate) mod test_support {
             host_ip: "192.168.1.10".to_string(),
             seccomp_root: PathBuf::from("/var/lib/petrel/seccomp"),
             seccomp_default: false,
+            recursive_read_only: true,
         }
     }
 

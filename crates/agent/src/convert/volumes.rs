@@ -219,6 +219,48 @@ fn propagation(m: &VolumeMount, privileged: bool, field: &str) -> Result<i32, Co
     } as i32)
 }
 
+/// Whether the mount is recursively read-only, as kubelet resolves
+/// `recursiveReadOnly`: `Enabled` and `IfPossible` need `readOnly: true`
+/// and no mount propagation (the API server's rules, checked again for
+/// static pods); `Enabled` fails when the runtime cannot (`supported`:
+/// its default handler's `recursive_read_only_mounts`), `IfPossible`
+/// falls back to a plain read-only mount.
+fn recursive_read_only(
+    m: &VolumeMount,
+    supported: bool,
+    field: &str,
+) -> Result<bool, ConvertError> {
+    let mode = match m.recursive_read_only.as_deref() {
+        None | Some("Disabled") => return Ok(false),
+        Some(mode @ ("Enabled" | "IfPossible")) => mode,
+        Some(other) => {
+            return Err(ConvertError::invalid(
+                format!("{field}.recursiveReadOnly"),
+                format!("unknown mode {other:?} (Disabled, IfPossible, Enabled)"),
+            ))
+        }
+    };
+    if !m.read_only.unwrap_or(false) {
+        return Err(ConvertError::invalid(
+            format!("{field}.recursiveReadOnly"),
+            "may only be specified when readOnly is true",
+        ));
+    }
+    if m.mount_propagation.as_deref().is_some_and(|p| p != "None") {
+        return Err(ConvertError::invalid(
+            format!("{field}.recursiveReadOnly"),
+            "may only be specified when mountPropagation is None or not specified",
+        ));
+    }
+    if mode == "Enabled" && !supported {
+        return Err(ConvertError::unsupported(
+            format!("{field}.recursiveReadOnly"),
+            "Enabled, but the runtime does not support recursive read-only mounts",
+        ));
+    }
+    Ok(supported)
+}
+
 /// A volumeMount with a subPath: what must be bound before the container
 /// is created, and where. The CRI mount's `host_path` is `mount_point`,
 /// which holds nothing until [`crate::subpath`] binds the subPath opened
@@ -323,7 +365,7 @@ pub(crate) fn container_mounts(
             container_path: m.mount_path.clone(),
             host_path: host.to_string_lossy().into_owned(),
             readonly,
-            recursive_read_only: readonly && m.recursive_read_only.as_deref() == Some("Enabled"),
+            recursive_read_only: recursive_read_only(m, ctx.recursive_read_only, &field)?,
             propagation: propagation(m, privileged, &field)?,
             ..Default::default()
         });
@@ -363,6 +405,56 @@ mod tests {
             pod_dir: dir.join("pods/uid"),
             sub_path_dir: dir.join("volume-subpaths/uid"),
             ..ctx()
+        }
+    }
+
+    fn mount(read_only: bool, rro: Option<&str>, propagation: Option<&str>) -> VolumeMount {
+        VolumeMount {
+            name: "v".into(),
+            mount_path: "/v".into(),
+            read_only: Some(read_only),
+            recursive_read_only: rro.map(str::to_string),
+            mount_propagation: propagation.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn recursive_read_only_should_resolve_as_kubelet_does() {
+        let f = "spec.containers[a].volumeMounts[v]";
+        for supported in [false, true] {
+            for rro in [None, Some("Disabled")] {
+                assert!(!recursive_read_only(&mount(true, rro, None), supported, f).unwrap());
+            }
+            // IfPossible: whatever the runtime can do.
+            let m = mount(true, Some("IfPossible"), Some("None"));
+            assert_eq!(recursive_read_only(&m, supported, f).unwrap(), supported);
+        }
+        let enabled = mount(true, Some("Enabled"), None);
+        assert!(recursive_read_only(&enabled, true, f).unwrap());
+        let e = recursive_read_only(&enabled, false, f)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("recursiveReadOnly") && e.contains("does not support"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn recursive_read_only_should_refuse_writable_propagating_or_unknown_mounts() {
+        let f = "spec.containers[a].volumeMounts[v]";
+        for (m, want) in [
+            (mount(false, Some("Enabled"), None), "readOnly is true"),
+            (mount(false, Some("IfPossible"), None), "readOnly is true"),
+            (
+                mount(true, Some("Enabled"), Some("HostToContainer")),
+                "mountPropagation is None",
+            ),
+            (mount(true, Some("Always"), None), "unknown mode"),
+        ] {
+            let e = recursive_read_only(&m, true, f).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains(f), "{e}");
         }
     }
 

@@ -91,6 +91,9 @@ pub struct WorkerConfig {
     pub seccomp_root: PathBuf,
     /// kubelet's `seccompDefault`.
     pub seccomp_default: bool,
+    /// Whether the runtime's default handler supports recursive read-only
+    /// mounts (learnt from its Status when the agent connects).
+    pub recursive_read_only: bool,
 }
 
 /// What a worker remembers about a pod between syncs.
@@ -265,6 +268,7 @@ impl PodWorkers {
             host_ip: self.config.host_ip.clone(),
             seccomp_root: self.config.seccomp_root.clone(),
             seccomp_default: self.config.seccomp_default,
+            recursive_read_only: self.config.recursive_read_only,
         }
     }
 

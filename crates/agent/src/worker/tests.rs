@@ -189,6 +189,7 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             backoff_max: Duration::from_millis(160),
             seccomp_root: root.join("seccomp"),
             seccomp_default: false,
+            recursive_read_only: false,
         },
     );
     let pleg = workers.pleg().clone();
