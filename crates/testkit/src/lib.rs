@@ -59,6 +59,7 @@ pub mod conformance;
 pub mod containerd;
 pub mod cri;
 pub mod critest;
+pub mod criu;
 pub mod ctl;
 mod error;
 pub mod expected;

@@ -141,13 +141,8 @@ impl Runtime {
                     source,
                 }
             })?;
-            // CRIU leaves its statistics in the image directory; the
-            // archive has them at its top, as containerd's.
-            let stats = images.join(archive::STATS_DUMP);
-            let stats_at_top = work.0.join(archive::STATS_DUMP);
-            let stats_dump = std::fs::rename(&stats, &stats_at_top)
-                .ok()
-                .map(|()| stats_at_top.as_path());
+            // runc has CRIU write its log and statistics to the work path.
+            let stats = criu_work.join(archive::STATS_DUMP);
             let dump_log = criu_work.join(archive::DUMP_LOG);
             let size = archive::write_archive(
                 &location,
@@ -158,7 +153,7 @@ impl Runtime {
                     status: &status,
                     rootfs_diff: Some(&diff),
                     dump_log: Some(&dump_log),
-                    stats_dump,
+                    stats_dump: Some(&stats),
                     container_log: log.as_deref(),
                     deadline: Some(deadline),
                 },
