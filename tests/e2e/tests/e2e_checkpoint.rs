@@ -315,3 +315,57 @@ async fn checkpoint_and_restore_should_refuse_bad_requests_and_leave_nothing() {
     c.remove_pod(&pod).await.unwrap();
     node.assert_no_debris("cp-bad");
 }
+
+#[tokio::test]
+async fn ctl_and_crictl_checkpoint_should_write_archives_of_a_running_container() {
+    let node = node_with_criu();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("cp-cli");
+    let pod = c.run_pod(pc.clone()).await;
+    let id = c.run(&pod, &pc, sh_container("counter", COUNTER)).await;
+    wait_count_past(&mut c, &id, 3).await;
+
+    let ours = node.dir.path().join("ctl.tar");
+    let out = ok(
+        &node,
+        &["checkpoint", "--export", &ours.display().to_string(), &id],
+    );
+    assert_eq!(out.trim(), id);
+    let crictl = petrel_testkit::peers::peer_binary("crictl").unwrap_or_else(|e| panic!("{e}"));
+    let theirs = node.dir.path().join("crictl.tar");
+    let out = std::process::Command::new(crictl)
+        .arg("--runtime-endpoint")
+        .arg(format!("unix://{}", node.socket.display()))
+        .arg("--timeout")
+        .arg("60s")
+        .arg("checkpoint")
+        .arg(format!("--export={}", theirs.display()))
+        .arg(&id)
+        .output()
+        .expect("run crictl");
+    assert!(out.status.success(), "crictl checkpoint: {out:?}");
+    for archive in [&ours, &theirs] {
+        let entries = tar_entries(archive);
+        for want in ["checkpoint/inventory.img", "config.dump", "spec.dump"] {
+            assert!(
+                entries.iter().any(|e| e == want),
+                "{want} missing in {}",
+                archive.display()
+            );
+        }
+    }
+    // Both times it was left running, and it still counts.
+    let now = count(&mut c, &id).await;
+    wait_count_past(&mut c, &id, now).await;
+
+    c.stop(&id, 0).await.unwrap();
+    c.remove(&id).await.unwrap();
+    c.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .unwrap();
+    c.remove_pod(&pod).await.unwrap();
+    node.assert_no_debris("cp-cli");
+}
