@@ -254,8 +254,9 @@ impl Runc {
     /// Checkpoints a running container with CRIU and leaves it running
     /// (`runc checkpoint --leave-running`): CRIU's images go to
     /// `opts.image_dir`, its log (`dump.log`) and statistics to
-    /// `opts.work_dir`. runc is killed if the caller drops the future (its
-    /// bound passed).
+    /// `opts.work_dir`. Not to be cut short: runc is killed if the future
+    /// is dropped, and CRIU dying with it mid-dump can leave the container
+    /// seized or frozen; callers that bound the call let it finish.
     pub async fn checkpoint(
         &self,
         id: &str,

@@ -33,11 +33,22 @@ impl Drop for WorkDir {
     }
 }
 
+/// The answer of a checkpoint that did not finish in time.
+fn too_late(id: &str, timeout: Duration) -> RuntimeError {
+    RuntimeError::DeadlineExceeded(format!(
+        "checkpoint of container {id} did not finish within {timeout:?}"
+    ))
+}
+
 impl Runtime {
     /// Checkpoints the running container `c` into the archive `location`
-    /// (CheckpointContainer), leaving it running. Everything is bounded by
-    /// `timeout`: past it the call fails with DEADLINE_EXCEEDED and no
-    /// archive is put in place. Returns the archive's size.
+    /// (CheckpointContainer), leaving it running. The call is bounded by
+    /// `timeout`: past it, it fails with DEADLINE_EXCEEDED and no archive is
+    /// put in place. A dump under way is not cut short, though: runc and
+    /// CRIU killed while CRIU has the container seized (its parasite code
+    /// inside, the freezer cgroup frozen) may leave it broken or frozen
+    /// (seen here), so the dump finishes on its own task, its result
+    /// discarded and its files removed. Returns the archive's size.
     pub(crate) async fn container_checkpoint(
         self: &Arc<Self>,
         c: &Arc<Container>,
@@ -45,6 +56,25 @@ impl Runtime {
         timeout: Duration,
     ) -> Result<u64> {
         let deadline = Instant::now() + timeout;
+        let (rt, task_c, task_location) = (self.clone(), c.clone(), location.to_path_buf());
+        let task = tokio::spawn(async move {
+            rt.checkpoint_until(&task_c, &task_location, deadline, timeout)
+                .await
+        });
+        match tokio::time::timeout_at(deadline.into(), task).await {
+            Ok(joined) => joined.map_err(|e| RuntimeError::task("checkpoint", e))?,
+            Err(_) => Err(too_late(&c.id, timeout)),
+        }
+    }
+
+    /// [`Runtime::container_checkpoint`]'s work, to its end.
+    async fn checkpoint_until(
+        self: &Arc<Self>,
+        c: &Arc<Container>,
+        location: &Path,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<u64> {
         // Ordered with stops, removals and exits of the container.
         let _op = c.op.lock().await;
         let rec = c.record();
@@ -78,17 +108,11 @@ impl Runtime {
             work_dir: &criu_work,
         };
         let t0 = Instant::now();
-        let dumped = tokio::time::timeout_at(deadline.into(), self.oci.checkpoint(&rec.id, &opts));
-        match dumped.await {
-            Ok(done) => done?,
-            Err(_) => {
-                return Err(RuntimeError::DeadlineExceeded(format!(
-                    "checkpoint of container {} did not finish within {timeout:?}",
-                    rec.id
-                )))
-            }
-        }
+        self.oci.checkpoint(&rec.id, &opts).await?;
         let t_dump = t0.elapsed();
+        if Instant::now() > deadline {
+            return Err(too_late(&rec.id, timeout));
+        }
 
         let image = self.images.get(&rec.image_id);
         let user_image = rec
@@ -165,9 +189,7 @@ impl Runtime {
         .map_err(|e| RuntimeError::task("write checkpoint archive", e))?;
         let size = written.map_err(|e| match e {
             RuntimeError::Checkpoint(archive::ArchiveError::Deadline { .. }) => {
-                RuntimeError::DeadlineExceeded(format!(
-                    "checkpoint of container {id} did not finish within {timeout:?}"
-                ))
+                too_late(&id, timeout)
             }
             other => other,
         })?;

@@ -235,3 +235,34 @@ async fn restore_should_leave_nothing_when_the_shim_fails() {
         .collect();
     assert_eq!(layers, [id], "a restore's layer and images are removed");
 }
+
+#[tokio::test]
+async fn checkpoint_past_its_timeout_should_answer_in_time_and_leave_nothing() {
+    let t = runtime();
+    let pod = t.pod("p").await;
+    let id = t.run(&pod, "c").await;
+    t.host.checkpoint_takes(std::time::Duration::from_millis(1500));
+    let location = t.dir.path().join("cp.tar");
+    let began = std::time::Instant::now();
+    let err =
+        t.rt.checkpoint_container(api::CheckpointContainerRequest {
+            container_id: id.clone(),
+            location: location.display().to_string(),
+            timeout: 1,
+        })
+        .await
+        .expect_err("too slow");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err}");
+    assert!(began.elapsed() < std::time::Duration::from_millis(1400));
+    // The dump is let finish (never cut short), then everything of it goes.
+    let checkpoints = t.rt.layout.root.join("checkpoints");
+    let cleared = t
+        .host
+        .wait_for(std::time::Duration::from_secs(5), |_| {
+            std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_none())
+        })
+        .await;
+    assert!(cleared, "checkpoint work directory left");
+    assert!(!location.exists());
+    assert_eq!(t.state(&id), Some(ContainerState::Running));
+}

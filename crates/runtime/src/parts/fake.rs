@@ -179,6 +179,8 @@ struct World {
     oom_kills: HashMap<String, u64>,
     calls: Vec<Call>,
     faults: HashMap<Fault, u32>,
+    /// How long a checkpoint (CRIU's dump) takes.
+    checkpoint_takes: Duration,
 }
 
 impl World {
@@ -294,6 +296,11 @@ impl FakeHost {
     /// Makes the next `times` calls of `fault`'s kind fail.
     pub fn fail(&self, fault: Fault, times: u32) {
         *self.world().faults.entry(fault).or_default() += times;
+    }
+
+    /// Makes every later checkpoint take `d`.
+    pub fn checkpoint_takes(&self, d: Duration) {
+        self.world().checkpoint_takes = d;
     }
 
     /// Every call so far.
@@ -581,6 +588,8 @@ impl OciRuntime for FakeHost {
     /// Writes what CRIU's dump would (an inventory image, one page image,
     /// its log) for a running container.
     async fn checkpoint(&self, id: &str, opts: &CheckpointOptions<'_>) -> Result<(), RuncError> {
+        let takes = self.world().checkpoint_takes;
+        tokio::time::sleep(takes).await;
         let mut w = self.world();
         w.calls.push(Call::OciCheckpoint(id.to_string()));
         if w.fails(Fault::OciCheckpoint) {
