@@ -455,8 +455,21 @@ pub fn unpack_for_restore(
     let file = File::open(archive).map_err(|e| ArchiveError::io("open", archive, e))?;
     petrel_fs::create_private_dir_all(images, petrel_fs::PRIVATE)
         .map_err(|e| ArchiveError::io("create", images, io::Error::other(e.to_string())))?;
+    // CRIU's images count against the same bound as a layer (a sparse
+    // entry would otherwise unpack to whatever it claims).
+    let mut claimed = 0u64;
     walk(archive, file, |place, entry| match place {
         Place::Image(name) => {
+            claimed = claimed.saturating_add(entry.size());
+            if limits.max_layer_bytes > 0 && claimed > limits.max_layer_bytes {
+                return Err(ArchiveError::not_checkpoint(
+                    archive,
+                    format!(
+                        "its CRIU images exceed {} bytes (max_layer_bytes)",
+                        limits.max_layer_bytes
+                    ),
+                ));
+            }
             let path = images.join(name);
             let mut out = fs::OpenOptions::new()
                 .write(true)
@@ -743,7 +756,7 @@ mod tests {
     }
 
     #[test]
-    fn unpack_for_restore_should_refuse_nested_images() {
+    fn unpack_for_restore_should_refuse_nested_or_oversized_images() {
         let out = tempfile::tempdir().expect("tempdir");
         let nested = out.path().join("nested.tar");
         let mut b = tar::Builder::new(File::create(&nested).expect("create"));
@@ -760,5 +773,17 @@ mod tests {
         )
         .expect_err("nested");
         assert!(err.to_string().contains("not a CRIU image"), "{err}");
+
+        // Images larger than the bound are refused before they are written.
+        let dump = Dump::new();
+        let location = out.path().join("cp.tar");
+        let config = config();
+        write_archive(&location, &dump.parts(&config)).expect("write");
+        let small = petrel_image::Limits {
+            max_layer_bytes: 5_000,
+        };
+        let err = unpack_for_restore(&location, &out.path().join("images2"), &upper, &small)
+            .expect_err("too large");
+        assert!(err.to_string().contains("exceed 5000 bytes"), "{err}");
     }
 }

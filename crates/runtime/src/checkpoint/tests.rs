@@ -241,7 +241,8 @@ async fn checkpoint_past_its_timeout_should_answer_in_time_and_leave_nothing() {
     let t = runtime();
     let pod = t.pod("p").await;
     let id = t.run(&pod, "c").await;
-    t.host.checkpoint_takes(std::time::Duration::from_millis(1500));
+    t.host
+        .checkpoint_takes(std::time::Duration::from_millis(1500));
     let location = t.dir.path().join("cp.tar");
     let began = std::time::Instant::now();
     let err =
