@@ -22,7 +22,7 @@ PYENV := build/pyenv
 GRPCIO_VERSION := 1.85.1
 
 .PHONY: all deps build release shim-release image test unit lint fmt doc demo bench clean ci containerd \
-	peers conformance-images conformance pyenv
+	criu peers conformance-images conformance pyenv
 
 all: build
 
@@ -65,6 +65,13 @@ image: deps
 containerd: deps
 	scripts/containerd.sh build
 
+## criu: CRIU 4.1 from Debian trixie unpacked under build/criu with the
+## trixie libraries and loader it needs (its glibc is newer than bookworm's),
+## run through build/criu/criu; for CheckpointContainer and restores in the
+## tests (nothing is installed; the .debs are cached in build/debs/trixie)
+criu: deps
+	scripts/criu.sh build
+
 ## peers: kubelet, kube-apiserver, kubectl, etcd, critest, containerd 2, runc
 ## built from Go modules at the versions in tools/peers/versions.env, cached
 ## in /var/cache/petrel/peers and linked into build/peers/bin
@@ -104,7 +111,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build shim-release image containerd peers conformance-images pyenv lint
+test: deps build shim-release image containerd criu peers conformance-images pyenv lint
 	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \

@@ -213,7 +213,7 @@ fn append_bytes<W: Write>(b: &mut tar::Builder<W>, name: &str, data: &[u8]) -> i
 }
 
 /// Archives a layer directory into `file`; returns its digest and size.
-fn archive_layer(dir: &Path, file: &Path) -> Result<(String, u64), ImageError> {
+pub(crate) fn archive_layer(dir: &Path, file: &Path) -> Result<(String, u64), ImageError> {
     let f = fs::File::create(file).map_err(|e| ImageError::io("create", file, e))?;
     let w = Hashing {
         inner: io::BufWriter::new(f),

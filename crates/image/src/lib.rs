@@ -18,6 +18,7 @@
 //! ```
 
 mod archive;
+mod diff;
 mod digest;
 mod error;
 mod export;
@@ -31,6 +32,7 @@ mod unpack;
 
 use std::path::PathBuf;
 
+pub use diff::{apply_diff, archive_diff};
 pub use error::ImageError;
 pub use export::Exported;
 pub use limits::{

@@ -102,6 +102,17 @@ pub struct ExecOutput {
     pub stderr: Vec<u8>,
 }
 
+/// Where a checkpoint goes and who makes it.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointOptions<'a> {
+    /// The CRIU binary runc runs.
+    pub criu: &'a Path,
+    /// CRIU's images (the archive's `checkpoint/`).
+    pub image_dir: &'a Path,
+    /// CRIU's log and statistics (`dump.log`, `stats-dump`).
+    pub work_dir: &'a Path,
+}
+
 /// The runc binary and its state directory.
 #[derive(Debug, Clone)]
 pub struct Runc {
@@ -238,6 +249,30 @@ impl Runc {
             command: "list",
             reason: e.to_string(),
         })
+    }
+
+    /// Checkpoints a running container with CRIU and leaves it running
+    /// (`runc checkpoint --leave-running`): CRIU's images go to
+    /// `opts.image_dir`, its log (`dump.log`) and statistics to
+    /// `opts.work_dir`. Not to be cut short: runc is killed if the future
+    /// is dropped, and CRIU dying with it mid-dump can leave the container
+    /// seized or frozen; callers that bound the call let it finish.
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        opts: &CheckpointOptions<'_>,
+    ) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("--criu")
+            .arg(opts.criu)
+            .arg("checkpoint")
+            .arg("--image-path")
+            .arg(opts.image_dir)
+            .arg("--work-path")
+            .arg(opts.work_dir)
+            .arg("--leave-running")
+            .arg(id);
+        self.run("checkpoint", id, c).await.map(drop)
     }
 
     /// Applies new resource limits to a running container (`runc update`).

@@ -26,6 +26,11 @@ pub struct RuntimeConfig {
     /// The shim binary. Default: `petrel-shim` beside the running executable,
     /// then on `PATH`.
     pub shim_binary: Option<PathBuf>,
+    /// The CRIU binary runc runs for CheckpointContainer and for a restore
+    /// from a checkpoint archive. A bare name is looked up on `PATH` when a
+    /// checkpoint is asked for; without one, those calls fail
+    /// (FAILED_PRECONDITION) and nothing else is affected. Default `criu`.
+    pub criu_binary: PathBuf,
     /// Runtime handlers accepted in RunPodSandbox besides the default ("").
     pub runtime_handlers: Vec<String>,
     /// The cgroup under which pods without a `cgroup_parent` are placed.
@@ -153,6 +158,7 @@ impl Default for RuntimeConfig {
             socket_mode: 0o660,
             runtime_binary: PathBuf::from("runc"),
             shim_binary: None,
+            criu_binary: PathBuf::from("criu"),
             runtime_handlers: vec!["runc".to_string()],
             default_cgroup_parent: "/petrel".to_string(),
             event_queue_capacity: 1000,

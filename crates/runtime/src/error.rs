@@ -53,6 +53,9 @@ pub enum RuntimeError {
     /// The call is not supported by this runtime (yet); says why.
     #[error("{0}")]
     Unsupported(String),
+    /// A checkpoint archive could not be written or read.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::archive::ArchiveError),
     /// The metadata store failed.
     #[error(transparent)]
     Store(#[from] petrel_store::StoreError),
@@ -307,6 +310,19 @@ impl RuntimeError {
             Self::Stream(S::Token(_)) => Code::ResourceExhausted,
             Self::Stream(_) => Code::Unavailable,
             Self::Io { source, .. } if is_disk_full(source) => Code::ResourceExhausted,
+            Self::Checkpoint(e) => {
+                use crate::checkpoint::archive::ArchiveError as A;
+                match e {
+                    A::NotCheckpoint { .. } => Code::InvalidArgument,
+                    A::Deadline { .. } => Code::DeadlineExceeded,
+                    A::Io { source, .. } if is_disk_full(source) => Code::ResourceExhausted,
+                    A::Diff {
+                        source: petrel_image::ImageError::TooLarge { .. },
+                        ..
+                    } => Code::ResourceExhausted,
+                    A::Io { .. } | A::Diff { .. } => Code::Internal,
+                }
+            }
             Self::Store(_)
             | Self::Oci(_)
             | Self::Cni(_)

@@ -6,6 +6,7 @@
 //! socket until it is told to stop. Containers outlive the runtime: each is
 //! watched by its own `petrel-shim`.
 
+pub mod checkpoint;
 pub mod config;
 pub mod container;
 pub mod error;

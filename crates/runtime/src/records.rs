@@ -206,4 +206,18 @@ pub struct ContainerRecord {
     /// spec is made (and for records written before it was kept).
     #[serde(default)]
     pub user: Option<api::LinuxContainerUser>,
+    /// The checkpoint the container was restored from, `None` for one
+    /// created from its image: its shim ran `runc restore`, so its process
+    /// runs from its create on and StartContainer only records the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<RestoredFrom>,
+}
+
+/// Where a restored container came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoredFrom {
+    /// The checkpoint archive CreateContainer was given.
+    pub archive: PathBuf,
+    /// When the checkpoint was taken (RFC 3339, from its `config.dump`).
+    pub checkpointed_at: String,
 }

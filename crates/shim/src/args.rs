@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 /// Usage line printed with argument errors.
 pub const USAGE: &str = "usage: petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR \
-                         --log-path PATH [--tty] [--stdin [--stdin-once]]";
+                         --log-path PATH [--tty] [--stdin [--stdin-once]] \
+                         [--restore-from DIR [--criu PATH]]";
 
 /// What the runtime asked the shim to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +31,12 @@ pub struct Args {
     /// Close the container's stdin when the first attach carrying input
     /// ends (CRI `stdin_once`).
     pub stdin_once: bool,
+    /// Restore the container from the CRIU images in this directory
+    /// (`runc restore`) instead of creating it (`runc create`).
+    pub restore_from: Option<PathBuf>,
+    /// The CRIU binary runc runs for a restore (runc's own lookup when
+    /// `None`).
+    pub criu: Option<PathBuf>,
 }
 
 /// A command line the shim cannot run with.
@@ -59,7 +66,15 @@ impl fmt::Display for ArgsError {
     }
 }
 
-const VALUE_OPTIONS: [&str; 5] = ["id", "bundle", "runc", "runc-root", "log-path"];
+const VALUE_OPTIONS: [&str; 7] = [
+    "id",
+    "bundle",
+    "runc",
+    "runc-root",
+    "log-path",
+    "restore-from",
+    "criu",
+];
 
 /// Parses the arguments after the program name. Options take their value as
 /// the next argument or after `=` (`--id=abc`).
@@ -107,7 +122,7 @@ where
         values[index] = Some(value);
     }
 
-    let [id, bundle, runc, runc_root, log_path] = values;
+    let [id, bundle, runc, runc_root, log_path, restore_from, criu] = values;
     let required = |value: Option<OsString>, name: &'static str| match value {
         None => Err(ArgsError::Missing(name)),
         Some(v) if v.is_empty() => Err(ArgsError::Empty(name)),
@@ -119,6 +134,12 @@ where
     let runc_root = required(runc_root, "runc-root")?.into();
     let log_path = log_path.ok_or(ArgsError::Missing("log-path"))?;
     let log_path = (!log_path.is_empty()).then(|| log_path.into());
+    let optional = |value: Option<OsString>, name: &'static str| match value {
+        Some(v) if v.is_empty() => Err(ArgsError::Empty(name)),
+        other => Ok(other.map(PathBuf::from)),
+    };
+    let restore_from = optional(restore_from, "restore-from")?;
+    let criu = optional(criu, "criu")?;
     Ok(Args {
         id,
         bundle,
@@ -128,6 +149,8 @@ where
         tty,
         stdin,
         stdin_once,
+        restore_from,
+        criu,
     })
 }
 
@@ -168,8 +191,22 @@ mod tests {
                 tty: true,
                 stdin: true,
                 stdin_once: true,
+                restore_from: None,
+                criu: None,
             }
         );
+    }
+
+    #[test]
+    fn parse_should_read_the_restore_options() {
+        let mut argv = FULL.to_vec();
+        argv.extend(["--restore-from", "/cp/checkpoint", "--criu=/b/criu"]);
+        let args = parse_strs(&argv).expect("valid command line");
+        assert_eq!(args.restore_from, Some(PathBuf::from("/cp/checkpoint")));
+        assert_eq!(args.criu, Some(PathBuf::from("/b/criu")));
+        argv.truncate(FULL.len());
+        argv.push("--restore-from=");
+        assert_eq!(parse_strs(&argv), Err(ArgsError::Empty("restore-from")));
     }
 
     #[test]

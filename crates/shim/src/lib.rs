@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR --log-path PATH [--tty] [--stdin [--stdin-once]]
+//!             [--restore-from DIR [--criu PATH]]
 //! ```
 //!
 //! with standard output a pipe (the handshake, see [`Handshake`]) and standard
@@ -13,6 +14,9 @@
 //! 1. it leaves the runtime's session, becomes a child subreaper and runs
 //!    `runc create` with the container's stdio connected to pipes it holds
 //!    (or a pseudo-terminal received on [`CONSOLE_SOCKET`] with `--tty`);
+//!    with `--restore-from`, `runc restore --detach` from the CRIU images in
+//!    that directory instead (the restored process gets the same pipes; it
+//!    runs at once, there is no exec FIFO; no terminal);
 //! 2. it answers the handshake with `ok <init pid>` or `error <message>` and
 //!    closes standard output, so the runtime can return from CreateContainer;
 //! 3. it copies the container's output into the CRI log file
@@ -38,6 +42,7 @@ use std::time::{Duration, Instant};
 
 pub mod attach;
 pub mod fdpass;
+pub mod time;
 
 /// File in the bundle where the shim records the container's exit.
 pub const EXIT_FILE: &str = "exit";

@@ -15,6 +15,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use petrel_shim::time;
 use petrel_shim::{
     attach, Command, ExitRecord, Handshake, ACK_FIFO, ATTACH_SOCKET, CTL_FIFO, EXIT_FILE,
     EXIT_TMP_FILE, INIT_PID_FILE, PID_HOLDER_FLAG, SHIM_LOG, STDIN_FD,
@@ -34,7 +35,6 @@ mod log;
 mod pid_holder;
 mod runc;
 mod sys;
-mod time;
 
 use args::Args;
 use clients::{AttachServer, Request, MAX_CLIENTS};
@@ -42,6 +42,8 @@ use console::ConsoleSocket;
 use log::{LineSplitter, LogFile, Stream};
 use runc::{CreateStdio, Runc};
 
+/// CRIU's work directory of a restore, in the bundle (`restore.log`).
+const RESTORE_WORK_DIR: &str = "criu-restore";
 /// Size of the one buffer container output is read into.
 const READ_BUF: usize = 16 * 1024;
 /// How long output is still drained after the container's init exited
@@ -343,6 +345,11 @@ fn start(args: Args) -> Result<Shim, String> {
         .map_err(|e| format!("open fifo {CTL_FIFO}: {e}"))?;
     sys::mkfifo_fresh(Path::new(ACK_FIFO)).map_err(|e| format!("create fifo {ACK_FIFO}: {e}"))?;
 
+    if args.restore_from.is_some() && args.tty {
+        // runc restores a terminal only for shell jobs, which a container is not.
+        return Err("a container with a terminal cannot be restored".into());
+    }
+
     // 3. The container's stdio.
     let mut outputs: [Option<Output>; 2] = [None, None];
     let mut stdin = None;
@@ -388,11 +395,27 @@ fn start(args: Args) -> Result<Shim, String> {
         log: bundle.join(SHIM_LOG),
     };
     let log_offset = std::fs::metadata(SHIM_LOG).map(|m| m.len()).unwrap_or(0);
-    let status = runc
-        .create(&bundle, &args.id, args.tty, stdio)
-        .map_err(|e| format!("run {}: {e}", runc_bin.display()))?;
+    let restore_work = bundle.join(RESTORE_WORK_DIR);
+    let restore = args.restore_from.as_ref().map(|images| runc::Restore {
+        images,
+        work: &restore_work,
+        criu: args.criu.as_deref(),
+    });
+    let status = match &restore {
+        None => runc.create(&bundle, &args.id, args.tty, stdio),
+        Some(restore) => runc.restore(&bundle, &args.id, restore, stdio),
+    }
+    .map_err(|e| format!("run {}: {e}", runc_bin.display()))?;
     if !status.success() {
         let mut msg = runc::last_logged_error(&runc.log, log_offset);
+        if restore.is_some() {
+            // runc says only that CRIU failed; CRIU's log says why.
+            let criu = runc::last_criu_error(&restore_work.join("restore.log"));
+            msg = match (msg, criu) {
+                (Some(m), Some(c)) => Some(format!("{m}: {c}")),
+                (m, c) => m.or(c),
+            };
+        }
         if msg.is_none() {
             // runc also prints its error to its stderr, the container's.
             if let Some(err) = &mut outputs[1] {
@@ -401,7 +424,12 @@ fn start(args: Args) -> Result<Shim, String> {
                 msg = runc::last_line(&String::from_utf8_lossy(&text[..n]));
             }
         }
-        let msg = msg.unwrap_or_else(|| format!("runc create failed ({status})"));
+        let what = if restore.is_some() {
+            "restore"
+        } else {
+            "create"
+        };
+        let msg = msg.unwrap_or_else(|| format!("runc {what} failed ({status})"));
         return Err(undo_create(&runc, &args.id, msg));
     }
     if let Some(console) = console {

@@ -68,14 +68,38 @@ impl Runc<'_> {
         if console {
             cmd.args(["--console-socket", CONSOLE_SOCKET]);
         }
-        cmd.arg(id)
-            .stdin(stdio.stdin)
-            .stdout(stdio.stdout)
-            .stderr(stdio.stderr);
-        let mut child = cmd.spawn()?;
-        // Close our copies of the container's ends of the stdio pipes.
-        drop(cmd);
-        child.wait()
+        cmd.arg(id);
+        run_with_stdio(cmd, stdio)
+    }
+
+    /// Runs `runc restore --detach` from the CRIU images in `images` and
+    /// waits for it; the restored init runs on, reparented to the shim
+    /// (a child subreaper) when runc exits. CRIU's own log goes to
+    /// `work/restore.log`. The restored process's standard streams are
+    /// `stdio`: runc hands them to CRIU in place of the ones the
+    /// checkpointed process had.
+    pub fn restore(
+        &self,
+        bundle: &Path,
+        id: &OsStr,
+        restore: &Restore<'_>,
+        stdio: CreateStdio,
+    ) -> io::Result<ExitStatus> {
+        let mut cmd = self.command();
+        if let Some(criu) = restore.criu {
+            cmd.arg("--criu").arg(criu);
+        }
+        cmd.args(["restore", "--detach"])
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(bundle.join(INIT_PID_FILE))
+            .arg("--image-path")
+            .arg(restore.images)
+            .arg("--work-path")
+            .arg(restore.work)
+            .arg(id);
+        run_with_stdio(cmd, stdio)
     }
 
     /// Runs `runc delete --force` so that nothing of a failed container
@@ -88,6 +112,42 @@ impl Runc<'_> {
             .stdout(Stdio::null())
             .status()
     }
+}
+
+/// What a restore needs besides the bundle.
+#[derive(Debug)]
+pub struct Restore<'a> {
+    /// CRIU's images (the checkpoint archive's `checkpoint/`).
+    pub images: &'a Path,
+    /// CRIU's work directory (its `restore.log`).
+    pub work: &'a Path,
+    /// The CRIU binary, if not runc's own lookup.
+    pub criu: Option<&'a Path>,
+}
+
+/// Runs `cmd` with the container's standard streams and waits for it.
+fn run_with_stdio(mut cmd: Command, stdio: CreateStdio) -> io::Result<ExitStatus> {
+    cmd.stdin(stdio.stdin)
+        .stdout(stdio.stdout)
+        .stderr(stdio.stderr);
+    let mut child = cmd.spawn()?;
+    // Close our copies of the container's ends of the stdio pipes.
+    drop(cmd);
+    child.wait()
+}
+
+/// The last error line of CRIU's log `log` (`... Error (file:line): ...`),
+/// which says why a restore failed where runc only says that it did.
+pub fn last_criu_error(log: &Path) -> Option<String> {
+    let mut file = File::open(log).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL)))
+        .ok()?;
+    let mut text = Vec::new();
+    file.read_to_end(&mut text).ok()?;
+    let text = String::from_utf8_lossy(&text);
+    let line = text.lines().rfind(|l| l.contains("Error ("))?;
+    Some(truncate(line.trim().to_owned()))
 }
 
 /// Gives runc, and so the container, default handling of every signal.

@@ -60,6 +60,7 @@ pub mod containerd;
 pub mod cri;
 pub mod critest;
 pub mod critest_bench;
+pub mod criu;
 pub mod ctl;
 mod error;
 pub mod expected;

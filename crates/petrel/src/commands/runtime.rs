@@ -28,6 +28,10 @@ pub struct RuntimeArgs {
     /// Shim binary [default: petrel-shim beside this binary].
     #[arg(long)]
     pub shim_binary: Option<PathBuf>,
+    /// CRIU binary for CheckpointContainer and restores [default: criu
+    /// on PATH].
+    #[arg(long)]
+    pub criu_binary: Option<PathBuf>,
     /// Cgroup for pods that name none [default: /petrel].
     #[arg(long)]
     pub default_cgroup_parent: Option<String>,
@@ -133,6 +137,9 @@ impl RuntimeArgs {
         }
         if let Some(v) = &self.shim_binary {
             c.shim_binary = Some(v.clone());
+        }
+        if let Some(v) = &self.criu_binary {
+            c.criu_binary = v.clone();
         }
         if let Some(v) = &self.default_cgroup_parent {
             c.default_cgroup_parent = v.clone();

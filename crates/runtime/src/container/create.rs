@@ -147,6 +147,12 @@ impl Runtime {
         self.cgroups.warm_up_migration();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
+        // A restore's changes go into the upper directory before it is
+        // mounted; its CRIU images beside it, for the shim's `runc restore`.
+        let restore = match &rec.restored_from {
+            Some(from) => Some(self.unpack_restore(from, &rec.layer_dir).await?),
+            None => None,
+        };
         petrel_fs::create_private_dir_all(&rec.bundle, petrel_fs::PRIVATE)
             .map_err(|e| RuntimeError::dir("create bundle", e))?;
         let lower = self.images.layer_paths(image)?;
@@ -221,6 +227,7 @@ impl Runtime {
                 tty: rec.config.tty,
                 stdin: rec.config.stdin,
                 stdin_once: rec.config.stdin_once,
+                restore: restore.clone(),
             })
             .await?;
         tracing::debug!(
@@ -230,6 +237,15 @@ impl Runtime {
             shim_us = (t0.elapsed() - t_spec).as_micros() as u64,
             "container made"
         );
+        if let Some(restore) = restore {
+            // Restored: CRIU's images are no longer needed.
+            let images = restore.images;
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = std::fs::remove_dir_all(&images) {
+                    tracing::warn!(dir = %images.display(), error = %e, "restored checkpoint images not removed");
+                }
+            });
+        }
         rec.pid = started.init.pid;
         rec.init_start_time = started.init.start_time;
         rec.shim = Some(started.shim);

@@ -55,12 +55,16 @@ impl Runtime {
             RuntimeError::Invariant(format!("container {} has no sandbox", rec.id))
         })?;
         self.nri_start(&rec, &sb).await?;
-        // A pidfd on the init lets the start skip `runc start` (exec FIFO).
-        let init = util::pidfd_of(rec.pid, rec.init_start_time)
-            .ok()
-            .flatten()
-            .map(|fd| (fd, rec.pid));
-        self.oci.start(&rec.id, init).await?;
+        // A restored container's process runs since `runc restore`: there
+        // is nothing to start, only the start to record.
+        if rec.restored_from.is_none() {
+            // A pidfd on the init lets the start skip `runc start` (exec FIFO).
+            let init = util::pidfd_of(rec.pid, rec.init_start_time)
+                .ok()
+                .flatten()
+                .map(|fd| (fd, rec.pid));
+            self.oci.start(&rec.id, init).await?;
+        }
         self.container_update(c, |r| {
             r.state = ContainerState::Running;
             r.started_at = util::now_ns();

@@ -44,6 +44,17 @@ pub struct ShimOptions {
     pub stdin: bool,
     /// Close stdin when the first attach carrying input ends.
     pub stdin_once: bool,
+    /// Restore the container from a checkpoint instead of creating it.
+    pub restore: Option<ShimRestore>,
+}
+
+/// A restore from a checkpoint: `runc restore` in place of `runc create`.
+#[derive(Debug, Clone)]
+pub struct ShimRestore {
+    /// CRIU's images (the checkpoint archive's `checkpoint/`, unpacked).
+    pub images: PathBuf,
+    /// The CRIU binary.
+    pub criu: PathBuf,
 }
 
 /// Starts the shim, which runs `runc create`. On error the shim has already
@@ -80,6 +91,12 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
         if opts.stdin_once {
             cmd.arg("--stdin-once");
         }
+    }
+    if let Some(restore) = &opts.restore {
+        cmd.arg("--restore-from")
+            .arg(&restore.images)
+            .arg("--criu")
+            .arg(&restore.criu);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())

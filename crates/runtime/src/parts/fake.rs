@@ -22,7 +22,7 @@ use oci_spec::runtime::{LinuxResources, Process};
 use petrel_cni::NetworkList;
 use petrel_cri::api;
 use petrel_oci::cgroups::{CgroupError, CgroupStats, CgroupVersion};
-use petrel_oci::runc::{ExecOutput, RuncError, RuncState};
+use petrel_oci::runc::{CheckpointOptions, ExecOutput, RuncError, RuncState};
 use petrel_shim::{Command, ExitRecord, EXIT_FILE};
 use tokio::sync::Notify;
 
@@ -58,6 +58,7 @@ pub(crate) enum Call {
     OciState(String),
     OciList,
     OciUpdate(String),
+    OciCheckpoint(String),
     OciExec(String),
     ClearStart(String),
     Mount(PathBuf),
@@ -89,6 +90,7 @@ pub(crate) enum Fault {
     OciKill,
     OciDelete,
     OciState,
+    OciCheckpoint,
     Mount,
     Unmount,
     CgroupRemove,
@@ -177,6 +179,8 @@ struct World {
     oom_kills: HashMap<String, u64>,
     calls: Vec<Call>,
     faults: HashMap<Fault, u32>,
+    /// How long a checkpoint (CRIU's dump) takes.
+    checkpoint_takes: Duration,
 }
 
 impl World {
@@ -292,6 +296,11 @@ impl FakeHost {
     /// Makes the next `times` calls of `fault`'s kind fail.
     pub fn fail(&self, fault: Fault, times: u32) {
         *self.world().faults.entry(fault).or_default() += times;
+    }
+
+    /// Makes every later checkpoint take `d`.
+    pub fn checkpoint_takes(&self, d: Duration) {
+        self.world().checkpoint_takes = d;
     }
 
     /// Every call so far.
@@ -573,6 +582,43 @@ impl OciRuntime for FakeHost {
 
     async fn update(&self, id: &str, _resources: &LinuxResources) -> Result<(), RuncError> {
         self.world().calls.push(Call::OciUpdate(id.to_string()));
+        Ok(())
+    }
+
+    /// Writes what CRIU's dump would (an inventory image, one page image,
+    /// its log) for a running container.
+    async fn checkpoint(&self, id: &str, opts: &CheckpointOptions<'_>) -> Result<(), RuncError> {
+        let takes = self.world().checkpoint_takes;
+        tokio::time::sleep(takes).await;
+        let mut w = self.world();
+        w.calls.push(Call::OciCheckpoint(id.to_string()));
+        if w.fails(Fault::OciCheckpoint) {
+            return Err(injected("checkpoint", id));
+        }
+        match w.containers.get(id).map(|c| c.status) {
+            Some(Status::Running) => {}
+            Some(_) => {
+                return Err(RuncError::Failed {
+                    command: "checkpoint",
+                    id: id.to_string(),
+                    message: "container is not running".to_string(),
+                })
+            }
+            None => return Err(RuncError::NotFound(id.to_string())),
+        }
+        let io = |path: PathBuf| {
+            move |source| RuncError::Io {
+                op: "fake checkpoint: write",
+                path,
+                source,
+            }
+        };
+        let inventory = opts.image_dir.join("inventory.img");
+        std::fs::write(&inventory, id).map_err(io(inventory.clone()))?;
+        let pages = opts.image_dir.join("pages-1.img");
+        std::fs::write(&pages, [0u8; 64]).map_err(io(pages.clone()))?;
+        let log = opts.work_dir.join("dump.log");
+        std::fs::write(&log, "Dumping finished successfully\n").map_err(io(log.clone()))?;
         Ok(())
     }
 
@@ -993,6 +1039,17 @@ impl ShimLauncher for FakeHost {
         let cgroup = serde_json::from_slice::<serde_json::Value>(&config)
             .ok()
             .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(str::to_string));
+        // A restore (`runc restore`) needs CRIU's images, and its
+        // container runs at once.
+        if let Some(restore) = &opts.restore {
+            if !restore.images.join("inventory.img").is_file() {
+                return Err(RuntimeError::ShimCreate {
+                    id: opts.id.clone(),
+                    message: format!("no CRIU images in {}", restore.images.display()),
+                });
+            }
+        }
+        let restored = opts.restore.is_some();
         let (shim_pid, init_pid) = (w.pid(), w.pid());
         if let Some(cg) = &cgroup {
             w.cgroups.insert(cg.clone());
@@ -1000,10 +1057,14 @@ impl ShimLauncher for FakeHost {
         w.containers.insert(
             opts.id.clone(),
             FakeContainer {
-                status: Status::Created,
+                status: if restored {
+                    Status::Running
+                } else {
+                    Status::Created
+                },
                 init_pid,
                 bundle: opts.bundle.clone(),
-                start_pending: true,
+                start_pending: !restored,
                 cgroup,
             },
         );

@@ -182,7 +182,7 @@ fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// The first executable file `name` in a PATH directory.
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(name))

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use oci_spec::runtime::{LinuxResources, Process};
 use petrel_oci::exec_fifo::EXEC_FIFO;
-use petrel_oci::runc::{ExecOutput, Runc, RuncError, RuncState};
+use petrel_oci::runc::{CheckpointOptions, ExecOutput, Runc, RuncError, RuncState};
 
 use crate::records::ProcessRef;
 use crate::util;
@@ -65,6 +65,9 @@ pub trait OciRuntime: Send + Sync + std::fmt::Debug {
 
     /// Applies new resource limits to a running container.
     async fn update(&self, id: &str, resources: &LinuxResources) -> Result<(), OciError>;
+
+    /// Checkpoints a running container with CRIU, leaving it running.
+    async fn checkpoint(&self, id: &str, opts: &CheckpointOptions<'_>) -> Result<(), OciError>;
 
     /// Runs `process` in the container and collects its output; its
     /// temporary files go to `work_dir`.
@@ -124,6 +127,10 @@ impl OciRuntime for Runc {
 
     async fn update(&self, id: &str, resources: &LinuxResources) -> Result<(), OciError> {
         Runc::update(self, id, resources).await
+    }
+
+    async fn checkpoint(&self, id: &str, opts: &CheckpointOptions<'_>) -> Result<(), OciError> {
+        Runc::checkpoint(self, id, opts).await
     }
 
     async fn exec(

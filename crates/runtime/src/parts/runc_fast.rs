@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use oci_spec::runtime::{LinuxResources, Process};
 use petrel_oci::exec_fifo::FifoStartError;
-use petrel_oci::runc::{ExecOutput, Runc, RuncState, START_TIMEOUT};
+use petrel_oci::runc::{CheckpointOptions, ExecOutput, Runc, RuncState, START_TIMEOUT};
 use petrel_oci::stopped_delete::Deleted;
 
 use super::oci::{InitSeen, OciError, OciRuntime};
@@ -231,6 +231,10 @@ impl OciRuntime for RuncFastPaths {
 
     async fn update(&self, id: &str, resources: &LinuxResources) -> Result<(), OciError> {
         self.runc.update(id, resources).await
+    }
+
+    async fn checkpoint(&self, id: &str, opts: &CheckpointOptions<'_>) -> Result<(), OciError> {
+        self.runc.checkpoint(id, opts).await
     }
 
     async fn exec(

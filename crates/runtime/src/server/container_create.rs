@@ -7,6 +7,7 @@ use std::sync::Arc;
 use petrel_cri::api;
 use petrel_oci::spec;
 
+use crate::checkpoint;
 use crate::error::{non_empty, required, Result, RuntimeError};
 use crate::records::{ContainerRecord, ContainerState, SandboxState};
 use crate::service::Runtime;
@@ -31,7 +32,7 @@ impl Runtime {
         let config = required(req.config, "config")?;
         // Before anything is made, and before anything is named from them.
         crate::validate::container(&config, &sbrec.config, &self.host)?;
-        let md = required(config.metadata.as_ref(), "config.metadata")?;
+        required(config.metadata.as_ref(), "config.metadata")?;
         let image_ref = non_empty(
             config
                 .image
@@ -40,12 +41,22 @@ impl Runtime {
                 .unwrap_or_default(),
             "config.image.image",
         )?;
-        let image = self.images.get(image_ref).ok_or_else(|| {
-            RuntimeError::invalid(
-                "config.image.image",
-                format!("image {image_ref:?} not found"),
-            )
-        })?;
+        // An image that is the path of a checkpoint archive asks for a
+        // restore (as containerd and CRI-O take it).
+        let (config, image, restored_from) = if checkpoint::restore::names_archive(image_ref) {
+            let archive = Path::new(image_ref).to_path_buf();
+            let plan = self.plan_restore(&archive, config).await?;
+            (plan.config, plan.image, Some(plan.from))
+        } else {
+            let image = self.images.get(image_ref).ok_or_else(|| {
+                RuntimeError::invalid(
+                    "config.image.image",
+                    format!("image {image_ref:?} not found"),
+                )
+            })?;
+            (config, image, None)
+        };
+        let md = required(config.metadata.as_ref(), "config.metadata")?;
         // Before the layers are mounted: GC spares recently used images.
         self.images.mark_used(&image.id);
         let log_path = if config.log_path.is_empty() || sbrec.config.log_directory.is_empty() {
@@ -83,6 +94,7 @@ impl Runtime {
             cgroup_path: spec::container_cgroup_path(&sbrec.cgroup_parent, &id),
             resources: None,
             user: None,
+            restored_from,
         };
         rec.resources = rec.config.linux.as_ref().and_then(|l| l.resources.clone());
         let c = self.container_create(&sb, &sbrec, rec, &image).await?;

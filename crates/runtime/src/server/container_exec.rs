@@ -82,14 +82,4 @@ impl Runtime {
     fn stream_server(&self) -> Result<&petrel_stream::StreamServer> {
         Ok(&self.streams)
     }
-
-    /// CheckpointContainer is not supported (no CRIU).
-    pub(crate) async fn checkpoint_container(
-        self: &Arc<Self>,
-        _req: api::CheckpointContainerRequest,
-    ) -> Result<api::CheckpointContainerResponse> {
-        Err(RuntimeError::Unsupported(
-            "checkpointing containers is not supported".into(),
-        ))
-    }
 }

@@ -8,6 +8,7 @@
 //! mutating calls, and converts errors to gRPC codes in one place.
 
 pub mod admin;
+pub mod container_checkpoint;
 pub mod container_create;
 pub mod container_exec;
 pub mod container_list;

@@ -555,3 +555,39 @@ mod tests {
         assert_eq!(exit_status_byte(-1), 255);
     }
 }
+
+/// Flags of `checkpoint`.
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// The checkpoint archive to write (a .tar; relative to the current
+    /// directory). Restore it with a container whose image is its path.
+    #[arg(long)]
+    export: std::path::PathBuf,
+    /// The container id.
+    id: String,
+}
+
+/// `checkpoint`: checkpoints a running container into an archive, leaving
+/// it running (as `crictl checkpoint`).
+pub async fn checkpoint(ctl: &Ctl, args: CheckpointArgs) -> Result<ExitCode, CtlError> {
+    let location = std::path::absolute(&args.export).map_err(|source| CtlError::Io {
+        what: "resolve",
+        path: args.export.clone(),
+        source,
+    })?;
+    let mut rt = ctl.runtime().await?;
+    let req = petrel_cri::api::CheckpointContainerRequest {
+        container_id: args.id.clone(),
+        location: location.display().to_string(),
+        timeout: ctl
+            .timeout
+            .map_or(0, |t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX)),
+    };
+    ctl.call(
+        format!("checkpoint container {}", args.id),
+        rt.checkpoint_container(req),
+    )
+    .await?;
+    emit(&format!("{}\n", args.id))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -129,6 +129,8 @@ enum CtlCommand {
     Stop(containers::StopArgs),
     /// Remove one or more containers.
     Rm(containers::RmArgs),
+    /// Checkpoint a running container into an archive (it keeps running).
+    Checkpoint(containers::CheckpointArgs),
     /// Stop one or more pod sandboxes.
     Stopp(pods::StoppArgs),
     /// Remove one or more pod sandboxes.
@@ -184,6 +186,7 @@ async fn dispatch(ctl: &Ctl, command: CtlCommand) -> Result<ExitCode, CtlError> 
         CtlCommand::PortForward(a) => stream::port_forward(ctl, a).await,
         CtlCommand::Stop(a) => containers::stop(ctl, a).await,
         CtlCommand::Rm(a) => containers::remove(ctl, a).await,
+        CtlCommand::Checkpoint(a) => containers::checkpoint(ctl, a).await,
         CtlCommand::Images(a) => images::list(ctl, a).await,
         CtlCommand::Inspecti(a) => images::inspect(ctl, a).await,
         CtlCommand::Image(c) => images::image(ctl, c).await,
