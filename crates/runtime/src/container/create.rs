@@ -307,6 +307,7 @@ impl Runtime {
                 PathBuf::from("/dev/shm")
             }),
             cgroup_parent: sbrec.cgroup_parent.clone(),
+            user: None,
         };
         let image_config = image.config.config().clone();
         let input = ContainerSpecInput {

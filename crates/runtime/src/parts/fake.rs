@@ -281,6 +281,7 @@ impl FakeHost {
                 online_mems: None,
                 hugetlb: false,
                 recursive_read_only: true,
+                user_namespaces: false,
             },
         }
     }
