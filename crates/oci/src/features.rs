@@ -96,11 +96,7 @@ impl RuntimeFeatures {
     /// make idmapped mounts.
     pub fn user_namespaces(&self) -> bool {
         let userns = self.linux.namespaces.iter().any(|n| n == "user");
-        let idmap = self
-            .linux
-            .mount_extensions
-            .idmap
-            .is_some_and(|i| i.enabled);
+        let idmap = self.linux.mount_extensions.idmap.is_some_and(|i| i.enabled);
         userns && idmap
     }
 }
@@ -206,7 +202,10 @@ mod tests {
         assert!(!old.user_namespaces());
         assert!(user_namespaces("6.18.0", Some(&new)));
         assert!(user_namespaces("5.19.0-1-amd64", Some(&new)));
-        assert!(!user_namespaces("5.15.0", Some(&new)), "no idmapped overlay layers");
+        assert!(
+            !user_namespaces("5.15.0", Some(&new)),
+            "no idmapped overlay layers"
+        );
         assert!(!user_namespaces("6.18.0", Some(&old)));
         assert!(!user_namespaces("6.18.0", None));
         let disabled = br#"{"linux":{"namespaces":["user"],
@@ -215,7 +214,9 @@ mod tests {
         assert!(!disabled.user_namespaces());
         let no_user = br#"{"linux":{"namespaces":["pid"],
             "mountExtensions":{"idmap":{"enabled":true}}}}"#;
-        assert!(!RuntimeFeatures::parse(no_user).expect("parse").user_namespaces());
+        assert!(!RuntimeFeatures::parse(no_user)
+            .expect("parse")
+            .user_namespaces());
     }
 
     #[test]

@@ -168,7 +168,9 @@ mod tests {
     #[test]
     fn requested_should_read_one_pod_range_each_for_uids_and_gids() {
         let o = pod(vec![map(0, 1000, 100_000)], vec![map(0, 2000, 65536)]);
-        let m = requested(Some(&o), FIELD).expect("valid").expect("a userns");
+        let m = requested(Some(&o), FIELD)
+            .expect("valid")
+            .expect("a userns");
         assert_eq!(
             m.uids,
             IdRange {

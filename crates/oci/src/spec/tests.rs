@@ -591,8 +591,14 @@ fn build_container_spec_should_join_the_pods_user_namespace_with_its_mappings() 
         )
     );
     let l = linux(&spec);
-    assert_eq!(l.uid_mappings().as_deref(), Some(&[mappings.uids.oci()][..]));
-    assert_eq!(l.gid_mappings().as_deref(), Some(&[mappings.gids.oci()][..]));
+    assert_eq!(
+        l.uid_mappings().as_deref(),
+        Some(&[mappings.uids.oci()][..])
+    );
+    assert_eq!(
+        l.gid_mappings().as_deref(),
+        Some(&[mappings.gids.oci()][..])
+    );
     // The volume is idmapped; config.json carries the mappings on it only.
     let json: serde_json::Value =
         serde_json::from_slice(&config_json(&spec, Some(&mappings)).expect("json")).expect("parse");
@@ -619,7 +625,10 @@ fn build_container_spec_should_join_the_pods_user_namespace_with_its_mappings() 
         .iter()
         .any(|(t, _)| *t == LinuxNamespaceType::User));
     let json = String::from_utf8(config_json(&plain, None).expect("json")).expect("utf-8");
-    assert!(!json.contains("uidMappings") && !json.contains(IDMAP_OPTION), "{json}");
+    assert!(
+        !json.contains("uidMappings") && !json.contains(IDMAP_OPTION),
+        "{json}"
+    );
 }
 
 #[test]

@@ -61,6 +61,8 @@ pub(crate) enum Call {
     OciExec(String),
     ClearStart(String),
     Mount(PathBuf),
+    /// The rootfs just mounted has layers idmapped with this user namespace.
+    IdmappedMount(PathBuf),
     Unmount(PathBuf),
     CgroupEnsure(String),
     CgroupRemove(String),
@@ -72,6 +74,9 @@ pub(crate) enum Call {
     MountShm(PathBuf),
     UnmountShm(PathBuf),
     SpawnPidHolder,
+    /// A PID-namespace holder started in this user namespace (after
+    /// `SpawnPidHolder`).
+    PidHolderUserns(PathBuf),
     KillPidHolder(u32),
     /// CNI ADD of the pod with this id.
     NetworkAdd(String),
@@ -281,7 +286,7 @@ impl FakeHost {
                 online_mems: None,
                 hugetlb: false,
                 recursive_read_only: true,
-                user_namespaces: false,
+                user_namespaces: true,
             },
         }
     }
@@ -698,9 +703,13 @@ impl RootfsMounter for FakeHost {
         _layer: &WritableLayer,
         _empty_lower: &Path,
         target: &Path,
+        idmap: Option<&crate::container::idmap::LayerIdmap>,
     ) -> Result<()> {
         let mut w = self.world();
         w.calls.push(Call::Mount(target.to_path_buf()));
+        if let Some(m) = idmap {
+            w.calls.push(Call::IdmappedMount(m.userns.clone()));
+        }
         if w.fails(Fault::Mount) {
             return Err(RuntimeError::io(
                 "mount overlay at",
@@ -755,6 +764,7 @@ impl super::PodKernel for FakeHost {
             ("net", req.net, &mut pinned.net),
             ("ipc", req.ipc, &mut pinned.ipc),
             ("uts", req.uts.is_some(), &mut pinned.uts),
+            ("user", req.user.is_some(), &mut pinned.user),
         ] {
             if wanted {
                 // As the real pins: a file in the pod's directory.
@@ -1092,9 +1102,12 @@ impl ShimLauncher for FakeHost {
         })
     }
 
-    async fn spawn_pid_holder(&self) -> Result<ProcessRef> {
+    async fn spawn_pid_holder(&self, userns: Option<&Path>) -> Result<ProcessRef> {
         let mut w = self.world();
         w.calls.push(Call::SpawnPidHolder);
+        if let Some(u) = userns {
+            w.calls.push(Call::PidHolderUserns(u.to_path_buf()));
+        }
         if w.fails(Fault::SpawnPidHolder) {
             return Err(RuntimeError::io(
                 "spawn pid holder",

@@ -141,6 +141,7 @@ fn set_up(t: &TestRuntime, pod: &SandboxRecord, n: usize, case: Case) -> Left {
             &crate::container::rootfs::WritableLayer::new(&layer),
             &layer,
             &bundle.join("rootfs"),
+            None,
         )
         .expect("mount");
     crate::parts::CgroupOps::ensure_dirs(t.host.as_ref(), &cgroup).expect("cgroup");
@@ -228,6 +229,7 @@ fn pod_record(t: &TestRuntime) -> SandboxRecord {
         netns: None,
         ipcns: None,
         utsns: None,
+        userns: None,
         pid_holder: None,
         shm_mounted: false,
         cgroup_parent: format!("/petrel-unit/{id}"),

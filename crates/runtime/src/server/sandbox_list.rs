@@ -208,6 +208,7 @@ pub(crate) mod tests {
             netns: None,
             ipcns: None,
             utsns: None,
+            userns: None,
             pid_holder: None,
             shm_mounted: false,
             cgroup_parent: "/p".into(),
