@@ -73,9 +73,15 @@ pub fn runc() -> PathBuf {
 /// Runs critest against `target`, writing into `out`. Fails when something
 /// the run needs is missing or does not start; failing specs are results.
 pub fn run(target: &Target, out: &Path) -> Result<RunResult, KitError> {
+    run_with_runc(target, out, &runc())
+}
+
+/// [`run`] with OCI runtime `runc` (e.g. the peers' newer runc, whose
+/// idmapped mounts critest's user-namespace specs need).
+pub fn run_with_runc(target: &Target, out: &Path, runc: &Path) -> Result<RunResult, KitError> {
     let critest = crate::peers::peer_binary("critest")?;
     let images = ConformanceImages::locate()?;
-    let runc = runc();
+    let runc = runc.to_path_buf();
     if !runc.is_file() {
         return Err(KitError::Missing {
             component: "runc".into(),

@@ -70,7 +70,6 @@ fn bind(host: &Path, at: &str, readonly: bool, recursive: bool) -> api::Mount {
         host_path: host.display().to_string(),
         readonly,
         recursive_read_only: recursive,
-        user_namespaces: false,
         ..Default::default()
     }
 }

@@ -3,6 +3,7 @@
 //! committed and the shim watched. All or nothing: a failure undoes every
 //! step (`container::teardown`), deletes the record and frees the name.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -151,6 +152,9 @@ impl Runtime {
         layer.create()?;
         petrel_fs::create_private_dir_all(&rec.bundle, petrel_fs::PRIVATE)
             .map_err(|e| RuntimeError::dir("create bundle", e))?;
+        if userns.is_some() {
+            crate::container::idmap::make_reachable(&rec.bundle, &self.layout.state)?;
+        }
         let idmap = userns.as_ref().map(|u| LayerIdmap {
             userns: u.path.clone(),
             host_root: u.mappings.host_root(),
@@ -214,7 +218,17 @@ impl Runtime {
             }
         })?;
         let cfg_path = rec.bundle.join("config.json");
-        std::fs::write(&cfg_path, json).map_err(|e| RuntimeError::io("write", &cfg_path, e))?;
+        // Private: the bundle of a user-namespaced pod's container is
+        // searchable by others (`idmap::make_reachable`), and the spec may
+        // hold secrets in its environment.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&cfg_path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &json))
+            .map_err(|e| RuntimeError::io("write", &cfg_path, e))?;
 
         if let Some(log) = &rec.log_path {
             if let Some(dir) = log.parent() {

@@ -122,6 +122,36 @@ pub fn detach(attached: &[PathBuf]) {
     }
 }
 
+/// Lets the container's init, an unmapped uid on the host until it is in
+/// its user namespace, reach its rootfs in `bundle` (runc prepares the
+/// rootfs from inside the namespace): the bundle and every directory from
+/// it up to the `state` directory get search permission for others (not
+/// read: nothing can be listed), and the directories above `state` must
+/// have it already (FAILED_PRECONDITION naming the first that has not:
+/// the runtime changes nothing outside its own directory).
+pub fn make_reachable(bundle: &Path, state: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut dir = Some(bundle);
+    while let Some(d) = dir {
+        let meta = std::fs::metadata(d).map_err(|e| RuntimeError::io("stat", d, e))?;
+        let mode = meta.permissions().mode();
+        if mode & 0o001 == 0 {
+            if !d.starts_with(state) {
+                return Err(RuntimeError::FailedPrecondition(format!(
+                    "{} (mode {:o}) is not searchable by others: a container in a user namespace \
+                     cannot reach its rootfs below it (chmod o+x)",
+                    d.display(),
+                    mode & 0o7777
+                )));
+            }
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode((mode | 0o001) & 0o7777))
+                .map_err(|e| RuntimeError::io("chmod o+x", d, e))?;
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
 /// Gives the writable layer's `upper` directory to the container's root.
 pub fn own_upper(upper: &Path, idmap: &LayerIdmap) -> Result<()> {
     let (uid, gid) = idmap.host_root;
