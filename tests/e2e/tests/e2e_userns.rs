@@ -291,3 +291,41 @@ async fn userns_pod_should_refuse_what_the_cri_does_not_allow_naming_the_field()
     tokio::time::sleep(Duration::from_millis(50)).await;
     node.assert_no_debris("container-root");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_should_run_host_users_false_pods_in_a_range_of_their_own() {
+    use petrel_testkit::agent::{container_id, pod_yaml, running, Agent};
+    const T: Duration = Duration::from_secs(60);
+    let Some(runc) = new_runc() else { return };
+    let node = Node::start_with_runc(&runc);
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let agent = Agent::for_node(&node, &[]);
+    let sleeper = format!(
+        "  - name: c\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sleep\", \"3600\"]\n"
+    );
+    agent.write_manifest("u1.yaml", &pod_yaml("u1", "  hostUsers: false\n", &sleeper));
+    agent.write_manifest("u2.yaml", &pod_yaml("u2", "  hostUsers: false\n", &sleeper));
+    let mut ranges = Vec::new();
+    for name in ["u1", "u2"] {
+        let p = agent.wait_pod("default", name, T, "running", |p| running(p, "c"));
+        let id = container_id(&p, "c");
+        let id = id.split("://").nth(1).unwrap_or(&id).to_string();
+        let r = c.exec_sh(&id, "cat /proc/self/uid_map", 10).await;
+        assert_eq!(r.exit_code, 0, "{r:?}");
+        let map: Vec<u64> = String::from_utf8_lossy(&r.stdout)
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(map.len(), 3, "one range: {map:?}");
+        assert_eq!((map[0], map[2]), (0, 65536), "{map:?}");
+        assert!(map[1] >= 65536 && map[1].is_multiple_of(65536), "{map:?}");
+        assert_eq!(uid_of(c.init_pid(&id).await), map[1] as u32);
+        ranges.push(map[1]);
+    }
+    assert_ne!(ranges[0], ranges[1], "each pod has its own range");
+    agent.remove_manifest("u1.yaml");
+    agent.remove_manifest("u2.yaml");
+    agent.wait_gone("default", "u1", T);
+    agent.wait_gone("default", "u2", T);
+}

@@ -60,6 +60,11 @@ pub struct ConvertContext {
     pub seccomp_root: PathBuf,
     /// kubelet's `seccompDefault`: no profile means `RuntimeDefault`.
     pub seccomp_default: bool,
+    /// The pod's user-namespace range (`hostUsers: false`): the host id of
+    /// its root, 65536 ids from there ([`crate::userns`]); an error when
+    /// none could be had (the pod is then refused, never run in the host's
+    /// user namespace); `None` for pods on the host's.
+    pub userns: Option<Result<u32, String>>,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -161,6 +166,7 @@ pub(crate) mod test_support {
             host_ip: "192.168.1.10".to_string(),
             seccomp_root: PathBuf::from("/var/lib/petrel/seccomp"),
             seccomp_default: false,
+            userns: None,
         }
     }
 
