@@ -1281,6 +1281,30 @@ pub(crate) fn isolated_pod_config(name: &str) -> api::PodSandboxConfig {
     config
 }
 
+/// [`isolated_pod_config`] asking for a user namespace of its own (mode
+/// POD, container root as host id 100000).
+pub(crate) fn userns_pod_config(name: &str) -> api::PodSandboxConfig {
+    let mut config = isolated_pod_config(name);
+    let map = vec![api::IdMapping {
+        container_id: 0,
+        host_id: 100_000,
+        length: 65536,
+    }];
+    if let Some(ns) = config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+    {
+        ns.userns_options = Some(api::UserNamespace {
+            mode: api::NamespaceMode::Pod as i32,
+            uids: map.clone(),
+            gids: map,
+        });
+    }
+    config
+}
+
 /// A container config running the test image.
 pub(crate) fn container_config(name: &str) -> api::ContainerConfig {
     api::ContainerConfig {

@@ -267,35 +267,12 @@ mod tests {
         assert!(t.host.cgroups().is_empty());
     }
 
-    /// A pod config asking for a user namespace of its own.
-    fn userns_pod_config(name: &str) -> api::PodSandboxConfig {
-        let mut config = crate::parts::fake::isolated_pod_config(name);
-        let map = vec![api::IdMapping {
-            container_id: 0,
-            host_id: 100_000,
-            length: 65536,
-        }];
-        if let Some(ns) = config
-            .linux
-            .as_mut()
-            .and_then(|l| l.security_context.as_mut())
-            .and_then(|s| s.namespace_options.as_mut())
-        {
-            ns.userns_options = Some(api::UserNamespace {
-                mode: api::NamespaceMode::Pod as i32,
-                uids: map.clone(),
-                gids: map,
-            });
-        }
-        config
-    }
-
     #[tokio::test]
     async fn run_pod_should_pin_a_user_namespace_that_holder_and_containers_join() {
         let t = runtime();
         let id =
             t.rt.run_pod_sandbox(api::RunPodSandboxRequest {
-                config: Some(userns_pod_config("u")),
+                config: Some(crate::parts::fake::userns_pod_config("u")),
                 runtime_handler: String::new(),
             })
             .await
