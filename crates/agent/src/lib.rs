@@ -33,6 +33,7 @@ pub mod source;
 pub mod status;
 pub mod subpath;
 pub mod types;
+pub mod userns;
 pub mod worker;
 
 pub use agent::{run, AgentError};

@@ -9,3 +9,4 @@ pub mod runc;
 pub mod spec;
 pub mod stopped_delete;
 pub mod user;
+pub mod userns;

@@ -63,6 +63,11 @@ pub struct SandboxRecord {
     /// Pinned UTS namespace, unless the pod uses the host network.
     #[serde(default)]
     pub utsns: Option<PathBuf>,
+    /// Pinned user namespace of a pod with one of its own (CRI mode POD;
+    /// its mappings are the config's): it owns the pod's network, IPC, UTS
+    /// and PID namespaces, and every container joins it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<PathBuf>,
     /// The process holding the pod's shared PID namespace (PID mode POD only).
     #[serde(default)]
     pub pid_holder: Option<ProcessRef>,

@@ -64,9 +64,11 @@ fn diag_write(args: fmt::Arguments<'_>) {
 }
 
 fn main() {
-    let mut argv = std::env::args_os().skip(1);
-    if argv.len() == 1 && argv.next().is_some_and(|a| a == PID_HOLDER_FLAG) {
-        std::process::exit(pid_holder::run());
+    let argv: Vec<_> = std::env::args_os().skip(1).collect();
+    // `--pid-holder [<user namespace file>]`.
+    if argv.len() <= 2 && argv.first().is_some_and(|a| a == PID_HOLDER_FLAG) {
+        let userns = argv.get(1).map(std::path::Path::new);
+        std::process::exit(pid_holder::run(userns));
     }
     let args = match args::parse(std::env::args_os().skip(1)) {
         Ok(args) => args,

@@ -7,13 +7,25 @@
 //! it, asleep in `sigwaitinfo` otherwise. As a namespace init it ignores
 //! every signal it has no handler for, except SIGKILL from outside, which is
 //! how the runtime ends it (and the namespace with it).
+//!
+//! Given a user namespace file (a pod's own user namespace, pinned by the
+//! runtime), the holder joins it first, so that the PID namespace belongs
+//! to it: the pod's containers, root in that user namespace, can then
+//! mount their `/proc`.
 
 use std::path::Path;
 
 use crate::sys;
 
-/// Runs the holder's parent side; returns the exit code.
-pub fn run() -> i32 {
+/// Runs the holder's parent side, in the user namespace at `userns` when
+/// given; returns the exit code.
+pub fn run(userns: Option<&Path>) -> i32 {
+    if let Some(path) = userns {
+        if let Err(e) = join_user_namespace(path) {
+            eprintln!("petrel-shim: join user namespace {}: {e}", path.display());
+            return 1;
+        }
+    }
     // SAFETY: unshare with one flag; it changes the namespace of the
     // children forked from now on, not ours.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
@@ -42,6 +54,17 @@ pub fn run() -> i32 {
             }
         },
     }
+}
+
+/// setns(2) into the user namespace pinned at `path` (the process is
+/// single-threaded, as joining a user namespace requires).
+fn join_user_namespace(path: &Path) -> std::io::Result<()> {
+    let f = sys::open_raw(path, libc::O_RDONLY)?;
+    // SAFETY: setns on a descriptor we own; it changes only this process.
+    if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWUSER) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The namespace init: reaps forever.

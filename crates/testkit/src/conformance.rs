@@ -73,12 +73,19 @@ pub fn runc() -> PathBuf {
 /// Runs critest against `target`, writing into `out`. Fails when something
 /// the run needs is missing or does not start; failing specs are results.
 pub fn run(target: &Target, out: &Path) -> Result<RunResult, KitError> {
+    run_with_runc(target, out, &runc())
+}
+
+/// [`run`] with OCI runtime `runc` (e.g. the peers' newer runc, whose
+/// idmapped mounts critest's user-namespace specs need).
+pub fn run_with_runc(target: &Target, out: &Path, runc: &Path) -> Result<RunResult, KitError> {
     let out = &absolute_dir(out)?;
     let name = target.name();
     let _ = std::fs::remove_file(out.join(format!("{name}.critest.log")));
     let start = Instant::now();
     let results = with_runtime(
         target,
+        runc,
         &out.join(format!("{name}.runtime.log")),
         |critest, endpoint, nri, tick| {
             CritestRun {
@@ -112,18 +119,20 @@ pub(crate) fn absolute_dir(out: &Path) -> Result<PathBuf, KitError> {
 }
 
 /// Sets up what a critest run needs (the host-wide critest lock, the kit's
-/// registry and mirrors, a pod network), starts `target` on them and calls
+/// registry and mirrors, a pod network), starts `target` with OCI runtime
+/// `runc` on them and calls
 /// `f` with critest's binary, the runtime's endpoint, its NRI socket and a
 /// tick to call about every second; the runtime's log is copied to
 /// `runtime_log` before the runtime goes.
 pub(crate) fn with_runtime<T>(
     target: &Target,
+    runc: &Path,
     runtime_log: &Path,
     f: impl FnOnce(&Path, &str, &Path, &mut dyn FnMut()) -> Result<T, KitError>,
 ) -> Result<T, KitError> {
     let critest = crate::peers::peer_binary("critest")?;
     let images = ConformanceImages::locate()?;
-    let runc = runc();
+    let runc = runc.to_path_buf();
     if !runc.is_file() {
         return Err(KitError::Missing {
             component: "runc".into(),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::conformance::{absolute_dir, with_runtime, Target};
+use crate::conformance::{absolute_dir, runc, with_runtime, Target};
 use crate::critest::{CritestRun, Outcome, SpecResult};
 use crate::KitError;
 
@@ -128,6 +128,7 @@ pub fn run(target: &Target, params: &BenchParams, out: &Path) -> Result<BenchRun
     let start = Instant::now();
     let specs = with_runtime(
         target,
+        &runc(),
         &dir.join("runtime.log"),
         |critest, endpoint, nri, tick| {
             CritestRun {

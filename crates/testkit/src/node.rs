@@ -66,6 +66,15 @@ impl Node {
         node
     }
 
+    /// Starts a runtime with default settings whose OCI runtime is `runc`
+    /// (`runtime_binary`; the sweeps use it too), e.g. the newer runc of the
+    /// peers ([`crate::peers::peer_binary`]`("runc")`).
+    pub fn start_with_runc(runc: &Path) -> Node {
+        let mut node = Self::prepare(Some(runc.to_path_buf()), "", "");
+        node.spawn();
+        node
+    }
+
     /// Starts a runtime whose root is a tmpfs of `size` (e.g. `16m`): a
     /// small disk to fill. The mount is swept with the test's others.
     pub fn start_on_tmpfs(size: &str) -> Node {
@@ -89,9 +98,13 @@ impl Node {
     /// ([`Node::spawn`] starts it). NRI's socket and plugin directories are
     /// the test's own ([`Node::nri_dir`]).
     pub fn prepare_with(extra_cri: &str, extra_nri: &str) -> Node {
+        Self::prepare(None, extra_cri, extra_nri)
+    }
+
+    fn prepare(runc: Option<PathBuf>, extra_cri: &str, extra_nri: &str) -> Node {
         let config = PetrelConfig {
             dir_prefix: "petrel-e2e.",
-            runc: None,
+            runc,
             shim: None,
             cgroup_parent: format!("/petrel-test-{}", random_suffix()),
             cni: None,

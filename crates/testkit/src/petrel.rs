@@ -259,6 +259,11 @@ impl PetrelRuntime {
         }
         let dir = kit_tempdir(config.dir_prefix)?;
         let d = dir.path();
+        // Searchable (not listable) by others: the init of a container in a
+        // user namespace, an unmapped uid on the host, must reach its
+        // rootfs below the state directory, as below /run in production.
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .map_err(|e| KitError::io("chmod", d, e))?;
         let config_file = d.join("config.toml");
         std::fs::write(&config_file, config.render(d))
             .map_err(|e| KitError::io("write", &config_file, e))?;

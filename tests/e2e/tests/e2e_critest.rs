@@ -3,8 +3,11 @@
 //! a local registry through hosts.toml mirrors, on a private CNI network.
 //! The per-spec results are held against crates/testkit/conformance/
 //! petrel.expected: a spec expected to PASS that does not fails the test; a
-//! newly passing spec is reported. Fails (never skips) when critest or the
-//! images are missing, unless PETREL_PEERS_SKIP names `critest`.
+//! newly passing spec is reported. The runtime runs the peers' runc
+//! (`build/peers/bin/runc`, 1.2 or later, for the user-namespace specs)
+//! unless PETREL_CONFORMANCE_RUNC names another. Fails (never skips) when
+//! critest, that runc or the images are missing, unless PETREL_PEERS_SKIP
+//! names `critest`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -30,7 +33,15 @@ fn critest_should_pass_every_spec_the_expected_list_passes() {
     let target = Target::Petrel {
         binary: petrel_testkit::bins::petrel_bin(),
     };
-    let run = conformance::run(&target, &out).unwrap_or_else(|e| panic!("{e}"));
+    // The peers' runc (1.2 or later): critest's user-namespace specs need
+    // its idmapped mounts; PETREL_CONFORMANCE_RUNC still names another.
+    let runc = match std::env::var_os("PETREL_CONFORMANCE_RUNC") {
+        Some(r) => PathBuf::from(r),
+        // Left out of the peers: Debian's, and the user-namespace specs fail.
+        None if petrel_testkit::peers::left_out("runc") => conformance::runc(),
+        None => petrel_testkit::peers::peer_binary("runc").unwrap_or_else(|e| panic!("{e}")),
+    };
+    let run = conformance::run_with_runc(&target, &out, &runc).unwrap_or_else(|e| panic!("{e}"));
     let (p, f, s) = run.counts();
     println!(
         "critest against petrel: {p} passed, {f} failed, {s} skipped in {:.0} s (output in {})",

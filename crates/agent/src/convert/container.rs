@@ -216,7 +216,7 @@ fn security_context(
     Ok(api::LinuxContainerSecurityContext {
         capabilities,
         privileged: csc.and_then(|c| c.privileged).unwrap_or(false),
-        namespace_options: Some(namespace_options(spec)),
+        namespace_options: Some(namespace_options(spec, ctx)?),
         run_as_user: pick(|c| c.run_as_user, |p| p.run_as_user),
         run_as_group: pick(|c| c.run_as_group, |p| p.run_as_group),
         readonly_rootfs: csc

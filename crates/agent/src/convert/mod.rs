@@ -63,6 +63,11 @@ pub struct ConvertContext {
     /// Whether the runtime's default handler supports recursive read-only
     /// mounts (`recursiveReadOnly`).
     pub recursive_read_only: bool,
+    /// The pod's user-namespace range (`hostUsers: false`): the host id of
+    /// its root, 65536 ids from there ([`crate::userns`]); an error when
+    /// none could be had (the pod is then refused, never run in the host's
+    /// user namespace); `None` for pods on the host's.
+    pub userns: Option<Result<u32, String>>,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -165,6 +170,7 @@ pub(crate) mod test_support {
             seccomp_root: PathBuf::from("/var/lib/petrel/seccomp"),
             seccomp_default: false,
             recursive_read_only: true,
+            userns: None,
         }
     }
 

@@ -107,7 +107,7 @@ pub fn sandbox_config(
         linux: Some(api::LinuxPodSandboxConfig {
             cgroup_parent: pod_cgroup_parent(&pod.uid, qos_class(spec), &ctx.cgroup_root),
             security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespace_options(spec)),
+                namespace_options: Some(namespace_options(spec, ctx)?),
                 run_as_user: run_as(|sc| sc.run_as_user),
                 run_as_group: run_as(|sc| sc.run_as_group),
                 supplemental_groups: supplemental_groups(spec),
@@ -440,7 +440,7 @@ spec:
         assert_eq!((ns.network, ns.pid, ns.ipc), (node, node, node));
 
         let pod = desired("metadata: {name: s}\nspec:\n  shareProcessNamespace: true\n  containers: [{name: a, image: x}]\n");
-        let ns = namespace_options(pod.pod.spec.as_ref().unwrap());
+        let ns = namespace_options(pod.pod.spec.as_ref().unwrap(), &ctx()).unwrap();
         assert_eq!(ns.pid, api::NamespaceMode::Pod as i32);
     }
 

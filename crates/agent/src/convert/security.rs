@@ -6,10 +6,58 @@ use petrel_cri::api;
 
 use super::{ConvertContext, ConvertError};
 
+/// The pod's namespace modes, [`base_namespace_options`] with its user
+/// namespace: the pod's own (mode POD, its range for uids and gids) with
+/// `hostUsers: false`, as kubelet sends it to the sandbox and every
+/// container. Refused for a pod that also shares the host's network, PID
+/// or IPC namespace (the API server's rule), or whose range could not be
+/// had.
+pub(crate) fn namespace_options(
+    spec: &PodSpec,
+    ctx: &ConvertContext,
+) -> Result<api::NamespaceOption, ConvertError> {
+    let mut opts = base_namespace_options(spec);
+    if spec.host_users != Some(false) {
+        return Ok(opts);
+    }
+    let shared = [
+        (spec.host_network, "hostNetwork"),
+        (spec.host_pid, "hostPID"),
+        (spec.host_ipc, "hostIPC"),
+    ];
+    if let Some((_, name)) = shared.iter().find(|(on, _)| *on == Some(true)) {
+        return Err(ConvertError::invalid(
+            "spec.hostUsers",
+            format!("false is not allowed with {name}: true"),
+        ));
+    }
+    let host_id = match &ctx.userns {
+        Some(Ok(id)) => *id,
+        Some(Err(why)) => return Err(ConvertError::invalid("spec.hostUsers", why.clone())),
+        None => {
+            return Err(ConvertError::invalid(
+                "spec.hostUsers",
+                "no user namespace range was allocated for the pod",
+            ))
+        }
+    };
+    let range = vec![api::IdMapping {
+        container_id: 0,
+        host_id,
+        length: crate::userns::IDS_PER_POD,
+    }];
+    opts.userns_options = Some(api::UserNamespace {
+        mode: api::NamespaceMode::Pod as i32,
+        uids: range.clone(),
+        gids: range,
+    });
+    Ok(opts)
+}
+
 /// The pod's namespace modes: the host's where the pod asks for them;
 /// otherwise the pod's network and IPC, and a pid namespace per container
 /// unless the pod shares one.
-pub(crate) fn namespace_options(spec: &PodSpec) -> api::NamespaceOption {
+pub(crate) fn base_namespace_options(spec: &PodSpec) -> api::NamespaceOption {
     let node = api::NamespaceMode::Node as i32;
     let pod = api::NamespaceMode::Pod as i32;
     let pid = if spec.host_pid == Some(true) {
@@ -162,6 +210,61 @@ mod tests {
 
     fn spec_of(yaml: &str) -> PodSpec {
         desired(yaml).pod.spec.clone().unwrap()
+    }
+
+    #[test]
+    fn namespace_options_should_give_host_users_false_pods_their_range() {
+        let spec = spec_of(
+            "metadata: {name: u}\nspec:\n  hostUsers: false\n  containers: [{name: a, image: x}]\n",
+        );
+        let with = ConvertContext {
+            userns: Some(Ok(3 * 65536)),
+            ..ctx()
+        };
+        let ns = namespace_options(&spec, &with).unwrap();
+        let u = ns.userns_options.unwrap();
+        assert_eq!(u.mode, api::NamespaceMode::Pod as i32);
+        let want = vec![api::IdMapping {
+            container_id: 0,
+            host_id: 3 * 65536,
+            length: 65536,
+        }];
+        assert_eq!((u.uids, u.gids), (want.clone(), want));
+        // hostUsers unset or true: the host's user namespace.
+        let host = spec_of("metadata: {name: h}\nspec:\n  containers: [{name: a, image: x}]\n");
+        assert!(namespace_options(&host, &with)
+            .unwrap()
+            .userns_options
+            .is_none());
+    }
+
+    #[test]
+    fn namespace_options_should_refuse_host_users_false_without_a_range_or_with_host_namespaces() {
+        let spec = spec_of(
+            "metadata: {name: u}\nspec:\n  hostUsers: false\n  containers: [{name: a, image: x}]\n",
+        );
+        let failed = ConvertContext {
+            userns: Some(Err("no user namespace range left".into())),
+            ..ctx()
+        };
+        let err = namespace_options(&spec, &failed).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.hostUsers") && err.contains("range left"),
+            "{err}"
+        );
+        assert!(
+            namespace_options(&spec, &ctx()).is_err(),
+            "never the host's silently"
+        );
+        let host_net = spec_of(
+            "metadata: {name: u}\nspec:\n  hostUsers: false\n  hostNetwork: true\n  containers: [{name: a, image: x}]\n",
+        );
+        let with = ConvertContext {
+            userns: Some(Ok(65536)),
+            ..ctx()
+        };
+        let err = namespace_options(&host_net, &with).unwrap_err().to_string();
+        assert!(err.contains("hostNetwork"), "{err}");
     }
 
     fn container_profile(

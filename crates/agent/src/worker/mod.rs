@@ -169,6 +169,8 @@ pub struct PodWorkers {
     pull_backoff: CrashBackoff,
     config: WorkerConfig,
     pods: Mutex<HashMap<PodUid, PodState>>,
+    /// User-namespace ranges of `hostUsers: false` pods.
+    userns: crate::userns::UsernsAllocator,
     /// The node's pressure, for admission (set when eviction runs).
     node: std::sync::OnceLock<Arc<crate::eviction::NodeState>>,
 }
@@ -196,6 +198,7 @@ impl PodWorkers {
             metrics,
             backoff: CrashBackoff::new(config.backoff_initial, config.backoff_max),
             pull_backoff: CrashBackoff::new(sync::IMAGE_BACKOFF_INITIAL, sync::IMAGE_BACKOFF_MAX),
+            userns: crate::userns::UsernsAllocator::new(config.root.join("pods")),
             config,
             pods: Mutex::new(HashMap::new()),
             node: std::sync::OnceLock::new(),
@@ -269,6 +272,11 @@ impl PodWorkers {
             seccomp_root: self.config.seccomp_root.clone(),
             seccomp_default: self.config.seccomp_default,
             recursive_read_only: self.config.recursive_read_only,
+            userns: (pod.pod.spec.as_ref().and_then(|s| s.host_users) == Some(false)).then(|| {
+                self.userns
+                    .host_id(&self.config.root.join("pods").join(&pod.uid))
+                    .map_err(|e| e.to_string())
+            }),
         }
     }
 

@@ -213,6 +213,7 @@ mod tests {
             online_mems: None,
             hugetlb: true,
             recursive_read_only: true,
+            user_namespaces: false,
         }
     }
 
@@ -330,6 +331,7 @@ mod tests {
             online_mems: None,
             hugetlb: true,
             recursive_read_only: true,
+            user_namespaces: false,
         };
         let caps = capabilities(Some(&s), &small).expect("caps");
         assert_eq!(names(caps.effective()), ["CAP_CHOWN", "CAP_KILL"]);

@@ -23,6 +23,7 @@ use oci_spec::runtime::{
 use petrel_cri::api;
 
 use crate::user::UserError;
+use crate::userns::UserMappings;
 
 pub use caps::{capability_by_name, capability_name, caps_from_mask, DEFAULT_CAPS};
 pub use mounts::{check_mounts, container_path};
@@ -156,6 +157,48 @@ pub struct SandboxContext {
     pub shm: Option<PathBuf>,
     /// The pod's cgroup path, e.g. `/kubepods/burstable/pod123` or `/petrel/<sandbox id>`.
     pub cgroup_parent: String,
+    /// The pod's own user namespace, which every container joins; `None`:
+    /// the host's.
+    pub user: Option<PodUserNamespace>,
+}
+
+/// A pod's user namespace as its containers join it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodUserNamespace {
+    /// The file pinning it.
+    pub path: PathBuf,
+    /// Its mappings (given again in the spec: runc checks them against the
+    /// namespace and idmaps mounts with them).
+    pub mappings: UserMappings,
+}
+
+/// The mount option marking a bind mount to be idmapped with the pod's
+/// mappings (runc 1.2 and later know it); [`config_json`] adds the
+/// mappings, which this crate's `oci-spec` cannot hold on a mount.
+pub const IDMAP_OPTION: &str = "idmap";
+
+/// The `config.json` of `spec`: its JSON, with the pod's `mappings` as
+/// `uidMappings`/`gidMappings` on every mount carrying [`IDMAP_OPTION`].
+pub fn config_json(spec: &Spec, mappings: Option<&UserMappings>) -> serde_json::Result<Vec<u8>> {
+    let Some(m) = mappings else {
+        return serde_json::to_vec(spec);
+    };
+    let mut value = serde_json::to_value(spec)?;
+    let idmapped = |mount: &serde_json::Value| {
+        mount
+            .get("options")
+            .and_then(|o| o.as_array())
+            .is_some_and(|o| o.iter().any(|x| x.as_str() == Some(IDMAP_OPTION)))
+    };
+    if let Some(mounts) = value.get_mut("mounts").and_then(|v| v.as_array_mut()) {
+        for mount in mounts.iter_mut().filter(|mount| idmapped(mount)) {
+            if let Some(obj) = mount.as_object_mut() {
+                obj.insert("uidMappings".into(), serde_json::to_value([m.uids.oci()])?);
+                obj.insert("gidMappings".into(), serde_json::to_value([m.gids.oci()])?);
+            }
+        }
+    }
+    serde_json::to_vec(&value)
 }
 
 /// What this host lets us grant.
@@ -185,6 +228,10 @@ pub struct HostLimits {
     /// the option (see [`crate::features`]). CRI mounts asking for it are
     /// refused where it is false.
     pub recursive_read_only: bool,
+    /// Whether pods may have user namespaces: the OCI runtime joins them
+    /// and makes idmapped mounts, and overlayfs takes idmapped layers (see
+    /// [`crate::features::user_namespaces`]).
+    pub user_namespaces: bool,
 }
 
 /// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
@@ -252,6 +299,7 @@ impl HostLimits {
             // The runtime knows its cgroups and OCI runtime and corrects these.
             hugetlb: true,
             recursive_read_only: false,
+            user_namespaces: false,
         })
     }
 }
@@ -353,8 +401,13 @@ fn check_privileged(
 /// the seccomp filter (see the [`seccomp`] module: `RuntimeDefault` is Petrel's own
 /// profile, `Localhost` a checked OCI profile file, privileged means unconfined).
 ///
-/// Not supported (documented gaps): AppArmor profiles, SELinux labels, user namespaces,
-/// `TARGET` PID mode, image volumes, id-mapped mounts, recursive read-only mounts
+/// A pod with a user namespace ([`SandboxContext::user`]): every container joins it,
+/// with its mappings in `linux.uidMappings`/`gidMappings`, and its CRI mounts are
+/// idmapped with them ([`IDMAP_OPTION`]; write the spec with [`config_json`]).
+///
+/// Not supported (documented gaps): AppArmor profiles, SELinux labels, user namespaces
+/// other than the pod's, `TARGET` PID mode, image volumes, per-mount id mappings,
+/// recursive read-only mounts
 /// where the host cannot make them ([`HostLimits::recursive_read_only`]), CDI
 /// devices, and the shared/slave check of bidirectional mount sources.
 pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
@@ -441,6 +494,11 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         )
     };
     let mut linux = Linux::default();
+    if let Some(user) = &sandbox.user {
+        linux
+            .set_uid_mappings(Some(vec![user.mappings.uids.oci()]))
+            .set_gid_mappings(Some(vec![user.mappings.gids.oci()]));
+    }
     linux
         .set_namespaces(Some(namespaces))
         .set_cgroups_path(Some(PathBuf::from(container_cgroup_path(
@@ -510,7 +568,10 @@ fn oom_score_adj(
     Ok(Some(adj.max(host.min_oom_score_adj)))
 }
 
-/// Namespaces in runc's order: pid, network, ipc, uts, mount.
+/// Namespaces: user (the pod's, if it has one), then runc's order: pid,
+/// network, ipc, uts, mount. A container's own `userns_options`, when
+/// given, must ask for the pod's user namespace (kubelet repeats the
+/// pod's): a container cannot have one of its own, nor leave the pod's.
 fn namespaces(
     sc: Option<&api::LinuxContainerSecurityContext>,
     sandbox: &SandboxContext,
@@ -518,10 +579,16 @@ fn namespaces(
     const FIELD: &str = "linux.security_context.namespace_options";
     let options = sc.and_then(|s| s.namespace_options.as_ref());
     if let Some(userns) = options.and_then(|o| o.userns_options.as_ref()) {
-        if userns.mode != api::NamespaceMode::Node as i32 {
+        let field = format!("{FIELD}.userns_options");
+        let asked = crate::userns::requested(Some(userns), &field)?;
+        let pods = sandbox.user.as_ref().map(|u| u.mappings);
+        if asked != pods {
             return Err(invalid(
-                format!("{FIELD}.userns_options"),
-                "user namespaces are not supported",
+                field,
+                match pods {
+                    Some(_) => "must be the pod's user namespace (mode POD, the pod's mappings)",
+                    None => "the pod has no user namespace of its own (mode NODE)",
+                },
             ));
         }
     }
@@ -544,7 +611,12 @@ fn namespaces(
             ))
         }
     };
+    let user = match &sandbox.user {
+        Some(u) => NamespaceRef::Path(u.path.clone()),
+        None => NamespaceRef::Host,
+    };
     let wanted = [
+        (LinuxNamespaceType::User, &user),
         (LinuxNamespaceType::Pid, &pid),
         (LinuxNamespaceType::Network, &sandbox.network),
         (LinuxNamespaceType::Ipc, &sandbox.ipc),

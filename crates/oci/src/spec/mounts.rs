@@ -26,6 +26,9 @@ struct Bind {
     /// Read-only submounts too (`rro`); only with `readonly`.
     recursive: bool,
     propagation: api::MountPropagation,
+    /// A volume of a pod in a user namespace: idmapped with the pod's
+    /// mappings (the `idmap` option; see [`super::config_json`]).
+    idmapped: bool,
 }
 
 /// Builds all mounts of a container.
@@ -37,6 +40,9 @@ struct Bind {
 /// (CRI mounts win over those), sorted by depth so that parents come first.
 /// `recursive_read_only` says whether the host can make a bind mount
 /// read-only with its submounts ([`HostLimits::recursive_read_only`](super::HostLimits)).
+/// In a pod with a user namespace the CRI mounts (volumes) are idmapped, so
+/// that host files keep their owners inside; the sandbox's own files are
+/// not (they are read-only to the container, or world-writable like shm).
 pub(super) fn mounts(
     config: &api::ContainerConfig,
     sandbox: &SandboxContext,
@@ -45,6 +51,11 @@ pub(super) fn mounts(
     recursive_read_only: bool,
 ) -> Result<Mounts, SpecError> {
     let mut binds = cri_binds(&config.mounts, privileged, recursive_read_only)?;
+    if sandbox.user.is_some() {
+        for b in &mut binds {
+            b.idmapped = true;
+        }
+    }
     let cri_dests: HashSet<String> = binds.iter().map(|b| b.destination.clone()).collect();
     let extras = [
         (
@@ -83,6 +94,7 @@ pub(super) fn mounts(
             readonly,
             recursive: false,
             propagation: api::MountPropagation::PropagationPrivate,
+            idmapped: false,
         });
     }
     // Stable: among equal depths the CRI order (then the extras) is kept.
@@ -121,11 +133,15 @@ pub(super) fn mounts(
             (true, false) => "ro",
             (false, _) => "rw",
         };
+        let mut options = vec!["rbind", prop, rw];
+        if b.idmapped {
+            options.push(super::IDMAP_OPTION);
+        }
         out.push(mount(
             &b.destination,
             "bind",
             &b.source.to_string_lossy(),
-            &["rbind", prop, rw],
+            &options,
         ));
     }
     Ok(Mounts {
@@ -279,6 +295,7 @@ fn cri_binds(
             readonly: m.readonly,
             recursive: m.recursive_read_only,
             propagation,
+            idmapped: false,
         });
     }
     Ok(out)
@@ -410,6 +427,7 @@ mod tests {
             resolv_conf: None,
             shm: None,
             cgroup_parent: "/petrel/sb".into(),
+            user: None,
         }
     }
 

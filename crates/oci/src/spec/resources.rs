@@ -329,6 +329,7 @@ mod tests {
             online_mems: None,
             hugetlb: true,
             recursive_read_only: false,
+            user_namespaces: false,
         }
     }
 

@@ -60,6 +60,7 @@ impl Fixture {
                 resolv_conf: None,
                 shm: None,
                 cgroup_parent: "/kubepods/burstable/pod123".into(),
+                user: None,
             },
             host: HostLimits {
                 bounding_caps: caps_from_mask(0x0000_01ff_feff_ffff),
@@ -69,6 +70,7 @@ impl Fixture {
                 online_mems: None,
                 hugetlb: true,
                 recursive_read_only: true,
+                user_namespaces: false,
             },
         }
     }
@@ -543,4 +545,143 @@ fn host_limits_should_detect_this_process() {
     assert_eq!(h.open_files, Some(OpenFileLimit::current()));
     let l = OpenFileLimit::current();
     assert!(l.soft > 0 && l.soft <= l.hard, "{l:?}");
+}
+
+fn pod_userns() -> api::UserNamespace {
+    let map = |host_id| api::IdMapping {
+        container_id: 0,
+        host_id,
+        length: 65536,
+    };
+    api::UserNamespace {
+        mode: api::NamespaceMode::Pod as i32,
+        uids: vec![map(100_000)],
+        gids: vec![map(200_000)],
+    }
+}
+
+fn with_pod_userns(f: &mut Fixture) -> UserMappings {
+    let mappings = crate::userns::requested(Some(&pod_userns()), "f")
+        .expect("valid")
+        .expect("a userns");
+    f.sandbox.user = Some(PodUserNamespace {
+        path: "/run/petrel/sandboxes/sb/user".into(),
+        mappings,
+    });
+    mappings
+}
+
+#[test]
+fn build_container_spec_should_join_the_pods_user_namespace_with_its_mappings() {
+    let mut f = Fixture::new();
+    let volume = tempfile::tempdir().expect("tempdir");
+    f.config.mounts.push(api::Mount {
+        container_path: "/data".into(),
+        host_path: volume.path().display().to_string(),
+        ..Default::default()
+    });
+    let mappings = with_pod_userns(&mut f);
+    let spec = f.build().expect("spec");
+    let namespaces = ns(&spec);
+    assert_eq!(
+        namespaces[0],
+        (
+            LinuxNamespaceType::User,
+            Some(PathBuf::from("/run/petrel/sandboxes/sb/user"))
+        )
+    );
+    let l = linux(&spec);
+    assert_eq!(
+        l.uid_mappings().as_deref(),
+        Some(&[mappings.uids.oci()][..])
+    );
+    assert_eq!(
+        l.gid_mappings().as_deref(),
+        Some(&[mappings.gids.oci()][..])
+    );
+    // The volume is idmapped; config.json carries the mappings on it only.
+    let json: serde_json::Value =
+        serde_json::from_slice(&config_json(&spec, Some(&mappings)).expect("json")).expect("parse");
+    let mounts = json["mounts"].as_array().expect("mounts");
+    let data = mounts
+        .iter()
+        .find(|m| m["destination"] == "/data")
+        .expect("the volume");
+    assert!(data["options"]
+        .as_array()
+        .is_some_and(|o| o.iter().any(|x| x == IDMAP_OPTION)));
+    assert_eq!(data["uidMappings"][0]["hostID"], 100_000);
+    assert_eq!(data["gidMappings"][0]["hostID"], 200_000);
+    assert_eq!(data["gidMappings"][0]["size"], 65536);
+    let proc_mount = mounts
+        .iter()
+        .find(|m| m["destination"] == "/proc")
+        .expect("/proc");
+    assert!(proc_mount.get("uidMappings").is_none());
+    // Without a user namespace, nothing is idmapped.
+    f.sandbox.user = None;
+    let plain = f.build().expect("spec");
+    assert!(!ns(&plain)
+        .iter()
+        .any(|(t, _)| *t == LinuxNamespaceType::User));
+    let json = String::from_utf8(config_json(&plain, None).expect("json")).expect("utf-8");
+    assert!(
+        !json.contains("uidMappings") && !json.contains(IDMAP_OPTION),
+        "{json}"
+    );
+}
+
+#[test]
+fn build_container_spec_should_accept_the_pods_user_namespace_repeated_by_the_container() {
+    let mut f = Fixture::new();
+    with_pod_userns(&mut f);
+    f.sc()
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(pod_userns());
+    assert!(f.build().is_ok());
+}
+
+#[test]
+fn build_container_spec_should_refuse_a_user_namespace_other_than_the_pods() {
+    const FIELD: &str = "linux.security_context.namespace_options.userns_options";
+    let refused = |f: &Fixture| match f.build() {
+        Err(SpecError::Invalid { field, reason }) => (field, reason),
+        other => panic!("not refused: {other:?}"),
+    };
+    // The pod has none: the container may not ask for one.
+    let mut f = Fixture::new();
+    f.sc()
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(pod_userns());
+    let (field, reason) = refused(&f);
+    assert_eq!(field, FIELD);
+    assert!(reason.contains("no user namespace"), "{reason}");
+    // The pod has one: other mappings, or the host's, are refused.
+    with_pod_userns(&mut f);
+    let mut other = pod_userns();
+    other.uids[0].host_id = 300_000;
+    f.sc()
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(other);
+    assert_eq!(refused(&f).0, FIELD);
+    f.sc()
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(api::UserNamespace {
+        mode: api::NamespaceMode::Node as i32,
+        ..Default::default()
+    });
+    assert!(refused(&f).1.contains("pod's user namespace"));
+    // CONTAINER mode is refused by name.
+    f.sc()
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(api::UserNamespace {
+        mode: api::NamespaceMode::Container as i32,
+        ..Default::default()
+    });
+    assert_eq!(refused(&f).0, format!("{FIELD}.mode"));
 }

@@ -3,6 +3,7 @@
 //! committed and the shim watched. All or nothing: a failure undoes every
 //! step (`container::teardown`), deletes the record and frees the name.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,6 +14,7 @@ use petrel_oci::spec::{self, ContainerSpecInput, NamespaceRef, SandboxContext};
 use petrel_oci::user::UserDb;
 use petrel_store::Table;
 
+use crate::container::idmap::LayerIdmap;
 use crate::container::rootfs::WritableLayer;
 use crate::container::shim::ShimOptions;
 use crate::error::{Result, RuntimeError};
@@ -143,6 +145,7 @@ impl Runtime {
         image: &petrel_image::Image,
     ) -> Result<(ShimWatch, Option<CreateResult>)> {
         let t0 = std::time::Instant::now();
+        let userns = crate::sandbox::user_namespace(sbrec)?;
         // runc's move of the init into its cgroup is seconds away at most.
         self.cgroups.warm_up_migration();
         let layer = WritableLayer::new(&rec.layer_dir);
@@ -155,6 +158,13 @@ impl Runtime {
         };
         petrel_fs::create_private_dir_all(&rec.bundle, petrel_fs::PRIVATE)
             .map_err(|e| RuntimeError::dir("create bundle", e))?;
+        if userns.is_some() {
+            crate::container::idmap::make_reachable(&rec.bundle, &self.layout.state)?;
+        }
+        let idmap = userns.as_ref().map(|u| LayerIdmap {
+            userns: u.path.clone(),
+            host_root: u.mappings.host_root(),
+        });
         let lower = self.images.layer_paths(image)?;
         let rootfs_dir = rec.bundle.join("rootfs");
         let known_users = self.image_users.get(&image.id);
@@ -165,14 +175,20 @@ impl Runtime {
             let (lower, layer) = (lower.clone(), layer.clone());
             let (empty, target) = (self.layout.empty_lower(), rootfs_dir.clone());
             let mounter = self.rootfs.clone();
+            let idmap = idmap.clone();
             Some(tokio::task::spawn_blocking(move || {
                 mounter
-                    .mount(&lower, &layer, &empty, &target)
+                    .mount(&lower, &layer, &empty, &target, idmap.as_ref())
                     .map(|()| Instant::now())
             }))
         } else {
-            self.rootfs
-                .mount(&lower, &layer, &self.layout.empty_lower(), &rootfs_dir)?;
+            self.rootfs.mount(
+                &lower,
+                &layer,
+                &self.layout.empty_lower(),
+                &rootfs_dir,
+                idmap.as_ref(),
+            )?;
             None
         };
         let t_rootfs = t0.elapsed();
@@ -200,12 +216,25 @@ impl Runtime {
         } else if let Some((start, end)) = nri_span {
             self.nri_observe_create_wait(end - start);
         }
-        let json = serde_json::to_vec(&oci).map_err(|source| RuntimeError::Encode {
-            what: "config.json",
-            source,
+        let mappings = userns.as_ref().map(|u| &u.mappings);
+        let json = petrel_oci::spec::config_json(&oci, mappings).map_err(|source| {
+            RuntimeError::Encode {
+                what: "config.json",
+                source,
+            }
         })?;
         let cfg_path = rec.bundle.join("config.json");
-        std::fs::write(&cfg_path, json).map_err(|e| RuntimeError::io("write", &cfg_path, e))?;
+        // Private: the bundle of a user-namespaced pod's container is
+        // searchable by others (`idmap::make_reachable`), and the spec may
+        // hold secrets in its environment.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&cfg_path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &json))
+            .map_err(|e| RuntimeError::io("write", &cfg_path, e))?;
 
         if let Some(log) = &rec.log_path {
             if let Some(dir) = log.parent() {
@@ -323,6 +352,7 @@ impl Runtime {
                 PathBuf::from("/dev/shm")
             }),
             cgroup_parent: sbrec.cgroup_parent.clone(),
+            user: crate::sandbox::user_namespace(sbrec)?,
         };
         let image_config = image.config.config().clone();
         let input = ContainerSpecInput {

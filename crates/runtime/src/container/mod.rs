@@ -6,6 +6,7 @@ pub(crate) mod create;
 pub(crate) mod exec_process;
 pub(crate) mod exit;
 pub mod found_shims;
+pub mod idmap;
 pub mod image_users;
 pub(crate) mod lifecycle;
 pub mod migration_warmup;

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::idmap::LayerIdmap;
 use crate::error::{Result, RuntimeError};
 
 /// Directories of a container's writable layer.
@@ -40,8 +41,35 @@ impl WritableLayer {
 }
 
 /// Mounts the overlay at `target`. `lower` lists the image layers topmost
-/// first; an image without layers gets an empty lower directory.
+/// first; an image without layers gets an empty lower directory. With
+/// `idmap` (a pod with its own user namespace) the layers are idmapped
+/// views and the upper directory belongs to the container's root (see
+/// [`super::idmap`]).
 pub fn mount(
+    lower: &[PathBuf],
+    layer: &WritableLayer,
+    empty_lower: &Path,
+    target: &Path,
+    idmap: Option<&LayerIdmap>,
+) -> Result<()> {
+    let Some(idmap) = idmap else {
+        return mount_overlay_of(lower, layer, empty_lower, target);
+    };
+    super::idmap::own_upper(&layer.upper, idmap)?;
+    if lower.is_empty() {
+        return mount_overlay_of(lower, layer, empty_lower, target);
+    }
+    let views = layer.upper.parent().unwrap_or(&layer.upper).join("lower");
+    let attached = super::idmap::attach(lower, idmap, &views)?;
+    let mounted = mount_overlay_of(&attached, layer, empty_lower, target);
+    super::idmap::detach(&attached);
+    if let Err(e) = std::fs::remove_dir(&views) {
+        tracing::debug!(path = %views.display(), error = %e, "idmapped layers directory not removed");
+    }
+    mounted
+}
+
+fn mount_overlay_of(
     lower: &[PathBuf],
     layer: &WritableLayer,
     empty_lower: &Path,

@@ -52,6 +52,7 @@ pub fn pod(rec: &SandboxRecord) -> api::PodSandbox {
         ("network", &rec.netns),
         ("ipc", &rec.ipcns),
         ("uts", &rec.utsns),
+        ("user", &rec.userns),
     ] {
         if let Some(p) = path {
             namespaces.push(api::LinuxNamespace {

@@ -62,6 +62,8 @@ pub(crate) enum Call {
     OciExec(String),
     ClearStart(String),
     Mount(PathBuf),
+    /// The rootfs just mounted has layers idmapped with this user namespace.
+    IdmappedMount(PathBuf),
     Unmount(PathBuf),
     CgroupEnsure(String),
     CgroupRemove(String),
@@ -73,6 +75,9 @@ pub(crate) enum Call {
     MountShm(PathBuf),
     UnmountShm(PathBuf),
     SpawnPidHolder,
+    /// A PID-namespace holder started in this user namespace (after
+    /// `SpawnPidHolder`).
+    PidHolderUserns(PathBuf),
     KillPidHolder(u32),
     /// CNI ADD of the pod with this id.
     NetworkAdd(String),
@@ -285,6 +290,7 @@ impl FakeHost {
                 online_mems: None,
                 hugetlb: false,
                 recursive_read_only: true,
+                user_namespaces: true,
             },
         }
     }
@@ -743,9 +749,13 @@ impl RootfsMounter for FakeHost {
         _layer: &WritableLayer,
         _empty_lower: &Path,
         target: &Path,
+        idmap: Option<&crate::container::idmap::LayerIdmap>,
     ) -> Result<()> {
         let mut w = self.world();
         w.calls.push(Call::Mount(target.to_path_buf()));
+        if let Some(m) = idmap {
+            w.calls.push(Call::IdmappedMount(m.userns.clone()));
+        }
         if w.fails(Fault::Mount) {
             return Err(RuntimeError::io(
                 "mount overlay at",
@@ -800,6 +810,7 @@ impl super::PodKernel for FakeHost {
             ("net", req.net, &mut pinned.net),
             ("ipc", req.ipc, &mut pinned.ipc),
             ("uts", req.uts.is_some(), &mut pinned.uts),
+            ("user", req.user.is_some(), &mut pinned.user),
         ] {
             if wanted {
                 // As the real pins: a file in the pod's directory.
@@ -1152,9 +1163,12 @@ impl ShimLauncher for FakeHost {
         })
     }
 
-    async fn spawn_pid_holder(&self) -> Result<ProcessRef> {
+    async fn spawn_pid_holder(&self, userns: Option<&Path>) -> Result<ProcessRef> {
         let mut w = self.world();
         w.calls.push(Call::SpawnPidHolder);
+        if let Some(u) = userns {
+            w.calls.push(Call::PidHolderUserns(u.to_path_buf()));
+        }
         if w.fails(Fault::SpawnPidHolder) {
             return Err(RuntimeError::io(
                 "spawn pid holder",
@@ -1324,6 +1338,30 @@ pub(crate) fn isolated_pod_config(name: &str) -> api::PodSandboxConfig {
         ns.network = api::NamespaceMode::Pod as i32;
         ns.pid = api::NamespaceMode::Pod as i32;
         ns.ipc = api::NamespaceMode::Pod as i32;
+    }
+    config
+}
+
+/// [`isolated_pod_config`] asking for a user namespace of its own (mode
+/// POD, container root as host id 100000).
+pub(crate) fn userns_pod_config(name: &str) -> api::PodSandboxConfig {
+    let mut config = isolated_pod_config(name);
+    let map = vec![api::IdMapping {
+        container_id: 0,
+        host_id: 100_000,
+        length: 65536,
+    }];
+    if let Some(ns) = config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+    {
+        ns.userns_options = Some(api::UserNamespace {
+            mode: api::NamespaceMode::Pod as i32,
+            uids: map.clone(),
+            gids: map,
+        });
     }
     config
 }

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use petrel_oci::cgroups::Cgroups;
-use petrel_oci::features::{kernel_release, recursive_read_only, RuntimeFeatures};
+use petrel_oci::features::{kernel_release, recursive_read_only, user_namespaces, RuntimeFeatures};
 use petrel_oci::runc::Runc;
 use petrel_oci::spec::HostLimits;
 
@@ -71,8 +71,8 @@ pub struct Parts {
 impl Parts {
     /// The real parts: the shim and runc binaries found (a missing one is
     /// reported before anything is created), the host's cgroups and limits
-    /// detected (recursive read-only mounts from the kernel release and
-    /// `runc features`), the runtime's soft open-file limit raised (the one it
+    /// detected (recursive read-only mounts and user namespaces from the
+    /// kernel release and `runc features`), the runtime's soft open-file limit raised (the one it
     /// started with is what containers get), pod networks as `[cri]
     /// pod_network` and `[cri.cni]` say. The OCI runtime is runc with
     /// its fast paths when `fast_paths` is on and the runc version is one
@@ -92,10 +92,12 @@ impl Parts {
         let features = features.join().unwrap_or_default();
         let release = kernel_release();
         host.recursive_read_only = recursive_read_only(&release, features.as_ref());
+        host.user_namespaces = user_namespaces(&release, features.as_ref());
         tracing::debug!(
             kernel = %release,
             runtime_features = features.is_some(),
             recursive_read_only = host.recursive_read_only,
+            user_namespaces = host.user_namespaces,
             "OCI runtime features"
         );
         // Before anything holds descriptors; containers get what we started with.

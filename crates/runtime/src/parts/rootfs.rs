@@ -2,19 +2,22 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::container::idmap::LayerIdmap;
 use crate::container::rootfs::{self, WritableLayer};
 use crate::error::Result;
 
 /// Mounts and unmounts containers' root filesystems.
 pub trait RootfsMounter: Send + Sync + std::fmt::Debug {
     /// Mounts the overlay of `lower` (topmost first; `empty_lower` for an
-    /// image without layers) and `layer` at `target`.
+    /// image without layers) and `layer` at `target`, the layers idmapped
+    /// with the pod's user namespace when `idmap` is given.
     fn mount(
         &self,
         lower: &[PathBuf],
         layer: &WritableLayer,
         empty_lower: &Path,
         target: &Path,
+        idmap: Option<&LayerIdmap>,
     ) -> Result<()>;
 
     /// Unmounts `target`; not mounted or missing is fine.
@@ -32,8 +35,9 @@ impl RootfsMounter for OverlayMounter {
         layer: &WritableLayer,
         empty_lower: &Path,
         target: &Path,
+        idmap: Option<&LayerIdmap>,
     ) -> Result<()> {
-        rootfs::mount(lower, layer, empty_lower, target)
+        rootfs::mount(lower, layer, empty_lower, target, idmap)
     }
 
     fn unmount(&self, target: &Path) -> Result<()> {

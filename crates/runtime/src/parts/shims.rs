@@ -161,9 +161,10 @@ pub trait ShimLauncher: Send + Sync + std::fmt::Debug {
     /// Pins the shim `pid` found for `id`; `None` when it is gone.
     fn pin(&self, id: &str, pid: u32, containers: &Path) -> Option<Box<dyn FoundShim>>;
 
-    /// Starts the holder of a pod's shared PID namespace; returns the
-    /// namespace init's identity.
-    async fn spawn_pid_holder(&self) -> Result<ProcessRef>;
+    /// Starts the holder of a pod's shared PID namespace, owned by the
+    /// pod's user namespace `userns` when it has one; returns the namespace
+    /// init's identity.
+    async fn spawn_pid_holder(&self, userns: Option<&Path>) -> Result<ProcessRef>;
 }
 
 /// `petrel-shim` processes.
@@ -258,7 +259,7 @@ impl ShimLauncher for ProcessShims {
         PinnedShim::pin(pid, id, containers).map(|s| Box::new(s) as Box<dyn FoundShim>)
     }
 
-    async fn spawn_pid_holder(&self) -> Result<ProcessRef> {
-        crate::sandbox::pid_holder::spawn(&self.binary).await
+    async fn spawn_pid_holder(&self, userns: Option<&Path>) -> Result<ProcessRef> {
+        crate::sandbox::pid_holder::spawn(&self.binary, userns).await
     }
 }

@@ -298,7 +298,7 @@ impl Runtime {
             if !known_s.contains(&id) {
                 let dir = self.layout.sandbox_dir(&id);
                 tracing::warn!(sandbox.id = %id, "removing orphan sandbox directory");
-                for kind in ["net", "ipc", "uts"] {
+                for kind in ["net", "ipc", "uts", "user"] {
                     if let Err(e) = self.pods.unpin_namespace(&dir.join(kind)) {
                         tracing::warn!(sandbox.id = %id, error = %e, "namespace of an orphan sandbox not released");
                     }
@@ -327,7 +327,7 @@ impl Runtime {
 /// Whether a Ready sandbox still has what it was created with: every
 /// namespace pinned and its PID-namespace holder, if it has one.
 fn sandbox_intact(pods: &dyn PodKernel, rec: &SandboxRecord) -> bool {
-    let pins_ok = [&rec.netns, &rec.ipcns, &rec.utsns]
+    let pins_ok = [&rec.netns, &rec.ipcns, &rec.utsns, &rec.userns]
         .into_iter()
         .flatten()
         .all(|p| pods.namespace_pinned(p));

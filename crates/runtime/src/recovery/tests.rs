@@ -141,6 +141,7 @@ fn set_up(t: &TestRuntime, pod: &SandboxRecord, n: usize, case: Case) -> Left {
             &crate::container::rootfs::WritableLayer::new(&layer),
             &layer,
             &bundle.join("rootfs"),
+            None,
         )
         .expect("mount");
     crate::parts::CgroupOps::ensure_dirs(t.host.as_ref(), &cgroup).expect("cgroup");
@@ -229,6 +230,7 @@ fn pod_record(t: &TestRuntime) -> SandboxRecord {
         netns: None,
         ipcns: None,
         utsns: None,
+        userns: None,
         pid_holder: None,
         shm_mounted: false,
         cgroup_parent: format!("/petrel-unit/{id}"),
@@ -543,4 +545,37 @@ async fn recovery_should_keep_an_intact_pod_ready_and_check_its_network() {
         .calls()
         .iter()
         .any(|c| matches!(c, Call::UnpinNamespace(_) | Call::KillPidHolder(_))));
+}
+
+#[tokio::test]
+async fn recovery_should_keep_a_user_namespaced_pod_only_while_its_user_namespace_is_pinned() {
+    let t = TestRuntime::new();
+    let id =
+        t.rt.run_pod_sandbox(petrel_cri::api::RunPodSandboxRequest {
+            config: Some(crate::parts::fake::userns_pod_config("u")),
+            runtime_handler: String::new(),
+        })
+        .await
+        .expect("run pod")
+        .pod_sandbox_id;
+    let restart = |t: &TestRuntime| {
+        let rec = stored_pod(t, &id);
+        t.rt.state.remove_sandbox(&id);
+        t.rt.state.release_name(&rec.name, &id);
+        rec
+    };
+    // A restart with every pin there: Ready, and its containers still join it.
+    let before = restart(&t);
+    let user = before.userns.clone().expect("user namespace recorded");
+    t.rt.recover().await.expect("recover");
+    let sb = t.rt.state.sandbox(&id).expect("pod in memory");
+    assert_eq!(sb.with(|r| r.state), SandboxState::Ready);
+    let joined = crate::sandbox::user_namespace(&sb.record()).expect("user namespace");
+    assert_eq!(joined.map(|u| u.path), Some(user.clone()));
+    // The user namespace's pin alone gone: NotReady, never a pod whose next
+    // containers would run in the host's user namespace.
+    crate::parts::PodKernel::unpin_namespace(t.host.as_ref(), &user).expect("unpin");
+    let pod = restart(&t);
+    t.rt.recover().await.expect("recover");
+    assert_recovered_not_ready(&t, &pod);
 }

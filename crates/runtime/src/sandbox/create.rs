@@ -106,6 +106,8 @@ impl Runtime {
             net: !host_network,
             ipc: !host_ipc,
             uts: (!host_network).then(|| hostname.to_string()),
+            // Checked by RunPodSandbox (`validate::userns::pod`).
+            user: crate::validate::userns::requested(&rec.config)?,
         };
         // Creating a network namespace is the slowest step; it runs on its
         // own thread while the shm mount and the pod cgroup are made.
@@ -126,6 +128,7 @@ impl Runtime {
             rec.netns = p.net.clone();
             rec.ipcns = p.ipc.clone();
             rec.utsns = p.uts.clone();
+            rec.userns = p.user.clone();
         }
         rest?;
         pinned?;
@@ -134,7 +137,7 @@ impl Runtime {
         }
 
         if namespace_mode(&rec.config, Ns::Pid) == api::NamespaceMode::Pod {
-            let holder = self.shims.spawn_pid_holder().await?;
+            let holder = self.shims.spawn_pid_holder(rec.userns.as_deref()).await?;
             rec.pid_holder = Some(holder);
             // Recorded at once: the holder is the one resource that the
             // layout alone cannot find again after a crash.
@@ -262,6 +265,59 @@ mod tests {
         assert!(t.host.shm_mounts().is_empty());
         assert!(t.host.pid_holders().is_empty());
         assert!(t.host.cgroups().is_empty());
+    }
+
+    #[tokio::test]
+    async fn run_pod_should_pin_a_user_namespace_that_holder_and_containers_join() {
+        let t = runtime();
+        let id =
+            t.rt.run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(crate::parts::fake::userns_pod_config("u")),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("run pod")
+            .pod_sandbox_id;
+        let stored: SandboxRecord =
+            t.rt.store
+                .get(Table::Sandboxes, &id)
+                .expect("get")
+                .expect("stored");
+        let user = stored
+            .userns
+            .clone()
+            .expect("user namespace pinned and recorded");
+        assert!(t.host.namespaces().contains(&user));
+        assert_eq!(t.host.namespaces().len(), 4, "user, net, ipc, uts");
+        let calls = t.host.calls();
+        assert!(
+            calls
+                .iter()
+                .any(|c| *c == Call::PidHolderUserns(user.clone())),
+            "the PID namespace must belong to the pod's user namespace: {calls:?}"
+        );
+        let cid = t.create(&id, "c").await.expect("create");
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| *c == Call::IdmappedMount(user.clone())));
+        let bundle = t.stored(&cid).expect("container").bundle;
+        let spec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(bundle.join("config.json")).expect("config.json"),
+        )
+        .expect("json");
+        let joined = spec["linux"]["namespaces"]
+            .as_array()
+            .expect("namespaces")
+            .iter()
+            .any(|n| n["type"] == "user" && n["path"] == user.display().to_string());
+        assert!(joined, "{}", spec["linux"]["namespaces"]);
+        assert_eq!(spec["linux"]["uidMappings"][0]["hostID"], 100_000);
+        t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await
+            .expect("remove pod");
+        assert!(t.host.namespaces().is_empty(), "{:?}", t.host.namespaces());
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ pub mod namespaces;
 pub mod network;
 pub mod pid_holder;
 pub(crate) mod teardown;
+pub(crate) mod userns;
 
 use petrel_cri::api;
 
@@ -37,4 +38,22 @@ pub fn namespace_mode(config: &api::PodSandboxConfig, ns: Ns) -> api::NamespaceM
         Ns::Ipc => o.ipc,
     });
     api::NamespaceMode::try_from(raw).unwrap_or(api::NamespaceMode::Pod)
+}
+
+/// The pod's own user namespace as its containers join it, if it has one.
+/// A pod whose config asks for one that is not pinned (a stopped pod) gets
+/// no container: never one in the host's user namespace instead.
+pub(crate) fn user_namespace(
+    rec: &crate::records::SandboxRecord,
+) -> crate::error::Result<Option<petrel_oci::spec::PodUserNamespace>> {
+    let Some(mappings) = crate::validate::userns::requested(&rec.config)? else {
+        return Ok(None);
+    };
+    let Some(path) = rec.userns.clone() else {
+        return Err(crate::error::RuntimeError::FailedPrecondition(format!(
+            "pod sandbox {} has no user namespace pinned (is it stopped?)",
+            rec.id
+        )));
+    };
+    Ok(Some(petrel_oci::spec::PodUserNamespace { path, mappings }))
 }

@@ -6,9 +6,21 @@
 //! directory. The bind mounts keep the namespaces alive after the thread has
 //! gone, so an idle pod costs no process at all. Containers join them by
 //! path. Unpinning is a lazy unmount plus removal of the file.
+//!
+//! A pod with a user namespace of its own (CRI mode POD) gets it the same
+//! way, pinned as `user`, and its network, IPC and UTS namespaces are made
+//! in it, so that they belong to it: its containers' root may then set the
+//! hostname, mount sysfs and mqueue, and configure the network. A thread
+//! cannot do that (unshare(2) of a user namespace needs a single-threaded
+//! process), so a forked child does: one unshare of every type (the kernel
+//! makes the user namespace first, and the others owned by it), the
+//! hostname and loopback, then it waits while the runtime writes its
+//! uid_map and gid_map and pins its namespaces, and exits.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+
+use petrel_oci::userns::UserMappings;
 
 /// Errors while pinning or releasing namespaces.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +40,7 @@ pub enum NamespaceError {
     Thread,
 }
 
-fn sys(op: &'static str, path: &Path, source: std::io::Error) -> NamespaceError {
+pub(crate) fn sys(op: &'static str, path: &Path, source: std::io::Error) -> NamespaceError {
     NamespaceError::Sys {
         op,
         path: path.to_path_buf(),
@@ -45,6 +57,8 @@ pub struct NamespaceRequest {
     pub ipc: bool,
     /// A UTS namespace with this hostname.
     pub uts: Option<String>,
+    /// A user namespace with these mappings, owning the others.
+    pub user: Option<UserMappings>,
 }
 
 /// The files pinning a pod's namespaces.
@@ -56,6 +70,8 @@ pub struct Pinned {
     pub ipc: Option<PathBuf>,
     /// The UTS namespace file.
     pub uts: Option<PathBuf>,
+    /// The user namespace file.
+    pub user: Option<PathBuf>,
 }
 
 impl Pinned {
@@ -63,6 +79,7 @@ impl Pinned {
         match kind {
             "net" => &mut self.net,
             "ipc" => &mut self.ipc,
+            "user" => &mut self.user,
             _ => &mut self.uts,
         }
     }
@@ -70,7 +87,10 @@ impl Pinned {
     /// Releases every pinned namespace (best effort; returns the first error).
     pub fn release(&self) -> Result<(), NamespaceError> {
         let mut first = None;
-        for p in [&self.net, &self.ipc, &self.uts].into_iter().flatten() {
+        for p in [&self.net, &self.ipc, &self.uts, &self.user]
+            .into_iter()
+            .flatten()
+        {
             if let Err(e) = unpin(p) {
                 first.get_or_insert(e);
             }
@@ -82,6 +102,9 @@ impl Pinned {
 /// Creates the requested namespaces and pins them as files `net`, `ipc` and
 /// `uts` in `dir`. On failure nothing is left behind.
 pub fn pin(dir: &Path, req: &NamespaceRequest) -> Result<Pinned, NamespaceError> {
+    if let Some(mappings) = &req.user {
+        return crate::sandbox::userns::pin(dir, req, mappings);
+    }
     if !req.net && !req.ipc && req.uts.is_none() {
         return Ok(Pinned::default());
     }
@@ -130,7 +153,7 @@ fn pin_in_this_thread(dir: &Path, req: &NamespaceRequest) -> Result<Pinned, Name
         if !want {
             continue;
         }
-        match pin_one(dir, kind) {
+        match pin_one(dir, kind, &format!("/proc/thread-self/ns/{kind}")) {
             Ok(p) => *pinned.slot(kind) = Some(p),
             Err(e) => {
                 if let Err(undo) = pinned.release() {
@@ -143,15 +166,15 @@ fn pin_in_this_thread(dir: &Path, req: &NamespaceRequest) -> Result<Pinned, Name
     Ok(pinned)
 }
 
-fn pin_one(dir: &Path, kind: &str) -> Result<PathBuf, NamespaceError> {
+/// Pins namespace file `source` (`/proc/<task>/ns/<kind>`) as `<dir>/<kind>`.
+pub(crate) fn pin_one(dir: &Path, kind: &str, source: &str) -> Result<PathBuf, NamespaceError> {
     let target = dir.join(kind);
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&target)
         .map_err(|e| sys("create", &target, e))?;
-    let source = format!("/proc/thread-self/ns/{kind}");
-    if let Err(e) = rustix::mount::mount_bind(source.as_str(), &target) {
+    if let Err(e) = rustix::mount::mount_bind(source, &target) {
         crate::util::remove_file_logged(&target, "namespace pin file");
         return Err(sys("bind-mount namespace onto", &target, e.into()));
     }
@@ -176,32 +199,50 @@ pub fn unpin(path: &Path) -> Result<(), NamespaceError> {
 
 /// Sets IFF_UP on `lo` in the current thread's network namespace.
 fn loopback_up() -> std::io::Result<()> {
-    // SAFETY: a plain datagram socket used only for interface ioctls.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    let mut ifr = loopback_ifreq()?;
+    match loopback_up_raw(&mut ifr) {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
     }
-    // SAFETY: `fd` is a fresh socket we own; OwnedFd closes it.
-    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&sock);
+}
+
+/// The `ifreq` naming `lo`, made before a fork (the child must not allocate).
+pub(crate) fn loopback_ifreq() -> std::io::Result<libc::ifreq> {
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     let name = CString::new("lo").map_err(std::io::Error::other)?;
     for (dst, src) in ifr.ifr_name.iter_mut().zip(name.as_bytes_with_nul()) {
         *dst = *src as libc::c_char;
     }
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write `ifr`, which is valid
-    // and properly sized for the duration of each call.
-    unsafe {
-        if libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(raw, libc::SIOCSIFFLAGS, &ifr) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    Ok(ifr)
+}
+
+/// Sets IFF_UP on the interface `ifr` names with system calls only (safe in
+/// a child forked from a threaded process); returns 0 or the errno.
+pub(crate) fn loopback_up_raw(ifr: &mut libc::ifreq) -> i32 {
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: a plain datagram socket used only for interface ioctls.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return errno();
     }
-    Ok(())
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write `ifr`, which is valid
+    // and properly sized for the duration of each call; `fd` is ours and
+    // closed once.
+    unsafe {
+        let mut r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut *ifr);
+        if r >= 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            r = libc::ioctl(fd, libc::SIOCSIFFLAGS, &*ifr);
+        }
+        let e = if r < 0 { errno() } else { 0 };
+        libc::close(fd);
+        e
+    }
 }
 
 #[cfg(test)]
@@ -219,6 +260,7 @@ mod tests {
             net: true,
             ipc: true,
             uts: Some("petrel-ns-test".into()),
+            user: None,
         };
         let pinned = pin(dir.path(), &req)?;
         let guard = scopeguard(pinned.clone());

@@ -16,10 +16,12 @@ use crate::error::{Result, RuntimeError};
 use crate::records::ProcessRef;
 use crate::util;
 
-/// Starts a holder and returns the namespace init's identity.
-pub async fn spawn(shim: &Path) -> Result<ProcessRef> {
+/// Starts a holder, in the pod's user namespace `userns` when it has one,
+/// and returns the namespace init's identity.
+pub async fn spawn(shim: &Path, userns: Option<&Path>) -> Result<ProcessRef> {
     let mut child = tokio::process::Command::new(shim)
         .arg("--pid-holder")
+        .args(userns)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -28,7 +28,8 @@ impl Runtime {
             }
         };
         let dir = &rec.dir;
-        for kind in ["net", "ipc", "uts"] {
+        // The user namespace last: the others belong to it.
+        for kind in ["net", "ipc", "uts", "user"] {
             let p = dir.join(kind);
             note(
                 self.pods

@@ -79,6 +79,7 @@ pub(crate) fn sandbox_record(pod: usize) -> SandboxRecord {
         netns: None,
         ipcns: None,
         utsns: None,
+        userns: None,
         pid_holder: None,
         shm_mounted: true,
         cgroup_parent: "/petrel-bench/agent/pod".into(),

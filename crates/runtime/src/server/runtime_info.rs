@@ -71,7 +71,7 @@ impl Runtime {
                 name: String::new(),
                 features: Some(api::RuntimeHandlerFeatures {
                     recursive_read_only_mounts: self.host.recursive_read_only,
-                    user_namespaces: false,
+                    user_namespaces: self.host.user_namespaces,
                 }),
             }],
             // Merge and Strict are both applied (petrel_oci::user), and the
@@ -119,11 +119,12 @@ mod tests {
     use crate::parts::fake::FakeHost;
     use crate::service::Runtime;
 
-    async fn status_of(recursive_read_only: bool) -> api::StatusResponse {
+    async fn status_of(recursive_read_only: bool, user_namespaces: bool) -> api::StatusResponse {
         let dir = tempfile::tempdir().expect("tempdir");
         let host = FakeHost::new();
         let mut parts = host.parts();
         parts.host.recursive_read_only = recursive_read_only;
+        parts.host.user_namespaces = user_namespaces;
         let config = crate::RuntimeConfig {
             root: dir.path().join("root"),
             state: dir.path().join("state"),
@@ -138,7 +139,7 @@ mod tests {
     #[tokio::test]
     async fn status_should_report_recursive_read_only_mounts_as_the_host_has_them() {
         for supported in [true, false] {
-            let s = status_of(supported).await;
+            let s = status_of(supported, false).await;
             let [handler] = s.runtime_handlers.as_slice() else {
                 panic!("one handler expected: {:?}", s.runtime_handlers);
             };
@@ -148,6 +149,15 @@ mod tests {
             assert!(!features.user_namespaces);
             let runtime = s.features.expect("runtime features");
             assert!(runtime.supplemental_groups_policy);
+        }
+    }
+
+    #[tokio::test]
+    async fn status_should_report_user_namespaces_only_where_the_host_has_them() {
+        for supported in [true, false] {
+            let s = status_of(true, supported).await;
+            let features = s.runtime_handlers[0].features.as_ref().expect("features");
+            assert_eq!(features.user_namespaces, supported);
         }
     }
 }

@@ -60,6 +60,7 @@ impl Runtime {
                 "netns": r.netns,
                 "ipcns": r.ipcns,
                 "utsns": r.utsns,
+                "userns": r.userns,
                 "network": r.network.as_ref().map(|n| serde_json::json!({
                     "ifname": n.ifname,
                     "ips": n.ips,
@@ -208,6 +209,7 @@ pub(crate) mod tests {
             netns: None,
             ipcns: None,
             utsns: None,
+            userns: None,
             pid_holder: None,
             shm_mounted: false,
             cgroup_parent: "/p".into(),

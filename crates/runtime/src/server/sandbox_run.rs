@@ -44,6 +44,8 @@ impl Runtime {
         let config = required(req.config, "config")?;
         // Before anything is made, and before anything is named from them.
         crate::validate::pod_sandbox(&config)?;
+        // Never a pod in the host's user namespace when it asked for its own.
+        crate::validate::userns::pod(&config, &self.host)?;
         let md = required(config.metadata.as_ref(), "config.metadata")?;
         if !req.runtime_handler.is_empty()
             && !self.config.runtime_handlers.contains(&req.runtime_handler)
@@ -95,6 +97,7 @@ impl Runtime {
             netns: None,
             ipcns: None,
             utsns: None,
+            userns: None,
             pid_holder: None,
             shm_mounted: false,
             cgroup_parent,

@@ -7,6 +7,7 @@
 
 pub(crate) mod names;
 pub(crate) mod paths;
+pub(crate) mod userns;
 
 use petrel_cri::api;
 use petrel_oci::spec::HostLimits;
