@@ -38,10 +38,10 @@ impl Drop for TmpfsGuard {
     }
 }
 
-/// Whether this host can make recursive read-only mounts, found here
-/// independently of the runtime: Linux 5.12 or later (mount_setattr) and
-/// a runc whose `features` lists `rro`.
-fn host_has_rro() -> Result<(), String> {
+/// Whether this host can make recursive read-only mounts with `runc`,
+/// found here independently of the runtime: Linux 5.12 or later
+/// (mount_setattr) and a runc whose `features` lists `rro`.
+fn host_has_rro(runc: &Path) -> Result<(), String> {
     let release = rustix::system::uname()
         .release()
         .to_string_lossy()
@@ -53,8 +53,7 @@ fn host_has_rro() -> Result<(), String> {
     if version < (5, 12) {
         return Err(format!("kernel {release} has no mount_setattr"));
     }
-    // The runc on PATH: the one the test node runs.
-    let out = std::process::Command::new("runc")
+    let out = std::process::Command::new(runc)
         .arg("features")
         .output()
         .map_err(|e| format!("runc features: {e}"))?;
@@ -74,9 +73,27 @@ fn bind(host: &Path, at: &str, readonly: bool, recursive: bool) -> api::Mount {
     }
 }
 
+/// With Debian's runc (1.1.5+ds1, whose `features` lists `rro` here), the
+/// default OCI runtime.
 #[tokio::test]
 async fn recursive_read_only_mounts_should_protect_submounts_where_plain_read_only_does_not() {
-    let node = Node::start();
+    let runc = Path::new(petrel_testkit::conformance::DEFAULT_RUNC);
+    rro_on(Node::start(), runc).await;
+}
+
+/// The same with the peers' runc (1.5), which user-namespaced pods need.
+#[tokio::test]
+async fn recursive_read_only_mounts_should_work_with_the_newer_runc_too() {
+    if petrel_testkit::peers::left_out("runc") {
+        eprintln!("skipped: PETREL_PEERS_SKIP names runc");
+        return;
+    }
+    let runc = petrel_testkit::peers::peer_binary("runc").unwrap_or_else(|e| panic!("{e}"));
+    rro_on(Node::start_with_runc(&runc), &runc).await;
+}
+
+/// Recursive and plain read-only mounts on `node`, which runs `runc`.
+async fn rro_on(node: Node, runc: &Path) {
     let mut c = node.clients().await;
     node.import_busybox(&mut c).await;
     let status =
@@ -89,7 +106,7 @@ async fn recursive_read_only_mounts_should_protect_submounts_where_plain_read_on
         .as_ref()
         .unwrap()
         .recursive_read_only_mounts;
-    let host = host_has_rro();
+    let host = host_has_rro(runc);
     assert_eq!(reported, host.is_ok(), "Status against the host: {host:?}");
 
     // <data>/top is the bound directory, <data>/top/sub a tmpfs under it.
@@ -107,8 +124,10 @@ async fn recursive_read_only_mounts_should_protect_submounts_where_plain_read_on
     if let Err(why) = host {
         let err = c.create(&pod, &pc, rro).await.expect_err("rro refused");
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
-        assert!(err.message().contains("recursive_read_only"), "{err}");
-        eprintln!("skipped the rro container: {why}");
+        assert!(
+            err.message().contains("recursive_read_only"),
+            "{err}: {why}"
+        );
     } else {
         let rro = c.run(&pod, &pc, rro).await;
         for path in ["/mnt/f", "/mnt/sub/f"] {
