@@ -390,6 +390,9 @@ impl Runtime {
                 .user
                 .clone()
                 .map(|linux| api::ContainerUser { linux: Some(linux) }),
+            // The image's or SIGTERM (container/stop.rs); ContainerConfig's
+            // stop_signal is not applied yet.
+            stop_signal: api::Signal::RuntimeDefault as i32,
         })
     }
 
