@@ -375,7 +375,7 @@ impl Runtime {
             message: r.message.clone(),
             labels: r.config.labels.clone(),
             annotations: r.config.annotations.clone(),
-            mounts: r.config.mounts.clone(),
+            mounts: r.status_mounts(),
             log_path: r
                 .log_path
                 .as_ref()

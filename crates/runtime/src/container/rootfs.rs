@@ -124,6 +124,61 @@ fn mount_overlay(data: &str, target: &Path) -> rustix::io::Result<()> {
     )
 }
 
+/// Mounts an image's layers (`lower`, topmost first) read-only at `target`:
+/// an overlay of lower directories only, with `empty_lower` at the bottom
+/// (overlayfs without an upper directory wants two lower ones; an image
+/// without layers is then that empty directory alone, bound read-only).
+pub fn mount_read_only(lower: &[PathBuf], empty_lower: &Path, target: &Path) -> Result<()> {
+    let io = |e| RuntimeError::dir("create image volume mount point", e);
+    petrel_fs::create_private_dir_all(target, petrel_fs::PRIVATE).map_err(io)?;
+    petrel_fs::create_private_dir_all(empty_lower, petrel_fs::PRIVATE).map_err(io)?;
+    let lowers: Vec<String> = lower
+        .iter()
+        .chain([&empty_lower.to_path_buf()])
+        .map(|p| p.display().to_string())
+        .collect();
+    if let Some(p) = lowers.iter().find(|p| p.contains([',', ':'])) {
+        return Err(RuntimeError::Invariant(format!(
+            "overlay path {p} contains ',' or ':'"
+        )));
+    }
+    let mounted = if lower.is_empty() {
+        bind_read_only(empty_lower, target)
+    } else {
+        let data = format!("lowerdir={}", lowers.join(":"));
+        if data.len() >= 4096 {
+            return Err(RuntimeError::Invariant(format!(
+                "overlay options for {} exceed a page ({} layers)",
+                target.display(),
+                lowers.len()
+            )));
+        }
+        let data = std::ffi::CString::new(data).map_err(|_| {
+            RuntimeError::Invariant(format!("overlay options for {} hold NUL", target.display()))
+        })?;
+        rustix::mount::mount(
+            "overlay",
+            target,
+            "overlay",
+            rustix::mount::MountFlags::RDONLY,
+            data.as_c_str(),
+        )
+    };
+    mounted.map_err(|e| RuntimeError::io("mount image volume at", target, e.into()))
+}
+
+fn bind_read_only(source: &Path, target: &Path) -> rustix::io::Result<()> {
+    use rustix::mount::MountFlags;
+    rustix::mount::mount_bind(source, target)?;
+    let remounted =
+        rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, c"");
+    if remounted.is_err() {
+        // Never leave it writable.
+        let _ = rustix::mount::unmount(target, rustix::mount::UnmountFlags::DETACH);
+    }
+    remounted
+}
+
 /// Unmounts the rootfs; not mounted or missing is fine.
 pub fn unmount(target: &Path) -> Result<()> {
     crate::sandbox::files::unmount(target)

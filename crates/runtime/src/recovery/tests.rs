@@ -200,6 +200,7 @@ fn set_up(t: &TestRuntime, pod: &SandboxRecord, n: usize, case: Case) -> Left {
             cgroup_path: cgroup.clone(),
             resources: None,
             user: None,
+            image_volumes: Vec::new(),
         };
         // Unsynced: hundreds of fsyncs would make the test slow.
         rt.store

@@ -189,6 +189,7 @@ pub(crate) mod tests {
             cgroup_path: "/c".into(),
             resources: None,
             user: None,
+            image_volumes: Vec::new(),
         }
     }
 

@@ -148,6 +148,7 @@ pub(crate) fn container_record(pod: usize, c: usize) -> ContainerRecord {
         cgroup_path: "/c".into(),
         resources: None,
         user: None,
+        image_volumes: Vec::new(),
     }
 }
 
