@@ -225,6 +225,9 @@ impl ContainerRecord {
                 spec.user_specified_image = spec.image.clone();
             }
             spec.image = v.image_id.clone();
+            // The digest kubelet shows as the volume's image (what
+            // PullImage answered: the image's id).
+            spec.image_ref = v.image_id.clone();
         }
         mounts
     }
@@ -239,6 +242,11 @@ pub struct ImageVolume {
     pub mount: usize,
     /// The id of the image, resolved when the container was created.
     pub image_id: String,
+    /// The directory or file inside the image that is mounted, relative
+    /// and clean (`petrel_oci::spec::check_image_sub_path`); empty: the
+    /// image's root.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sub_path: String,
 }
 
 impl ImageVolume {

@@ -1,6 +1,7 @@
 //! Image volumes (KEP-4639) with real runc: a CRI mount naming an image
 //! gets the image's files read-only, ContainerStatus reports the image's
-//! id in the mount, the image cannot be removed while a container mounts
+//! id and digest in the mount, `image_sub_path` mounts a directory of the
+//! image (one it lacks is refused), the image cannot be removed while a container mounts
 //! it, and nothing stays mounted after the container is removed or after a
 //! refused create.
 
@@ -101,6 +102,8 @@ async fn image_volume_should_show_the_image_read_only_and_hold_it_until_removed(
     let spec = mount.image.clone().expect("its image");
     assert_eq!(spec.image, volume_id);
     assert_eq!(spec.user_specified_image, VOLUME_IMAGE);
+    // The digest (KEP-4639's image_ref): what PullImage answers for it.
+    assert_eq!(spec.image_ref, volume_id);
 
     let err = remove_image(&mut c, &volume_id)
         .await
@@ -151,6 +154,61 @@ async fn image_volume_should_be_refused_when_writable_or_absent_leaving_nothing(
     let id = c.run(&pod, &pc, ok).await;
     c.stop(&id, 5).await.unwrap();
     c.remove(&id).await.unwrap();
+    c.remove_pod(&pod).await.unwrap();
+    node.assert_no_debris(&pod);
+}
+
+#[tokio::test]
+async fn image_volume_should_mount_only_its_sub_path_and_refuse_one_the_image_lacks() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let volume_id = import_volume_image(&mut c).await;
+    let pc = node.pod_config("imgvol-subpath");
+    let pod = c.run_pod(pc.clone()).await;
+
+    let mut cfg = sh_container("sub", "sleep 600");
+    cfg.mounts = vec![api::Mount {
+        image_sub_path: "./data/".into(),
+        ..image_volume(VOLUME_IMAGE, true)
+    }];
+    let id = c.run(&pod, &pc, cfg).await;
+    let r = c.exec_sh(&id, "cat /vol/hello && ls /vol", 10).await;
+    assert_eq!(r.exit_code, 0, "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout),
+        "from the image\nhello\n"
+    );
+    let r = c.exec_sh(&id, "touch /vol/new 2>&1", 10).await;
+    assert_ne!(r.exit_code, 0, "the sub path is writable");
+    let status = c.status(&id).await;
+    let mount = &status.mounts[0];
+    assert_eq!(mount.image_sub_path, "./data/", "reported as asked");
+    assert_eq!(
+        mount.image.as_ref().map(|i| i.image_ref.as_str()),
+        Some(volume_id.as_str())
+    );
+    c.stop(&id, 5).await.unwrap();
+    c.remove(&id).await.unwrap();
+
+    for (sub_path, why) in [
+        ("no/such/dir", "does not exist"),
+        ("../etc", "escapes the image"),
+    ] {
+        let mut cfg = sh_container("sub-refused", "sleep 600");
+        cfg.mounts = vec![api::Mount {
+            image_sub_path: sub_path.into(),
+            ..image_volume(VOLUME_IMAGE, true)
+        }];
+        let err = c.create(&pod, &pc, cfg).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert!(
+            err.message().contains("mounts[0].image_sub_path") && err.message().contains(why),
+            "{sub_path}: {err}"
+        );
+    }
+    let left = mounts_under(&node.state.join("containers"));
+    assert!(left.is_empty(), "mounts left by refused creates: {left:?}");
     c.remove_pod(&pod).await.unwrap();
     node.assert_no_debris(&pod);
 }

@@ -265,8 +265,23 @@ fn cri_binds(
     for (i, m) in mounts.iter().enumerate() {
         let field = |f: &str| format!("mounts[{i}].{f}");
         let destination = container_path(&field("container_path"), &m.container_path)?;
+        // RuntimeFeatures.mount_options is false: kubelet sends none, and
+        // any other client is told rather than ignored.
+        if !m.mount_options.is_empty() {
+            return Err(invalid(
+                field("mount_options"),
+                format!("{:?}: mount options are not supported", m.mount_options),
+            ));
+        }
+        if m.image.is_none() && !m.image_sub_path.is_empty() {
+            return Err(invalid(
+                field("image_sub_path"),
+                "is only for an image volume (a mount with image set)",
+            ));
+        }
         if m.image.is_some() {
             check_image_volume(m, &field)?;
+            check_image_sub_path(&field("image_sub_path"), &m.image_sub_path)?;
             if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
                 return Err(invalid(
                     field("uid_mappings"),
@@ -717,6 +732,32 @@ mod tests {
         // check_mounts, CreateContainer's early check, refuses the same.
         assert!(check_mounts(&[rro.clone()], false, false).is_err());
         assert!(check_mounts(&[rro], false, true).is_ok());
+    }
+
+    #[test]
+    fn check_mounts_should_refuse_bad_sub_paths_and_mount_options_naming_the_field() {
+        let mut escaping = image_mount("/v");
+        escaping.image_sub_path = "../etc".into();
+        assert_eq!(
+            refused_field(check_mounts(&[escaping], false, false)),
+            "mounts[0].image_sub_path"
+        );
+        let mut inside = image_mount("/v");
+        inside.image_sub_path = "etc".into();
+        assert!(check_mounts(&[inside], false, false).is_ok());
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut host = cri_mount("/h", tmp.path());
+        host.image_sub_path = "etc".into();
+        assert_eq!(
+            refused_field(check_mounts(&[host], false, false)),
+            "mounts[0].image_sub_path"
+        );
+        let mut opts = cri_mount("/h", tmp.path());
+        opts.mount_options = vec!["noexec".into()];
+        assert_eq!(
+            refused_field(check_mounts(&[opts], false, false)),
+            "mounts[0].mount_options"
+        );
     }
 
     #[test]

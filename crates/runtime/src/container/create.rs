@@ -263,7 +263,22 @@ impl Runtime {
             let dir = v.dir(&rec.bundle);
             self.rootfs
                 .mount_read_only(&lower, &self.layout.empty_lower(), &dir)?;
-            sources.insert(v.mount, dir);
+            let source = if v.sub_path.is_empty() {
+                dir
+            } else {
+                crate::container::rootfs::resolve_in_image(&dir, &v.sub_path).map_err(
+                    |e| match e.kind() {
+                        std::io::ErrorKind::NotFound => RuntimeError::invalid(
+                            format!("config.mounts[{}].image_sub_path", v.mount),
+                            format!("{:?} does not exist in image {}", v.sub_path, v.image_id),
+                        ),
+                        _ => {
+                            RuntimeError::io("resolve image_sub_path in", dir.join(&v.sub_path), e)
+                        }
+                    },
+                )?
+            };
+            sources.insert(v.mount, source);
         }
         Ok(sources)
     }
@@ -662,6 +677,7 @@ mod tests {
         let spec = status.mounts[0].image.clone().expect("image spec");
         assert_eq!(spec.image, image_id);
         assert_eq!(spec.user_specified_image, IMAGE);
+        assert_eq!(spec.image_ref, image_id, "the digest kubelet shows");
 
         // Used as a volume: neither RemoveImage nor GC takes it.
         assert!(t.rt.images_in_use().contains(&image_id));
@@ -711,6 +727,28 @@ mod tests {
             assert!(err.to_string().contains(field), "{err}");
         }
         assert!(t.host.mounts().is_empty(), "{:?}", t.host.mounts());
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_refuse_an_image_sub_path_the_image_lacks_and_unmount_the_volume() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let mut config = container_config("c");
+        config.mounts = vec![api::Mount {
+            image_sub_path: "no/such".into(),
+            ..image_volume(IMAGE)
+        }];
+        let err = create_with(&t, &pod, config).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("config.mounts[0].image_sub_path"), "{msg}");
+        assert!(msg.contains("does not exist in image"), "{msg}");
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Unmount(p) if p.ends_with("image-volumes/0"))));
         assert_nothing_left(&t, &pod).await;
     }
 

@@ -113,9 +113,14 @@ impl Runtime {
                     format!("image {reference:?} not found: pull it first"),
                 )
             })?;
+            let sub_path = petrel_oci::spec::check_image_sub_path(
+                &format!("config.mounts[{i}].image_sub_path"),
+                &m.image_sub_path,
+            )?;
             out.push(ImageVolume {
                 mount: i,
                 image_id: image.id,
+                sub_path,
             });
         }
         Ok(out)
