@@ -3,7 +3,7 @@
 //! responses of at least one item each, every item in exactly one, then the
 //! end of the stream. A List answer can outgrow the client's message limit
 //! (kubelet's is 16 MiB, tonic's default 4 MiB); no batch here exceeds
-//! [`BATCH_BYTES`] unless one item alone does.
+//! `BATCH_BYTES` (1 MiB) unless one item alone does.
 
 use prost::Message;
 
