@@ -101,8 +101,9 @@ $(PYENV)/.grpcio-$(GRPCIO_VERSION): | deps
 	$(PYENV)/bin/pip install --quiet --disable-pip-version-check grpcio==$(GRPCIO_VERSION)
 	touch $@
 
-## lint: formatting and clippy, warnings are errors
+## lint: the vendored CRI proto, formatting and clippy, warnings are errors
 lint: deps
+	scripts/cri-proto.sh check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --workspace --no-deps

@@ -1,8 +1,8 @@
 //! CRI v1 bindings and the plumbing to speak them over unix sockets.
 //!
-//! - [`api`]: the CRI v1 messages, clients and servers, re-exported from the
-//!   maintained `k8s-cri` crate (generated at its build time from the upstream
-//!   `api.proto`).
+//! - [`api`]: the CRI v1 messages, clients and servers, generated at build
+//!   time from the upstream `api.proto` of `k8s.io/cri-api` v0.37.2, vendored
+//!   unchanged in `third_party/cri-api/`.
 //! - [`admin`]: Petrel's small administrative API served beside CRI.
 //! - [`client::connect`] dials `unix:///path` endpoints; [`server::bind_unix`]
 //!   creates a listening socket with the right permissions, whose
@@ -16,11 +16,37 @@ pub mod authority;
 pub mod client;
 pub mod hpack;
 pub mod list;
+pub mod serde_bytes;
 pub mod server;
 pub mod summary;
 
 /// CRI v1 (`runtime.v1`) messages, `RuntimeService` and `ImageService`.
-pub use k8s_cri::v1 as api;
+#[allow(clippy::all, missing_docs, rustdoc::all)]
+pub mod api {
+    tonic::include_proto!("runtime.v1");
+
+    /// Upstream marks the credentials `debug_redact`: they never reach a
+    /// log through `{:?}`.
+    impl std::fmt::Debug for AuthConfig {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            fn shown(s: &str) -> &'static str {
+                if s.is_empty() {
+                    ""
+                } else {
+                    "[redacted]"
+                }
+            }
+            f.debug_struct("AuthConfig")
+                .field("username", &self.username)
+                .field("password", &shown(&self.password))
+                .field("auth", &shown(&self.auth))
+                .field("server_address", &self.server_address)
+                .field("identity_token", &shown(&self.identity_token))
+                .field("registry_token", &shown(&self.registry_token))
+                .finish()
+        }
+    }
+}
 
 /// Petrel's administrative API (`petrel.admin.v1`).
 #[allow(clippy::all, missing_docs)]

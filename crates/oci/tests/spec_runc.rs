@@ -145,6 +145,7 @@ fn run(
         users: None,
         sandbox: &sb,
         host: &host,
+        image_volumes: &Default::default(),
     })
     .expect("spec");
     spec.save(b.dir.join("config.json")).expect("save spec");

@@ -1,6 +1,6 @@
 //! The durable records of pods and containers, and their state machines.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use petrel_cri::api;
 use serde::{Deserialize, Serialize};
@@ -216,6 +216,59 @@ pub struct ContainerRecord {
     /// runs from its create on and StartContainer only records the start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<RestoredFrom>,
+    /// Its image volumes: the CRI mounts naming an image, resolved.
+    #[serde(default)]
+    pub image_volumes: Vec<ImageVolume>,
+}
+
+impl ContainerRecord {
+    /// Its CRI mounts as ContainerStatus reports them: an image volume's
+    /// image is the id it was resolved to (what the request named kept as
+    /// `user_specified_image` when that was empty).
+    pub fn status_mounts(&self) -> Vec<api::Mount> {
+        let mut mounts = self.config.mounts.clone();
+        for v in &self.image_volumes {
+            let Some(spec) = mounts.get_mut(v.mount).and_then(|m| m.image.as_mut()) else {
+                continue;
+            };
+            if spec.user_specified_image.is_empty() {
+                spec.user_specified_image = spec.image.clone();
+            }
+            spec.image = v.image_id.clone();
+            // The digest kubelet shows as the volume's image (what
+            // PullImage answered: the image's id).
+            spec.image_ref = v.image_id.clone();
+        }
+        mounts
+    }
+}
+
+/// A CRI mount naming an image (KEP-4639): the image's layers mounted
+/// read-only at [`ImageVolume::dir`] under the bundle, bound into the
+/// container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageVolume {
+    /// Its index in `config.mounts`.
+    pub mount: usize,
+    /// The id of the image, resolved when the container was created.
+    pub image_id: String,
+    /// The directory or file inside the image that is mounted, relative
+    /// and clean (`petrel_oci::spec::check_image_sub_path`); empty: the
+    /// image's root.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sub_path: String,
+}
+
+impl ImageVolume {
+    /// The directory under `bundle` holding every image volume's mount.
+    pub fn parent(bundle: &Path) -> PathBuf {
+        bundle.join("image-volumes")
+    }
+
+    /// Where this volume's image is mounted on the host.
+    pub fn dir(&self, bundle: &Path) -> PathBuf {
+        Self::parent(bundle).join(self.mount.to_string())
+    }
 }
 
 /// Where a restored container came from.

@@ -375,7 +375,7 @@ impl Runtime {
             message: r.message.clone(),
             labels: r.config.labels.clone(),
             annotations: r.config.annotations.clone(),
-            mounts: r.config.mounts.clone(),
+            mounts: r.status_mounts(),
             log_path: r
                 .log_path
                 .as_ref()
@@ -390,6 +390,9 @@ impl Runtime {
                 .user
                 .clone()
                 .map(|linux| api::ContainerUser { linux: Some(linux) }),
+            // The image's or SIGTERM (container/stop.rs); ContainerConfig's
+            // stop_signal is not applied yet.
+            stop_signal: api::Signal::RuntimeDefault as i32,
         })
     }
 

@@ -149,7 +149,7 @@ pub fn container_plan(
             .iter()
             .map(|(key, value)| api::KeyValue {
                 key: key.clone(),
-                value: value.clone(),
+                value: value.clone().into_bytes(),
             })
             .collect(),
         mounts,
@@ -299,9 +299,9 @@ spec:
         assert_eq!(
             cfg.envs
                 .iter()
-                .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+                .map(|kv| (kv.key.as_str(), kv.value.as_slice()))
                 .collect::<Vec<_>>(),
-            vec![("POD", "web"), ("DIR", "logs")]
+            vec![("POD", &b"web"[..]), ("DIR", &b"logs"[..])]
         );
     }
 

@@ -26,7 +26,7 @@ use crate::user::UserError;
 use crate::userns::UserMappings;
 
 pub use caps::{capability_by_name, capability_name, caps_from_mask, DEFAULT_CAPS};
-pub use mounts::{check_mounts, container_path};
+pub use mounts::{check_image_sub_path, check_mounts, container_path};
 pub use process::DEFAULT_PATH;
 pub use resources::{
     linux_resources, IdSet, CPU_PERIOD_US, CPU_QUOTA_US, CPU_SHARES, MAX_MEMORY, MIN_MEMORY,
@@ -325,7 +325,14 @@ pub struct ContainerSpecInput<'a> {
     pub sandbox: &'a SandboxContext,
     /// What the host allows.
     pub host: &'a HostLimits,
+    /// The host directories of the container's image volumes, mounted
+    /// already, by index in `config.mounts` (the image's root, or its
+    /// `image_sub_path` resolved in it).
+    pub image_volumes: &'a ImageVolumeSources,
 }
+
+/// Host directories of image volume mounts, by index in the CRI mounts.
+pub type ImageVolumeSources = std::collections::BTreeMap<usize, PathBuf>;
 
 /// The cgroup path of a container: `<cgroup_parent>/<container id>`, cgroupfs style.
 pub fn container_cgroup_path(cgroup_parent: &str, container_id: &str) -> String {
@@ -461,12 +468,13 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_oom_score_adj(oom_score_adj(config, input.host)?);
 
     // Mounts and root.
-    let mounts = mounts::mounts(
+    let mounts = mounts::mounts_with_images(
         config,
         sandbox,
         privileged,
         readonly_rootfs,
         input.host.recursive_read_only,
+        input.image_volumes,
     )?;
     let mut root = Root::default();
     root.set_path(input.rootfs.to_path_buf())

@@ -40,20 +40,33 @@ struct Bind {
 /// (CRI mounts win over those), sorted by depth so that parents come first.
 /// `recursive_read_only` says whether the host can make a bind mount
 /// read-only with its submounts ([`HostLimits::recursive_read_only`](super::HostLimits)).
-/// In a pod with a user namespace the CRI mounts (volumes) are idmapped, so
-/// that host files keep their owners inside; the sandbox's own files are
-/// not (they are read-only to the container, or world-writable like shm).
-pub(super) fn mounts(
+/// In a pod with a user namespace the CRI mounts of host paths (volumes)
+/// are idmapped, so that host files keep their owners inside; the
+/// sandbox's own files and image volumes are not (they are read-only to
+/// the container, or world-writable like shm).
+pub(super) fn mounts_with_images(
     config: &api::ContainerConfig,
     sandbox: &SandboxContext,
     privileged: bool,
     readonly_rootfs: bool,
     recursive_read_only: bool,
+    image_volumes: &super::ImageVolumeSources,
 ) -> Result<Mounts, SpecError> {
-    let mut binds = cri_binds(&config.mounts, privileged, recursive_read_only)?;
+    let mut binds = cri_binds(
+        &config.mounts,
+        privileged,
+        recursive_read_only,
+        Some(image_volumes),
+    )?;
     if sandbox.user.is_some() {
+        let image_dests: HashSet<&str> = config
+            .mounts
+            .iter()
+            .filter(|m| m.image.is_some())
+            .map(|m| m.container_path.as_str())
+            .collect();
         for b in &mut binds {
-            b.idmapped = true;
+            b.idmapped = !image_dests.contains(b.destination.as_str());
         }
     }
     let cri_dests: HashSet<String> = binds.iter().map(|b| b.destination.clone()).collect();
@@ -179,7 +192,47 @@ pub fn check_mounts(
     privileged: bool,
     recursive_read_only: bool,
 ) -> Result<(), SpecError> {
-    cri_binds(mounts, privileged, recursive_read_only).map(|_| ())
+    cri_binds(mounts, privileged, recursive_read_only, None).map(|_| ())
+}
+
+/// Checks an image volume's `image_sub_path` (`field`) as written: relative,
+/// without `..` components (it must stay inside the image; symlinks in it
+/// are resolved inside the image when it is mounted), no NUL, at most
+/// PATH_MAX bytes. An empty path is the image's root. Returns the path
+/// without `.` components and repeated slashes.
+pub fn check_image_sub_path(field: &str, p: &str) -> Result<String, SpecError> {
+    let bad = |why: &str| Err(invalid(field, format!("{} {why}", super::shown(p))));
+    if p.len() > PATH_MAX || p.contains('\0') {
+        return bad(&format!(
+            "is not a path (NUL, or longer than {PATH_MAX} bytes)"
+        ));
+    }
+    if p.starts_with('/') {
+        return bad("is absolute: it must be relative to the image's root");
+    }
+    if p.split('/').any(|c| c == "..") {
+        return bad("escapes the image: it has .. components");
+    }
+    Ok(p.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect::<Vec<_>>()
+        .join("/"))
+}
+
+/// Checks an image volume mount (`field` names its fields): an image named,
+/// and read-only (the CRI's rule: an image is never written).
+fn check_image_volume(m: &api::Mount, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+    let named = m.image.as_ref().is_some_and(|i| !i.image.is_empty());
+    if !named {
+        return Err(invalid(field("image.image"), "must not be empty"));
+    }
+    if !m.readonly {
+        return Err(invalid(
+            field("readonly"),
+            "an image volume must be read-only",
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a mount destination: absolute, without `.` or `..` components
@@ -222,21 +275,67 @@ pub fn container_path(field: &str, p: &str) -> Result<String, SpecError> {
     Ok(clean)
 }
 
-/// Validates the CRI mounts and resolves their host paths.
+/// Validates the CRI mounts and resolves their host paths. An image volume
+/// takes its source from `image_volumes` (by mount index); `None`: only
+/// checking, nothing is resolved for it.
 fn cri_binds(
     mounts: &[api::Mount],
     privileged: bool,
     recursive_read_only: bool,
+    image_volumes: Option<&super::ImageVolumeSources>,
 ) -> Result<Vec<Bind>, SpecError> {
     let mut out = Vec::with_capacity(mounts.len());
     for (i, m) in mounts.iter().enumerate() {
         let field = |f: &str| format!("mounts[{i}].{f}");
         let destination = container_path(&field("container_path"), &m.container_path)?;
-        if m.image.is_some() {
+        // RuntimeFeatures.mount_options is false: kubelet sends none, and
+        // any other client is told rather than ignored.
+        if !m.mount_options.is_empty() {
             return Err(invalid(
-                field("image"),
-                "image volume mounts are not supported",
+                field("mount_options"),
+                format!("{:?}: mount options are not supported", m.mount_options),
             ));
+        }
+        if m.image.is_none() && !m.image_sub_path.is_empty() {
+            return Err(invalid(
+                field("image_sub_path"),
+                "is only for an image volume (a mount with image set)",
+            ));
+        }
+        if m.image.is_some() {
+            check_image_volume(m, &field)?;
+            check_image_sub_path(&field("image_sub_path"), &m.image_sub_path)?;
+            if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
+                return Err(invalid(
+                    field("uid_mappings"),
+                    "id-mapped mounts are not supported",
+                ));
+            }
+            // Read-only whatever else the request says: `rro` when asked
+            // (and supported), private propagation.
+            if m.recursive_read_only && !recursive_read_only {
+                return Err(invalid(
+                    field("recursive_read_only"),
+                    "recursive read-only mounts are not supported here",
+                ));
+            }
+            let Some(sources) = image_volumes else {
+                continue;
+            };
+            let source = sources
+                .get(&i)
+                .ok_or_else(|| invalid(field("image"), "the image volume was not mounted"))?;
+            out.push(Bind {
+                destination,
+                source: source.clone(),
+                readonly: true,
+                recursive: m.recursive_read_only,
+                propagation: api::MountPropagation::PropagationPrivate,
+                // Read-only and not idmapped in a user-namespaced pod: its
+                // files show as the overflow id there, readable by mode.
+                idmapped: false,
+            });
+            continue;
         }
         if m.host_path.is_empty() {
             return Err(invalid(field("host_path"), "must not be empty"));
@@ -413,6 +512,24 @@ fn depth(path: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mounts of a container without image volumes.
+    fn mounts(
+        config: &api::ContainerConfig,
+        sandbox: &SandboxContext,
+        privileged: bool,
+        readonly_rootfs: bool,
+        recursive_read_only: bool,
+    ) -> Result<Mounts, SpecError> {
+        mounts_with_images(
+            config,
+            sandbox,
+            privileged,
+            readonly_rootfs,
+            recursive_read_only,
+            &Default::default(),
+        )
+    }
     use crate::spec::NamespaceRef;
 
     fn sandbox() -> SandboxContext {
@@ -646,6 +763,32 @@ mod tests {
     }
 
     #[test]
+    fn check_mounts_should_refuse_bad_sub_paths_and_mount_options_naming_the_field() {
+        let mut escaping = image_mount("/v");
+        escaping.image_sub_path = "../etc".into();
+        assert_eq!(
+            refused_field(check_mounts(&[escaping], false, false)),
+            "mounts[0].image_sub_path"
+        );
+        let mut inside = image_mount("/v");
+        inside.image_sub_path = "etc".into();
+        assert!(check_mounts(&[inside], false, false).is_ok());
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut host = cri_mount("/h", tmp.path());
+        host.image_sub_path = "etc".into();
+        assert_eq!(
+            refused_field(check_mounts(&[host], false, false)),
+            "mounts[0].image_sub_path"
+        );
+        let mut opts = cri_mount("/h", tmp.path());
+        opts.mount_options = vec!["noexec".into()];
+        assert_eq!(
+            refused_field(check_mounts(&[opts], false, false)),
+            "mounts[0].mount_options"
+        );
+    }
+
+    #[test]
     fn mounts_should_resolve_symlinked_host_paths() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let target = tmp.path().join("target");
@@ -708,7 +851,7 @@ mod tests {
         let mut img = ok;
         img.host_path.clear();
         img.image = Some(api::ImageSpec::default());
-        assert_eq!(invalid_field(config(vec![img])).0, "mounts[0].image");
+        assert_eq!(invalid_field(config(vec![img])).0, "mounts[0].image.image");
     }
 
     #[test]
@@ -765,5 +908,88 @@ mod tests {
         assert_eq!(clean("/a//b/./c/"), "/a/b/c");
         assert_eq!(clean("/a/../../b"), "/b");
         assert_eq!(clean("/"), "/");
+    }
+
+    fn image_mount(dest: &str) -> api::Mount {
+        api::Mount {
+            container_path: dest.into(),
+            readonly: true,
+            image: Some(api::ImageSpec {
+                image: "sha256:abc".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn refused_field(r: Result<(), SpecError>) -> String {
+        match r {
+            Err(SpecError::Invalid { field, .. }) => field,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn check_mounts_should_refuse_writable_or_unnamed_image_volumes() {
+        assert!(check_mounts(&[image_mount("/v")], false, false).is_ok());
+        let mut rw = image_mount("/v");
+        rw.readonly = false;
+        assert_eq!(
+            refused_field(check_mounts(&[rw], false, false)),
+            "mounts[0].readonly"
+        );
+        let mut unnamed = image_mount("/v");
+        unnamed.image = Some(api::ImageSpec::default());
+        assert_eq!(
+            refused_field(check_mounts(&[unnamed], false, false)),
+            "mounts[0].image.image"
+        );
+        let mut rro = image_mount("/v");
+        rro.recursive_read_only = true;
+        assert_eq!(
+            refused_field(check_mounts(&[rro.clone()], false, false)),
+            "mounts[0].recursive_read_only"
+        );
+        assert!(check_mounts(&[rro], false, true).is_ok());
+    }
+
+    #[test]
+    fn check_image_sub_path_should_refuse_paths_that_escape_the_image() {
+        for bad in ["/etc", "..", "a/../../b", "etc/..", "a\0b"] {
+            let r = check_image_sub_path("mounts[0].image_sub_path", bad);
+            assert!(
+                matches!(&r, Err(SpecError::Invalid { field, .. }) if field == "mounts[0].image_sub_path"),
+                "{bad:?}: {r:?}"
+            );
+        }
+        let ok = |p: &str| check_image_sub_path("f", p).expect("valid");
+        assert_eq!(ok(""), "");
+        assert_eq!(ok("etc"), "etc");
+        assert_eq!(ok("./usr//share/."), "usr/share");
+        assert_eq!(ok("a..b"), "a..b");
+    }
+
+    #[test]
+    fn mounts_should_bind_image_volumes_read_only_from_their_mounted_source() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config(vec![image_mount("/v"), cri_mount("/h", tmp.path())]);
+        // Whatever the request says about propagation: private.
+        cfg.mounts[0].propagation = api::MountPropagation::PropagationHostToContainer as i32;
+        let mut sources = super::super::ImageVolumeSources::new();
+        sources.insert(0, tmp.path().join("vol"));
+        let m = mounts_with_images(&cfg, &sandbox(), false, false, true, &sources).expect("mounts");
+        let v = find(&m, "/v");
+        assert_eq!(
+            v.source().as_deref(),
+            Some(tmp.path().join("vol").as_path())
+        );
+        assert_eq!(opts(v), ["rbind", "rprivate", "ro"]);
+        assert!(m.rootfs_propagation.is_none());
+        // A volume the runtime did not mount is never bound from anywhere else.
+        let r = mounts_with_images(&cfg, &sandbox(), false, false, true, &Default::default());
+        assert!(
+            matches!(&r, Err(SpecError::Invalid { field, .. }) if field == "mounts[0].image"),
+            "{r:?}"
+        );
     }
 }

@@ -66,7 +66,14 @@ pub(super) fn env(
                 format!("invalid variable name {:?}", kv.key),
             ));
         }
-        set_env(&mut out, &format!("{}={}", kv.key, kv.value));
+        // The CRI carries the value as bytes; OCI's config.json is JSON text.
+        let value = std::str::from_utf8(&kv.value).map_err(|_| {
+            invalid(
+                format!("envs[{i}].value"),
+                format!("the value of {:?} is not UTF-8", kv.key),
+            )
+        })?;
+        set_env(&mut out, &format!("{}={value}", kv.key));
     }
     Ok(out)
 }
@@ -304,6 +311,20 @@ mod tests {
         let err = env(&c, None, "h").expect_err("should fail");
         assert!(
             matches!(&err, SpecError::Invalid { field, .. } if field == "envs[1].key"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn env_should_refuse_a_value_that_is_not_utf8_naming_the_field() {
+        let mut c = cfg(&[], &[]);
+        c.envs = vec![api::KeyValue {
+            key: "RAW".into(),
+            value: vec![b'a', 0xff],
+        }];
+        let err = env(&c, None, "h").expect_err("should fail");
+        assert!(
+            matches!(&err, SpecError::Invalid { field, .. } if field == "envs[0].value"),
             "{err}"
         );
     }

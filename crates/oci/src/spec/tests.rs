@@ -101,6 +101,7 @@ impl Fixture {
             users: None,
             sandbox: &self.sandbox,
             host: &self.host,
+            image_volumes: &Default::default(),
         })
     }
 }

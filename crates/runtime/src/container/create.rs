@@ -10,7 +10,9 @@ use std::time::Instant;
 
 use petrel_cri::api;
 use petrel_nri::adaptation::CreateResult;
-use petrel_oci::spec::{self, ContainerSpecInput, NamespaceRef, SandboxContext};
+use petrel_oci::spec::{
+    self, ContainerSpecInput, ImageVolumeSources, NamespaceRef, SandboxContext,
+};
 use petrel_oci::user::UserDb;
 use petrel_store::Table;
 
@@ -191,10 +193,16 @@ impl Runtime {
             )?;
             None
         };
+        // Not returned early: a mount of the rootfs may still be running.
+        let volumes = self.mount_image_volumes(rec);
         let t_rootfs = t0.elapsed();
-        let prepared = self
-            .prepare_spec(rec, sbrec, image, &rootfs_dir, known_users)
-            .await;
+        let prepared = match volumes {
+            Ok(sources) => {
+                self.prepare_spec(rec, sbrec, image, &rootfs_dir, known_users, &sources)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         // Never return while the mount may still be running: a rollback
         // would race it.
         let mounted = match mounting {
@@ -282,6 +290,44 @@ impl Runtime {
         Ok((started.watch, adjusted))
     }
 
+    /// Mounts the container's image volumes read-only under its bundle
+    /// (each image's layers, as its rootfs has them but without a writable
+    /// layer) and returns where, by mount index. What was mounted before a
+    /// failure is unmounted by the create's rollback
+    /// (`teardown::remove_container_files`).
+    fn mount_image_volumes(&self, rec: &ContainerRecord) -> Result<ImageVolumeSources> {
+        let mut sources = ImageVolumeSources::new();
+        for v in &rec.image_volumes {
+            let image = self.images.get(&v.image_id).ok_or_else(|| {
+                RuntimeError::invalid(
+                    format!("config.mounts[{}].image.image", v.mount),
+                    format!("image {} not found: removed meanwhile", v.image_id),
+                )
+            })?;
+            let lower = self.images.layer_paths(&image)?;
+            let dir = v.dir(&rec.bundle);
+            self.rootfs
+                .mount_read_only(&lower, &self.layout.empty_lower(), &dir)?;
+            let source = if v.sub_path.is_empty() {
+                dir
+            } else {
+                crate::container::rootfs::resolve_in_image(&dir, &v.sub_path).map_err(
+                    |e| match e.kind() {
+                        std::io::ErrorKind::NotFound => RuntimeError::invalid(
+                            format!("config.mounts[{}].image_sub_path", v.mount),
+                            format!("{:?} does not exist in image {}", v.sub_path, v.image_id),
+                        ),
+                        _ => {
+                            RuntimeError::io("resolve image_sub_path in", dir.join(&v.sub_path), e)
+                        }
+                    },
+                )?
+            };
+            sources.insert(v.mount, source);
+        }
+        Ok(sources)
+    }
+
     /// Builds the container's OCI spec and lets the NRI plugins adjust it.
     /// The rootfs is read only when `known_users` is `None` (the image's
     /// first container; its databases are then remembered), and must be
@@ -294,6 +340,7 @@ impl Runtime {
         image: &petrel_image::Image,
         rootfs_dir: &Path,
         known_users: Option<Arc<UserDb>>,
+        image_volumes: &ImageVolumeSources,
     ) -> Result<PreparedSpec> {
         let users = match known_users {
             Some(users) => users,
@@ -364,6 +411,7 @@ impl Runtime {
             users: Some(&users),
             sandbox: &ctx,
             host: &self.host,
+            image_volumes,
         };
         let mut oci = spec::build_container_spec(&input)?;
         let nri_start = Instant::now();
@@ -379,7 +427,7 @@ mod tests {
     use petrel_store::Table;
 
     use crate::error::RuntimeError;
-    use crate::parts::fake::{container_config, pod_config, Call, Fault, TestRuntime};
+    use crate::parts::fake::{container_config, pod_config, Call, Fault, TestRuntime, IMAGE};
     use crate::records::{ContainerRecord, ContainerState};
 
     /// Nothing of a failed create is left: no record, nothing in memory, no
@@ -621,5 +669,151 @@ mod tests {
         assert!(t.host.containers().contains_key(&id));
         assert!(t.host.mounts().contains(&rec.bundle.join("rootfs")));
         assert!(t.host.cgroups().contains(&rec.cgroup_path));
+    }
+
+    fn image_volume(image: &str) -> api::Mount {
+        api::Mount {
+            container_path: "/vol".into(),
+            readonly: true,
+            image: Some(api::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn create_with(
+        t: &TestRuntime,
+        pod: &str,
+        config: api::ContainerConfig,
+    ) -> crate::error::Result<String> {
+        t.rt.create_container(api::CreateContainerRequest {
+            pod_sandbox_id: pod.to_string(),
+            config: Some(config),
+            sandbox_config: None,
+        })
+        .await
+        .map(|r| r.container_id)
+    }
+
+    #[tokio::test]
+    async fn create_should_mount_image_volumes_and_keep_their_image_until_removed() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let mut config = container_config("c");
+        config.mounts = vec![image_volume(IMAGE)];
+        let id = create_with(&t, &pod, config).await.expect("create");
+        let rec = t.stored(&id).expect("record");
+        let image_id = t.rt.images.get(IMAGE).expect("image").id;
+        assert_eq!(rec.image_volumes.len(), 1);
+        assert_eq!(rec.image_volumes[0].image_id, image_id);
+        let dir = rec.image_volumes[0].dir(&rec.bundle);
+        assert!(t.host.mounts().contains(&dir), "{:?}", t.host.mounts());
+
+        let status =
+            t.rt.container_status_rpc(api::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
+            .await
+            .expect("status")
+            .status
+            .expect("status");
+        let spec = status.mounts[0].image.clone().expect("image spec");
+        assert_eq!(spec.image, image_id);
+        assert_eq!(spec.user_specified_image, IMAGE);
+        assert_eq!(spec.image_ref, image_id, "the digest kubelet shows");
+
+        // Used as a volume: neither RemoveImage nor GC takes it.
+        assert!(t.rt.images_in_use().contains(&image_id));
+        let remove_image = || {
+            t.rt.remove_image(api::RemoveImageRequest {
+                image: Some(api::ImageSpec {
+                    image: image_id.clone(),
+                    ..Default::default()
+                }),
+            })
+        };
+        let err = remove_image().await.expect_err("image in use");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        assert!(err.to_string().contains(&id), "{err}");
+
+        t.rt.remove_container(api::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("remove");
+        assert!(!t.host.mounts().contains(&dir));
+        assert!(!rec.bundle.exists());
+        remove_image().await.expect("remove image");
+    }
+
+    #[tokio::test]
+    async fn create_should_refuse_an_absent_or_writable_image_volume_naming_the_field() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        for (mount, field) in [
+            (
+                image_volume("nothing.local/here:1"),
+                "config.mounts[0].image.image",
+            ),
+            (
+                api::Mount {
+                    readonly: false,
+                    ..image_volume(IMAGE)
+                },
+                "mounts[0].readonly",
+            ),
+        ] {
+            let mut config = container_config("c");
+            config.mounts = vec![mount];
+            let err = create_with(&t, &pod, config).await.expect_err("refused");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+            assert!(err.to_string().contains(field), "{err}");
+        }
+        assert!(t.host.mounts().is_empty(), "{:?}", t.host.mounts());
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_refuse_an_image_sub_path_the_image_lacks_and_unmount_the_volume() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let mut config = container_config("c");
+        config.mounts = vec![api::Mount {
+            image_sub_path: "no/such".into(),
+            ..image_volume(IMAGE)
+        }];
+        let err = create_with(&t, &pod, config).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("config.mounts[0].image_sub_path"), "{msg}");
+        assert!(msg.contains("does not exist in image"), "{msg}");
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Unmount(p) if p.ends_with("image-volumes/0"))));
+        assert_nothing_left(&t, &pod).await;
+    }
+
+    #[tokio::test]
+    async fn create_should_unmount_image_volumes_when_it_fails_after_mounting_them() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let mut config = container_config("c");
+        config.mounts = vec![image_volume(IMAGE)];
+        t.host.fail(Fault::ShimStart, 1);
+        let err = create_with(&t, &pod, config)
+            .await
+            .expect_err("create must fail");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert!(t
+            .host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Unmount(p) if p.ends_with("image-volumes/0"))));
+        assert_nothing_left(&t, &pod).await;
     }
 }

@@ -152,7 +152,122 @@ fn mount_overlay(data: &str, target: &Path) -> rustix::io::Result<()> {
     )
 }
 
+/// Resolves `sub_path` (relative, clean) inside the image mounted at
+/// `root` as if `root` were `/`: a symlink in the image, even an absolute
+/// one or one with `..`, never leads out of it. Returns the host path of
+/// what it names; `NotFound` when nothing does.
+pub fn resolve_in_image(root: &Path, sub_path: &str) -> std::io::Result<PathBuf> {
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+    use std::os::fd::AsRawFd;
+    let root_fd = rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd = openat2(
+        &root_fd,
+        sub_path,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+    )?;
+    // The kernel's name for what was opened: inside `root` by construction.
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if !path.starts_with(root) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} resolved outside the image, to {}",
+                sub_path,
+                path.display()
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+/// Mounts an image's layers (`lower`, topmost first) read-only at `target`:
+/// an overlay of lower directories only, with `empty_lower` at the bottom
+/// (overlayfs without an upper directory wants two lower ones; an image
+/// without layers is then that empty directory alone, bound read-only).
+pub fn mount_read_only(lower: &[PathBuf], empty_lower: &Path, target: &Path) -> Result<()> {
+    let io = |e| RuntimeError::dir("create image volume mount point", e);
+    petrel_fs::create_private_dir_all(target, petrel_fs::PRIVATE).map_err(io)?;
+    petrel_fs::create_private_dir_all(empty_lower, petrel_fs::PRIVATE).map_err(io)?;
+    let lowers: Vec<String> = lower
+        .iter()
+        .chain([&empty_lower.to_path_buf()])
+        .map(|p| p.display().to_string())
+        .collect();
+    if let Some(p) = lowers.iter().find(|p| p.contains([',', ':'])) {
+        return Err(RuntimeError::Invariant(format!(
+            "overlay path {p} contains ',' or ':'"
+        )));
+    }
+    let mounted = if lower.is_empty() {
+        bind_read_only(empty_lower, target)
+    } else {
+        let data = format!("lowerdir={}", lowers.join(":"));
+        if data.len() >= 4096 {
+            return Err(RuntimeError::Invariant(format!(
+                "overlay options for {} exceed a page ({} layers)",
+                target.display(),
+                lowers.len()
+            )));
+        }
+        let data = std::ffi::CString::new(data).map_err(|_| {
+            RuntimeError::Invariant(format!("overlay options for {} hold NUL", target.display()))
+        })?;
+        rustix::mount::mount(
+            "overlay",
+            target,
+            "overlay",
+            rustix::mount::MountFlags::RDONLY,
+            data.as_c_str(),
+        )
+    };
+    mounted.map_err(|e| RuntimeError::io("mount image volume at", target, e.into()))
+}
+
+fn bind_read_only(source: &Path, target: &Path) -> rustix::io::Result<()> {
+    use rustix::mount::MountFlags;
+    rustix::mount::mount_bind(source, target)?;
+    let remounted =
+        rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, c"");
+    if remounted.is_err() {
+        // Never leave it writable.
+        let _ = rustix::mount::unmount(target, rustix::mount::UnmountFlags::DETACH);
+    }
+    remounted
+}
+
 /// Unmounts the rootfs; not mounted or missing is fine.
 pub fn unmount(target: &Path) -> Result<()> {
     crate::sandbox::files::unmount(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_in_image;
+
+    #[test]
+    fn resolve_in_image_should_follow_symlinks_inside_the_image_only() -> std::io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let root = tmp.path().join("image");
+        std::fs::create_dir_all(root.join("etc/conf"))?;
+        std::fs::create_dir_all(tmp.path().join("etc/conf"))?;
+        // Absolute and climbing links resolve against the image's root.
+        std::os::unix::fs::symlink("/etc", root.join("abs"))?;
+        std::os::unix::fs::symlink("../../../../etc", root.join("climb"))?;
+        let root = std::fs::canonicalize(&root)?;
+        assert_eq!(resolve_in_image(&root, "etc/conf")?, root.join("etc/conf"));
+        assert_eq!(resolve_in_image(&root, "abs/conf")?, root.join("etc/conf"));
+        assert_eq!(
+            resolve_in_image(&root, "climb/conf")?,
+            root.join("etc/conf")
+        );
+        let missing = resolve_in_image(&root, "no/such").expect_err("missing");
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+        Ok(())
+    }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::container::mount_ns::HeldNamespace;
 use crate::error::{Result, RuntimeError};
 use crate::parts::RootfsMounter;
-use crate::records::{ContainerRecord, ContainerState};
+use crate::records::{ContainerRecord, ContainerState, ImageVolume};
 use crate::service::Runtime;
 
 impl Runtime {
@@ -73,19 +73,34 @@ impl Runtime {
     }
 }
 
-/// Unmounts a container's rootfs and removes its bundle and writable layer;
-/// every step runs, the errors of those that failed are returned.
+/// Unmounts a container's rootfs and image volumes and removes its bundle
+/// and writable layer; every step runs, the errors of those that failed
+/// are returned. The volumes are found on disk, not in the record: a create
+/// that failed midway, or a leftover found at recovery, is undone alike.
 pub(crate) fn remove_container_files(
     mounter: &dyn RootfsMounter,
     bundle: &Path,
     layer: &Path,
 ) -> Vec<RuntimeError> {
-    [
-        mounter.unmount(&bundle.join("rootfs")),
-        crate::util::remove_dir(bundle),
-        crate::util::remove_dir(layer),
-    ]
-    .into_iter()
-    .filter_map(Result::err)
-    .collect()
+    let mut errors: Vec<RuntimeError> = image_volume_dirs(bundle)
+        .iter()
+        .filter_map(|dir| mounter.unmount(dir).err())
+        .collect();
+    let unmounted = errors.is_empty();
+    errors.extend(mounter.unmount(&bundle.join("rootfs")).err());
+    // Never walk into an image volume still mounted: its files are the
+    // image's (read-only, but an error per file).
+    if unmounted {
+        errors.extend(crate::util::remove_dir(bundle).err());
+    }
+    errors.extend(crate::util::remove_dir(layer).err());
+    errors
+}
+
+/// The image volume mount points under `bundle` (none when it is missing).
+fn image_volume_dirs(bundle: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(ImageVolume::parent(bundle)) else {
+        return Vec::new();
+    };
+    entries.flatten().map(|e| e.path()).collect()
 }

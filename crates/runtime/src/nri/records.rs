@@ -121,7 +121,7 @@ pub fn container(rec: &ContainerRecord) -> api::Container {
         env: cfg
             .envs
             .iter()
-            .map(|kv| format!("{}={}", kv.key, kv.value))
+            .map(|kv| format!("{}={}", kv.key, String::from_utf8_lossy(&kv.value)))
             .collect(),
         mounts: cfg
             .mounts

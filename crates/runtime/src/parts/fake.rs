@@ -769,6 +769,10 @@ impl RootfsMounter for FakeHost {
         Ok(())
     }
 
+    fn mount_read_only(&self, _lower: &[PathBuf], empty: &Path, target: &Path) -> Result<()> {
+        self.mount(&[], &WritableLayer::new(empty), empty, target, None)
+    }
+
     fn unmount(&self, target: &Path) -> Result<()> {
         let mut w = self.world();
         w.calls.push(Call::Unmount(target.to_path_buf()));

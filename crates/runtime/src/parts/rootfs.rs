@@ -20,6 +20,10 @@ pub trait RootfsMounter: Send + Sync + std::fmt::Debug {
         idmap: Option<&LayerIdmap>,
     ) -> Result<()>;
 
+    /// Mounts the image layers `lower` (topmost first) read-only at
+    /// `target`, over `empty_lower`: an image volume.
+    fn mount_read_only(&self, lower: &[PathBuf], empty_lower: &Path, target: &Path) -> Result<()>;
+
     /// Unmounts `target`; not mounted or missing is fine.
     fn unmount(&self, target: &Path) -> Result<()>;
 }
@@ -38,6 +42,10 @@ impl RootfsMounter for OverlayMounter {
         idmap: Option<&LayerIdmap>,
     ) -> Result<()> {
         rootfs::mount(lower, layer, empty_lower, target, idmap)
+    }
+
+    fn mount_read_only(&self, lower: &[PathBuf], empty_lower: &Path, target: &Path) -> Result<()> {
+        rootfs::mount_read_only(lower, empty_lower, target)
     }
 
     fn unmount(&self, target: &Path) -> Result<()> {

@@ -202,6 +202,7 @@ fn set_up(t: &TestRuntime, pod: &SandboxRecord, n: usize, case: Case) -> Left {
             resources: None,
             user: None,
             restored_from: None,
+            image_volumes: Vec::new(),
         };
         // Unsynced: hundreds of fsyncs would make the test slow.
         rt.store

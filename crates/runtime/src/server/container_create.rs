@@ -9,7 +9,7 @@ use petrel_oci::spec;
 
 use crate::checkpoint;
 use crate::error::{non_empty, required, Result, RuntimeError};
-use crate::records::{ContainerRecord, ContainerState, SandboxState};
+use crate::records::{ContainerRecord, ContainerState, ImageVolume, SandboxState};
 use crate::service::Runtime;
 use crate::util;
 
@@ -56,9 +56,13 @@ impl Runtime {
             })?;
             (config, image, None)
         };
+        let image_volumes = self.resolve_image_volumes(&config.mounts)?;
         let md = required(config.metadata.as_ref(), "config.metadata")?;
         // Before the layers are mounted: GC spares recently used images.
         self.images.mark_used(&image.id);
+        for v in &image_volumes {
+            self.images.mark_used(&v.image_id);
+        }
         let log_path = if config.log_path.is_empty() || sbrec.config.log_directory.is_empty() {
             None
         } else {
@@ -95,11 +99,42 @@ impl Runtime {
             resources: None,
             user: None,
             restored_from,
+            image_volumes,
         };
         rec.resources = rec.config.linux.as_ref().and_then(|l| l.resources.clone());
         let c = self.container_create(&sb, &sbrec, rec, &image).await?;
         Ok(api::CreateContainerResponse {
             container_id: c.id.clone(),
         })
+    }
+}
+
+impl Runtime {
+    /// The image volumes among `mounts`, each image resolved to its id. An
+    /// image not in the store is refused naming the mount (kubelet pulls
+    /// image volumes, per their pull policy, before CreateContainer).
+    fn resolve_image_volumes(&self, mounts: &[api::Mount]) -> Result<Vec<ImageVolume>> {
+        let mut out = Vec::new();
+        for (i, m) in mounts.iter().enumerate() {
+            let Some(spec) = &m.image else { continue };
+            let field = format!("config.mounts[{i}].image.image");
+            let reference = non_empty(&spec.image, &field)?;
+            let image = self.images.get(reference).ok_or_else(|| {
+                RuntimeError::invalid(
+                    &field,
+                    format!("image {reference:?} not found: pull it first"),
+                )
+            })?;
+            let sub_path = petrel_oci::spec::check_image_sub_path(
+                &format!("config.mounts[{i}].image_sub_path"),
+                &m.image_sub_path,
+            )?;
+            out.push(ImageVolume {
+                mount: i,
+                image_id: image.id,
+                sub_path,
+            });
+        }
+        Ok(out)
     }
 }

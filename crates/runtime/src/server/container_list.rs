@@ -190,6 +190,7 @@ pub(crate) mod tests {
             resources: None,
             user: None,
             restored_from: None,
+            image_volumes: Vec::new(),
         }
     }
 

@@ -200,24 +200,33 @@ impl Runtime {
         }
     }
 
-    /// Ids of the containers (in any state) created from image `image_id`.
+    /// Ids of the containers (in any state) created from image `image_id`
+    /// or mounting it as an image volume.
     pub(crate) fn containers_using(&self, image_id: &str) -> Vec<String> {
         self.state
             .containers()
             .iter()
-            .filter(|c| c.with(|rec| rec.image_id == image_id))
+            .filter(|c| {
+                c.with(|rec| {
+                    rec.image_id == image_id
+                        || rec.image_volumes.iter().any(|v| v.image_id == image_id)
+                })
+            })
             .map(|c| c.id.clone())
             .collect()
     }
 
-    /// Ids of the images some container (in any state) was created from:
-    /// GC never deletes those.
+    /// Ids of the images some container (in any state) was created from or
+    /// mounts as an image volume: GC never deletes those.
     pub(crate) fn images_in_use(&self) -> HashSet<String> {
-        self.state
-            .containers()
-            .iter()
-            .map(|c| c.with(|rec| rec.image_id.clone()))
-            .collect()
+        let mut used = HashSet::new();
+        for c in self.state.containers() {
+            c.with(|rec| {
+                used.insert(rec.image_id.clone());
+                used.extend(rec.image_volumes.iter().map(|v| v.image_id.clone()));
+            });
+        }
+        used
     }
 
     /// ImageFsInfo: the image store's usage, and the writable layers'.

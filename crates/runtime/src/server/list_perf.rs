@@ -150,6 +150,7 @@ pub(crate) fn container_record(pod: usize, c: usize) -> ContainerRecord {
         resources: None,
         user: None,
         restored_from: None,
+        image_volumes: Vec::new(),
     }
 }
 

@@ -15,23 +15,32 @@ pub mod container_list;
 pub mod container_log;
 pub mod container_remove;
 pub mod container_start;
+pub mod container_stats_stream;
 pub mod container_stop;
+pub mod container_stream;
 pub mod container_update;
 pub mod events;
 pub mod fast_list;
 pub mod image_export;
 pub mod image_gc;
 pub mod image_pull;
+pub mod image_stream;
 pub mod images;
 #[cfg(test)]
 mod list_perf;
+pub mod list_stream;
 pub mod metric_descriptors;
+pub mod pod_checkpoint;
 pub mod runtime_info;
 pub mod sandbox_list;
 pub mod sandbox_metrics;
+pub mod sandbox_metrics_stream;
 pub mod sandbox_remove;
 pub mod sandbox_run;
+pub mod sandbox_stats_stream;
 pub mod sandbox_stop;
+pub mod sandbox_stream;
+pub mod sandbox_update;
 pub mod stats;
 
 use std::future::Future;
@@ -163,6 +172,7 @@ pub struct CriServer {
 /// Calls that change state are logged at info, the rest at trace.
 fn is_mutating(op: &str) -> bool {
     !(op.starts_with("List")
+        || op.starts_with("Stream")
         || op.ends_with("Status")
         || op.ends_with("Stats")
         || op == "Version"
@@ -223,6 +233,29 @@ impl CriServer {
     }
 }
 
+impl CriServer {
+    /// A streamed List call: the handler runs as any call does
+    /// ([`CriServer::call`]) and yields its batches, which are then sent
+    /// one response each, and the stream ends.
+    async fn stream<Req, Resp, F, Fut>(
+        &self,
+        op: &'static str,
+        req: Request<Req>,
+        f: F,
+    ) -> Result<Response<ListStream<Resp>>, Status>
+    where
+        Req: Send + 'static,
+        Resp: Send + 'static,
+        F: FnOnce(Arc<Runtime>, Req) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<Resp>>> + Send + 'static,
+    {
+        let batches = self.call(op, req, f).await?.into_inner();
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            batches.into_iter().map(Ok),
+        ))))
+    }
+}
+
 /// Aborts a call's task when the call is dropped (its client went away).
 pub(crate) struct AbortOnDrop(pub(crate) tokio::task::AbortHandle);
 
@@ -234,6 +267,17 @@ impl Drop for AbortOnDrop {
 
 type EventStream =
     Pin<Box<dyn Stream<Item = Result<api::ContainerEventResponse, Status>> + Send + 'static>>;
+
+/// The answer of a streamed List call.
+type ListStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+macro_rules! stream_rpc {
+    ($self:ident, $name:literal, $req:ident, $method:ident) => {
+        $self
+            .stream($name, $req, |rt, r| async move { rt.$method(r).await })
+            .await
+    };
+}
 
 macro_rules! rpc {
     ($self:ident, $name:literal, $req:ident, $method:ident) => {
@@ -401,6 +445,80 @@ impl RuntimeService for CriServer {
         rpc!(self, "CheckpointContainer", r, checkpoint_container)
     }
 
+    async fn checkpoint_pod(
+        &self,
+        r: Request<api::CheckpointPodRequest>,
+    ) -> Result<Response<api::CheckpointPodResponse>, Status> {
+        rpc!(self, "CheckpointPod", r, checkpoint_pod)
+    }
+    async fn restore_pod(
+        &self,
+        r: Request<api::RestorePodRequest>,
+    ) -> Result<Response<api::RestorePodResponse>, Status> {
+        rpc!(self, "RestorePod", r, restore_pod)
+    }
+    async fn update_pod_sandbox_resources(
+        &self,
+        r: Request<api::UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<api::UpdatePodSandboxResourcesResponse>, Status> {
+        rpc!(
+            self,
+            "UpdatePodSandboxResources",
+            r,
+            update_pod_sandbox_resources
+        )
+    }
+
+    type StreamPodSandboxesStream = ListStream<api::StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        r: Request<api::StreamPodSandboxesRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
+        stream_rpc!(self, "StreamPodSandboxes", r, stream_pod_sandboxes)
+    }
+
+    type StreamContainersStream = ListStream<api::StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        r: Request<api::StreamContainersRequest>,
+    ) -> Result<Response<Self::StreamContainersStream>, Status> {
+        stream_rpc!(self, "StreamContainers", r, stream_containers)
+    }
+
+    type StreamContainerStatsStream = ListStream<api::StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        r: Request<api::StreamContainerStatsRequest>,
+    ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
+        stream_rpc!(self, "StreamContainerStats", r, stream_container_stats)
+    }
+
+    type StreamPodSandboxStatsStream = ListStream<api::StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        r: Request<api::StreamPodSandboxStatsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
+        stream_rpc!(self, "StreamPodSandboxStats", r, stream_pod_sandbox_stats)
+    }
+
+    type StreamPodSandboxMetricsStream = ListStream<api::StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        r: Request<api::StreamPodSandboxMetricsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
+        stream_rpc!(
+            self,
+            "StreamPodSandboxMetrics",
+            r,
+            stream_pod_sandbox_metrics
+        )
+    }
+
     type GetContainerEventsStream = EventStream;
 
     async fn get_container_events(
@@ -443,6 +561,14 @@ impl ImageService for CriServer {
         r: Request<api::ListImagesRequest>,
     ) -> Result<Response<api::ListImagesResponse>, Status> {
         rpc!(self, "ListImages", r, list_images)
+    }
+    type StreamImagesStream = ListStream<api::StreamImagesResponse>;
+
+    async fn stream_images(
+        &self,
+        r: Request<api::StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        stream_rpc!(self, "StreamImages", r, stream_images)
     }
     async fn image_status(
         &self,

@@ -78,6 +78,10 @@ impl Runtime {
             // process's identity is in ContainerStatus.user.
             features: Some(api::RuntimeFeatures {
                 supplemental_groups_policy: true,
+                // Pods with host network keep the host's user namespace.
+                user_namespaces_host_network: false,
+                // Mount.mount_options are refused (CreateContainer).
+                mount_options: false,
             }),
         })
     }

@@ -39,6 +39,8 @@ fn cgroup_usage(
         timestamp: ts,
         usage_core_nano_seconds: u64v(st.cpu_usage_ns),
         usage_nano_cores: rate.and_then(u64v),
+        // Pressure (PSI) and IO usage are not read yet.
+        psi: None,
     };
     let memory = api::MemoryUsage {
         timestamp: ts,
@@ -51,6 +53,7 @@ fn cgroup_usage(
         rss_bytes: u64v(st.memory_rss_bytes),
         page_faults: u64v(st.page_faults),
         major_page_faults: u64v(st.major_page_faults),
+        psi: None,
     };
     (Some(cpu), Some(memory), st.pids_current)
 }
@@ -93,6 +96,7 @@ impl Runtime {
                 inodes_used: u64v(inodes),
             }),
             swap: None,
+            io: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl Runtime {
                 cpu,
                 memory,
                 network: None,
+                io: None,
                 process: Some(api::ProcessUsage {
                     timestamp: util::now_ns(),
                     process_count: pids.and_then(u64v),

@@ -366,7 +366,7 @@ pub fn container_config(c: &ContainerSpec, pod: &PodSpec, uid: &str) -> Containe
             .iter()
             .map(|(k, v)| KeyValue {
                 key: k.clone(),
-                value: v.to_string(),
+                value: v.to_string().into_bytes(),
             })
             .collect(),
         mounts: c.mounts.iter().map(mount).collect(),

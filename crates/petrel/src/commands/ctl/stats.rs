@@ -179,6 +179,7 @@ mod tests {
                 timestamp: ts,
                 usage_core_nano_seconds: Some(UInt64Value { value: total_ns }),
                 usage_nano_cores: rate.map(|value| UInt64Value { value }),
+                psi: None,
             }),
             memory: Some(MemoryUsage {
                 working_set_bytes: Some(UInt64Value { value: 2_100_000 }),
@@ -190,6 +191,7 @@ mod tests {
                 ..Default::default()
             }),
             swap: None,
+            io: None,
         }
     }
 
