@@ -36,7 +36,7 @@ pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;
-pub use volumes::{prepare_volumes, remove_pod_dir, SubPathMount};
+pub use volumes::{image_volume_reference, prepare_volumes, remove_pod_dir, SubPathMount};
 
 /// What a conversion needs to know about the node and the pod's place on
 /// it, beyond the pod itself.

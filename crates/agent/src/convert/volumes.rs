@@ -1,6 +1,6 @@
 //! The pod's volumes: emptyDir directories and downwardAPI files under the
-//! pod's directory, hostPath type checks, and the CRI mounts of a
-//! container.
+//! pod's directory, hostPath type checks, image volumes (mounted by the
+//! runtime from an OCI image), and the CRI mounts of a container.
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -44,7 +44,8 @@ fn check_volume_name(name: &str, field: &str) -> Result<(), ConvertError> {
 /// Creates the pod's emptyDir directories (mode 0777, so containers
 /// running as any user can write, like kubelet's), writes its downwardAPI
 /// volumes (`downward.rs`) and checks or creates its hostPaths
-/// by their declared type. Other volume types are refused.
+/// by their declared type, and checks that image volumes name their image.
+/// Other volume types are refused.
 /// subPaths are made when their container is created (see
 /// [`crate::subpath`]), not here: a path checked now could be a symlink
 /// by then.
@@ -73,6 +74,10 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
             check_host_path(&hp.path, hp.type_.as_deref().unwrap_or(""), &field)?;
         } else if let Some(da) = &v.downward_api {
             write_volume(pod, &v.name, da, ctx)?;
+        } else if v.image.is_some() {
+            // The runtime mounts it; the worker pulls it (see
+            // `image_volume_reference`).
+            image_volume_reference(v)?;
         } else {
             return Err(unsupported_volume(v, &field));
         }
@@ -91,8 +96,23 @@ fn unsupported_volume(v: &Volume, field: &str) -> ConvertError {
         .unwrap_or_else(|| "no source".to_string());
     ConvertError::unsupported(
         field,
-        format!("volume type {kind} (only emptyDir, hostPath and downwardAPI)"),
+        format!("volume type {kind} (only emptyDir, hostPath, downwardAPI and image)"),
     )
+}
+
+/// The image an image volume (`spec.volumes[].image`) mounts, or `None`
+/// for other volumes; an image volume without a reference is refused.
+pub fn image_volume_reference(v: &Volume) -> Result<Option<&str>, ConvertError> {
+    let Some(img) = &v.image else {
+        return Ok(None);
+    };
+    match img.reference.as_deref().map(str::trim) {
+        Some(r) if !r.is_empty() => Ok(Some(r)),
+        _ => Err(ConvertError::invalid(
+            format!("spec.volumes[{}].image.reference", v.name),
+            "an image volume must name its image",
+        )),
+    }
 }
 
 /// Checks a hostPath against its declared type, creating it for the
@@ -311,17 +331,6 @@ pub(crate) fn container_mounts(
             ConvertError::invalid(&field, format!("no volume named {:?}", m.name))
         })?;
         check_volume_name(&v.name, &field)?;
-        // downwardAPI volumes are read-only, as kubelet mounts them.
-        let forced_readonly = v.downward_api.is_some();
-        let volume_dir = if v.empty_dir.is_some() {
-            empty_dir_path(ctx, &v.name)
-        } else if let Some(hp) = &v.host_path {
-            PathBuf::from(&hp.path)
-        } else if v.downward_api.is_some() {
-            downward_api_path(ctx, &v.name)
-        } else {
-            return Err(unsupported_volume(v, &format!("spec.volumes[{}]", v.name)));
-        };
         if !Path::new(&m.mount_path).is_absolute() {
             return Err(ConvertError::invalid(
                 format!("{field}.mountPath"),
@@ -337,6 +346,21 @@ pub(crate) fn container_mounts(
                 Some((expanded, "subPathExpr"))
             }
             _ => None,
+        };
+        if let Some(reference) = image_volume_reference(v)? {
+            mounts.push(image_mount(m, reference, sub, privileged, &field)?);
+            continue;
+        }
+        // downwardAPI volumes are read-only, as kubelet mounts them.
+        let forced_readonly = v.downward_api.is_some();
+        let volume_dir = if v.empty_dir.is_some() {
+            empty_dir_path(ctx, &v.name)
+        } else if let Some(hp) = &v.host_path {
+            PathBuf::from(&hp.path)
+        } else if v.downward_api.is_some() {
+            downward_api_path(ctx, &v.name)
+        } else {
+            return Err(unsupported_volume(v, &format!("spec.volumes[{}]", v.name)));
         };
         let host = match sub {
             Some((s, name)) => {
@@ -371,6 +395,37 @@ pub(crate) fn container_mounts(
         });
     }
     Ok((mounts, sub_paths))
+}
+
+/// The CRI mount of an image volume, as kubelet makes it: the runtime
+/// mounts the image itself (no host path), always read-only whatever the
+/// volumeMount's `readOnly` says, and a subPath is the runtime's
+/// `image_sub_path` (no agent bind: the agent never sees the image's
+/// files).
+fn image_mount(
+    m: &VolumeMount,
+    reference: &str,
+    sub: Option<(String, &str)>,
+    privileged: bool,
+    field: &str,
+) -> Result<api::Mount, ConvertError> {
+    let image_sub_path = match sub {
+        Some((s, name)) => safe_sub_path(&s, &format!("{field}.{name}"))?
+            .to_string_lossy()
+            .into_owned(),
+        None => String::new(),
+    };
+    Ok(api::Mount {
+        container_path: m.mount_path.clone(),
+        readonly: true,
+        propagation: propagation(m, privileged, field)?,
+        image: Some(api::ImageSpec {
+            image: reference.to_string(),
+            ..Default::default()
+        }),
+        image_sub_path,
+        ..Default::default()
+    })
 }
 
 /// Removes the pod's subPath mount points (unmounted first) and its
@@ -550,6 +605,74 @@ mod tests {
             .join("..")
             .join("x")
             .exists());
+    }
+
+    fn image_pod(volume: &str, mount: &str) -> DesiredPod {
+        desired(&format!(
+            "metadata: {{name: p}}\nspec:\n  volumes: [{{name: iv, {volume}}}]\n  containers: [{{name: a, image: x, env: [{{name: SUB, value: etc}}], volumeMounts: [{{name: iv, mountPath: /iv{mount}}}]}}]\n"
+        ))
+    }
+
+    fn mounts_of(pod: &DesiredPod, c: &ConvertContext) -> Result<Vec<api::Mount>, ConvertError> {
+        let spec = pod.pod.spec.as_ref().unwrap();
+        let env = vec![("SUB".to_string(), "etc".to_string())];
+        let (mounts, sub_paths) = container_mounts(pod, &spec.containers[0], false, &env, c)?;
+        // The runtime mounts image volumes: the agent binds nothing.
+        assert!(sub_paths.is_empty(), "{sub_paths:?}");
+        Ok(mounts)
+    }
+
+    #[test]
+    fn container_mounts_should_mount_image_volumes_read_only_from_the_image() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        // readOnly: false is ignored, as kubelet ignores it.
+        let pod = image_pod(
+            "image: {reference: 'reg/tools:1', pullPolicy: Never}",
+            ", readOnly: false",
+        );
+        prepare_volumes(&pod, &c).unwrap();
+        let m = mounts_of(&pod, &c).unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].container_path, "/iv");
+        assert!(m[0].readonly);
+        assert_eq!(m[0].host_path, "");
+        assert_eq!(m[0].image_sub_path, "");
+        assert_eq!(m[0].image.as_ref().unwrap().image, "reg/tools:1");
+    }
+
+    #[test]
+    fn container_mounts_should_pass_an_image_volume_sub_path_to_the_runtime() {
+        let c = ctx();
+        for (mount, want) in [
+            (", subPath: ./bin/tools", "bin/tools"),
+            (", subPathExpr: '$(SUB)/x'", "etc/x"),
+        ] {
+            let pod = image_pod("image: {reference: 'reg/tools:1'}", mount);
+            let m = mounts_of(&pod, &c).unwrap();
+            assert_eq!(m[0].image_sub_path, want, "{mount}");
+            assert!(m[0].host_path.is_empty());
+        }
+        for mount in [", subPath: ../etc", ", subPath: /etc"] {
+            let pod = image_pod("image: {reference: 'reg/tools:1'}", mount);
+            let e = mounts_of(&pod, &c).unwrap_err().to_string();
+            assert!(e.contains("volumeMounts[iv].subPath"), "{mount}: {e}");
+        }
+    }
+
+    #[test]
+    fn image_volumes_should_be_refused_without_a_reference() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = ctx_in(tmp.path());
+        for volume in ["image: {}", "image: {reference: ' ', pullPolicy: Always}"] {
+            let pod = image_pod(volume, "");
+            for e in [
+                prepare_volumes(&pod, &c).unwrap_err().to_string(),
+                mounts_of(&pod, &c).unwrap_err().to_string(),
+            ] {
+                assert!(e.contains("spec.volumes[iv].image.reference"), "{e}");
+            }
+        }
     }
 
     #[test]

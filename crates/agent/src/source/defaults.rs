@@ -23,6 +23,19 @@ pub fn apply(pod: &mut Pod, node: &str) {
     for c in spec.init_containers.iter_mut().flatten() {
         container(c);
     }
+    // An image volume's pullPolicy defaults as a container image's does.
+    for img in spec
+        .volumes
+        .iter_mut()
+        .flatten()
+        .filter_map(|v| v.image.as_mut())
+    {
+        if img.pull_policy.as_deref().is_none_or(str::is_empty) {
+            if let Some(r) = img.reference.as_deref().filter(|r| !r.is_empty()) {
+                img.pull_policy = Some(pull_policy_for(r).to_string());
+            }
+        }
+    }
 }
 
 fn set_if_empty(field: &mut Option<String>, value: &str) {
@@ -99,6 +112,28 @@ pub fn pull_policy_for(image: &str) -> &'static str {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apply_should_default_image_volume_pull_policies() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [], "volumes": [
+                {"name": "a", "image": {"reference": "reg/x"}},
+                {"name": "b", "image": {"reference": "reg/x:1"}},
+                {"name": "c", "image": {"reference": "reg/x", "pullPolicy": "Never"}},
+            ]}
+        }))
+        .unwrap();
+        apply(&mut pod, "n");
+        let policies: Vec<_> = pod
+            .spec
+            .unwrap()
+            .volumes
+            .unwrap()
+            .into_iter()
+            .map(|v| v.image.unwrap().pull_policy.unwrap())
+            .collect();
+        assert_eq!(policies, ["Always", "IfNotPresent", "Never"]);
+    }
 
     #[test]
     fn pull_policy_should_follow_the_tag() {

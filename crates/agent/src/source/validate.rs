@@ -18,7 +18,7 @@ alphanumeric characters or '-', start and end with an alphanumeric character, \
 and be at most 63 characters";
 
 /// Volume sources the agent can provide.
-const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath", "downwardAPI"];
+const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath", "downwardAPI", "image"];
 
 /// Every problem found, in field order; empty when the pod is valid.
 pub fn validate(pod: &Pod) -> Vec<String> {
@@ -127,6 +127,20 @@ fn volume(errs: &mut Vec<String>, i: usize, v: &Volume, names: &mut HashSet<Stri
     }
     if let Some(da) = v.downward_api.as_ref() {
         downward_api(errs, &format!("{path}.downwardAPI"), da);
+    }
+    if let Some(img) = v.image.as_ref() {
+        // The API server's rules for an image volume (KEP-4639).
+        if img.reference.as_deref().is_none_or(|r| r.trim().is_empty()) {
+            errs.push(format!("{path}.image.reference: Required value"));
+        }
+        if let Some(p) = img.pull_policy.as_deref() {
+            check_enum(
+                errs,
+                &format!("{path}.image.pullPolicy"),
+                p,
+                &["Always", "IfNotPresent", "Never"],
+            );
+        }
     }
     if let Some(hp) = v.host_path.as_ref() {
         if hp.path.is_empty() {
@@ -638,6 +652,22 @@ spec:
     }
 
     #[test]
+    fn validate_should_check_image_volumes() {
+        let pod = |image: &str| {
+            format!("metadata: {{name: a}}\nspec: {{volumes: [{{name: v, image: {image}}}], containers: [{{name: a, image: i, volumeMounts: [{{name: v, mountPath: /v}}]}}]}}")
+        };
+        assert!(errors(&pod("{reference: 'reg/x:1', pullPolicy: Never}")).is_empty());
+        assert_eq!(
+            one(&pod("{pullPolicy: Always}")),
+            "spec.volumes[0].image.reference: Required value"
+        );
+        assert_eq!(
+            one(&pod("{reference: x, pullPolicy: Sometimes}")),
+            r#"spec.volumes[0].image.pullPolicy: Unsupported value: "Sometimes": supported: Always, IfNotPresent, Never"#
+        );
+    }
+
+    #[test]
     fn validate_should_check_downward_api_volumes() {
         let pod = |items: &str| {
             format!("metadata: {{name: a}}\nspec: {{volumes: [{{name: v, downwardAPI: {{items: [{items}]}}}}], containers: [{{name: a, image: i}}]}}")
@@ -716,7 +746,7 @@ spec:
     fn validate_should_check_volumes_and_mounts() {
         assert_eq!(
             one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}, {name: c, configMap: {name: x}}], containers: [{name: a, image: i}]}"),
-            r#"spec.volumes[1]: Unsupported value: "configMap": supported: emptyDir, hostPath, downwardAPI"#
+            r#"spec.volumes[1]: Unsupported value: "configMap": supported: emptyDir, hostPath, downwardAPI, image"#
         );
         assert_eq!(
             one("metadata: {name: a}\nspec: {volumes: [{name: d, emptyDir: {}}, {name: d, emptyDir: {}}], containers: [{name: a, image: i}]}"),

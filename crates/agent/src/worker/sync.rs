@@ -12,8 +12,10 @@ use super::hooks::{exec_command, grace_seconds};
 use super::init::{self, InitStep};
 use super::{PodWorkers, WorkerError};
 use crate::convert::{
-    container_hash, container_plan, is_sidecar, prepare_volumes, sandbox_config, SubPathMount,
+    container_hash, container_plan, image_volume_reference, is_sidecar, prepare_volumes,
+    sandbox_config, SubPathMount,
 };
+use crate::source::defaults::pull_policy_for;
 use crate::subpath::Binds;
 use crate::types::{DesiredPod, PodRuntimeStatus, ANNOTATION_SANDBOX_HASH};
 
@@ -486,54 +488,18 @@ impl PodWorkers {
         let uid = pod.uid.as_str();
         let image = c.image.clone().unwrap_or_default();
         let policy = c.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
-        let present = match policy {
-            "Always" => false,
-            _ => self.runtime.image_status(&image).await?.is_some(),
-        };
-        if !present {
-            if policy == "Never" {
-                self.set_waiting(
-                    uid,
-                    &c.name,
-                    "ErrImageNeverPull",
-                    format!("Container image \"{image}\" is not present with pull policy of Never"),
-                );
-                return Ok(Step::RetryAfter(IMAGE_RETRY));
-            }
-            // kubelet's image backoff: per pod and image, 10 s doubling
-            // to 5 min; ErrImagePull right after a failure, then
-            // ImagePullBackOff until the next attempt.
-            let key = format!("{}\0{image}", c.name);
-            let now = Instant::now();
-            if let Some(wait) = self.pull_backoff.remaining(uid, &key, Duration::ZERO, now) {
-                let last = self.waiting_message(uid, &c.name).unwrap_or_default();
-                let why = last
-                    .strip_prefix(&format!("Back-off pulling image \"{image}\": "))
-                    .unwrap_or(&last)
-                    .to_string();
-                self.set_waiting(
-                    uid,
-                    &c.name,
-                    "ImagePullBackOff",
-                    format!("Back-off pulling image \"{image}\": {why}"),
-                );
-                return Ok(Step::RetryAfter(wait));
-            }
-            tracing::info!(uid, container = %c.name, image, policy, "pulling image");
-            match self
-                .runtime
-                .pull_image(&image, Some(sandbox.config.clone()))
-                .await
+        if let Some(step) = self.ensure_image(uid, c, &image, policy, sandbox).await? {
+            return Ok(step);
+        }
+        // Image volumes (KEP-4639): the runtime mounts them from its
+        // images, so each one the container mounts is pulled like the
+        // container's own image, with the same waiting reasons.
+        for (reference, policy) in image_volumes(spec, c) {
+            if let Some(step) = self
+                .ensure_image(uid, c, &reference, &policy, sandbox)
+                .await?
             {
-                Ok(_) => self.pull_backoff.forget(uid, &key),
-                Err(e) => {
-                    tracing::warn!(uid, container = %c.name, image, error = %e.message, "image pull failed");
-                    self.pull_backoff.restarted(uid, &key, now);
-                    self.set_waiting(uid, &c.name, "ErrImagePull", e.message.clone());
-                    // Back soon to show the backoff, as kubelet's next
-                    // sync would.
-                    return Ok(Step::RetryAfter(IMAGE_BACKOFF_SHOWN));
-                }
+                return Ok(step);
             }
         }
         let ctx = self.convert_context(pod, sandbox.ips.clone());
@@ -601,6 +567,72 @@ impl PodWorkers {
             self.probes.ensure(uid, c, &id, host);
         }
         Ok(Step::Nothing)
+    }
+
+    /// Makes `image` present for container `c` by `policy` (Always,
+    /// IfNotPresent, Never), as kubelet's image puller does: `Some(step)`
+    /// when the container must wait (ErrImageNeverPull, ErrImagePull,
+    /// ImagePullBackOff, set as its waiting reason), `None` when the image
+    /// is there.
+    async fn ensure_image(
+        &self,
+        uid: &str,
+        c: &Container,
+        image: &str,
+        policy: &str,
+        sandbox: &Sandbox,
+    ) -> Result<Option<Step>, WorkerError> {
+        let present = match policy {
+            "Always" => false,
+            _ => self.runtime.image_status(image).await?.is_some(),
+        };
+        if !present {
+            if policy == "Never" {
+                self.set_waiting(
+                    uid,
+                    &c.name,
+                    "ErrImageNeverPull",
+                    format!("Container image \"{image}\" is not present with pull policy of Never"),
+                );
+                return Ok(Some(Step::RetryAfter(IMAGE_RETRY)));
+            }
+            // kubelet's image backoff: per pod and image, 10 s doubling
+            // to 5 min; ErrImagePull right after a failure, then
+            // ImagePullBackOff until the next attempt.
+            let key = format!("{}\0{image}", c.name);
+            let now = Instant::now();
+            if let Some(wait) = self.pull_backoff.remaining(uid, &key, Duration::ZERO, now) {
+                let last = self.waiting_message(uid, &c.name).unwrap_or_default();
+                let why = last
+                    .strip_prefix(&format!("Back-off pulling image \"{image}\": "))
+                    .unwrap_or(&last)
+                    .to_string();
+                self.set_waiting(
+                    uid,
+                    &c.name,
+                    "ImagePullBackOff",
+                    format!("Back-off pulling image \"{image}\": {why}"),
+                );
+                return Ok(Some(Step::RetryAfter(wait)));
+            }
+            tracing::info!(uid, container = %c.name, image, policy, "pulling image");
+            match self
+                .runtime
+                .pull_image(image, Some(sandbox.config.clone()))
+                .await
+            {
+                Ok(_) => self.pull_backoff.forget(uid, &key),
+                Err(e) => {
+                    tracing::warn!(uid, container = %c.name, image, error = %e.message, "image pull failed");
+                    self.pull_backoff.restarted(uid, &key, now);
+                    self.set_waiting(uid, &c.name, "ErrImagePull", e.message.clone());
+                    // Back soon to show the backoff, as kubelet's next
+                    // sync would.
+                    return Ok(Some(Step::RetryAfter(IMAGE_BACKOFF_SHOWN)));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Whether the running sidecar `inst` counts as started, for the next
@@ -748,4 +780,30 @@ fn next_restart_count(status: &PodRuntimeStatus, name: &str) -> i32 {
             .map_or(0, |m| m.restart_count)
             + 1
     })
+}
+
+/// The image volumes `c` mounts, as (reference, pull policy); the policy
+/// defaults as the API server's does for container images. Volumes
+/// without a reference are left to the conversion, which refuses them.
+fn image_volumes(spec: &PodSpec, c: &Container) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let Some(v) = spec.volumes.iter().flatten().find(|v| v.name == m.name) else {
+            continue;
+        };
+        let Ok(Some(reference)) = image_volume_reference(v) else {
+            continue;
+        };
+        let policy = v
+            .image
+            .as_ref()
+            .and_then(|i| i.pull_policy.as_deref())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| pull_policy_for(reference));
+        let entry = (reference.to_string(), policy.to_string());
+        if !out.contains(&entry) {
+            out.push(entry);
+        }
+    }
+    out
 }
