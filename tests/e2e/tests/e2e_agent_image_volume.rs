@@ -41,7 +41,7 @@ async fn agent_should_mount_image_volumes_read_only_and_wait_for_absent_ones() {
     let node = Node::start_with_busybox().await;
     let mut c = node.clients().await;
     import_volume_image(&mut c).await;
-    let mut agent = Agent::for_node(&node, &[]);
+    let agent = Agent::for_node(&node, &[]);
     let out = node.dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
 
