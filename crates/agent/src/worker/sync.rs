@@ -807,3 +807,26 @@ fn image_volumes(spec: &PodSpec, c: &Container) -> Vec<(String, String)> {
     }
     out
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::convert::test_support::desired;
+
+    #[test]
+    fn image_volumes_should_list_the_mounted_ones_with_their_policies() {
+        let pod = desired(
+            "metadata: {name: p}\nspec:\n  volumes: [{name: a, image: {reference: 'reg/a'}}, {name: b, image: {reference: 'reg/b:1', pullPolicy: Never}}, {name: c, image: {reference: 'reg/c:1'}}, {name: d, emptyDir: {}}, {name: e, image: {}}]\n  containers: [{name: x, image: i, volumeMounts: [{name: a, mountPath: /a}, {name: a, mountPath: /a2, subPath: s}, {name: b, mountPath: /b}, {name: d, mountPath: /d}, {name: e, mountPath: /e}]}]\n",
+        );
+        let spec = pod.pod.spec.as_ref().unwrap();
+        let got = image_volumes(spec, &spec.containers[0]);
+        let want = [("reg/a", "Always"), ("reg/b:1", "Never")];
+        // Each image once; unmounted (c), non-image (d) and reference-less
+        // (e, refused by the conversion) volumes are left out.
+        assert_eq!(
+            got,
+            want.map(|(r, p)| (r.to_string(), p.to_string())).to_vec()
+        );
+    }
+}
