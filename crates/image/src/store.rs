@@ -694,7 +694,14 @@ impl ImageStore {
 
     /// Every image in the store, ordered by id.
     pub fn list(&self) -> Vec<Image> {
-        self.read_index().images.values().cloned().collect()
+        self.list_map(Image::clone)
+    }
+
+    /// Every image in the store, ordered by id, each mapped by `f` under
+    /// the index's read lock, so a caller that needs a few fields copies
+    /// only those (ListImages: not every image's whole OCI config).
+    pub fn list_map<T>(&self, f: impl FnMut(&Image) -> T) -> Vec<T> {
+        self.read_index().images.values().map(f).collect()
     }
 
     /// Finds an image by full id (`sha256:<hex>`), bare 64-hex id, unique id

@@ -347,6 +347,10 @@ fn reopen_should_preserve_images_layers_and_usage_and_clean_only_own_leftovers()
         .into_iter()
         .map(|i| (i.id, i.repo_tags, i.repo_digests, i.size, i.diff_ids))
         .collect();
+    // list_map sees the same images, in the same (id) order.
+    let ids: Vec<String> = before.iter().map(|b| b.0.clone()).collect();
+    assert_eq!(store.list_map(|i| i.id.clone()), ids);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
     let usage = store.fs_usage();
     let img = store.get("mine:1").expect("mine:1");
     let paths = store.layer_paths(&img).expect("paths");

@@ -56,11 +56,8 @@ impl Runtime {
             .filter(|s| !s.is_empty());
         let images = match want {
             Some(r) => self.images.get(&r).iter().map(cri_image).collect(),
-            None => {
-                let mut all: Vec<api::Image> = self.images.list().iter().map(cri_image).collect();
-                all.sort_by(|a, b| a.id.cmp(&b.id));
-                all
-            }
+            // The store lists by id already.
+            None => self.images.list_map(cri_image),
         };
         Ok(api::ListImagesResponse { images })
     }
