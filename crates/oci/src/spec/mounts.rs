@@ -57,18 +57,8 @@ pub(super) fn mounts_with_images(
         privileged,
         recursive_read_only,
         Some(image_volumes),
+        sandbox.user.is_some(),
     )?;
-    if sandbox.user.is_some() {
-        let image_dests: HashSet<&str> = config
-            .mounts
-            .iter()
-            .filter(|m| m.image.is_some())
-            .map(|m| m.container_path.as_str())
-            .collect();
-        for b in &mut binds {
-            b.idmapped = !image_dests.contains(b.destination.as_str());
-        }
-    }
     let cri_dests: HashSet<String> = binds.iter().map(|b| b.destination.clone()).collect();
     let extras = [
         (
@@ -192,7 +182,7 @@ pub fn check_mounts(
     privileged: bool,
     recursive_read_only: bool,
 ) -> Result<(), SpecError> {
-    cri_binds(mounts, privileged, recursive_read_only, None).map(|_| ())
+    cri_binds(mounts, privileged, recursive_read_only, None, false).map(|_| ())
 }
 
 /// Checks an image volume's `image_sub_path` (`field`) as written: relative,
@@ -277,12 +267,14 @@ pub fn container_path(field: &str, p: &str) -> Result<String, SpecError> {
 
 /// Validates the CRI mounts and resolves their host paths. An image volume
 /// takes its source from `image_volumes` (by mount index); `None`: only
-/// checking, nothing is resolved for it.
+/// checking, nothing is resolved for it. `idmap` (a pod in a user
+/// namespace): host-path binds are idmapped, image volumes are not.
 fn cri_binds(
     mounts: &[api::Mount],
     privileged: bool,
     recursive_read_only: bool,
     image_volumes: Option<&super::ImageVolumeSources>,
+    idmap: bool,
 ) -> Result<Vec<Bind>, SpecError> {
     let mut out = Vec::with_capacity(mounts.len());
     for (i, m) in mounts.iter().enumerate() {
@@ -394,7 +386,7 @@ fn cri_binds(
             readonly: m.readonly,
             recursive: m.recursive_read_only,
             propagation,
-            idmapped: false,
+            idmapped: idmap,
         });
     }
     Ok(out)
