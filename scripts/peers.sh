@@ -9,6 +9,9 @@
 #   cri-tools   crictl critest
 #   containerd  containerd containerd-shim-runc-v2 ctr
 #   runc        runc (with Debian's libseccomp; for idmapped-mount tests)
+#   controller-runtime
+#               podset-controller (our sample controller on controller-runtime,
+#               the reference of the controller kit's benchmark)
 #
 # Each component is its own Go module (tools/peers/<component>/go.mod and
 # go.sum, committed), so their dependency graphs never meet.
@@ -49,13 +52,14 @@ peers_dir=$root/tools/peers
 # shellcheck source=tools/peers/versions.env
 source "$peers_dir/versions.env"
 
-components=(runc etcd cri-tools containerd kubernetes)
+components=(runc etcd cri-tools containerd kubernetes controller-runtime)
 declare -A binaries=(
     [kubernetes]="kube-apiserver kubelet kubectl"
     [etcd]="etcd etcdctl"
     [cri-tools]="crictl critest"
     [containerd]="containerd containerd-shim-runc-v2 ctr"
     [runc]="runc"
+    [controller-runtime]="podset-controller"
 )
 declare -A version=(
     [kubernetes]=$KUBERNETES_VERSION
@@ -63,6 +67,7 @@ declare -A version=(
     [cri-tools]=$CRI_TOOLS_VERSION
     [containerd]=$CONTAINERD_VERSION
     [runc]=$RUNC_VERSION
+    [controller-runtime]=$CONTROLLER_RUNTIME_VERSION
 )
 # The modules each component's go.mod must require at its version.
 declare -A modules=(
@@ -71,6 +76,7 @@ declare -A modules=(
     [cri-tools]="sigs.k8s.io/cri-tools"
     [containerd]="github.com/containerd/containerd/v2"
     [runc]="github.com/opencontainers/runc"
+    [controller-runtime]="sigs.k8s.io/controller-runtime"
 )
 
 cache=${PETREL_PEERS_CACHE:-/var/cache/petrel/peers}
@@ -191,6 +197,18 @@ pin() {
         go mod edit -require="github.com/opencontainers/runc@$RUNC_VERSION" -tool=github.com/opencontainers/runc
         go mod tidy
     )
+    (
+        # Our own program (*.go, kept): only its go.mod/go.sum are rewritten.
+        cd "$peers_dir/controller-runtime"
+        new_gomod controller-runtime
+        # client-go and its kin at the cluster's own version (also lets Go's
+        # build cache share them with the kubernetes build).
+        go mod edit -require="sigs.k8s.io/controller-runtime@$CONTROLLER_RUNTIME_VERSION" \
+            -require="k8s.io/api@$KUBERNETES_STAGING_VERSION" \
+            -require="k8s.io/apimachinery@$KUBERNETES_STAGING_VERSION" \
+            -require="k8s.io/client-go@$KUBERNETES_STAGING_VERSION"
+        go mod tidy
+    )
     check_pins
     echo "peers: go.mod and go.sum under $peers_dir rewritten from versions.env"
 }
@@ -281,6 +299,11 @@ build_runc() {
         -ldflags "-s -w" -o "$out/runc" github.com/opencontainers/runc || return
 }
 
+build_controller_runtime() {
+    local out=$1
+    run env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/podset-controller" . || return
+}
+
 # "binary|arguments|text its output must contain" for every binary.
 expected_versions() {
     local k=$KUBERNETES_VERSION e=${ETCD_VERSION#v} t=${CRI_TOOLS_VERSION#v}
@@ -299,6 +322,7 @@ ctr|--version|$CONTAINERD_VERSION
 containerd-shim-runc-v2|-v|$CONTAINERD_VERSION
 runc|--version|runc version ${RUNC_VERSION#v}
 runc|--version|libseccomp: 
+podset-controller|--version|controller-runtime $CONTROLLER_RUNTIME_VERSION
 EOF
 }
 

@@ -78,6 +78,7 @@ pub mod node;
 pub mod oci_layout;
 pub mod peers;
 pub mod petrel;
+pub mod podset;
 pub mod prelude;
 pub mod process;
 pub mod registry;
