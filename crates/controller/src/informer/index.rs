@@ -88,6 +88,13 @@ impl<K: Resource + 'static> Indexers<K> {
 }
 
 impl<K> Indexers<K> {
+    /// Keeps only the indexes `keep` accepts by name.
+    #[must_use]
+    pub(crate) fn retain(mut self, keep: impl Fn(&str) -> bool) -> Self {
+        self.fns.retain(|name, _| keep(name));
+        self
+    }
+
     /// Adds (or replaces) the index `name` computed by `f`.
     #[must_use]
     pub fn custom<F>(mut self, name: &str, f: F) -> Self

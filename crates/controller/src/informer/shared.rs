@@ -440,9 +440,10 @@ impl InformerFactory {
         })
     }
 
-    /// The informer under `key`, made with `make` (and the standard plus
-    /// `indexers`) if there is none yet; an existing one gets `indexers`
-    /// added.
+    /// The informer under `key`, made with `make` and `indexers` if there
+    /// is none yet; an existing one gets those of `indexers` whose names it
+    /// lacks (an index name means one function per informer, as in
+    /// client-go).
     pub fn informer_with<K, F>(
         &self,
         key: &str,
@@ -458,7 +459,8 @@ impl InformerFactory {
         let mut map = self.lock();
         if let Some(existing) = map.get(&full) {
             if let Some(inf) = existing.as_any().downcast_ref::<SharedInformer<K>>() {
-                inf.add_indexers(indexers);
+                let store = inf.store();
+                inf.add_indexers(indexers.retain(|n| !store.has_index(n)));
                 return inf.clone();
             }
         }

@@ -93,6 +93,11 @@ impl<K> Store<K> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the store has an index named `name`.
+    pub fn has_index(&self, name: &str) -> bool {
+        self.read().fns.contains_key(name)
+    }
+
     /// The object under `key` (`namespace/name` or `name`).
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
         self.read().items.get(key).cloned()
