@@ -31,7 +31,8 @@ struct FakeState {
     /// The "server's" objects, in list order, and its resourceVersion.
     objects: BTreeMap<String, ConfigMap>,
     rv: u64,
-    list_failures: VecDeque<WatchError>,
+    /// The outcome of the next list calls (`None`: answer normally).
+    list_failures: VecDeque<Option<WatchError>>,
     watches: VecDeque<WatchScript>,
     list_calls: usize,
     /// The resourceVersion each watch was opened from.
@@ -104,7 +105,7 @@ impl ListerWatcher<ConfigMap> for FakeLw {
     ) -> Result<Page<ConfigMap>, WatchError> {
         let mut s = self.lock();
         s.list_calls += 1;
-        if let Some(e) = s.list_failures.pop_front() {
+        if let Some(Some(e)) = s.list_failures.pop_front() {
             return Err(e);
         }
         let start: usize = continue_token
@@ -356,6 +357,35 @@ async fn informer_should_relist_when_the_watch_request_itself_is_gone() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn informer_should_restart_a_list_whose_continue_token_expired() {
+    let lw = FakeLw::default();
+    lw.put("a", "1");
+    lw.put("b", "1");
+    // Page 1 answers, page 2 says its continue token expired.
+    lw.lock().list_failures = VecDeque::from([None, Some(WatchError::Expired("continue".into()))]);
+    let inf = informer(&lw, InformerConfig::default().page_size(1));
+    let (h, mut rx) = recorder();
+    inf.add_handler(h);
+    inf.start();
+    inf.wait_for_sync().await;
+    // Nothing of the broken list was applied: each object once.
+    assert_eq!(
+        take(&mut rx, 2).await,
+        [
+            seen(Add, "ns/a", InitialList, None, Some("1")),
+            seen(Add, "ns/b", InitialList, None, Some("1")),
+        ]
+    );
+    nothing_more(&mut rx).await;
+    assert_eq!(
+        lw.lock().list_calls,
+        4,
+        "the list started again from page 1"
+    );
+    inf.stop();
+}
+
+#[tokio::test(start_paused = true)]
 async fn informer_should_move_its_resource_version_on_with_bookmarks() {
     let lw = FakeLw::default();
     lw.put("a", "1");
@@ -508,9 +538,9 @@ async fn informer_should_retry_failed_lists_and_watches_with_backoff() {
     {
         let mut s = lw.lock();
         s.list_failures
-            .push_back(WatchError::Other("connection refused".into()));
+            .push_back(Some(WatchError::Other("connection refused".into())));
         s.list_failures
-            .push_back(WatchError::Other("connection refused".into()));
+            .push_back(Some(WatchError::Other("connection refused".into())));
         s.watches
             .push_back(WatchScript::Fail(WatchError::Other("503".into())));
     }
