@@ -1,10 +1,13 @@
-//! Event classification: which priority an informer event deserves.
+//! Event classification: which class an informer event belongs to, and
+//! which priority and delay a class deserves.
 //!
-//! Pure functions (randomness is passed in), after Pinterest's control
-//! plane: events the system made up (the initial list after a restart,
-//! periodic resyncs whose old and new objects are equal) can wait; events a
-//! user or the node caused (a change, a delete, a container's death)
-//! cannot.
+//! After Pinterest's control plane: events the system made up (the initial
+//! list after a restart or a re-list, periodic resyncs whose old and new
+//! objects are equal) can wait; events a user or the node caused (a change,
+//! a delete, a container's death) cannot. The informer
+//! ([`crate::informer`]) classifies each event where it arises
+//! ([`EventClass::of`]); a handler maps the class to a queue tier and a
+//! delay ([`ClassPolicy`]). Pure functions: randomness is passed in.
 
 use std::time::Duration;
 
@@ -12,6 +15,115 @@ use rand::Rng;
 
 use crate::queue::Priority;
 use crate::resync::spread_delay;
+
+/// The class of an informer event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventClass {
+    /// An add of an object present in the first list after start or after
+    /// a re-list: a replay of state, not news.
+    InitialList,
+    /// An update whose old and new objects are deeply equal (the periodic
+    /// resync): nothing changed.
+    NoOpResync,
+    /// Everything else: a create, a real change, a delete.
+    UserChange,
+}
+
+impl EventClass {
+    /// Classifies one event about a key.
+    ///
+    /// `old` and `new` are the object before and after (`None` for a
+    /// create's old side and a delete's new side); `known` says whether the
+    /// key was already known before this event: it is in the state
+    /// recovered at start-up, or (for the informer) it is an add replayed
+    /// by a list.
+    ///
+    /// * an update whose `old == new`, or a resync without an old object:
+    ///   [`EventClass::NoOpResync`];
+    /// * a create of a known key: [`EventClass::InitialList`];
+    /// * anything else: [`EventClass::UserChange`].
+    pub fn of<T>(source: EventSource, old: Option<&T>, new: Option<&T>, known: bool) -> Self
+    where
+        T: PartialEq + ?Sized,
+    {
+        match (source, old, new) {
+            (_, Some(o), Some(n)) if o == n => Self::NoOpResync,
+            // A resync replays the informer's own cache: with no old object
+            // to compare it is still a replay.
+            (EventSource::Resync, None, Some(_)) => Self::NoOpResync,
+            (_, None, Some(_)) if known => Self::InitialList,
+            _ => Self::UserChange,
+        }
+    }
+}
+
+/// When to queue an event of a class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delay {
+    /// At once.
+    Now,
+    /// After this long.
+    Fixed(Duration),
+    /// After a random delay uniform in `[0, window)` (Pinterest's resync
+    /// spreading).
+    Spread(Duration),
+}
+
+/// Maps each [`EventClass`] to a queue tier and a [`Delay`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassPolicy {
+    /// For [`EventClass::InitialList`] (default: background, now).
+    pub initial_list: (Priority, Delay),
+    /// For [`EventClass::NoOpResync`] (default: background, spread over
+    /// 5 s, the queue's default resync window).
+    pub no_op_resync: (Priority, Delay),
+    /// For [`EventClass::UserChange`] (default: urgent, now).
+    pub user_change: (Priority, Delay),
+}
+
+impl Default for ClassPolicy {
+    fn default() -> Self {
+        Self::with_resync_window(Duration::from_secs(5))
+    }
+}
+
+impl ClassPolicy {
+    /// The default policy, with no-op resyncs spread over `window`.
+    #[must_use]
+    pub const fn with_resync_window(window: Duration) -> Self {
+        Self {
+            initial_list: (Priority::Background, Delay::Now),
+            no_op_resync: (Priority::Background, Delay::Spread(window)),
+            user_change: (Priority::Urgent, Delay::Now),
+        }
+    }
+
+    /// Sets the tier and delay of one class.
+    #[must_use]
+    pub const fn set(mut self, class: EventClass, priority: Priority, delay: Delay) -> Self {
+        match class {
+            EventClass::InitialList => self.initial_list = (priority, delay),
+            EventClass::NoOpResync => self.no_op_resync = (priority, delay),
+            EventClass::UserChange => self.user_change = (priority, delay),
+        }
+        self
+    }
+
+    /// The decision for an event of `class`; `rng` draws spread delays.
+    pub fn decide<R: Rng + ?Sized>(&self, class: EventClass, rng: &mut R) -> Decision {
+        let (priority, delay) = match class {
+            EventClass::InitialList => self.initial_list,
+            EventClass::NoOpResync => self.no_op_resync,
+            EventClass::UserChange => self.user_change,
+        };
+        let delay = match delay {
+            Delay::Now => None,
+            Delay::Fixed(d) => Some(d),
+            Delay::Spread(w) => Some(spread_delay(w, rng)),
+        };
+        Decision { priority, delay }
+    }
+}
 
 /// Where an event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,7 +157,8 @@ impl Decision {
     }
 }
 
-/// Classifies one event about a key.
+/// Classifies one event about a key and decides with the default
+/// [`ClassPolicy`] (no-op resyncs spread over `resync_window`).
 ///
 /// `old` and `new` are the object before and after (`None` for a create's
 /// old side and a delete's new side); `known` says whether the key was
@@ -72,21 +185,8 @@ where
     T: PartialEq + ?Sized,
     R: Rng + ?Sized,
 {
-    match (source, old, new) {
-        (_, Some(o), Some(n)) if o == n => spread(resync_window, rng),
-        // A resync replays the informer's own cache: with no old object to
-        // compare it is still a replay.
-        (EventSource::Resync, None, Some(_)) => spread(resync_window, rng),
-        (_, None, Some(_)) if known => Decision::now(Priority::Background),
-        _ => Decision::now(Priority::Urgent),
-    }
-}
-
-fn spread<R: Rng + ?Sized>(window: Duration, rng: &mut R) -> Decision {
-    Decision {
-        priority: Priority::Background,
-        delay: Some(spread_delay(window, rng)),
-    }
+    let class = EventClass::of(source, old, new, known);
+    ClassPolicy::with_resync_window(resync_window).decide(class, rng)
 }
 
 #[cfg(test)]

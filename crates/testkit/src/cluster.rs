@@ -150,6 +150,16 @@ pub struct Cluster {
     admin: PathBuf,
     apiserver: Option<Child>,
     etcd: Option<Child>,
+    /// How the running kube-apiserver was started (for a restart).
+    started: Option<ApiserverStart>,
+}
+
+/// What a kube-apiserver restart needs to come back the same.
+struct ApiserverStart {
+    bin: PathBuf,
+    etcd_port: u16,
+    port: u16,
+    files: ApiserverFiles,
 }
 
 /// Why cluster tests are left out, if `PETREL_PEERS_SKIP` says so: it
@@ -209,6 +219,7 @@ impl Cluster {
             dir,
             apiserver: None,
             etcd: None,
+            started: None,
         };
         let etcd_port = cluster.start_etcd(&etcd_bin)?;
         cluster.start_apiserver(&apiserver_bin, etcd_port, &files)?;
@@ -318,6 +329,12 @@ impl Cluster {
                 Ok(()) => {
                     self.apiserver = Some(child);
                     self.server = format!("https://127.0.0.1:{port}");
+                    self.started = Some(ApiserverStart {
+                        bin: bin.to_path_buf(),
+                        etcd_port,
+                        port,
+                        files: files.clone(),
+                    });
                     return Ok(());
                 }
                 Err(detail) => {
@@ -380,6 +397,63 @@ impl Cluster {
             log: self.apiserver_log(),
             detail,
         }
+    }
+
+    /// Compacts etcd's history up to its current revision, so a watch from
+    /// any older resourceVersion is answered 410 Gone (as after the API
+    /// server's periodic compaction, which comes only every 5 min).
+    /// Blocking; returns the revision compacted to.
+    pub fn compact_etcd(&self) -> Result<i64, KitError> {
+        let Some(start) = self.started.as_ref() else {
+            return Err(self.not_ready("not started, no etcd to compact".into()));
+        };
+        let etcdctl = crate::peers::peer_binary("etcdctl")?;
+        let endpoint = format!("--endpoints=http://127.0.0.1:{}", start.etcd_port);
+        let run = |args: &[&str]| -> Result<String, KitError> {
+            let mut cmd = Command::new(&etcdctl);
+            cmd.arg(&endpoint).args(args);
+            let out = cmd.output().map_err(|e| KitError::io("run", &etcdctl, e))?;
+            if !out.status.success() {
+                return Err(KitError::Start {
+                    component: "etcdctl".into(),
+                    command: describe(&cmd),
+                    log: self.etcd_log(),
+                    detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                });
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let status = run(&["get", "petrel-compaction-probe", "-w", "json"])?;
+        let revision = serde_json::from_str::<serde_json::Value>(&status)
+            .ok()
+            .and_then(|v| v["header"]["revision"].as_i64())
+            .ok_or_else(|| KitError::Start {
+                component: "etcdctl".into(),
+                command: "etcdctl get -w json".into(),
+                log: self.etcd_log(),
+                detail: format!("no header.revision in {status:?}"),
+            })?;
+        run(&["compact", &revision.to_string()])?;
+        Ok(revision)
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL) and starts it again on
+    /// the same port with the same files and etcd, so clients see an API
+    /// server restart (their connections break; the data stays); returns
+    /// once `/readyz` is `ok` again. Blocking.
+    pub fn restart_apiserver(&mut self) -> Result<(), KitError> {
+        let Some(start) = self.started.take() else {
+            return Err(self.not_ready("never started, so not restartable".into()));
+        };
+        if let Some(mut c) = self.apiserver.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        let log = self.apiserver_log();
+        let mut cmd = Command::new(&start.bin);
+        cmd.args(apiserver_args(start.port, start.etcd_port, &start.files));
+        self.apiserver = Some(spawn_logged("kube-apiserver", &mut cmd, &log)?);
+        self.started = Some(start);
+        self.wait_ready()
     }
 
     /// The API server's URL, `https://127.0.0.1:<port>`.

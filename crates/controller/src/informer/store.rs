@@ -1,0 +1,299 @@
+//! The informer's local cache: objects by key, and the indexes over them.
+//!
+//! Objects are kept as `Arc`s: a read clones pointers, never objects, and
+//! the handlers get the same `Arc`s. One `RwLock`; writers are the
+//! reflector only, readers are any number of controllers.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use kube::Resource;
+
+use super::index::{IndexFn, Indexers};
+use super::InformerError;
+
+/// The key of an object: `namespace/name`, or `name` for cluster-scoped
+/// objects (client-go's `MetaNamespaceKeyFunc`).
+pub fn object_key<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    let name = meta.name.as_deref().unwrap_or_default();
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}
+
+struct Inner<K> {
+    items: HashMap<String, Arc<K>>,
+    fns: HashMap<String, IndexFn<K>>,
+    /// index name → value → keys.
+    indices: HashMap<String, HashMap<String, HashSet<String>>>,
+}
+
+/// A thread-safe, indexed cache of objects (cloning shares it).
+pub struct Store<K> {
+    inner: Arc<RwLock<Inner<K>>>,
+}
+
+impl<K> Clone for Store<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Store<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("len", &self.len()).finish()
+    }
+}
+
+impl<K> Store<K> {
+    /// An empty store with these indexes.
+    pub fn new(indexers: Indexers<K>) -> Self {
+        Self {
+            inner: Arc::new(RwLock::new(Inner {
+                items: HashMap::new(),
+                indices: indexers
+                    .fns
+                    .keys()
+                    .map(|n| (n.clone(), HashMap::new()))
+                    .collect(),
+                fns: indexers.fns,
+            })),
+        }
+    }
+
+    /// Adds indexes (a shared informer's later users may need their own),
+    /// computed at once over the cached objects; an index of the same name
+    /// is replaced.
+    pub fn add_indexers(&self, indexers: Indexers<K>) {
+        let mut inner = self.write();
+        for (name, f) in indexers.fns {
+            let mut idx: HashMap<String, HashSet<String>> = HashMap::new();
+            for (key, obj) in &inner.items {
+                for v in f(obj) {
+                    idx.entry(v).or_default().insert(key.clone());
+                }
+            }
+            inner.indices.insert(name.clone(), idx);
+            inner.fns.insert(name, f);
+        }
+    }
+
+    // A writer that panicked mid-update cannot leave a half-made entry the
+    // readers could trip on (every update is a few map operations), so a
+    // poisoned lock is used as it is.
+    fn read(&self) -> RwLockReadGuard<'_, Inner<K>> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner<K>> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the store has an index named `name`.
+    pub fn has_index(&self, name: &str) -> bool {
+        self.read().fns.contains_key(name)
+    }
+
+    /// The object under `key` (`namespace/name` or `name`).
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.read().items.get(key).cloned()
+    }
+
+    /// Every object, in no particular order.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.read().items.values().cloned().collect()
+    }
+
+    /// Every key.
+    pub fn keys(&self) -> Vec<String> {
+        self.read().items.keys().cloned().collect()
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        self.read().items.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The objects indexed under `value` in the index `index`.
+    pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, InformerError> {
+        let inner = self.read();
+        let idx = inner
+            .indices
+            .get(index)
+            .ok_or_else(|| InformerError::NoSuchIndex(index.to_string()))?;
+        Ok(idx
+            .get(value)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| inner.items.get(k).cloned())
+            .collect())
+    }
+
+    /// The keys indexed under `value` in the index `index`.
+    pub fn index_keys(&self, index: &str, value: &str) -> Result<Vec<String>, InformerError> {
+        let inner = self.read();
+        let idx = inner
+            .indices
+            .get(index)
+            .ok_or_else(|| InformerError::NoSuchIndex(index.to_string()))?;
+        Ok(idx.get(value).into_iter().flatten().cloned().collect())
+    }
+
+    /// Puts `obj` under `key`; returns the object it replaced.
+    pub(crate) fn put(&self, key: &str, obj: Arc<K>) -> Option<Arc<K>> {
+        let mut inner = self.write();
+        let old = inner.items.insert(key.to_string(), obj.clone());
+        reindex(&mut inner, key, old.as_deref(), Some(&obj));
+        old
+    }
+
+    /// Removes `key`; returns the object it held.
+    pub(crate) fn remove(&self, key: &str) -> Option<Arc<K>> {
+        let mut inner = self.write();
+        let old = inner.items.remove(key);
+        if let Some(o) = &old {
+            reindex(&mut inner, key, Some(o), None);
+        }
+        old
+    }
+}
+
+fn reindex<K>(inner: &mut Inner<K>, key: &str, old: Option<&K>, new: Option<&K>) {
+    let Inner { fns, indices, .. } = inner;
+    {
+        for (name, f) in fns.iter() {
+            let before: HashSet<String> = old.map(|o| f(o)).into_iter().flatten().collect();
+            let after: HashSet<String> = new.map(|o| f(o)).into_iter().flatten().collect();
+            if before == after {
+                continue;
+            }
+            let idx = indices.entry(name.clone()).or_default();
+            for v in before.difference(&after) {
+                if let Some(keys) = idx.get_mut(v) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        idx.remove(v);
+                    }
+                }
+            }
+            for v in after.difference(&before) {
+                idx.entry(v.clone()).or_default().insert(key.to_string());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{Pod, PodSpec};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::informer::index::{LABEL, NAMESPACE};
+
+    fn pod(ns: &str, name: &str, node: &str, labels: &[(&str, &str)]) -> Arc<Pod> {
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        })
+    }
+
+    fn store() -> Store<Pod> {
+        Store::new(
+            Indexers::standard()
+                .field("node", |p: &Pod| {
+                    p.spec.as_ref().and_then(|s| s.node_name.clone())
+                })
+                .custom("name-len", |p: &Pod| {
+                    vec![p.metadata.name.as_deref().unwrap_or("").len().to_string()]
+                }),
+        )
+    }
+
+    fn names(mut v: Vec<Arc<Pod>>) -> Vec<String> {
+        let mut n: Vec<String> = v
+            .drain(..)
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn store_should_answer_every_index_and_follow_updates_and_deletes() {
+        let s = store();
+        for p in [
+            pod("a", "p1", "n1", &[("app", "web")]),
+            pod("a", "p2", "n2", &[("app", "db")]),
+            pod("b", "p3", "n1", &[("app", "web"), ("tier", "x")]),
+        ] {
+            s.put(&object_key(p.as_ref()), p);
+        }
+        assert_eq!(
+            names(s.by_index(NAMESPACE, "a").expect("index")),
+            ["p1", "p2"]
+        );
+        assert_eq!(
+            names(s.by_index(LABEL, "app=web").expect("index")),
+            ["p1", "p3"]
+        );
+        assert_eq!(
+            names(s.by_index("node", "n1").expect("index")),
+            ["p1", "p3"]
+        );
+        assert_eq!(names(s.by_index("name-len", "2").expect("index")).len(), 3);
+        // p1 moves to n2 and loses its label; p3 goes.
+        s.put("a/p1", pod("a", "p1", "n2", &[]));
+        s.remove("b/p3");
+        assert!(s.by_index("node", "n1").expect("index").is_empty());
+        assert!(s.by_index(LABEL, "app=web").expect("index").is_empty());
+        assert_eq!(
+            names(s.by_index("node", "n2").expect("index")),
+            ["p1", "p2"]
+        );
+        assert!(s.by_index(NAMESPACE, "b").expect("index").is_empty());
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn store_should_refuse_an_unknown_index_by_name() {
+        let err = store().by_index("nope", "x").expect_err("no such index");
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn store_should_share_objects_not_copy_them() {
+        let s = store();
+        let p = pod("a", "p1", "n1", &[]);
+        s.put("a/p1", p.clone());
+        let got = s.get("a/p1").expect("cached");
+        assert!(Arc::ptr_eq(&got, &p));
+        assert_eq!(object_key(p.as_ref()), "a/p1");
+    }
+}
