@@ -110,6 +110,7 @@
 
 mod classify;
 mod delay;
+pub mod leader;
 mod metrics;
 mod queue;
 mod ratelimit;
