@@ -9,6 +9,8 @@
 #   cri-tools   crictl critest
 #   containerd  containerd containerd-shim-runc-v2 ctr
 #   runc        runc (with Debian's libseccomp; for idmapped-mount tests)
+#   client-go   leader-elect (tools/peers/client-go/main.go: a client-go
+#               leader-election candidate for the controller kit's tests)
 #
 # Each component is its own Go module (tools/peers/<component>/go.mod and
 # go.sum, committed), so their dependency graphs never meet.
@@ -49,13 +51,14 @@ peers_dir=$root/tools/peers
 # shellcheck source=tools/peers/versions.env
 source "$peers_dir/versions.env"
 
-components=(runc etcd cri-tools containerd kubernetes)
+components=(runc etcd cri-tools containerd kubernetes client-go)
 declare -A binaries=(
     [kubernetes]="kube-apiserver kubelet kubectl"
     [etcd]="etcd etcdctl"
     [cri-tools]="crictl critest"
     [containerd]="containerd containerd-shim-runc-v2 ctr"
     [runc]="runc"
+    [client-go]="leader-elect"
 )
 declare -A version=(
     [kubernetes]=$KUBERNETES_VERSION
@@ -63,6 +66,7 @@ declare -A version=(
     [cri-tools]=$CRI_TOOLS_VERSION
     [containerd]=$CONTAINERD_VERSION
     [runc]=$RUNC_VERSION
+    [client-go]=$CLIENT_GO_VERSION
 )
 # The modules each component's go.mod must require at its version.
 declare -A modules=(
@@ -71,6 +75,7 @@ declare -A modules=(
     [cri-tools]="sigs.k8s.io/cri-tools"
     [containerd]="github.com/containerd/containerd/v2"
     [runc]="github.com/opencontainers/runc"
+    [client-go]="k8s.io/client-go k8s.io/apimachinery"
 )
 
 cache=${PETREL_PEERS_CACHE:-/var/cache/petrel/peers}
@@ -191,6 +196,13 @@ pin() {
         go mod edit -require="github.com/opencontainers/runc@$RUNC_VERSION" -tool=github.com/opencontainers/runc
         go mod tidy
     )
+    (
+        # main.go (kept) is the program; its imports decide the rest.
+        cd "$peers_dir/client-go"
+        new_gomod client-go
+        go mod edit -require="k8s.io/client-go@$CLIENT_GO_VERSION" -require="k8s.io/apimachinery@$CLIENT_GO_VERSION"
+        go mod tidy
+    )
     check_pins
     echo "peers: go.mod and go.sum under $peers_dir rewritten from versions.env"
 }
@@ -281,6 +293,11 @@ build_runc() {
         -ldflags "-s -w" -o "$out/runc" github.com/opencontainers/runc || return
 }
 
+build_client_go() {
+    local out=$1
+    run env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/leader-elect" . || return
+}
+
 # "binary|arguments|text its output must contain" for every binary.
 expected_versions() {
     local k=$KUBERNETES_VERSION e=${ETCD_VERSION#v} t=${CRI_TOOLS_VERSION#v}
@@ -299,6 +316,7 @@ ctr|--version|$CONTAINERD_VERSION
 containerd-shim-runc-v2|-v|$CONTAINERD_VERSION
 runc|--version|runc version ${RUNC_VERSION#v}
 runc|--version|libseccomp: 
+leader-elect|--version|client-go $CLIENT_GO_VERSION
 EOF
 }
 

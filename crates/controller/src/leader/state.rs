@@ -228,6 +228,11 @@ impl Publisher {
         term
     }
 
+    /// The current term, if leading.
+    fn current(&self) -> Option<Term> {
+        self.tx.borrow().term.clone()
+    }
+
     /// Ends the current term: cancels its token first (workers stop), then
     /// moves to `next`.
     pub(crate) fn end_term(&self, term: &Term, why: TermEnd, next: LeadershipState) {
@@ -235,6 +240,21 @@ impl Publisher {
         self.metrics.stopped_leading(why);
         self.tx.send_modify(|s| {
             s.state = next;
+            s.term = None;
+        });
+    }
+}
+
+impl Drop for Publisher {
+    /// An elector dropped while leading (its task aborted or panicked)
+    /// cannot renew: its workers stop too. The lock is not released.
+    fn drop(&mut self) {
+        if let Some(term) = self.current() {
+            term.inner.token.cancel();
+            self.metrics.stopped_leading(TermEnd::fenced);
+        }
+        self.tx.send_modify(|s| {
+            s.state = LeadershipState::Stopped;
             s.term = None;
         });
     }

@@ -283,6 +283,20 @@ async fn lease_leader_should_stop_at_once_when_lease_is_taken_by_an_edit() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn lease_elector_should_cancel_its_term_when_its_task_is_aborted() {
+    let store = LeaseStore::new();
+    let a = Candidate::start(store.handle("a"), cfg("a"));
+    let term = a.leads_within(Duration::from_millis(10)).await;
+    a.task.abort();
+    timeout(Duration::from_millis(1), term.lost())
+        .await
+        .expect("workers stop with the elector");
+    assert_eq!(a.leadership.state(), LeadershipState::Stopped);
+    // No release: the Lease still names a (a crash, as others see it).
+    assert_eq!(store.record().expect("lease").holder, "a");
+}
+
+#[tokio::test(start_paused = true)]
 async fn lease_leader_should_keep_leading_when_only_labels_changed() {
     let store = LeaseStore::new();
     let a = Candidate::start(store.handle("a"), cfg("a"));
