@@ -139,6 +139,13 @@ impl Runtime {
         rec: &ContainerRecord,
         sb: &Sandbox,
     ) -> Result<(ContainerRecord, Launched)> {
+        // As containerd: a stopped pod's namespaces may be gone.
+        if sb.with(|r| r.state) != crate::records::SandboxState::Ready {
+            return Err(RuntimeError::FailedPrecondition(format!(
+                "pod sandbox {} of container {} is not ready",
+                sb.id, rec.id
+            )));
+        }
         let config = rec.bundle.join("config.json");
         if !config.is_file() {
             return Err(RuntimeError::FailedPrecondition(format!(
@@ -436,6 +443,28 @@ mod tests {
             .calls()
             .iter()
             .any(|c| matches!(c, Call::ShimStart(_))));
+        let rec = t.stored(&id).expect("record");
+        assert_eq!((rec.exit_code, rec.reason.as_str()), (128, "StartError"));
+    }
+
+    #[tokio::test]
+    async fn start_should_fail_with_start_error_in_a_stopped_pod() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let id = t.create(&pod, "c").await.expect("create");
+        t.rt.stop_pod_sandbox(api::StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .expect("stop pod");
+        // The pod's stop leaves a container without a process as it is.
+        assert_eq!(t.state(&id), Some(ContainerState::Created));
+        let err =
+            t.rt.start_container(start_req(&id))
+                .await
+                .expect_err("fails");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        assert!(err.to_string().contains("not ready"), "{err}");
         let rec = t.stored(&id).expect("record");
         assert_eq!((rec.exit_code, rec.reason.as_str()), (128, "StartError"));
     }
