@@ -81,6 +81,7 @@ impl Runtime {
         if state == ContainerState::Exited || *exited.borrow() {
             return Ok(());
         }
+        c.ask_stop();
         if timeout > 0 && state == ContainerState::Running {
             let sig = self.stop_signal(c);
             self.signal_init(c, sig).await;
@@ -106,6 +107,7 @@ impl Runtime {
             if c.state() == ContainerState::Exited || *exited.borrow() {
                 continue;
             }
+            c.ask_stop();
             self.kill_all(c).await;
             killed.push((c, exited));
         }

@@ -304,6 +304,11 @@ impl FakeHost {
         *self.world().faults.entry(fault).or_default() += times;
     }
 
+    /// Lets every later call of `fault`'s kind succeed again.
+    pub fn allow(&self, fault: Fault) {
+        self.world().faults.remove(&fault);
+    }
+
     /// Makes every later checkpoint take `d`.
     pub fn checkpoint_takes(&self, d: Duration) {
         self.world().checkpoint_takes = d;
