@@ -1,12 +1,13 @@
 //! A removed container's remains, taken off RemoveContainer's path.
 //!
-//! RemoveContainer of an exited container only renames its bundle and
+//! RemoveContainer of an exited container only detaches its rootfs and
+//! image volumes (nothing can use them any more), renames its bundle and
 //! writable layer into the trash (one rename each, [`Trash::take`]),
 //! commits the record's deletion and returns. The one background
 //! [`Remover`] then, container after container: deletes the container from
 //! the OCI runtime (its state directory and cgroups), lets go of its mount
-//! namespace, unmounts what is still mounted in the trashed bundle (rootfs,
-//! image volumes) and removes both trees.
+//! namespace (the kernel tears it down then) and removes both trees (after
+//! unmounting whatever a crash left mounted in a trashed bundle).
 //!
 //! Nothing left is visible as the container: its record, name and listing
 //! entry are gone when the call returns, and a new container never shares
