@@ -142,6 +142,14 @@ pub async fn serve_runtime(
     {
         tracing::warn!("calls under way did not finish within 10s");
     }
+    // Removed containers' remains still queued: a little time to finish,
+    // else the next start's sweep of the trash does it.
+    if tokio::time::timeout(Duration::from_secs(5), rt.remover.idle())
+        .await
+        .is_err()
+    {
+        tracing::info!("removals under way left to the next start");
+    }
     serving.abort();
     nri.shutdown().await;
     crate::util::remove_file_logged(&socket, "CRI socket");
