@@ -235,6 +235,15 @@ impl ContainerRecord {
         self.pid != 0
     }
 
+    /// Whether its init is known dead: an exited container, unless it is a
+    /// failed start whose rollback left runc's container (and maybe the
+    /// init) behind.
+    pub fn init_dead(&self) -> bool {
+        self.state == ContainerState::Exited
+            && !(self.reason == crate::container::start::START_ERROR_REASON
+                && self.in_oci_runtime())
+    }
+
     /// Its CRI mounts as ContainerStatus reports them: an image volume's
     /// image is the id it was resolved to (what the request named kept as
     /// `user_specified_image` when that was empty).

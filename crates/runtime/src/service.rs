@@ -103,6 +103,8 @@ pub struct Runtime {
     pub(crate) streams: petrel_stream::StreamServer,
     /// NRI: idle until `serve_runtime` launches it after recovery.
     pub(crate) nri: Arc<crate::nri::host::RuntimeNri>,
+    /// Removes removed containers' remains in the background.
+    pub(crate) remover: crate::container::remover::Remover,
     initialized: AtomicBool,
     stopping: AtomicBool,
     calls: AtomicUsize,
@@ -160,6 +162,10 @@ impl Runtime {
         ] {
             mkdir_private(&d)?;
         }
+        let trash = crate::container::remover::Trash::of(&layout);
+        for d in trash.dirs() {
+            mkdir_private(d)?;
+        }
         let store = Store::open(&layout.db())?;
         let images = ImageStore::open(&layout.images())
             .map_err(RuntimeError::from)?
@@ -184,6 +190,12 @@ impl Runtime {
             networks,
             host,
         } = parts;
+        let remover = crate::container::remover::Remover::start(
+            oci.clone(),
+            cgroups.clone(),
+            rootfs.clone(),
+            trash,
+        );
         let listening = petrel_stream::StreamServer::listen(petrel_stream::StreamConfig {
             address: config.stream_address,
             token_ttl: std::time::Duration::from_secs(config.stream_token_ttl_secs.max(1)),
@@ -217,6 +229,7 @@ impl Runtime {
             events,
             metrics,
             networks,
+            remover,
             initialized: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             calls: AtomicUsize::new(0),

@@ -7,7 +7,7 @@
 //! exit handling, remove), while reads take only a short std lock.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use tokio::sync::watch;
@@ -154,6 +154,9 @@ pub struct Container {
     /// Whether runc's record of the container is gone; held while deleting
     /// it, so that exit handling and removal never both run `runc delete`.
     pub runc_deleted: tokio::sync::Mutex<bool>,
+    /// Whether a stop was asked for (its exit's commit may wait for the
+    /// removal that usually follows, see `container::exit`).
+    stop_asked: AtomicBool,
     listing: Listing,
     /// The container generation of the [`State`] holding this container
     /// (set when it is inserted), bumped after each record change.
@@ -176,6 +179,7 @@ impl Container {
             metrics_sample: Cached::default(),
             layer_usage: Cached::default(),
             runc_deleted: tokio::sync::Mutex::new(false),
+            stop_asked: AtomicBool::new(false),
             listing: Listing::default(),
             generation: OnceLock::new(),
             mount_ns: Mutex::new(None),
@@ -189,6 +193,16 @@ impl Container {
     /// of the exit. Best effort: without it the kernel does it at the exit.
     pub fn hold_mount_namespace(&self, ns: crate::container::mount_ns::HeldNamespace) {
         *lock(&self.mount_ns) = Some(ns);
+    }
+
+    /// Notes that a stop was asked for (before the signal is sent).
+    pub fn ask_stop(&self) {
+        self.stop_asked.store(true, Ordering::Release);
+    }
+
+    /// Whether a stop was asked for.
+    pub fn stop_asked(&self) -> bool {
+        self.stop_asked.load(Ordering::Acquire)
     }
 
     /// Takes the held mount namespace, to be closed where the teardown may

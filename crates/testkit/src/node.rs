@@ -338,14 +338,26 @@ impl Node {
     }
 
     /// Asserts that no pod or container of this node left anything: bundles,
-    /// writable layers, sandbox directories, mounts, and the cgroup of the
+    /// writable layers (the trash emptied too, within 10 s), sandbox
+    /// directories, mounts, and the cgroup of the
     /// pod named `pod` (its containers' cgroups are inside it).
     pub fn assert_no_debris(&self, pod: &str) {
-        for d in ["state/containers", "state/sandboxes", "root/containers"] {
-            let n = std::fs::read_dir(self.dir.path().join(d))
+        let count = |d: &str| {
+            std::fs::read_dir(self.dir.path().join(d))
                 .map(|it| it.count())
-                .unwrap_or(0);
-            assert_eq!(n, 0, "{d} not empty");
+                .unwrap_or(0)
+        };
+        for d in ["state/containers", "state/sandboxes", "root/containers"] {
+            assert_eq!(count(d), 0, "{d} not empty");
+        }
+        // Removed containers' files go to the trash, emptied in the
+        // background: given a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for d in ["state/trash", "root/trash"] {
+            while count(d) > 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert_eq!(count(d), 0, "{d} not emptied");
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
         assert!(

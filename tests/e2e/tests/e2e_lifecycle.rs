@@ -878,14 +878,21 @@ async fn delete_of_a_stopped_container_should_remove_runcs_state_and_cgroups_wit
         paths
     };
 
-    // Removed at once after its stop: RemoveContainer deletes it.
+    // Removed at once after its stop: the removal deletes it, in the
+    // background, after RemoveContainer answered.
     let id = c.run(&pod, &pc, sh_container("now", "sleep 1000")).await;
     let cgroups = cgroups_of(&id);
     c.stop(&id, 0).await.unwrap();
     c.remove(&id).await.unwrap();
-    assert!(!runc_dir(&id).exists());
+    assert!(
+        eventually(Duration::from_secs(5), || !runc_dir(&id).exists()).await,
+        "runc still knows the removed container"
+    );
     for p in &cgroups {
-        assert!(!p.exists(), "{p:?} outlived the removal");
+        assert!(
+            eventually(Duration::from_secs(5), || !p.exists()).await,
+            "{p:?} outlived the removal"
+        );
     }
 
     // Left alone after its exit: the exit handling deletes it, and the
@@ -922,13 +929,16 @@ async fn delete_of_a_stopped_container_should_remove_runcs_state_and_cgroups_wit
     );
     let id = c.run(&pod2, &pc, shared).await;
     c.stop(&id, 0).await.unwrap();
-    let e = c.remove(&id).await.unwrap_err();
+    // The removal answers; runc's delete, refused, is the pod's removal's
+    // to finish (the pod's cgroup holds the container's), which reports
+    // the refusal until it works.
+    c.remove(&id).await.unwrap();
+    let e = c.remove_pod(&pod2).await.unwrap_err();
     assert!(e.message().contains("delete refused by the test"), "{e:?}");
     assert!(runc_dir(&id).exists());
     std::fs::remove_file(&refuse).unwrap();
-    c.remove(&id).await.unwrap();
-    assert!(!runc_dir(&id).exists());
     c.remove_pod(&pod2).await.unwrap();
+    assert!(!runc_dir(&id).exists());
     c.remove_pod(&pod).await.unwrap();
 }
 

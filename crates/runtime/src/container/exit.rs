@@ -252,14 +252,29 @@ impl Runtime {
         // runs the subscribers' streams woken here on this same thread, but
         // only once this task yields.
         tokio::task::yield_now().await;
+        // The exit of a container asked to stop is usually followed at once
+        // by its removal (kubelet's kill, critest): its commit waits for the
+        // cleanup below and is dropped if the removal's deletion of the
+        // record came first, so that RemoveContainer does not wait for one
+        // fsync before making its own.
+        let commit_later = c.stop_asked();
+        if !commit_later {
+            self.commit_exited(&rec);
+        }
+        self.nri_stopped(c);
+        self.clean_up_after_exit(c, rec.cgroup_path, commit_later);
+    }
+
+    /// Commits an exited container's record; a failure is logged (the
+    /// shim's exit file, kept until the container is removed, is read
+    /// again by recovery).
+    fn commit_exited(&self, rec: &ContainerRecord) {
         if let Err(e) = self
             .store
-            .put(petrel_store::Table::Containers, &rec.id, &rec)
+            .put(petrel_store::Table::Containers, &rec.id, rec)
         {
             tracing::error!(container.id = %rec.id, error = %e, "exit not committed; recovery will read it again");
         }
-        self.nri_stopped(c);
-        self.clean_up_after_exit(c, rec.cgroup_path);
     }
 
     /// The OCI runtime's record of a stopped container only holds its
@@ -273,11 +288,24 @@ impl Runtime {
     /// RemoveContainer deleting the cgroup meanwhile would wait for it
     /// (removing a cgroup waits for writes to its files). A container
     /// removed within [`CLEANUP_DELAY`] of its exit is not uncharged.
-    fn clean_up_after_exit(self: &Arc<Self>, c: &Arc<Container>, cgroup: String) {
+    fn clean_up_after_exit(self: &Arc<Self>, c: &Arc<Container>, cgroup: String, commit: bool) {
         let rt = self.clone();
         let c = c.clone();
         tokio::spawn(async move {
             tokio::time::sleep(CLEANUP_DELAY).await;
+            if commit {
+                // Under the container's lock: a removal either deleted the
+                // record already (the container is gone from memory too) or
+                // waits for this commit.
+                let _op = c.op.lock().await;
+                if rt
+                    .state
+                    .container(&c.id)
+                    .is_some_and(|cur| Arc::ptr_eq(&cur, &c))
+                {
+                    rt.commit_exited(&c.record());
+                }
+            }
             let mut deleted = c.runc_deleted.lock().await;
             if *deleted {
                 return;
@@ -354,6 +382,35 @@ mod tests {
             .await;
         assert!(gone, "{:?}", host.calls());
         assert!(host.calls().contains(&Call::ReleaseMemory(rec.cgroup_path)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_containers_exit_should_be_committed_late_and_never_after_its_removal() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let kept = t.run(&pod, "kept").await;
+        let removed = t.run(&pod, "removed").await;
+        for id in [&kept, &removed] {
+            t.rt.stop_container(api::StopContainerRequest {
+                container_id: id.clone(),
+                timeout: 0,
+            })
+            .await
+            .expect("stop");
+        }
+        // Stopped: shown at once, committed after the cleanup's delay.
+        assert_eq!(t.state(&kept), Some(ContainerState::Exited));
+        t.rt.remove_container(api::RemoveContainerRequest {
+            container_id: removed.clone(),
+        })
+        .await
+        .expect("remove");
+        tokio::time::sleep(CLEANUP_DELAY * 5).await;
+        assert_eq!(
+            t.stored(&kept).expect("record").state,
+            ContainerState::Exited
+        );
+        assert!(t.stored(&removed).is_none(), "removed record written back");
     }
 
     #[tokio::test]

@@ -44,9 +44,13 @@ impl Runtime {
         Ok(rec)
     }
 
-    /// Removes a container: stopped by force if it runs, everything it has
-    /// on the host undone, its record deleted, its name freed, DELETED
-    /// published. A container removed meanwhile is not an error.
+    /// Removes a container: stopped by force if it runs, its record
+    /// deleted, its name freed, DELETED published. An exited container's
+    /// files are only moved into the trash before the deletion is
+    /// committed; the rest (its OCI runtime state and cgroup, mounts,
+    /// files) is the background remover's (`container::remover`). Any
+    /// other is undone in full first. A container removed meanwhile is not
+    /// an error.
     pub(crate) async fn container_remove(self: &Arc<Self>, c: &Arc<Container>) -> Result<()> {
         let t0 = std::time::Instant::now();
         self.container_stop(c, 0).await?;
@@ -60,24 +64,35 @@ impl Runtime {
             return Ok(()); // removed by a concurrent call
         }
         let rec = c.record();
-        let mut deleted = c.runc_deleted.lock().await;
-        let t_locked = t0.elapsed();
-        // Never given to runc (not started, or its failed start undone).
-        let runc_gone = *deleted || !rec.in_oci_runtime();
-        self.teardown_container(&rec, runc_gone, c.release_mount_namespace())
-            .await?;
-        *deleted = true;
-        drop(deleted);
+        // Only a container whose init is dead leaves the rest to the
+        // remover (not a failed start whose rollback left runc's container).
+        let deferred = rec.init_dead() && self.trash_container(&rec)?;
+        if !deferred {
+            let mut deleted = c.runc_deleted.lock().await;
+            // Never given to runc (not started, or its failed start undone).
+            let runc_gone = *deleted || !rec.in_oci_runtime();
+            self.teardown_container(&rec, runc_gone, c.release_mount_namespace())
+                .await?;
+            *deleted = true;
+        }
         let t_torn = t0.elapsed();
         self.store.delete(Table::Containers, &rec.id)?;
         tracing::debug!(
             container.id = %rec.id,
+            deferred,
             stop_us = t_stopped.as_micros() as u64,
-            wait_cleanup_us = (t_locked - t_stopped).as_micros() as u64,
-            teardown_us = (t_torn - t_locked).as_micros() as u64,
+            teardown_us = (t_torn - t_stopped).as_micros() as u64,
             commit_us = (t0.elapsed() - t_torn).as_micros() as u64,
             "container removed"
         );
+        if deferred {
+            self.remover.remove(
+                c.clone(),
+                rec.sandbox_id.clone(),
+                rec.cgroup_path.clone(),
+                c.release_mount_namespace(),
+            );
+        }
         let sb = self.sandbox_of(c);
         if let Some(sb) = &sb {
             sb.remove_container(&rec.id);
@@ -90,6 +105,33 @@ impl Runtime {
         drop(_op);
         self.nri_removed(&rec, sb.as_deref()).await;
         Ok(())
+    }
+
+    /// Unmounts an exited container's rootfs and image volumes (nothing
+    /// can use them any more: they are detached) and moves its bundle and
+    /// writable layer into the trash. False when that cannot be done (an
+    /// unmount failed, or the trash is on another file system than they
+    /// are): nothing was moved, for the removal to undo them in place.
+    fn trash_container(&self, rec: &ContainerRecord) -> Result<bool> {
+        use crate::container::remover::TakeError;
+        let (_, unmount_errors) =
+            crate::container::teardown::unmount_container(self.rootfs.as_ref(), &rec.bundle);
+        if let Some(e) = unmount_errors.first() {
+            tracing::debug!(container.id = %rec.id, error = %e, "unmount failed: container removed in place");
+            return Ok(false);
+        }
+        match self
+            .remover
+            .trash()
+            .take(&rec.id, &rec.bundle, &rec.layer_dir)
+        {
+            Ok(()) => Ok(true),
+            Err(TakeError::OtherFileSystem) => {
+                tracing::debug!(container.id = %rec.id, "trash on another file system: container removed in place");
+                Ok(false)
+            }
+            Err(TakeError::Failed(e)) => Err(e),
+        }
     }
 
     /// Applies resources to a created or running container and records
@@ -135,7 +177,7 @@ mod tests {
     use petrel_cri::api;
 
     use super::*;
-    use crate::parts::fake::{Call, TestRuntime};
+    use crate::parts::fake::{Call, Fault, TestRuntime};
 
     #[tokio::test]
     async fn container_update_should_change_neither_store_nor_memory_when_the_store_refuses() {
@@ -185,15 +227,100 @@ mod tests {
         )));
         assert_eq!(t.state(&id), None);
         assert!(t.stored(&id).is_none());
-        assert!(!t.host.containers().contains_key(&id));
         assert!(!t.host.mounts().contains(&rec.bundle.join("rootfs")));
         assert!(!rec.bundle.exists() && !rec.layer_dir.exists());
+        // The rest is the remover's.
+        t.rt.remover.idle().await;
+        assert!(!t.host.containers().contains_key(&id));
+        assert!(!t.host.cgroups().contains(&rec.cgroup_path));
+        let trash = t.rt.remover.trash();
+        assert!(!trash.bundle(&id).exists() && !trash.layer(&id).exists());
         // Gone already: removing again succeeds, as CRI asks.
         t.rt.remove_container(api::RemoveContainerRequest { container_id: id })
             .await
             .expect("remove again");
         // Its name is free.
         assert!(t.create(&pod, "c").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn container_remove_should_leave_nothing_visible_before_its_remains_are_gone() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let id = t.run(&pod, "c").await;
+        let rec = t.stored(&id).expect("record");
+        let c = t.rt.state.container(&id).expect("container");
+        // The remover is held up: the OCI runtime's part waits for this lock.
+        let held = c.runc_deleted.lock().await;
+        t.rt.remove_container(api::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("remove");
+        assert_eq!(t.state(&id), None);
+        assert!(t.stored(&id).is_none());
+        let listed =
+            t.rt.list_containers(api::ListContainersRequest::default())
+                .await
+                .expect("list")
+                .containers;
+        assert!(listed.iter().all(|l| l.id != id), "{listed:?}");
+        // Its files are in the trash, its runc state still there.
+        let trash = t.rt.remover.trash().clone();
+        assert!(trash.layer(&id).exists());
+        assert!(t.host.containers().contains_key(&id));
+        assert!(!rec.bundle.exists() && !rec.layer_dir.exists());
+        // Its name is free at once; the new container is another.
+        let again = t.create(&pod, "c").await.expect("create again");
+        assert_ne!(again, id);
+        drop(held);
+        t.rt.remover.idle().await;
+        assert!(!t.host.containers().contains_key(&id));
+        assert!(!trash.bundle(&id).exists() && !trash.layer(&id).exists());
+        // The remover left the new container alone.
+        assert_eq!(t.state(&again), Some(ContainerState::Created));
+        assert!(t.stored(&again).is_some_and(|r| r.bundle.exists()));
+    }
+
+    #[tokio::test]
+    async fn sandbox_remove_should_finish_what_its_removed_containers_left_to_the_remover() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let cgroup =
+            t.rt.sandbox(&pod)
+                .expect("pod")
+                .with(|r| r.cgroup_parent.clone());
+        let id = t.run(&pod, "c").await;
+        // runc's delete fails: the removal succeeds all the same.
+        t.host.fail(Fault::OciDelete, u32::MAX);
+        t.rt.remove_container(api::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .expect("remove");
+        t.rt.remover.idle().await;
+        assert!(t.host.containers().contains_key(&id));
+        // The pod's removal needs it (its cgroup holds the container's):
+        // refused while it fails, done once it works.
+        let refused =
+            t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await;
+        assert!(refused.is_err());
+        assert!(t.rt.state.sandbox(&pod).is_some());
+        t.host.allow(Fault::OciDelete);
+        t.rt.remove_pod_sandbox(api::RemovePodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .expect("remove pod");
+        assert!(t.host.containers().is_empty());
+        assert!(
+            !t.host.cgroups().contains(&cgroup),
+            "{:?}",
+            t.host.cgroups()
+        );
     }
 
     #[tokio::test]

@@ -1,7 +1,8 @@
 //! What a container is made of on the host (its rootfs and its shim), and
 //! its lifecycle: created all or nothing (`create`), started with its shim
 //! (`start`), updated and removed (`lifecycle`), stopped (`stop`), its exit
-//! recorded (`exit`), undone (`teardown`).
+//! recorded (`exit`), undone (`teardown`), its remains removed in the
+//! background after a removal (`remover`).
 pub(crate) mod config_update;
 pub(crate) mod create;
 pub(crate) mod exec_process;
@@ -12,6 +13,7 @@ pub mod image_users;
 pub(crate) mod lifecycle;
 pub mod migration_warmup;
 pub mod mount_ns;
+pub(crate) mod remover;
 pub mod rootfs;
 pub mod shim;
 pub(crate) mod start;

@@ -403,6 +403,7 @@ mod tests {
         })
         .await
         .expect("remove");
+
         assert!(t.host.calls().contains(&Call::OciDelete {
             id: id.clone(),
             force: true

@@ -89,6 +89,7 @@ impl Runtime {
         if state == ContainerState::Exited || *exited.borrow() || !has_process(c) {
             return Ok(());
         }
+        c.ask_stop();
         if timeout > 0 && state == ContainerState::Running {
             let sig = self.stop_signal(c);
             self.signal_init(c, sig).await;
@@ -114,6 +115,7 @@ impl Runtime {
             if c.state() == ContainerState::Exited || *exited.borrow() || !has_process(c) {
                 continue;
             }
+            c.ask_stop();
             self.kill_all(c).await;
             killed.push((c, exited));
         }

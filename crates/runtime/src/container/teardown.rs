@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::container::mount_ns::HeldNamespace;
 use crate::error::{Result, RuntimeError};
 use crate::parts::RootfsMounter;
-use crate::records::{ContainerRecord, ContainerState, ImageVolume};
+use crate::records::{ContainerRecord, ImageVolume};
 use crate::service::Runtime;
 
 impl Runtime {
@@ -32,7 +32,7 @@ impl Runtime {
                 .map_err(RuntimeError::from)
         };
         let (bundle, layer) = (rec.bundle.clone(), rec.layer_dir.clone());
-        let (runc, files) = if rec.state == ContainerState::Exited {
+        let (runc, files) = if rec.init_dead() {
             // Its init is dead, so runc's record and the files are
             // independent: `runc delete` (a process of its own) and the
             // unmount and removal of the rootfs run side by side.
@@ -82,19 +82,30 @@ pub(crate) fn remove_container_files(
     bundle: &Path,
     layer: &Path,
 ) -> Vec<RuntimeError> {
+    let (volumes_unmounted, mut errors) = unmount_container(mounter, bundle);
+    // Never walk into an image volume still mounted: its files are the
+    // image's (read-only, but an error per file).
+    if volumes_unmounted {
+        errors.extend(crate::util::remove_dir(bundle).err());
+    }
+    errors.extend(crate::util::remove_dir(layer).err());
+    errors
+}
+
+/// Unmounts (detaches) a container's image volumes and rootfs under
+/// `bundle`; every step runs. Returns whether every image volume was
+/// unmounted, and the errors.
+pub(crate) fn unmount_container(
+    mounter: &dyn RootfsMounter,
+    bundle: &Path,
+) -> (bool, Vec<RuntimeError>) {
     let mut errors: Vec<RuntimeError> = image_volume_dirs(bundle)
         .iter()
         .filter_map(|dir| mounter.unmount(dir).err())
         .collect();
     let unmounted = errors.is_empty();
     errors.extend(mounter.unmount(&bundle.join("rootfs")).err());
-    // Never walk into an image volume still mounted: its files are the
-    // image's (read-only, but an error per file).
-    if unmounted {
-        errors.extend(crate::util::remove_dir(bundle).err());
-    }
-    errors.extend(crate::util::remove_dir(layer).err());
-    errors
+    (unmounted, errors)
 }
 
 /// The image volume mount points under `bundle` (none when it is missing).

@@ -27,6 +27,10 @@
 //!   vanished (a reboot) is marked NotReady and its network released (CNI
 //!   DEL; kept recorded when DEL fails, for StopPodSandbox to retry); an
 //!   intact one stays Ready and its network is checked in the background;
+//! - a container with a record and files in the trash is a removal
+//!   interrupted before its deletion was committed: it is completed like
+//!   an interrupted create; whatever the trash holds is removed in the
+//!   background (`container::remover`);
 //! - runc containers and per-object directories of ours that no record
 //!   names are reported and removed. Only ids in our own directories are
 //!   considered: nothing else on the host is touched.
@@ -110,6 +114,9 @@ impl Runtime {
         let mut containers = 0usize;
         let mut leftovers = Leftovers::new();
         let mut not_started = Vec::new();
+        // What removals moved to the trash; a record of one of them is a
+        // removal interrupted before its deletion was committed.
+        let trashed = self.remover.trash().ids();
         for (key, rec) in self.store.list::<ContainerRecord>(Table::Containers)? {
             let rec = match rec {
                 Ok(r) => r,
@@ -118,6 +125,11 @@ impl Runtime {
                     continue;
                 }
             };
+            if trashed.contains(&rec.id) {
+                tracing::warn!(container.id = %rec.id, "container left by an interrupted removal");
+                leftovers.insert(rec.id.clone(), Some(rec));
+                continue;
+            }
             let sb = self
                 .state
                 .sandbox(&rec.sandbox_id)
@@ -158,6 +170,15 @@ impl Runtime {
         }
         self.remove_leftovers(leftovers, not_started, &in_runc)
             .await;
+        if !trashed.is_empty() {
+            tracing::info!(
+                count = trashed.len(),
+                "removing what removals left in the trash"
+            );
+        }
+        for id in trashed {
+            self.remover.sweep(id);
+        }
 
         for rec in interrupted_pods {
             tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");

@@ -673,3 +673,62 @@ async fn recovery_should_undo_a_start_interrupted_before_running_was_committed()
     assert!(t.host.mounts().contains(&l.bundle.join("rootfs")));
     start(&t, &l.id).await;
 }
+
+#[tokio::test]
+async fn recovery_should_complete_a_removal_interrupted_between_its_renames_and_its_commit() {
+    let t = TestRuntime::new();
+    let pod = pod_record(&t);
+    let case = Case {
+        record: Some(Exited),
+        pod_known: true,
+        shim: ShimSeen::Gone,
+        init: InitSeen::Gone,
+        fifo: false,
+        in_runc: true,
+    };
+    let l = set_up(&t, &pod, 0, case);
+    // The removal unmounted and moved the files; its commit never came.
+    t.host
+        .unmount(&l.bundle.join("rootfs"))
+        .expect("unmount rootfs");
+    let trash = t.rt.remover.trash().clone();
+    trash
+        .take(&l.id, &l.bundle, &l.layer)
+        .expect("to the trash");
+    t.rt.recover().await.expect("recover");
+    assert!(t.stored(&l.id).is_none(), "record left");
+    assert!(t.rt.state.container(&l.id).is_none());
+    assert!(!t.host.containers().contains_key(&l.id), "runc left");
+    assert!(!t.host.cgroups().contains(&l.cgroup), "cgroup left");
+    t.rt.remover.idle().await;
+    assert!(!trash.bundle(&l.id).exists(), "bundle left in the trash");
+    assert!(!trash.layer(&l.id).exists(), "layer left in the trash");
+}
+
+#[tokio::test]
+async fn recovery_should_sweep_the_trash_and_unmount_what_is_mounted_there() {
+    let t = TestRuntime::new();
+    let trash = t.rt.remover.trash().clone();
+    let id = util::new_id().expect("id");
+    std::fs::create_dir_all(trash.layer(&id).join("upper/etc")).expect("layer");
+    std::fs::write(trash.layer(&id).join("upper/etc/file"), "x").expect("file");
+    let rootfs = trash.bundle(&id).join("rootfs");
+    t.host
+        .mount(
+            &[],
+            &crate::container::rootfs::WritableLayer::new(&trash.layer(&id)),
+            &trash.layer(&id),
+            &rootfs,
+            None,
+        )
+        .expect("mount");
+    // Not an id: not the runtime's, never touched.
+    let foreign = trash.dirs()[1].join("not-an-id");
+    std::fs::create_dir_all(&foreign).expect("foreign");
+    t.rt.recover().await.expect("recover");
+    t.rt.remover.idle().await;
+    assert!(!trash.bundle(&id).exists() && !trash.layer(&id).exists());
+    assert!(t.host.calls().contains(&Call::Unmount(rootfs.clone())));
+    assert!(!t.host.mounts().contains(&rootfs));
+    assert!(foreign.exists());
+}

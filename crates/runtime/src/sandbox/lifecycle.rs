@@ -100,6 +100,9 @@ impl Runtime {
             .await
             .into_iter()
             .collect::<Result<Vec<()>>>()?;
+        // Removed containers' cgroups are inside the pod's: the OCI
+        // runtime's part of their removals is done now, not left queued.
+        self.remover.finish_pod(&sb.id).await?;
         let rec = sb.record();
         self.sandbox_teardown(&rec).await?;
         self.store.delete(Table::Sandboxes, &rec.id)?;

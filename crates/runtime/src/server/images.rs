@@ -235,6 +235,14 @@ impl Runtime {
         let ts = util::now_ns();
         let containers_dir = self.layout.root.join("containers");
         let DirUsage { bytes, inodes } = dir_usage(&containers_dir);
+        // Removed containers' layers still in the trash use the same file
+        // system until the remover is done with them: counted, once (a
+        // layer is moved there, not copied).
+        let (bytes, inodes) = std::fs::read_dir(self.remover.trash().layers_dir())
+            .into_iter()
+            .flat_map(|it| it.flatten())
+            .map(|e| dir_usage(&e.path()))
+            .fold((bytes, inodes), |(b, i), u| (b + u.bytes, i + u.inodes));
         Ok(api::ImageFsInfoResponse {
             image_filesystems: vec![api::FilesystemUsage {
                 timestamp: ts,

@@ -2,10 +2,12 @@
 //! and Petrel's admin API, served on one unix socket.
 //!
 //! Every call goes through `CriServer::call`, which refuses calls until
-//! start-up recovery is done, runs the handler in its own task (a client
-//! that hangs up cannot cancel a create halfway, and a panic becomes an
-//! `INTERNAL` error instead of taking the daemon down), records metrics, logs
-//! mutating calls, and converts errors to gRPC codes in one place.
+//! start-up recovery is done, runs a mutating call's handler in its own
+//! task (a client that hangs up cannot cancel a create halfway) and a
+//! read's on the connection's task (no spawn per List or Status call),
+//! turns a panic into an `INTERNAL` error instead of taking the daemon
+//! down, records metrics, logs mutating calls, and converts errors to gRPC
+//! codes in one place.
 
 pub mod admin;
 pub mod container_checkpoint;
@@ -140,6 +142,14 @@ pub async fn serve_runtime(
     {
         tracing::warn!("calls under way did not finish within 10s");
     }
+    // Removed containers' remains still queued: a little time to finish,
+    // else the next start's sweep of the trash does it.
+    if tokio::time::timeout(Duration::from_secs(5), rt.remover.idle())
+        .await
+        .is_err()
+    {
+        tracing::info!("removals under way left to the next start");
+    }
     serving.abort();
     nri.shutdown().await;
     crate::util::remove_file_logged(&socket, "CRI socket");
@@ -204,17 +214,34 @@ impl CriServer {
         let start = Instant::now();
         let rt = self.rt.clone();
         let req = req.into_inner();
-        let task = tokio::spawn(async move { f(rt, req).await });
-        // Calls run to completion when their client goes away (a half-made
-        // change is worse than an unwanted one), except ExecSync, whose
-        // command is killed when nobody waits for its output any more, and
-        // PullImage, whose downloads stop when nobody waits for the image
-        // (the commit, once begun, runs on and completes or fails whole).
-        let _abort =
-            matches!(op, "ExecSync" | "PullImage").then(|| AbortOnDrop(task.abort_handle()));
-        let res = match task.await {
-            Ok(r) => r,
-            Err(e) => Err(RuntimeError::task(op, e)),
+        let mutating = is_mutating(op);
+        let res = if mutating {
+            let task = tokio::spawn(async move { f(rt, req).await });
+            // Calls run to completion when their client goes away (a
+            // half-made change is worse than an unwanted one), except
+            // ExecSync, whose command is killed when nobody waits for its
+            // output any more, and PullImage, whose downloads stop when
+            // nobody waits for the image (the commit, once begun, runs on
+            // and completes or fails whole).
+            let _abort =
+                matches!(op, "ExecSync" | "PullImage").then(|| AbortOnDrop(task.abort_handle()));
+            match task.await {
+                Ok(r) => r,
+                Err(e) => Err(RuntimeError::task(op, e)),
+            }
+        } else {
+            // A read runs on the connection's own task: no task to spawn,
+            // schedule and join per call (nor an idle worker woken for it),
+            // and a client that goes away cancels only a read. A panic is
+            // still an INTERNAL error, not the daemon's end.
+            use futures_util::FutureExt;
+            match std::panic::AssertUnwindSafe(async move { f(rt, req).await })
+                .catch_unwind()
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(RuntimeError::Invariant(format!("{op} panicked"))),
+            }
         };
         let took = start.elapsed();
         self.rt.metrics.observe(op, took, res.is_err());
@@ -224,7 +251,7 @@ impl CriServer {
             Err(s) => {
                 tracing::warn!(op, code = ?s.code(), error = s.message(), took_ms = took.as_millis() as u64, "call failed")
             }
-            Ok(_) if is_mutating(op) => {
+            Ok(_) if mutating => {
                 tracing::info!(op, took_ms = took.as_millis() as u64, "call done")
             }
             Ok(_) => tracing::trace!(op, "call done"),
@@ -682,5 +709,40 @@ impl Admin for CriServer {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parts::fake::TestRuntime;
+
+    #[tokio::test]
+    async fn a_read_that_panics_should_answer_internal_and_reads_should_go_on() {
+        let t = TestRuntime::new();
+        let server = CriServer { rt: t.rt.clone() };
+        let boom = server
+            .call(
+                "ListImages",
+                Request::new(true),
+                |_rt, panic: bool| async move {
+                    assert!(!panic, "boom");
+                    Ok(())
+                },
+            )
+            .await
+            .expect_err("a panic");
+        assert_eq!(boom.code(), tonic::Code::Internal);
+        assert!(boom.message().contains("ListImages"), "{boom:?}");
+        let images = server
+            .call(
+                "ListImages",
+                Request::new(api::ListImagesRequest::default()),
+                |rt, r| async move { rt.list_images(r).await },
+            )
+            .await
+            .expect("list images")
+            .into_inner();
+        assert_eq!(images.images.len(), 1);
     }
 }
