@@ -72,7 +72,8 @@ containerd: deps
 criu: deps
 	scripts/criu.sh build
 
-## peers: kubelet, kube-apiserver, kubectl, etcd, critest, containerd 2, runc
+## peers: kubelet, kube-apiserver, kubectl, etcd, critest, containerd 2, runc,
+## podset-controller (controller-runtime) and leader-elect (client-go)
 ## built from Go modules at the versions in tools/peers/versions.env, cached
 ## in /var/cache/petrel/peers and linked into build/peers/bin
 ## (PETREL_PEERS_SKIP=containerd,runc leaves components out)

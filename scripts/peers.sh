@@ -11,7 +11,9 @@
 #   runc        runc (with Debian's libseccomp; for idmapped-mount tests)
 #   controller-runtime
 #               podset-controller (our sample controller on controller-runtime,
-#               the reference of the controller kit's benchmark)
+#               the reference of the controller kit's benchmark) and leader-elect
+#               (leader-elect/main.go: a plain client-go leader-election
+#               candidate for the kit's tests), one module, one client-go
 #
 # Each component is its own Go module (tools/peers/<component>/go.mod and
 # go.sum, committed), so their dependency graphs never meet.
@@ -59,7 +61,7 @@ declare -A binaries=(
     [cri-tools]="crictl critest"
     [containerd]="containerd containerd-shim-runc-v2 ctr"
     [runc]="runc"
-    [controller-runtime]="podset-controller"
+    [controller-runtime]="podset-controller leader-elect"
 )
 declare -A version=(
     [kubernetes]=$KUBERNETES_VERSION
@@ -302,6 +304,7 @@ build_runc() {
 build_controller_runtime() {
     local out=$1
     run env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/podset-controller" . || return
+    run env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/leader-elect" ./leader-elect || return
 }
 
 # "binary|arguments|text its output must contain" for every binary.
@@ -323,6 +326,7 @@ containerd-shim-runc-v2|-v|$CONTAINERD_VERSION
 runc|--version|runc version ${RUNC_VERSION#v}
 runc|--version|libseccomp: 
 podset-controller|--version|controller-runtime $CONTROLLER_RUNTIME_VERSION
+leader-elect|--version|client-go $KUBERNETES_STAGING_VERSION
 EOF
 }
 
@@ -358,9 +362,9 @@ cache_key() {
         declare -f "$fn"
         cd "$peers_dir/$c"
         cat go.mod go.sum
-        for f in ./*.go; do
-            if [[ -f $f ]]; then cat "$f"; fi
-        done
+        # Every .go file, in subdirectories too, in a fixed order (for the
+        # components with top-level files only this is what ./*.go gave).
+        find . -name '*.go' -type f -print0 | LC_ALL=C sort -z | xargs -0 -r cat
     } | sha256sum | cut -c1-12
 }
 

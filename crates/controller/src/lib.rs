@@ -111,6 +111,7 @@
 mod classify;
 mod delay;
 pub mod informer;
+pub mod leader;
 mod metrics;
 mod queue;
 mod ratelimit;

@@ -120,16 +120,22 @@ pub struct NetworkRecord {
 /// ```text
 ///  CreateContainer             StartContainer            exit (shim)            RemoveContainer
 /// ───────────────▶ Creating ─▶ Created ─────────────▶ Running ─────────────▶ Exited ────────────▶ (gone)
-///                     │           │ exit / StopContainer                       ▲
+///                     │           │ start failed: shim and runc undone,        ▲
+///                     │           │ reason StartError, exit code 128           │
 ///                     │           └────────────────────────────────────────────┘
-///                     └─ failure: rootfs, bundle, shim and record are undone
+///                     └─ failure: rootfs, bundle and record are undone
 /// ```
+/// A `Created` container has no process (its shim and `runc create` come
+/// with StartContainer), so StopContainer leaves it `Created`; a restored
+/// one is the exception (its shim ran `runc restore` at its create), and
+/// exits like a running one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContainerState {
     /// Being created; not visible to CRI clients.
     Creating,
-    /// Created by runc, init waiting for start.
+    /// Recorded, its files made; no process until StartContainer (except
+    /// a restored container, whose process runs since its create).
     Created,
     /// Started.
     Running,
@@ -222,6 +228,13 @@ pub struct ContainerRecord {
 }
 
 impl ContainerRecord {
+    /// Whether the OCI runtime was given the container (its init's pid is
+    /// known): false for a created container before its start, and once a
+    /// failed start was undone.
+    pub fn in_oci_runtime(&self) -> bool {
+        self.pid != 0
+    }
+
     /// Its CRI mounts as ContainerStatus reports them: an image volume's
     /// image is the id it was resolved to (what the request named kept as
     /// `user_specified_image` when that was empty).

@@ -72,6 +72,7 @@ pub mod in_process;
 pub mod kubeconfig;
 pub mod kubectl;
 pub mod kubelet;
+pub mod leader_elect;
 pub mod local_containerd;
 pub mod network;
 pub mod node;

@@ -120,8 +120,10 @@ fn disagreements(s: &Seen) -> Vec<String> {
         let runc = s.runc.get(id).map(String::as_str);
         let live = s.shims.contains_key(id);
         let ok = match state {
+            // Not started: no process (its shim and runc create come with
+            // StartContainer), its rootfs mounted.
             api::ContainerState::ContainerCreated => {
-                runc == Some("created") && live && s.mounts.contains(id) && s.cgroups.contains(id)
+                runc.is_none() && !live && s.mounts.contains(id) && !s.cgroups.contains(id)
             }
             api::ContainerState::ContainerRunning => {
                 runc == Some("running") && live && s.mounts.contains(id) && s.cgroups.contains(id)

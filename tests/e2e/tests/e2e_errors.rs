@@ -152,15 +152,15 @@ async fn unknown_ids_should_be_not_found_and_bad_configs_invalid() {
 }
 
 #[tokio::test]
-async fn a_create_failing_in_runc_should_roll_back_everything() {
+async fn a_start_failing_in_runc_should_end_in_start_error_and_undo_what_it_made() {
     let node = Node::start();
     let mut c = node.clients().await;
     node.import_busybox(&mut c).await;
     let pc = node.pod_config("rollback");
     let pod = c.run_pod(pc.clone()).await;
     // A file bound onto the image's /bin directory: nothing checks that up
-    // front, and runc's mount fails after the rootfs is mounted and the shim
-    // started.
+    // front, and runc's mount fails in `runc create`, which StartContainer
+    // runs (as containerd, CreateContainer only records the container).
     let file = node.dir.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
     let mut cfg = sh_container("doomed", "true");
@@ -169,43 +169,47 @@ async fn a_create_failing_in_runc_should_roll_back_everything() {
         container_path: "/bin".into(),
         ..Default::default()
     }];
-    let e = c.create(&pod, &pc, cfg).await.unwrap_err();
+    let id = c.create(&pod, &pc, cfg).await.expect("create only records");
+    let e = c.start(&id).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
-    let list =
-        c.rt.list_containers(api::ListContainersRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-    assert!(list.containers.is_empty());
+    // containerd's answer: exited, StartError, 128, the error as message.
+    let st = c.status(&id).await;
+    assert_eq!(st.state, api::ContainerState::ContainerExited as i32);
+    assert_eq!((st.exit_code, st.reason.as_str()), (128, "StartError"));
+    assert!(!st.message.is_empty() && st.finished_at > 0, "{st:?}");
+    let runc_list = || {
+        let out = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(node.state.join("runc"))
+            .args(["list", "-q"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert!(runc_list().is_empty(), "runc container left");
+    let pod_cg = Node::cgroup_dir("memory", &format!("{}/rollback", node.cgroup_parent));
+    let children = || {
+        std::fs::read_dir(&pod_cg)
+            .map(|it| it.flatten().filter(|e| e.path().is_dir()).count())
+            .unwrap_or(0)
+    };
+    assert_eq!(children(), 0, "container cgroup left");
+    // The failed shim was reaped by the start itself (sooner than the
+    // orphan sweep's grace period).
+    node.assert_no_zombie_children(Duration::from_secs(2));
+    // The rootfs and bundle stay until the removal, which leaves nothing.
+    c.remove(&id).await.expect("remove");
     for d in ["state/containers", "root/containers"] {
         let n = std::fs::read_dir(node.dir.path().join(d))
             .map(|it| it.count())
             .unwrap_or(0);
-        assert_eq!(n, 0, "{d} not empty after a failed create");
+        assert_eq!(n, 0, "{d} not empty after the removal");
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !mounts.contains(&format!("{}/state/containers", node.dir.path().display())),
         "rootfs mount left"
     );
-    let runc = std::process::Command::new("runc")
-        .arg("--root")
-        .arg(node.state.join("runc"))
-        .args(["list", "-q"])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&runc.stdout).trim().is_empty(),
-        "runc container left"
-    );
-    let pod_cg = Node::cgroup_dir("memory", &format!("{}/rollback", node.cgroup_parent));
-    let children = std::fs::read_dir(&pod_cg)
-        .map(|it| it.flatten().filter(|e| e.path().is_dir()).count())
-        .unwrap_or(0);
-    assert_eq!(children, 0, "container cgroup left");
-    // The failed shim was reaped by the create itself (sooner than the
-    // orphan sweep's grace period).
-    node.assert_no_zombie_children(Duration::from_secs(2));
     // The name was released.
     c.run(&pod, &pc, sh_container("doomed", "sleep 100")).await;
 }

@@ -830,9 +830,9 @@ async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it
         .create(&pod, &pc, sh_container("ok", "echo started; sleep 1000"))
         .await
         .unwrap();
+    // Created only records it (as containerd): runc knows nothing yet.
+    assert!(!node.state.join("runc").join(&id).exists());
     let fifo = node.state.join("runc").join(&id).join("exec.fifo");
-    assert!(fifo.exists(), "runc create leaves {fifo:?}");
-    assert_eq!(runc_state(&id), "created");
     c.start(&id).await.unwrap();
     assert!(!fifo.exists(), "{fifo:?} outlived the start");
     assert_eq!(runc_state(&id), "running");
@@ -844,32 +844,8 @@ async fn start_should_hand_over_through_runcs_exec_fifo_and_runc_should_agree_it
     // Started again: refused, as by runc.
     assert!(c.start(&id).await.is_err());
 
-    // An init that died before its start: the start fails at once, without
-    // waiting for a hand-over that cannot come.
-    let dead = c
-        .create(&pod, &pc, sh_container("dead", "sleep 1000"))
-        .await
-        .unwrap();
-    let pid = c.init_pid(&dead).await;
-    // SAFETY: kill(2) on the container's init, a process this test made.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
-    let t = Instant::now();
-    let r = c.start(&dead).await;
-    assert!(r.is_err(), "a dead init was started");
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    let st = c
-        .wait_state(
-            &dead,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(5),
-        )
-        .await;
-    assert_eq!(st.started_at, 0, "{st:?}");
-
-    for id in [&id, &dead] {
-        c.stop(id, 0).await.unwrap();
-        c.remove(id).await.unwrap();
-    }
+    c.stop(&id, 0).await.unwrap();
+    c.remove(&id).await.unwrap();
     c.remove_pod(&pod).await.unwrap();
 }
 

@@ -1,7 +1,14 @@
 //! A container's creation: its intent recorded, then its writable layer,
-//! bundle, rootfs, OCI spec (adjusted by NRI) and shim, then `Created`
-//! committed and the shim watched. All or nothing: a failure undoes every
-//! step (`container::teardown`), deletes the record and frees the name.
+//! bundle, rootfs, OCI spec (adjusted by NRI) and log directory, then
+//! `Created` committed. All or nothing: a failure undoes every step
+//! (`container::teardown`), deletes the record and frees the name.
+//!
+//! As containerd's, the create only records the container: its shim and
+//! `runc create` come with StartContainer (`container::start`), so a
+//! created container has no process, no pid and no cgroup yet. The one
+//! exception is a restore from a checkpoint (`rec.restored_from`): its
+//! shim runs `runc restore`, whose process runs from the create on, and
+//! is watched from then.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -107,7 +114,7 @@ impl Runtime {
             Ok(made) => self.save_container(&c, rec.clone()).map(|()| made),
             Err(e) => Err(e),
         };
-        let (watch, adjusted) = match made {
+        let (restored, adjusted) = match made {
             Ok(made) => made,
             Err(e) => {
                 let cleanup = self.undo_create(&rec, sb).await;
@@ -117,7 +124,9 @@ impl Runtime {
                 return Err(e.with_cleanup(cleanup));
             }
         };
-        self.watch_exit(c.clone(), watch);
+        if let Some(watch) = restored {
+            self.watch_exit(c.clone(), watch);
+        }
         self.publish(&id, api::ContainerEventType::ContainerCreatedEvent, sb);
         self.nri_created(&c, sb, adjusted).await;
         Ok(c)
@@ -128,7 +137,9 @@ impl Runtime {
     /// Every step runs; the errors of those that failed are returned.
     async fn undo_create(&self, rec: &ContainerRecord, sb: &Sandbox) -> Vec<RuntimeError> {
         let mut errors = Vec::new();
-        if let Err(e) = self.teardown_container(rec, false, None).await {
+        // Only a restore gave the container to runc during the create.
+        let runc_untouched = rec.restored_from.is_none();
+        if let Err(e) = self.teardown_container(rec, runc_untouched, None).await {
             errors.extend(e.into_list());
         }
         if let Err(e) = self.store.delete(Table::Containers, &rec.id) {
@@ -140,16 +151,17 @@ impl Runtime {
         errors
     }
 
+    /// Makes the container's files (layer, bundle, rootfs, image volumes,
+    /// config.json, log directory) and, for a restore only, its shim:
+    /// returns the watch on that shim and NRI's result.
     async fn make_container(
         self: &Arc<Self>,
         rec: &mut ContainerRecord,
         sbrec: &SandboxRecord,
         image: &petrel_image::Image,
-    ) -> Result<(ShimWatch, Option<CreateResult>)> {
+    ) -> Result<(Option<ShimWatch>, Option<CreateResult>)> {
         let t0 = std::time::Instant::now();
         let userns = crate::sandbox::user_namespace(sbrec)?;
-        // runc's move of the init into its cgroup is seconds away at most.
-        self.cgroups.warm_up_migration();
         let layer = WritableLayer::new(&rec.layer_dir);
         layer.create()?;
         // A restore's changes go into the upper directory before it is
@@ -252,42 +264,52 @@ impl Runtime {
                     .map_err(|e| RuntimeError::dir("create log directory", e))?;
             }
         }
-        let t_spec = t0.elapsed();
+        rec.state = ContainerState::Created;
+        let Some(restore) = restore else {
+            tracing::debug!(
+                container.id = %rec.id,
+                rootfs_us = t_rootfs.as_micros() as u64,
+                spec_us = (t0.elapsed() - t_rootfs).as_micros() as u64,
+                "container made"
+            );
+            return Ok((None, adjusted));
+        };
+        // A restore's process runs from here on: its shim now.
+        self.cgroups.warm_up_migration();
         let started = self
             .shims
-            .start(&ShimOptions {
-                id: rec.id.clone(),
-                bundle: rec.bundle.clone(),
-                runc: self.oci.binary().to_path_buf(),
-                runc_root: self.oci.root().to_path_buf(),
-                log_path: rec.log_path.clone(),
-                tty: rec.config.tty,
-                stdin: rec.config.stdin,
-                stdin_once: rec.config.stdin_once,
-                restore: restore.clone(),
-            })
+            .start(&self.shim_options(rec, Some(restore.clone())))
             .await?;
-        tracing::debug!(
-            container.id = %rec.id,
-            rootfs_us = t_rootfs.as_micros() as u64,
-            spec_us = (t_spec - t_rootfs).as_micros() as u64,
-            shim_us = (t0.elapsed() - t_spec).as_micros() as u64,
-            "container made"
-        );
-        if let Some(restore) = restore {
-            // Restored: CRIU's images are no longer needed.
-            let images = restore.images;
-            tokio::task::spawn_blocking(move || {
-                if let Err(e) = std::fs::remove_dir_all(&images) {
-                    tracing::warn!(dir = %images.display(), error = %e, "restored checkpoint images not removed");
-                }
-            });
-        }
+        // Restored: CRIU's images are no longer needed.
+        let images = restore.images;
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = std::fs::remove_dir_all(&images) {
+                tracing::warn!(dir = %images.display(), error = %e, "restored checkpoint images not removed");
+            }
+        });
         rec.pid = started.init.pid;
         rec.init_start_time = started.init.start_time;
         rec.shim = Some(started.shim);
-        rec.state = ContainerState::Created;
-        Ok((started.watch, adjusted))
+        Ok((Some(started.watch), adjusted))
+    }
+
+    /// What the container's shim is started with.
+    pub(crate) fn shim_options(
+        &self,
+        rec: &ContainerRecord,
+        restore: Option<crate::container::shim::ShimRestore>,
+    ) -> ShimOptions {
+        ShimOptions {
+            id: rec.id.clone(),
+            bundle: rec.bundle.clone(),
+            runc: self.oci.binary().to_path_buf(),
+            runc_root: self.oci.root().to_path_buf(),
+            log_path: rec.log_path.clone(),
+            tty: rec.config.tty,
+            stdin: rec.config.stdin,
+            stdin_once: rec.config.stdin_once,
+            restore,
+        }
     }
 
     /// Mounts the container's image volumes read-only under its bundle
@@ -295,7 +317,7 @@ impl Runtime {
     /// layer) and returns where, by mount index. What was mounted before a
     /// failure is unmounted by the create's rollback
     /// (`teardown::remove_container_files`).
-    fn mount_image_volumes(&self, rec: &ContainerRecord) -> Result<ImageVolumeSources> {
+    pub(crate) fn mount_image_volumes(&self, rec: &ContainerRecord) -> Result<ImageVolumeSources> {
         let mut sources = ImageVolumeSources::new();
         for v in &rec.image_volumes {
             let image = self.images.get(&v.image_id).ok_or_else(|| {
@@ -599,31 +621,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn create_should_leave_nothing_when_the_shim_fails() {
-        let t = TestRuntime::new();
-        let pod = t.pod("p").await;
-        t.host.fail(Fault::ShimStart, 1);
-        let err = t.create(&pod, "c").await.expect_err("create must fail");
-        assert!(err.to_string().contains("injected"), "{err}");
-        assert_nothing_left(&t, &pod).await;
-    }
-
-    #[tokio::test]
-    async fn create_should_undo_the_oci_container_when_the_record_cannot_be_committed() {
+    async fn create_should_leave_nothing_when_the_record_cannot_be_committed() {
         let t = TestRuntime::new();
         let pod = t.pod("p").await;
         // The intent passes, the final record fails.
         t.rt.store.fail_writes(1, 1);
         let err = t.create(&pod, "c").await.expect_err("create must fail");
         assert!(err.to_string().contains("injected write failure"), "{err}");
+        // Nothing was given to runc: there is nothing of it to delete.
         let calls = t.host.calls();
-        let created = calls.iter().position(|c| matches!(c, Call::ShimStart(_)));
-        let deleted = calls
-            .iter()
-            .position(|c| matches!(c, Call::OciDelete { force: true, .. }));
         assert!(
-            created.is_some() && deleted > created,
-            "runc container not deleted after its create: {calls:?}"
+            !calls
+                .iter()
+                .any(|c| matches!(c, Call::ShimStart(_) | Call::OciDelete { .. })),
+            "{calls:?}"
         );
         assert_nothing_left(&t, &pod).await;
     }
@@ -633,7 +644,6 @@ mod tests {
         let t = TestRuntime::new();
         let pod = t.pod("p").await;
         t.rt.store.fail_writes(1, 1);
-        t.host.fail(Fault::OciDelete, 1);
         t.host.fail(Fault::Unmount, 1);
         let err = t.create(&pod, "c").await.expect_err("create must fail");
         let RuntimeError::Undone { error, cleanup } = &err else {
@@ -645,10 +655,6 @@ mod tests {
         );
         assert_eq!(err.code(), error.code());
         let cleanup: Vec<String> = cleanup.iter().map(ToString::to_string).collect();
-        assert!(
-            cleanup.iter().any(|e| e.contains("runc delete")),
-            "{cleanup:?}"
-        );
         assert!(cleanup.iter().any(|e| e.contains("unmount")), "{cleanup:?}");
         let msg = tonic::Status::from(err).message().to_string();
         assert!(msg.contains("undoing it failed too"), "{msg}");
@@ -658,17 +664,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn create_should_record_a_created_container_when_every_step_succeeds() {
+    async fn create_should_record_a_created_container_without_a_process() {
         let t = TestRuntime::new();
         let pod = t.pod("p").await;
+        let mut events = t.rt.events.subscribe();
         let id = t.create(&pod, "c").await.expect("create");
         assert_eq!(t.state(&id), Some(ContainerState::Created));
         let rec = t.stored(&id).expect("record");
         assert_eq!(rec.state, ContainerState::Created);
-        assert!(rec.shim.is_some());
-        assert!(t.host.containers().contains_key(&id));
         assert!(t.host.mounts().contains(&rec.bundle.join("rootfs")));
-        assert!(t.host.cgroups().contains(&rec.cgroup_path));
+        assert!(rec.bundle.join("config.json").is_file());
+        // No shim, no runc container, no pid, no cgroup: the start makes them.
+        assert_eq!((rec.shim, rec.pid, rec.init_start_time), (None, 0, 0));
+        assert!(!rec.in_oci_runtime());
+        assert!(!t.host.containers().contains_key(&id));
+        assert!(t.host.live_shims().is_empty());
+        assert!(!t.host.cgroups().contains(&rec.cgroup_path));
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(5), events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+            .expect("not lagged");
+        assert_eq!(
+            (ev.container_id.as_str(), ev.container_event_type),
+            (
+                id.as_str(),
+                api::ContainerEventType::ContainerCreatedEvent as i32
+            )
+        );
     }
 
     fn image_volume(image: &str) -> api::Mount {
@@ -804,7 +827,8 @@ mod tests {
         let pod = t.pod("p").await;
         let mut config = container_config("c");
         config.mounts = vec![image_volume(IMAGE)];
-        t.host.fail(Fault::ShimStart, 1);
+        // The final record fails, after everything is made.
+        t.rt.store.fail_writes(1, 1);
         let err = create_with(&t, &pod, config)
             .await
             .expect_err("create must fail");

@@ -9,8 +9,15 @@
 //! ```text
 //!  container_create     container_start      exit (container::exit)   container_remove
 //! ─────────────────▶ Created ───────────▶ Running ──────────────────▶ Exited ────────────▶ (gone)
-//!                       └──────────── exit ──────────────────────────▲
+//!  (no process)         │  shim, runc create,                            ▲
+//!                       │  NRI, runc start                               │
+//!                       └── start failed: undone, StartError (128) ──────┘
 //! ```
+//! A created container has no process (`pid` 0, no shim, no cgroup) until
+//! its start (`container::start`); StopContainer leaves it as it is (as
+//! containerd), and an update of its resources goes into its config.json.
+//! The exceptions, which have a process from their create on: a restored
+//! container, and one created by an older version (its shim recorded).
 
 use std::sync::Arc;
 
@@ -21,7 +28,6 @@ use crate::error::{Result, RuntimeError};
 use crate::records::{ContainerRecord, ContainerState};
 use crate::service::Runtime;
 use crate::state::Container;
-use crate::util;
 
 impl Runtime {
     /// Changes a container's record: `change` edits a copy, which the store
@@ -36,43 +42,6 @@ impl Runtime {
         change(&mut rec);
         self.save_container(c, rec.clone())?;
         Ok(rec)
-    }
-
-    /// Starts a created container (StartContainer): NRI asked, the OCI
-    /// runtime's start, `Running` committed, STARTED published.
-    pub(crate) async fn container_start(self: &Arc<Self>, c: &Arc<Container>) -> Result<()> {
-        // Holding the container's lock orders this start before the exit
-        // handling of a container that dies at once: STARTED precedes STOPPED.
-        let _op = c.op.lock().await;
-        let rec = c.record();
-        if rec.state != ContainerState::Created {
-            return Err(RuntimeError::FailedPrecondition(format!(
-                "container {} is {:?}, not created",
-                rec.id, rec.state
-            )));
-        }
-        let sb = self.sandbox_of(c).ok_or_else(|| {
-            RuntimeError::Invariant(format!("container {} has no sandbox", rec.id))
-        })?;
-        self.nri_start(&rec, &sb).await?;
-        // A restored container's process runs since `runc restore`: there
-        // is nothing to start, only the start to record.
-        if rec.restored_from.is_none() {
-            // A pidfd on the init lets the start skip `runc start` (exec FIFO).
-            let init = util::pidfd_of(rec.pid, rec.init_start_time)
-                .ok()
-                .flatten()
-                .map(|fd| (fd, rec.pid));
-            self.oci.start(&rec.id, init).await?;
-        }
-        self.container_update(c, |r| {
-            r.state = ContainerState::Running;
-            r.started_at = util::now_ns();
-        })?;
-        self.publish(&c.id, api::ContainerEventType::ContainerStartedEvent, &sb);
-        drop(_op);
-        self.nri_started(c, &sb).await;
-        Ok(())
     }
 
     /// Removes a container: stopped by force if it runs, everything it has
@@ -93,7 +62,9 @@ impl Runtime {
         let rec = c.record();
         let mut deleted = c.runc_deleted.lock().await;
         let t_locked = t0.elapsed();
-        self.teardown_container(&rec, *deleted, c.release_mount_namespace())
+        // Never given to runc (not started, or its failed start undone).
+        let runc_gone = *deleted || !rec.in_oci_runtime();
+        self.teardown_container(&rec, runc_gone, c.release_mount_namespace())
             .await?;
         *deleted = true;
         drop(deleted);
@@ -122,7 +93,9 @@ impl Runtime {
     }
 
     /// Applies resources to a created or running container and records
-    /// them (UpdateContainerResources, and updates NRI plugins ask for).
+    /// them (UpdateContainerResources, and updates NRI plugins ask for):
+    /// live through runc, or into the config.json of a created container
+    /// that has no process yet.
     pub(crate) async fn container_set_resources(
         &self,
         c: &Container,
@@ -132,6 +105,10 @@ impl Runtime {
         let _op = c.op.lock().await;
         let rec = c.record();
         match rec.state {
+            // No process yet: its start creates it with these.
+            ContainerState::Created if !rec.in_oci_runtime() => {
+                crate::container::config_update::set_resources(&rec.bundle, &oci)?;
+            }
             ContainerState::Created | ContainerState::Running => {
                 self.oci.update(&rec.id, &oci).await?;
             }
@@ -158,7 +135,7 @@ mod tests {
     use petrel_cri::api;
 
     use super::*;
-    use crate::parts::fake::{Call, Fault, TestRuntime};
+    use crate::parts::fake::{Call, TestRuntime};
 
     #[tokio::test]
     async fn container_update_should_change_neither_store_nor_memory_when_the_store_refuses() {
@@ -178,17 +155,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn container_start_should_commit_running_once_and_leave_a_failed_start_created() {
+    async fn container_start_should_commit_running_once() {
         let t = TestRuntime::new();
         let pod = t.pod("p").await;
         let id = t.create(&pod, "c").await.expect("create");
         let c = t.rt.state.container(&id).expect("container");
-        t.host.fail(Fault::OciStart, 1);
-        assert!(t.rt.container_start(&c).await.is_err());
-        assert_eq!(
-            t.stored(&id).expect("record").state,
-            ContainerState::Created
-        );
         t.rt.container_start(&c).await.expect("start");
         let rec = t.stored(&id).expect("record");
         assert_eq!(rec.state, ContainerState::Running);

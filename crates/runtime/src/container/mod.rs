@@ -1,7 +1,8 @@
 //! What a container is made of on the host (its rootfs and its shim), and
-//! its lifecycle: created all or nothing (`create`), started, updated and
-//! removed (`lifecycle`), stopped (`stop`), its exit recorded (`exit`),
-//! undone (`teardown`).
+//! its lifecycle: created all or nothing (`create`), started with its shim
+//! (`start`), updated and removed (`lifecycle`), stopped (`stop`), its exit
+//! recorded (`exit`), undone (`teardown`).
+pub(crate) mod config_update;
 pub(crate) mod create;
 pub(crate) mod exec_process;
 pub(crate) mod exit;
@@ -13,5 +14,6 @@ pub mod migration_warmup;
 pub mod mount_ns;
 pub mod rootfs;
 pub mod shim;
+pub(crate) mod start;
 pub(crate) mod stop;
 pub(crate) mod teardown;

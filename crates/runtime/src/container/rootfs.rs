@@ -246,9 +246,34 @@ pub fn unmount(target: &Path) -> Result<()> {
     crate::sandbox::files::unmount(target)
 }
 
+/// Whether `target` is a mount point: its device differs from its
+/// parent's (an overlay has a device of its own). False when it or its
+/// parent is missing.
+pub fn is_mount_point(target: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(parent) = target.parent() else {
+        return false;
+    };
+    match (std::fs::metadata(target), std::fs::metadata(parent)) {
+        (Ok(t), Ok(p)) => t.dev() != p.dev(),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::resolve_in_image;
+
+    #[test]
+    fn is_mount_point_should_tell_a_mount_from_a_plain_directory() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let plain = tmp.path().join("plain");
+        std::fs::create_dir(&plain).expect("mkdir");
+        assert!(!super::is_mount_point(&plain));
+        assert!(!super::is_mount_point(&tmp.path().join("missing")));
+        // /proc is a mount of its own on every Linux host.
+        assert!(super::is_mount_point(std::path::Path::new("/proc")));
+    }
 
     #[test]
     fn resolve_in_image_should_follow_symlinks_inside_the_image_only() -> std::io::Result<()> {

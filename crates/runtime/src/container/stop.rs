@@ -33,6 +33,12 @@ async fn await_kill(c: &Container, mut exited: watch::Receiver<bool>) -> Result<
     }
 }
 
+/// Whether the container has a process to stop: not a created one before
+/// its start.
+fn has_process(c: &Container) -> bool {
+    c.with(|r| r.state != ContainerState::Created || r.in_oci_runtime())
+}
+
 /// Parses an image's StopSignal ("SIGTERM", "TERM", "15"); SIGTERM by default.
 pub(crate) fn parse_signal(s: &str) -> Option<i32> {
     let s = s.trim();
@@ -74,11 +80,13 @@ impl Runtime {
     }
 
     /// Stops a container: its stop signal, then SIGKILL after `timeout`
-    /// seconds (at once when 0). Returns once the exit is recorded.
+    /// seconds (at once when 0). Returns once the exit is recorded. A
+    /// created container without a process is left as it is (containerd
+    /// stops only running containers).
     pub(crate) async fn container_stop(&self, c: &Arc<Container>, timeout: i64) -> Result<()> {
         let mut exited = c.exit_watch();
         let state = c.state();
-        if state == ContainerState::Exited || *exited.borrow() {
+        if state == ContainerState::Exited || *exited.borrow() || !has_process(c) {
             return Ok(());
         }
         if timeout > 0 && state == ContainerState::Running {
@@ -103,7 +111,7 @@ impl Runtime {
         let mut killed = Vec::with_capacity(containers.len());
         for c in containers {
             let exited = c.exit_watch();
-            if c.state() == ContainerState::Exited || *exited.borrow() {
+            if c.state() == ContainerState::Exited || *exited.borrow() || !has_process(c) {
                 continue;
             }
             self.kill_all(c).await;

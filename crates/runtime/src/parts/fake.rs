@@ -786,6 +786,10 @@ impl RootfsMounter for FakeHost {
         w.mounts.remove(target);
         Ok(())
     }
+
+    fn is_mounted(&self, target: &Path) -> bool {
+        self.world().mounts.contains(target)
+    }
 }
 
 fn injected_io(op: &'static str, path: &Path) -> io::Error {

@@ -26,6 +26,9 @@ pub trait RootfsMounter: Send + Sync + std::fmt::Debug {
 
     /// Unmounts `target`; not mounted or missing is fine.
     fn unmount(&self, target: &Path) -> Result<()>;
+
+    /// Whether something is mounted at `target` (false when it is missing).
+    fn is_mounted(&self, target: &Path) -> bool;
 }
 
 /// Overlay mounts of the host's kernel.
@@ -50,5 +53,9 @@ impl RootfsMounter for OverlayMounter {
 
     fn unmount(&self, target: &Path) -> Result<()> {
         rootfs::unmount(target)
+    }
+
+    fn is_mounted(&self, target: &Path) -> bool {
+        rootfs::is_mount_point(target)
     }
 }

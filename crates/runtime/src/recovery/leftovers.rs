@@ -11,8 +11,13 @@
 //! gone when it answers, undoes it and exits): recovery waits for that,
 //! bounded, before touching anything, or a runc container would appear
 //! after the sweep, without a bundle.
+//!
+//! A StartContainer killed before it committed `Running` leaves, beside a
+//! container recorded `Created` without a shim, its shim and runc
+//! container: they are stopped alike (the files stay, the container stays
+//! created, and the client's retry starts it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,9 +54,17 @@ fn cgroup_from_config(bundle: &Path, id: &str) -> Option<String> {
 }
 
 impl Runtime {
-    /// Removes every half-made container: waits (bounded) for shims still
-    /// inside their create, then removes each completely.
-    pub(crate) async fn remove_leftovers(self: &Arc<Self>, mut leftovers: Leftovers) {
+    /// Removes every half-made container, and undoes the interrupted
+    /// starts of the `not_started` containers (created, recorded without a
+    /// shim) that left a shim or a runc container (`in_runc`): waits
+    /// (bounded) for shims still inside their create, then removes each
+    /// leftover completely and stops each interrupted start's process.
+    pub(crate) async fn remove_leftovers(
+        self: &Arc<Self>,
+        mut leftovers: Leftovers,
+        not_started: Vec<String>,
+        in_runc: &HashSet<String>,
+    ) {
         let containers = self.layout.state.join("containers");
         let shims = self.shims.find(&containers);
         // A shim of a bundle no record names is a leftover too.
@@ -60,17 +73,36 @@ impl Runtime {
                 leftovers.entry(id.clone()).or_insert(None);
             }
         }
-        if leftovers.is_empty() {
+        let starts: Vec<String> = not_started
+            .into_iter()
+            .filter(|id| shims.contains_key(id) || in_runc.contains(id))
+            .collect();
+        if leftovers.is_empty() && starts.is_empty() {
             return;
         }
         let mut pinned: HashMap<String, Box<dyn FoundShim>> = leftovers
             .keys()
+            .chain(starts.iter())
             .filter_map(|id| {
                 let pid = *shims.get(id)?;
                 Some((id.clone(), self.shims.pin(id, pid, &containers)?))
             })
             .collect();
         self.wait_out_of_create(&pinned).await;
+        for id in starts {
+            tracing::warn!(container.id = %id, "undoing a StartContainer interrupted by a crash; the container stays created");
+            let shim = pinned.remove(&id);
+            self.stop_leftover_process(&id, shim).await;
+            let exit = self.layout.bundle(&id).join(petrel_shim::EXIT_FILE);
+            if let Err(e) = std::fs::remove_file(&exit) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(container.id = %id, error = %e, "exit record of an interrupted start not removed");
+                }
+            }
+        }
+        if leftovers.is_empty() {
+            return;
+        }
         tracing::warn!(
             count = leftovers.len(),
             shims = pinned.len(),
@@ -118,15 +150,10 @@ impl Runtime {
         }
     }
 
-    /// Removes one half-made container completely: runc's container (which
-    /// kills its init, so its shim exits), the shim (bounded wait, then
-    /// killed), its cgroup, rootfs mount, bundle, writable layer and record.
-    async fn remove_leftover(
-        &self,
-        id: &str,
-        rec: Option<&ContainerRecord>,
-        shim: Option<Box<dyn FoundShim>>,
-    ) {
+    /// Stops what runc and a shim hold of a container a crash interrupted:
+    /// runc's container deleted (which kills its init, so its shim exits),
+    /// the shim waited for (bounded), then killed.
+    async fn stop_leftover_process(&self, id: &str, shim: Option<Box<dyn FoundShim>>) {
         if let Err(e) = self.oci.delete(id, true).await {
             tracing::error!(container.id = %id, error = %e, "runc container of an interrupted create not removed");
         }
@@ -143,6 +170,18 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Removes one half-made container completely: its process
+    /// ([`Runtime::stop_leftover_process`]), its cgroup, rootfs mount,
+    /// bundle, writable layer and record.
+    async fn remove_leftover(
+        &self,
+        id: &str,
+        rec: Option<&ContainerRecord>,
+        shim: Option<Box<dyn FoundShim>>,
+    ) {
+        self.stop_leftover_process(id, shim).await;
         let bundle = self.layout.bundle(id);
         let cgroup = rec
             .map(|r| r.cgroup_path.clone())

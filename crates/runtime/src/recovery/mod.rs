@@ -8,9 +8,18 @@
 //!   named by an id alone) is a create that crashed midway: once no shim is
 //!   inside its create any more (bounded wait), it is removed completely
 //!   ([`leftovers`]), which frees its name for the client's retry;
-//! - a `Created` container whose init took its start (a StartContainer
-//!   interrupted after the hand-over) is recorded `Running`, with the start
-//!   time the exec FIFO tells, and the FIFO removed;
+//! - a `Created` container without a shim (not started: a created
+//!   container has no process) stays `Created`; what a StartContainer
+//!   interrupted by the crash made before committing `Running` (a shim, a
+//!   runc container, an exit record) is undone, the rootfs and bundle
+//!   kept, so that the client's retry of the start works
+//!   ([`leftovers`]); a rootfs mount a reboot took is made again by the
+//!   start;
+//! - a `Created` container with a shim (restored from a checkpoint, or
+//!   created by an older version) whose init took its start (a
+//!   StartContainer interrupted after the hand-over) is recorded
+//!   `Running`, with the start time the exec FIFO tells, and the FIFO
+//!   removed;
 //! - a container whose shim still runs is watched again (pidfd);
 //! - a container whose shim is gone exited while the runtime was down: its
 //!   exit record (written by the shim) is read and committed;
@@ -100,6 +109,7 @@ impl Runtime {
 
         let mut containers = 0usize;
         let mut leftovers = Leftovers::new();
+        let mut not_started = Vec::new();
         for (key, rec) in self.store.list::<ContainerRecord>(Table::Containers)? {
             let rec = match rec {
                 Ok(r) => r,
@@ -122,7 +132,11 @@ impl Runtime {
             self.state.insert_container(c.clone());
             sb.add_container(&rec.id);
             containers += 1;
-            if matches!(rec.state, ContainerState::Created | ContainerState::Running) {
+            if rec.state == ContainerState::Created && rec.shim.is_none() {
+                // Not started: nothing to watch; what a start interrupted
+                // by the crash made is undone below.
+                not_started.push(rec.id.clone());
+            } else if matches!(rec.state, ContainerState::Created | ContainerState::Running) {
                 self.readopt(&c, &rec).await;
             }
         }
@@ -130,19 +144,20 @@ impl Runtime {
         let unrecorded = ids_in(&self.layout.state.join("containers"))
             .into_iter()
             .chain(ids_in(&self.layout.root.join("containers")));
-        let in_runc = match self.oci.list().await {
+        let in_runc: HashSet<String> = match self.oci.list().await {
             Ok(list) => list.into_iter().map(|st| st.id).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list runc containers");
-                Vec::new()
+                HashSet::new()
             }
         };
-        for id in unrecorded.chain(in_runc) {
+        for id in unrecorded.chain(in_runc.iter().cloned()) {
             if self.state.container(&id).is_none() {
                 leftovers.entry(id).or_insert(None);
             }
         }
-        self.remove_leftovers(leftovers).await;
+        self.remove_leftovers(leftovers, not_started, &in_runc)
+            .await;
 
         for rec in interrupted_pods {
             tracing::warn!(sandbox.id = %rec.id, "undoing a RunPodSandbox interrupted by a crash");

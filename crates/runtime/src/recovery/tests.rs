@@ -580,3 +580,96 @@ async fn recovery_should_keep_a_user_namespaced_pod_only_while_its_user_namespac
     t.rt.recover().await.expect("recover");
     assert_recovered_not_ready(&t, &pod);
 }
+
+/// A `Created` record as CreateContainer leaves it: no shim, no pid.
+fn forget_process(t: &TestRuntime, id: &str) {
+    let mut rec = t.stored(id).expect("record");
+    rec.shim = None;
+    rec.pid = 0;
+    rec.init_start_time = 0;
+    t.rt.store
+        .put(Table::Containers, id, &rec)
+        .expect("store record");
+}
+
+async fn start(t: &TestRuntime, id: &str) {
+    t.rt.start_container(petrel_cri::api::StartContainerRequest {
+        container_id: id.to_string(),
+    })
+    .await
+    .expect("start");
+    assert_eq!(t.state(id), Some(Running));
+}
+
+#[tokio::test]
+async fn recovery_should_keep_a_created_container_without_a_shim_created() {
+    let t = TestRuntime::new();
+    let pod = pod_record(&t);
+    let case = Case {
+        record: Some(Created),
+        pod_known: true,
+        shim: ShimSeen::Gone,
+        init: InitSeen::Gone,
+        fifo: false,
+        in_runc: false,
+    };
+    let l = set_up(&t, &pod, 0, case);
+    forget_process(&t, &l.id);
+    t.host.clear_calls();
+    t.rt.recover().await.expect("recover");
+    assert_eq!(t.state(&l.id), Some(Created));
+    let rec = t.stored(&l.id).expect("record");
+    assert_eq!(
+        (rec.state, rec.exit_code, rec.reason.as_str()),
+        (Created, 0, "")
+    );
+    let calls = t.host.calls();
+    assert!(
+        !calls.iter().any(
+            |c| matches!(c, Call::OciDelete { id, .. } | Call::OciKill { id, .. } if *id == l.id)
+        ),
+        "{calls:?}"
+    );
+    assert!(l.bundle.exists() && t.host.mounts().contains(&l.bundle.join("rootfs")));
+    // A stale exit record (set_up wrote one) is not this start's.
+    start(&t, &l.id).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(t.state(&l.id), Some(Running));
+}
+
+#[tokio::test]
+async fn recovery_should_undo_a_start_interrupted_before_running_was_committed() {
+    let t = TestRuntime::new();
+    let pod = pod_record(&t);
+    let case = Case {
+        record: Some(Created),
+        pod_known: true,
+        shim: ShimSeen::Serving,
+        init: InitSeen::AwaitingStart,
+        fifo: true,
+        in_runc: true,
+    };
+    let l = set_up(&t, &pod, 0, case);
+    forget_process(&t, &l.id);
+    t.host.clear_calls();
+    t.rt.recover().await.expect("recover");
+    assert_eq!(t.state(&l.id), Some(Created));
+    assert_eq!(t.stored(&l.id).expect("record").state, Created);
+    assert!(t.host.calls().contains(&Call::OciDelete {
+        id: l.id.clone(),
+        force: true
+    }));
+    assert!(
+        !t.host.containers().contains_key(&l.id),
+        "runc container left"
+    );
+    assert!(
+        !t.host.live_shims().iter().any(|(_, s)| s.id == l.id),
+        "shim left"
+    );
+    assert!(!l.bundle.join(petrel_shim::EXIT_FILE).exists());
+    // The files stay: the client's retry of the start works.
+    assert!(l.bundle.join("config.json").is_file());
+    assert!(t.host.mounts().contains(&l.bundle.join("rootfs")));
+    start(&t, &l.id).await;
+}

@@ -268,7 +268,13 @@ impl Runtime {
             .container_ids()
             .iter()
             .filter_map(|id| self.state.container(id))
-            .filter(|c| matches!(c.state(), ContainerState::Created | ContainerState::Running))
+            // A created container has no cgroup before its start.
+            .filter(|c| {
+                c.with(|r| {
+                    r.state == ContainerState::Running
+                        || (r.state == ContainerState::Created && r.in_oci_runtime())
+                })
+            })
             .map(|c| self.one_container_metrics(&c, [&pod, &namespace], fs, now_s))
             .collect();
         api::PodSandboxMetrics {

@@ -70,7 +70,9 @@ impl Runtime {
                 },
                 r.cgroup_path.clone(),
                 r.layer_dir.join("upper"),
-                matches!(r.state, ContainerState::Created | ContainerState::Running),
+                // A created container has no cgroup before its start.
+                r.state == ContainerState::Running
+                    || (r.state == ContainerState::Created && r.in_oci_runtime()),
             )
         });
         let (cpu, memory, _) = if live {
