@@ -10,8 +10,8 @@ use petrel_controller::informer::{
     ClassPolicy, Delay, EventClass, InformerConfig, InformerFactory, Registration, Selectors,
     SharedInformer,
 };
+use petrel_controller::leader::Term;
 use petrel_controller::{run_workers, Priority, QueueConfig, WorkQueue};
-use prometheus_client::registry::Registry;
 
 use crate::handler::OwnerHandler;
 use crate::http::Metrics;
@@ -113,11 +113,6 @@ impl Controller {
         self.factory.start();
     }
 
-    /// Whether every informer has synced (the readiness gate).
-    pub fn has_synced(&self) -> bool {
-        self.factory.has_synced()
-    }
-
     /// Resolves once every informer has synced.
     pub async fn wait_for_sync(&self) {
         self.podsets.wait_for_sync().await;
@@ -127,16 +122,14 @@ impl Controller {
     /// One term of leadership: handlers into a new queue and the workers on
     /// it. Runs until dropped (the term ended: fencing): dropping it
     /// removes the handlers, shuts the queue down and aborts the reconciles
-    /// in flight.
-    pub async fn lead(&self) {
+    /// in flight. The first reconcile is told to the `term` (ramp-up time).
+    pub async fn lead(&self, term: Option<Term>) {
         let queue: WorkQueue<String> = WorkQueue::new(
             QueueConfig::default()
                 .name(QUEUE)
                 .resync_window(resync_window(self.settings.sync_period)),
         );
-        let mut registry = Registry::default();
-        queue.register(&mut registry);
-        self.metrics.set(registry);
+        self.metrics.set_queue(&queue);
         let policy = policy(&self.settings);
         let _term = TermGuard {
             podsets: self.podsets.clone(),
@@ -151,7 +144,14 @@ impl Controller {
         let reconciler = self.reconciler.clone();
         run_workers(queue, self.settings.workers, move |key: String| {
             let r = reconciler.clone();
-            async move { r.reconcile(&key).await }
+            let term = term.clone();
+            async move {
+                let done = r.reconcile(&key).await;
+                if let Some(t) = term {
+                    t.reconciled();
+                }
+                done
+            }
         })
         .await;
     }

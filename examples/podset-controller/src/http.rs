@@ -1,8 +1,11 @@
-//! `/metrics` (Prometheus text) and `/readyz` + `/healthz`, each on its
-//! own address as the reference serves them.
+//! `/metrics` (Prometheus text), on its own address as the reference
+//! serves it (`/readyz` and `/healthz` are the kit's `serve_readiness`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
+
+use petrel_controller::leader::LeaderMetrics;
+use petrel_controller::WorkQueue;
 
 use axum::http::{header, StatusCode};
 use axum::routing::get;
@@ -10,10 +13,14 @@ use axum::Router;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-/// The registry `/metrics` encodes; replaced whole when the queue changes
-/// (a new term gets a new queue, and a registry holds a name once).
+/// The registry `/metrics` encodes: the leader election's metrics, if on,
+/// and the current term's queue. Rebuilt whole when the queue changes (a
+/// new term gets a new queue, and a registry holds a name once).
 #[derive(Clone, Default)]
-pub struct Metrics(Arc<RwLock<Registry>>);
+pub struct Metrics {
+    registry: Arc<RwLock<Registry>>,
+    leader: Option<(LeaderMetrics, String)>,
+}
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -22,16 +29,37 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Serves `registry` from now on.
-    pub fn set(&self, registry: Registry) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = registry;
+    /// Metrics with the leader election's, labelled with the lock's name.
+    pub fn with_leader(leader: LeaderMetrics, lock: &str) -> Self {
+        let m = Self {
+            registry: Arc::default(),
+            leader: Some((leader, lock.to_string())),
+        };
+        m.rebuild(None);
+        m
+    }
+
+    /// Serves `queue`'s metrics (and the leader's) from now on.
+    pub fn set_queue(&self, queue: &WorkQueue<String>) {
+        self.rebuild(Some(queue));
+    }
+
+    fn rebuild(&self, queue: Option<&WorkQueue<String>>) {
+        let mut registry = Registry::default();
+        if let Some((leader, lock)) = &self.leader {
+            leader.register(&mut registry, lock);
+        }
+        if let Some(q) = queue {
+            q.register(&mut registry);
+        }
+        *self.registry.write().unwrap_or_else(|p| p.into_inner()) = registry;
     }
 
     fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(
             &mut out,
-            &self.0.read().unwrap_or_else(|p| p.into_inner()),
+            &self.registry.read().unwrap_or_else(|p| p.into_inner()),
         )?;
         Ok(out)
     }
@@ -69,28 +97,5 @@ pub async fn serve_metrics(listener: TcpListener, metrics: Metrics) -> std::io::
             }
         }),
     );
-    axum::serve(listener, app).await
-}
-
-/// Serves `/readyz` (200 once `ready()`) and `/healthz` on `listener`.
-pub async fn serve_probes(
-    listener: TcpListener,
-    ready: Arc<dyn Fn() -> bool + Send + Sync>,
-) -> std::io::Result<()> {
-    let app = Router::new()
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready();
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ok\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "informers not synced\n")
-                    }
-                }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }));
     axum::serve(listener, app).await
 }

@@ -6,7 +6,10 @@
 //!
 //! How it uses the kit: an [`InformerFactory`] makes one informer for
 //! PodSets and one for Pods; they start at once on every replica (warm
-//! standby) and `/readyz` answers 200 once both have synced. While this
+//! standby) and `/readyz` answers 200 once both have synced. With
+//! `--leader-elect` a [`LeaseElector`] campaigns on a Lease and the kit's
+//! `run_warm` runs the leader's part for each term, dropping it when the
+//! term ends (fencing; the Lease is released on SIGTERM). While this
 //! replica leads, a [`QueueHandler`] puts PodSet events and an
 //! [`handler::OwnerHandler`] Pod events (under their owner's key) into a
 //! [`WorkQueue`] at the tier their class deserves (initial list and no-op
@@ -17,6 +20,7 @@
 //! [`QueueHandler`]: petrel_controller::informer::QueueHandler
 //! [`WorkQueue`]: petrel_controller::WorkQueue
 //! [`run_workers`]: petrel_controller::run_workers
+//! [`LeaseElector`]: petrel_controller::leader::LeaseElector
 
 mod cli;
 mod controller;
@@ -34,7 +38,12 @@ use std::sync::Arc;
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
+use petrel_controller::leader::{
+    run_warm, serve_readiness, Backoff, ConfigError, KubeLease, LeaderMetrics, LeaseConfig,
+    LeaseElector, Readiness, Term,
+};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Args, Bind};
 use crate::controller::{Controller, Settings};
@@ -53,8 +62,8 @@ enum RunError {
     Config(String),
     #[error("kube client: {0}")]
     Client(#[source] kube::Error),
-    #[error("--leader-elect: leader election is not available in this build yet")]
-    NoLeaderElection,
+    #[error("leader election: {0}")]
+    LeaderElection(#[from] ConfigError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -96,36 +105,63 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, RunError> {
     Client::try_from(config).map_err(RunError::Client)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() -> Result<(), std::io::Error> {
+/// Cancels `token` on SIGTERM or SIGINT.
+fn cancel_on_signal(token: CancellationToken) -> Result<(), std::io::Error> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        token.cancel();
+    });
     Ok(())
 }
 
-async fn run(args: Args) -> Result<(), RunError> {
-    if args.leader_elect {
-        return Err(RunError::NoLeaderElection);
+/// This candidate's Lease identity: host name and a random suffix
+/// (client-go's `hostname_uuid`), unique per process.
+fn identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "podset-controller".to_string());
+    format!("{host}_{:016x}", rand::random::<u64>())
+}
+
+/// Prints `stopped-leading` when dropped: a term's work ends by being
+/// dropped (fenced, released, shut down).
+struct StoppedOnDrop(Arc<Reporter>);
+
+impl Drop for StoppedOnDrop {
+    fn drop(&mut self) {
+        self.0.stopped_leading();
     }
+}
+
+async fn run(args: Args) -> Result<(), RunError> {
     let client = client(args.kubeconfig.as_ref()).await?;
     let report = Arc::new(Reporter::stdout());
-    let metrics = Metrics::default();
+    let leader_metrics = LeaderMetrics::new();
+    let metrics = if args.leader_elect {
+        Metrics::with_leader(leader_metrics.clone(), &args.leader_election_id)
+    } else {
+        Metrics::default()
+    };
     let settings = Settings {
         workers: args.workers.max(1),
         fifo: args.fifo,
         sync_period: args.sync_period,
     };
     let ctl = Arc::new(Controller::new(
-        client,
+        client.clone(),
         &args.namespace,
         settings,
         report.clone(),
         metrics.clone(),
     ));
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone())?;
+    let readiness = Readiness::new();
     // Listen before anything else, so a bad address fails at once.
     if let Bind::At(addr) = args.metrics_bind_address {
         let l = http::bind(addr, "metrics").await?;
@@ -133,22 +169,55 @@ async fn run(args: Args) -> Result<(), RunError> {
     }
     if let Bind::At(addr) = args.health_probe_bind_address {
         let l = http::bind(addr, "health probe").await?;
-        let c = ctl.clone();
-        tokio::spawn(log_exit(
-            "health probe",
-            http::serve_probes(l, Arc::new(move || c.has_synced())),
-        ));
+        // Served until the process exits (a never-cancelled token).
+        let serve = serve_readiness(l, readiness.clone(), CancellationToken::new());
+        tokio::spawn(log_exit("health probe", serve));
     }
+    // Every replica lists and watches at once: a standby's cache is warm.
     ctl.start_informers();
-    let signalled = shutdown_signal();
-    // Without leader election this replica leads from the start, as the
-    // reference's manager does.
-    report.leading();
-    tokio::select! {
-        r = signalled => r?,
-        _ = async { ctl.wait_for_sync().await; ctl.lead().await } => {}
+    if !args.leader_elect {
+        // Without leader election this replica leads from the start, as
+        // the reference's manager does.
+        report.leading();
+        let _stopped = StoppedOnDrop(report.clone());
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = async {
+                ctl.wait_for_sync().await;
+                readiness.set_synced(true);
+                ctl.lead(None).await;
+            } => {}
+        }
+        return Ok(());
     }
-    report.stopped_leading();
+    let lock = KubeLease::new(
+        client,
+        &args.leader_election_namespace,
+        &args.leader_election_id,
+    );
+    let config = LeaseConfig::new(identity())
+        .timing(args.lease_duration, args.renew_deadline, args.retry_period)
+        // A standby retries every retry period (jittered), as client-go;
+        // it also wakes at once when the Lease changes (a release).
+        .backoff(Backoff::fixed(args.retry_period, 0.2))
+        .release_on_shutdown(args.release_on_cancel);
+    let (elector, leadership) = LeaseElector::new(lock, config, leader_metrics)?;
+    let elector = tokio::spawn(elector.run(shutdown.clone()));
+    let synced = {
+        let ctl = ctl.clone();
+        async move { ctl.wait_for_sync().await }
+    };
+    run_warm(leadership, readiness, synced, |term: Term| {
+        let (ctl, report) = (ctl.clone(), report.clone());
+        async move {
+            report.leading();
+            let _stopped = StoppedOnDrop(report);
+            ctl.lead(Some(term)).await;
+        }
+    })
+    .await;
+    // run_warm returns once the elector has stopped (the Lease released).
+    let _ = elector.await;
     Ok(())
 }
 
