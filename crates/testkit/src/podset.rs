@@ -23,6 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::cluster::Cluster;
+use crate::kubectl::Kubectl;
 use crate::process::{describe, kill_child, stop_child};
 use crate::KitError;
 
@@ -108,6 +110,91 @@ spec:
           command: ["sleep", "3600"]
 "#
     )
+}
+
+/// Makes `cluster` ready for a sample controller in `namespace`: the CRD
+/// installed and Established, and the namespace's `default`
+/// ServiceAccount (no controller-manager runs; Pod admission wants it).
+/// Returns a kubectl on the cluster.
+pub fn prepare(cluster: &Cluster, namespace: &str) -> Result<Kubectl, KitError> {
+    let kc = cluster.kubectl()?;
+    kc.apply(CRD)?;
+    kc.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/podsets.bench.petrel.dev",
+    ])?;
+    kc.ok(&["create", "serviceaccount", "default", "-n", namespace])?;
+    Ok(kc)
+}
+
+/// The arguments both sample controllers take to run on `cluster` with
+/// leader election on the Lease `namespace/lease` (lease 4 s, renew
+/// deadline 3 s, retry 250 ms), or without (`lease` None).
+pub fn args(cluster: &Cluster, namespace: &str, lease: Option<&str>) -> Vec<String> {
+    let mut args = vec![
+        "--kubeconfig".to_string(),
+        cluster.admin_kubeconfig().display().to_string(),
+    ];
+    if let Some(lease) = lease {
+        for a in [
+            "--leader-elect",
+            "--leader-election-id",
+            lease,
+            "--leader-election-namespace",
+            namespace,
+            "--lease-duration",
+            "4s",
+            "--renew-deadline",
+            "3s",
+            "--retry-period",
+            "250ms",
+        ] {
+            args.push(a.to_string());
+        }
+    }
+    args
+}
+
+/// The Pods of PodSet `set` in `namespace` (by [`POD_LABEL`]).
+pub fn pods_of(
+    kc: &Kubectl,
+    namespace: &str,
+    set: &str,
+) -> Result<Vec<serde_json::Value>, KitError> {
+    let sel = format!("{POD_LABEL}={set}");
+    let list = kc.get_json(&["pods", "-n", namespace, "-l", &sel])?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Whether PodSet `set` has exactly `replicas` Pods, each controlled by it,
+/// and a status of `replicas` for its current generation.
+pub fn converged(kc: &Kubectl, namespace: &str, set: &str, replicas: u32) -> bool {
+    let pods_ok = pods_of(kc, namespace, set).is_ok_and(|pods| {
+        pods.len() == replicas as usize
+            && pods.iter().all(|p| {
+                let owner = &p["metadata"]["ownerReferences"][0];
+                owner["kind"] == "PodSet" && owner["name"] == set && owner["controller"] == true
+            })
+    });
+    pods_ok
+        && kc
+            .get_json(&["podsets.bench.petrel.dev", set, "-n", namespace])
+            .is_ok_and(|ps| {
+                ps["status"]["replicas"] == replicas
+                    && ps["status"]["observedGeneration"] == ps["metadata"]["generation"]
+            })
+}
+
+/// Polls `ok` every 100 ms until it holds. Panics (the test's failure)
+/// naming `what` when it does not within `within`.
+pub fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A running sample controller.

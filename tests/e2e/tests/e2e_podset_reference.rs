@@ -3,73 +3,32 @@
 //! `make peers`, against a real kube-apiserver. The benchmark compares
 //! Petrel's kit with it, so it must do the same work: keep a PodSet's Pods,
 //! write its status, stamp its reconciles on stdout, and hand leadership
-//! over on a Lease when its leader stops.
+//! over on a Lease when its leader stops. (`e2e_podset` holds Petrel's
+//! sample to the same.)
 //!
 //! A missing etcd, kube-apiserver, kubectl or podset-controller fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use petrel_testkit::cluster::Cluster;
 use petrel_testkit::peers::peer_binary;
-use petrel_testkit::podset::{self, Controller, Event};
+use petrel_testkit::podset::{self, wait_until, Controller, Event};
 
 const NS: &str = "default";
 
 fn controller(cluster: &Cluster, name: &str, lease: &str) -> Controller {
     let bin = peer_binary("podset-controller").unwrap_or_else(|e| panic!("{e}"));
-    let args: Vec<String> = [
-        "--kubeconfig",
-        &cluster.admin_kubeconfig().display().to_string(),
-        "--leader-elect",
-        "--leader-election-id",
-        lease,
-        "--leader-election-namespace",
-        NS,
-        "--lease-duration",
-        "4s",
-        "--renew-deadline",
-        "3s",
-        "--retry-period",
-        "250ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = podset::args(cluster, NS, Some(lease));
     let log = cluster.dir().join(format!("{name}.log"));
     Controller::start(&bin, &args, &log).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn pods_of(kc: &petrel_testkit::kubectl::Kubectl, set: &str) -> Vec<serde_json::Value> {
-    let sel = format!("{}={set}", podset::POD_LABEL);
-    let list = kc.get_json(&["pods", "-n", NS, "-l", &sel]).unwrap();
-    list["items"].as_array().cloned().unwrap_or_default()
-}
-
-fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
 fn podset_controller_should_keep_pods_write_status_and_hand_over_its_lease() {
     let cluster = Cluster::start().unwrap_or_else(|e| panic!("{e}"));
-    let kc = cluster.kubectl().unwrap();
-    kc.apply(podset::CRD).unwrap();
-    kc.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/podsets.bench.petrel.dev",
-    ])
-    .unwrap();
-    // No controller-manager runs: Pod admission wants the ServiceAccount.
-    kc.ok(&["create", "serviceaccount", "default", "-n", NS])
-        .unwrap();
+    let kc = podset::prepare(&cluster, NS).unwrap_or_else(|e| panic!("{e}"));
 
     let mut a = controller(&cluster, "a", "podset-ref");
     a.wait_for(Duration::from_secs(60), "a leads", |e| {
@@ -92,20 +51,8 @@ fn podset_controller_should_keep_pods_write_status_and_hand_over_its_lease() {
     };
     assert_eq!(key, format!("{NS}/web"));
     assert!(at >= stamp, "reconciled before the change: {at} < {stamp}");
-    wait_until("2 pods owned by web", Duration::from_secs(30), || {
-        let pods = pods_of(&kc, "web");
-        pods.len() == 2
-            && pods.iter().all(|p| {
-                p["metadata"]["ownerReferences"][0]["kind"] == "PodSet"
-                    && p["metadata"]["ownerReferences"][0]["name"] == "web"
-            })
-    });
-    wait_until("status observed", Duration::from_secs(30), || {
-        let ps = kc.get_json(&["podsets.bench.petrel.dev", "web", "-n", NS]);
-        ps.is_ok_and(|ps| {
-            ps["status"]["replicas"] == 2
-                && ps["status"]["observedGeneration"] == ps["metadata"]["generation"]
-        })
+    wait_until("web has 2 pods and status", Duration::from_secs(30), || {
+        podset::converged(&kc, NS, "web", 2)
     });
 
     // A standby does not lead while the leader renews.
@@ -142,6 +89,6 @@ fn podset_controller_should_keep_pods_write_status_and_hand_over_its_lease() {
     )
     .unwrap();
     wait_until("no pods left", Duration::from_secs(30), || {
-        pods_of(&kc, "web").is_empty()
+        podset::pods_of(&kc, NS, "web").is_ok_and(|p| p.is_empty())
     });
 }

@@ -1,0 +1,196 @@
+//! Petrel's PodSet sample controller (`petrel-podset-controller`,
+//! examples/podset-controller) against a real kube-apiserver: the same
+//! contract `e2e_podset_reference` holds controller-runtime's to — Pods and
+//! status follow a change, the change's reconcile is reported with its
+//! stamp, scaling to 0 removes the Pods, a standby does not lead while the
+//! leader renews and leads within 1 s of the leader's SIGTERM — plus the
+//! kit's readiness gate and client-go's workqueue metrics.
+//!
+//! A missing etcd, kube-apiserver or kubectl fails; so does a missing
+//! controller binary (`cargo build --bins`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use petrel_testkit::bins;
+use petrel_testkit::cluster::Cluster;
+use petrel_testkit::http;
+use petrel_testkit::podset::{self, wait_until, Controller, Event};
+use petrel_testkit::process::free_port;
+
+const NS: &str = "default";
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn controller(cluster: &Cluster, name: &str, lease: Option<&str>, extra: &[String]) -> Controller {
+    let bin = bins::find("petrel-podset-controller").unwrap_or_else(|e| panic!("{e}"));
+    let mut args = podset::args(cluster, NS, lease);
+    args.extend_from_slice(extra);
+    let log = cluster.dir().join(format!("{name}.log"));
+    Controller::start(&bin, &args, &log).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn petrel_podset_controller_should_keep_pods_write_status_and_report_changes() {
+    let cluster = Cluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let kc = podset::prepare(&cluster, NS).unwrap_or_else(|e| panic!("{e}"));
+    let (metrics, probes) = (free_port().unwrap(), free_port().unwrap());
+    let extra = [
+        "--metrics-bind-address".to_string(),
+        local(metrics).to_string(),
+        "--health-probe-bind-address".to_string(),
+        local(probes).to_string(),
+    ];
+    let mut ctl = controller(&cluster, "solo", None, &extra);
+    ctl.wait_for(Duration::from_secs(60), "leads", |e| {
+        matches!(e, Event::Leading(_))
+    })
+    .unwrap();
+    // Ready once the informers have synced.
+    wait_until("readyz 200", Duration::from_secs(60), || {
+        http::get(local(probes), "/readyz", Duration::from_secs(2)).is_ok_and(|r| r.status == 200)
+    });
+
+    // A user change is reconciled and reported with its stamp.
+    let stamp = podset::unix_nanos();
+    kc.apply(&podset::manifest(NS, "web", 2, stamp)).unwrap();
+    let seen = ctl
+        .wait_for(
+            Duration::from_secs(30),
+            "web reconciled",
+            |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
+        )
+        .unwrap();
+    let Event::Reconciled {
+        key,
+        at,
+        generation,
+        ..
+    } = seen
+    else {
+        unreachable!()
+    };
+    assert_eq!(key, format!("{NS}/web"));
+    assert_eq!(generation, 1);
+    assert!(at >= stamp, "reconciled before the change: {at} < {stamp}");
+    wait_until("web has 2 pods and status", Duration::from_secs(30), || {
+        podset::converged(&kc, NS, "web", 2)
+    });
+
+    // Scale up, then to 0: each change reported once, the Pods follow.
+    for replicas in [3, 0] {
+        let stamp = podset::unix_nanos();
+        kc.apply(&podset::manifest(NS, "web", replicas, stamp))
+            .unwrap();
+        ctl.wait_for(
+            Duration::from_secs(30),
+            "web scaled",
+            |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
+        )
+        .unwrap();
+        wait_until(
+            &format!("web has {replicas} pods"),
+            Duration::from_secs(30),
+            || podset::converged(&kc, NS, "web", replicas),
+        );
+    }
+    let reported = ctl.drain();
+    assert!(
+        !reported
+            .iter()
+            .any(|e| matches!(e, Event::Reconciled { .. })),
+        "a stamp reported twice: {reported:?}"
+    );
+
+    // client-go's workqueue metrics, under the controller's queue name.
+    let m = http::get(local(metrics), "/metrics", Duration::from_secs(5)).unwrap();
+    assert_eq!(m.status, 200);
+    assert!(
+        m.body.contains("workqueue_adds_total{") && m.body.contains("name=\"podset\""),
+        "{}",
+        m.body
+    );
+
+    // SIGTERM: it stops leading and exits by itself.
+    assert!(ctl.terminate(Duration::from_secs(10)), "did not exit");
+    ctl.wait_for(Duration::from_secs(5), "stopped-leading", |e| {
+        matches!(e, Event::StoppedLeading(_))
+    })
+    .unwrap();
+}
+
+#[test]
+fn petrel_podset_controller_should_hand_over_its_lease_within_a_second_of_sigterm() {
+    let cluster = Cluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let kc = podset::prepare(&cluster, NS).unwrap_or_else(|e| panic!("{e}"));
+    let lease = Some("podset-petrel");
+    let mut a = controller(&cluster, "a", lease, &[]);
+    a.wait_for(Duration::from_secs(60), "a leads", |e| {
+        matches!(e, Event::Leading(_))
+    })
+    .unwrap();
+    let stamp = podset::unix_nanos();
+    kc.apply(&podset::manifest(NS, "web", 2, stamp)).unwrap();
+    a.wait_for(
+        Duration::from_secs(30),
+        "web reconciled by a",
+        |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
+    )
+    .unwrap();
+    wait_until("web has 2 pods and status", Duration::from_secs(30), || {
+        podset::converged(&kc, NS, "web", 2)
+    });
+
+    // A standby (its readiness served: warm) does not lead while the
+    // leader renews.
+    let probes = free_port().unwrap();
+    let extra = [
+        "--health-probe-bind-address".to_string(),
+        local(probes).to_string(),
+    ];
+    let mut b = controller(&cluster, "b", lease, &extra);
+    wait_until("standby b ready", Duration::from_secs(60), || {
+        http::get(local(probes), "/readyz", Duration::from_secs(2)).is_ok_and(|r| r.status == 200)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !b.drain().iter().any(|e| matches!(e, Event::Leading(_))),
+        "two leaders"
+    );
+
+    // SIGTERM: a stops leading and releases the Lease; b leads within 1 s.
+    let t_term = podset::unix_nanos();
+    assert!(a.terminate(Duration::from_secs(10)), "a did not exit");
+    a.wait_for(Duration::from_secs(5), "a stopped leading", |e| {
+        matches!(e, Event::StoppedLeading(_))
+    })
+    .unwrap();
+    let Event::Leading(t) = b
+        .wait_for(Duration::from_secs(10), "b leads", |e| {
+            matches!(e, Event::Leading(_))
+        })
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    let took = (t - t_term) as f64 / 1e9;
+    eprintln!("petrel handover after SIGTERM: {took:.3} s");
+    assert!(took <= 1.0, "b led {took:.3} s after a's SIGTERM");
+
+    // The new leader reconciles the next change: scaled to 0.
+    let stamp = podset::unix_nanos();
+    kc.apply(&podset::manifest(NS, "web", 0, stamp)).unwrap();
+    b.wait_for(
+        Duration::from_secs(30),
+        "web scaled down by b",
+        |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
+    )
+    .unwrap();
+    wait_until("no pods left", Duration::from_secs(30), || {
+        podset::converged(&kc, NS, "web", 0)
+    });
+}
