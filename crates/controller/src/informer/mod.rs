@@ -14,7 +14,7 @@
 //!   (type, namespace, selectors); handlers ([`EventHandler`],
 //!   [`QueueHandler`]) each on their own task, a panic isolated.
 //!
-//! Every [`Event`] carries its [`EventClass`](crate::informer::EventClass):
+//! Every [`Event`] carries its [`EventClass`]:
 //! an initial-list add (the first list, a re-list, or the snapshot a late
 //! handler gets), a no-op resync, or a user change. A [`ClassPolicy`] maps
 //! classes to queue tiers and delays.
