@@ -224,14 +224,7 @@ where
     let started = Instant::now();
     let mut stream = match shared.lw.watch(&rv, timeout).await {
         Ok(s) => s,
-        Err(WatchError::Expired(m)) => {
-            tracing::info!(informer = %name, resource_version = %rv, reason = %m, "watch expired; re-listing");
-            return State::Listing;
-        }
-        Err(e) => {
-            episode.fail(name, "watch", &e);
-            return retry_watch(rv);
-        }
+        Err(e) => return after_watch_error(name, rv, e, episode),
     };
     let mut events = 0u64;
     while let Some(item) = stream.next().await {
@@ -243,25 +236,10 @@ where
                 None
             }
             Ok(WatchEvent::Error(s)) => {
-                return match WatchError::from_status(s.code, &s.reason, &s.message) {
-                    WatchError::Expired(m) => {
-                        tracing::info!(informer = %name, resource_version = %rv, reason = %m, "watch expired; re-listing");
-                        State::Listing
-                    }
-                    e => {
-                        episode.fail(name, "watch", &e);
-                        retry_watch(rv)
-                    }
-                };
+                let e = WatchError::from_status(s.code, &s.reason, &s.message);
+                return after_watch_error(name, rv, e, episode);
             }
-            Err(WatchError::Expired(m)) => {
-                tracing::info!(informer = %name, resource_version = %rv, reason = %m, "watch expired; re-listing");
-                return State::Listing;
-            }
-            Err(e) => {
-                episode.fail(name, "watch", &e);
-                return retry_watch(rv);
-            }
+            Err(e) => return after_watch_error(name, rv, e, episode),
         };
         events += 1;
         if events == 1 {
@@ -295,6 +273,21 @@ where
     }
     State::Watching {
         resource_version: rv,
+    }
+}
+
+/// Where a watch that failed with `e` goes: an expired resourceVersion
+/// re-lists; anything else is a failure of the episode, retried from `rv`.
+fn after_watch_error(name: &str, rv: String, e: WatchError, episode: &mut Episode) -> State {
+    match e {
+        WatchError::Expired(m) => {
+            tracing::info!(informer = %name, resource_version = %rv, reason = %m, "watch expired; re-listing");
+            State::Listing
+        }
+        e => {
+            episode.fail(name, "watch", &e);
+            retry_watch(rv)
+        }
     }
 }
 
