@@ -47,6 +47,10 @@ const RUNTIME_TIMEOUT: Duration = Duration::from_secs(5);
 const MOUNTS_REFRESH: Duration = Duration::from_secs(300);
 /// How long after a request of `/stats/summary` passes keep building it.
 const SUMMARY_INTEREST: Duration = Duration::from_secs(300);
+/// How long node-level reclaim waits for removed files to be freed.
+const RECLAIM_SETTLE: Duration = Duration::from_secs(2);
+/// How often the node is observed meanwhile.
+const RECLAIM_SETTLE_STEP: Duration = Duration::from_millis(100);
 /// How long the server waits for a pass it asked for a summary.
 pub const SUMMARY_WAIT: Duration = Duration::from_secs(3);
 /// How long a pass waits for an evicted pod's containers to stop.
@@ -221,12 +225,10 @@ impl EvictionManager {
         let resource = threshold.signal.resource();
         // Node-level reclaim first (disk signals): enough reclaimed, with
         // minimum reclaim, means no pod is evicted.
-        if self.reclaim_node_level(threshold.signal).await {
-            if let Some(after) = self.observe().await {
-                if self.tracker.reclaimed(&observations(&after)) {
-                    tracing::info!(signal = %threshold.signal, "node-level reclaim relieved the pressure; no eviction");
-                    return None;
-                }
+        if let Some(removed) = self.reclaim_node_level(threshold.signal).await {
+            if self.relieved_after_reclaim(removed).await {
+                tracing::info!(signal = %threshold.signal, "node-level reclaim relieved the pressure; no eviction");
+                return None;
             }
         }
         let layers = if matches!(resource, Resource::Disk | Resource::Inodes) {
@@ -470,12 +472,34 @@ impl EvictionManager {
         }
     }
 
+    /// Whether the node is relieved after node-level reclaim. A runtime
+    /// may free a removed container's or image's files after the call
+    /// returns (Petrel's and containerd's both do): when something was
+    /// removed, the node is observed again until relieved or until
+    /// [`RECLAIM_SETTLE`] has passed, so no pod is evicted for space that
+    /// is on its way back.
+    async fn relieved_after_reclaim(&mut self, removed: usize) -> bool {
+        let deadline = tokio::time::Instant::now() + RECLAIM_SETTLE;
+        loop {
+            if let Some(after) = self.observe().await {
+                if self.tracker.reclaimed(&observations(&after)) {
+                    return true;
+                }
+            }
+            if removed == 0 || tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(RECLAIM_SETTLE_STEP).await;
+        }
+    }
+
     /// kubelet's node-level reclaim for disk signals: every exited
     /// container this agent made, then (for the runtime's filesystems)
-    /// every image no container uses. True when something was tried.
-    async fn reclaim_node_level(&self, signal: Signal) -> bool {
+    /// every image no container uses. `None` for other signals, else how
+    /// many containers and images were removed.
+    async fn reclaim_node_level(&self, signal: Signal) -> Option<usize> {
         if !matches!(signal.resource(), Resource::Disk | Resource::Inodes) {
-            return false;
+            return None;
         }
         let rt = &self.parts.runtime;
         let ours = HashMap::from([(LABEL_MANAGED_BY.to_string(), self.parts.node_name.clone())]);
@@ -534,7 +558,7 @@ impl EvictionManager {
             removed_images,
             "node-level reclaim"
         );
-        true
+        Some(removed_containers + removed_images)
     }
 
     /// kubelet's local-storage eviction: the first live pod over an
