@@ -10,6 +10,8 @@
 #   scripts/bench.sh --only nri --out /tmp/R.md                 # NRI: CreateContainer with plugins, Synchronize (P19-P20)
 #   scripts/bench.sh --only eviction --out /tmp/E.md            # eviction: memory crossing → stop call, idle CPU (P21-P22)
 #   scripts/bench.sh --only kubelet --out /tmp/K.md             # the real kubelet beside Petrel (P23-P27, critest counts)
+#   scripts/bench.sh --only critest --out /tmp/C.md             # critest's benchmarks, Petrel vs containerd 2.x (P28)
+#   scripts/bench.sh --only controller --out /tmp/S.md          # the controller kit vs controller-runtime (P29-P32)
 #
 # Needs root, runc, target/release/petrel (make release) and the busybox test
 # image (make image; IMAGES=dir overrides build/images); the pull figures also

@@ -88,13 +88,24 @@ pub struct ApiserverFiles {
     /// A directory of its own (`--cert-dir`, never used with the files
     /// above, but the default is `/var/run/kubernetes`).
     pub cert_dir: PathBuf,
+    /// An audit log of every request (its policy beside it), or none.
+    pub audit_log: Option<PathBuf>,
 }
+
+/// The audit policy of an audited cluster: one event per request, with
+/// who sent it and when, no bodies.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+";
 
 /// The `kube-apiserver` arguments: loopback, port `port`, etcd at
 /// `etcd_client_port`, real-cluster authorization and admission.
 pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> Vec<String> {
     let p = |p: &Path| p.display().to_string();
-    vec![
+    let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{etcd_client_port}"),
         "--bind-address=127.0.0.1".into(),
         "--advertise-address=127.0.0.1".into(),
@@ -122,7 +133,16 @@ pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> V
         format!("--kubelet-certificate-authority={}", p(&f.ca)),
         "--kubelet-preferred-address-types=InternalIP".into(),
         "--profiling=false".into(),
-    ]
+    ];
+    if let Some(log) = &f.audit_log {
+        args.push(format!("--audit-log-path={}", p(log)));
+        args.push(format!(
+            "--audit-policy-file={}",
+            p(&log.with_extension("policy.yaml"))
+        ));
+        args.push("--audit-log-format=json".into());
+    }
+    args
 }
 
 /// Credentials of one node's kubelet in a [`Cluster`].
@@ -176,6 +196,16 @@ impl Cluster {
     /// Makes the certificates, starts etcd and kube-apiserver on free
     /// loopback ports and waits until `/readyz` answers `ok` (up to 3 min).
     pub fn start() -> Result<Cluster, KitError> {
+        Self::start_with(false)
+    }
+
+    /// [`Cluster::start`] with an audit log of every request
+    /// ([`Cluster::audit_log`]): who asked what, and when.
+    pub fn start_audited() -> Result<Cluster, KitError> {
+        Self::start_with(true)
+    }
+
+    fn start_with(audited: bool) -> Result<Cluster, KitError> {
         let etcd_bin = crate::peers::peer_binary("etcd")?;
         let apiserver_bin = crate::peers::peer_binary("kube-apiserver")?;
         crate::peers::peer_binary("kubectl")?;
@@ -211,7 +241,12 @@ impl Cluster {
             sa_key,
             sa_pub,
             cert_dir: dir.path().join("apiserver-certs"),
+            audit_log: audited.then(|| dir.path().join("audit.log")),
         };
+        if let Some(log) = &files.audit_log {
+            let policy = log.with_extension("policy.yaml");
+            std::fs::write(&policy, AUDIT_POLICY).map_err(|e| KitError::io("write", &policy, e))?;
+        }
         let mut cluster = Cluster {
             server: String::new(),
             admin: dir.path().join("admin.kubeconfig"),
@@ -456,6 +491,13 @@ impl Cluster {
         self.wait_ready()
     }
 
+    /// The audit log (JSON lines, one per request stage), if audited.
+    pub fn audit_log(&self) -> Option<&Path> {
+        self.started
+            .as_ref()
+            .and_then(|s| s.files.audit_log.as_deref())
+    }
+
     /// The API server's URL, `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.server
@@ -563,6 +605,24 @@ mod tests {
             sa_key: "/p/sa.key".into(),
             sa_pub: "/p/sa.pub".into(),
             cert_dir: "/p/certs".into(),
+            audit_log: None,
+        }
+    }
+
+    #[test]
+    fn apiserver_args_should_audit_only_when_asked() {
+        let plain = apiserver_args(6443, 2379, &files());
+        assert!(!plain.iter().any(|a| a.starts_with("--audit")), "{plain:?}");
+        let audited = ApiserverFiles {
+            audit_log: Some("/d/audit.log".into()),
+            ..files()
+        };
+        let args = apiserver_args(6443, 2379, &audited);
+        for want in [
+            "--audit-log-path=/d/audit.log",
+            "--audit-policy-file=/d/audit.policy.yaml",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} missing: {args:?}");
         }
     }
 

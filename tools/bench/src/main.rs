@@ -10,6 +10,8 @@ mod agent;
 mod agent_proc;
 mod agent_report;
 mod containerd;
+mod controller_bench;
+mod controller_bench_report;
 mod cpugroup;
 mod critest_bench;
 mod critest_bench_report;
@@ -229,6 +231,12 @@ pub struct Args {
     /// P28: image lifecycles (and image listings) per runtime.
     #[arg(long, default_value_t = 10)]
     pub critest_images: usize,
+    /// P29-P32: PodSets a controller restart lists.
+    #[arg(long, default_value_t = 10_000)]
+    pub controller_objects: usize,
+    /// P29-P32: Petrel's PodSet sample controller.
+    #[arg(long, default_value = "target/release/petrel-podset-controller")]
+    pub podset_controller: PathBuf,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -245,8 +253,9 @@ pub struct Args {
     /// needs neither root nor runc; prints its partial report unless --out
     /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18),
     /// `nri` (P19-P20), `eviction` (P21-P22), `kubelet` (P23-P27 and
-    /// the critest counts) or `critest` (P28; these seven print their
-    /// partial report to standard output unless --out is given).
+    /// the critest counts), `critest` (P28) or `controller` (P29-P32;
+    /// these eight print their partial report to standard output unless
+    /// --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -285,6 +294,10 @@ pub enum Part {
     /// critest's own benchmarks against Petrel's runtime and containerd
     /// 2.x (P28).
     Critest,
+    /// The controller kit's sample beside controller-runtime's: latency in
+    /// a restart's storm, queue depth, leader handoff, memory and idle
+    /// requests (P29-P32).
+    Controller,
 }
 
 /// The default report.
@@ -336,6 +349,9 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Critest {
         return run_critest_only(args);
+    }
+    if args.only == Part::Controller {
+        return run_controller_only(args);
     }
     if args.only == Part::All {
         // A missing peer fails the whole run now, not after an hour.
@@ -492,6 +508,19 @@ fn run_critest_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only controller`: the controller kit's figures alone.
+fn run_controller_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| controller_bench::measure(args, work, &progress).await,
+        report::render_controller_only,
+    )?;
+    if let Some(e) = &results.error {
+        bail!("the controller figures were not measured: {e}");
+    }
+    Ok(())
+}
+
 /// `--only kubelet`: the kubelet figures alone.
 fn run_kubelet_only(args: &Args) -> Result<()> {
     kubelet::preflight(args)?;
@@ -616,7 +645,8 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         | Part::Nri
         | Part::Eviction
         | Part::Kubelet
-        | Part::Critest => None,
+        | Part::Critest
+        | Part::Controller => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -744,7 +774,8 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     raw.sweep();
 
     // The other sections run after the runtime's only in a whole run.
-    let (pull, net, nri, eviction, agent, kubelet, critest) = if args.only == Part::All {
+    let (pull, net, nri, eviction, agent, kubelet, critest, controller) = if args.only == Part::All
+    {
         // In this order: the tuple's elements are awaited one after another.
         (
             Some(pull::measure(args, work, &progress).await),
@@ -754,9 +785,10 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
             Some(agent::measure(args, work, &progress).await),
             Some(kubelet::measure(args, work, &progress).await),
             Some(critest_bench::measure(args, work, &progress).await),
+            Some(controller_bench::measure(args, work, &progress).await),
         )
     } else {
-        (None, None, None, None, None, None, None)
+        (None, None, None, None, None, None, None, None)
     };
     Ok(Results {
         fsync,
@@ -778,6 +810,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         eviction,
         kubelet,
         critest,
+        controller,
     })
 }
 

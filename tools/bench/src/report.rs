@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::agent::AgentResults;
 use crate::agent_report;
+use crate::controller_bench::ControllerResults;
+use crate::controller_bench_report;
 use crate::critest_bench::CritestBenchResults;
 use crate::critest_bench_report;
 use crate::eviction::EvictionResults;
@@ -228,6 +230,9 @@ pub struct Results {
     /// P28, critest's benchmarks on both runtimes (absent with `--only
     /// runtime`).
     pub critest: Option<CritestBenchResults>,
+    /// P29-P32, the controller kit beside controller-runtime (absent with
+    /// `--only runtime`).
+    pub controller: Option<ControllerResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -350,6 +355,17 @@ pub fn render_critest_only(m: &Machine, c: &CritestBenchResults) -> Result<Strin
         "critest's benchmarks only",
         critest_bench_report::summary_rows(c)?,
         critest_bench_report::sections(c)?,
+    )
+}
+
+/// Renders the controller kit's figures alone (`--only controller`).
+pub fn render_controller_only(m: &Machine, c: &ControllerResults) -> Result<String, TemplateError> {
+    render_part(
+        m,
+        &m.command,
+        "the controller kit beside controller-runtime only",
+        controller_bench_report::summary_rows(c)?,
+        controller_bench_report::sections(c)?,
     )
 }
 
@@ -541,6 +557,10 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
     if let Some(c) = &r.critest {
         rows += &critest_bench_report::summary_rows(c)?;
         sections += &critest_bench_report::sections(c)?;
+    }
+    if let Some(c) = &r.controller {
+        rows += &controller_bench_report::summary_rows(c)?;
+        sections += &controller_bench_report::sections(c)?;
     }
     Ok((rows, sections))
 }
@@ -944,6 +964,27 @@ mod tests {
         let text = render_critest_only(&m, &none).unwrap();
         assert_tables_square(&text);
         golden("sample-critest-none.md", &text);
+    }
+
+    #[test]
+    fn render_controller_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        let full = render_controller_only(&m, &report_sample::controller()).unwrap();
+        assert_tables_square(&full);
+        golden("sample-controller.md", &full);
+        let mut partial = report_sample::controller();
+        partial.runs[2].error = Some("storm: leading: not within 120s".into());
+        partial.handoffs[1].error = Some("the first replica leads: not within 120s".into());
+        let text = render_controller_only(&m, &partial).unwrap();
+        assert_tables_square(&text);
+        golden("sample-controller-partial.md", &text);
+        let none = crate::controller_bench::ControllerResults {
+            error: Some("no podset-controller in build/peers/bin | `make peers`".into()),
+            ..Default::default()
+        };
+        let text = render_controller_only(&m, &none).unwrap();
+        assert_tables_square(&text);
+        golden("sample-controller-none.md", &text);
     }
 
     #[test]

@@ -605,7 +605,56 @@ pub fn results() -> Results {
     r.eviction = Some(eviction());
     r.kubelet = Some(Default::default());
     r.critest = Some(critest());
+    r.controller = Some(controller());
     r
+}
+
+/// `n` samples from `base` ms, 0.5 ms apart.
+fn latency_samples(n: usize, base: f64) -> crate::stats::Samples {
+    let mut s = crate::stats::Samples::default();
+    for i in 0..n {
+        s.push(Duration::from_secs_f64((base + i as f64 * 0.5) / 1e3));
+    }
+    s
+}
+
+/// The controller kit beside controller-runtime, every figure present.
+pub fn controller() -> crate::controller_bench::ControllerResults {
+    use crate::controller_bench::{ControllerResults, Handoff, ImplRun};
+    let run = |name: &str, quiet: f64, storm: f64, depth: f64, rss: u64| ImplRun {
+        name: name.into(),
+        quiet: latency_samples(1000, quiet),
+        storm: latency_samples(1800, storm),
+        storm_unserved: 0,
+        drained_after: Some(Duration::from_secs(31)),
+        depth_mean: depth,
+        depth_max: depth * 3.0,
+        depth_samples: 450,
+        rss_small_kib: Some(rss),
+        rss_full_kib: Some(rss + 20_000),
+        idle_requests_per_min: Some(30.0),
+        error: None,
+    };
+    let handoff = |name: &str, g: f64| Handoff {
+        name: name.into(),
+        graceful: latency_samples(5, g),
+        crash: latency_samples(3, 4200.0),
+        error: None,
+    };
+    ControllerResults {
+        objects: 10_000,
+        runs: vec![
+            run("Petrel", 2.0, 2.1, 0.1, 9_000),
+            run("Petrel, one FIFO", 2.0, 9.0, 500.0, 9_000),
+            run("controller-runtime", 3.0, 6.0, 2.0, 40_000),
+        ],
+        handoffs: vec![
+            handoff("Petrel", 120.0),
+            handoff("controller-runtime", 300.0),
+        ],
+        controller_runtime_version: "v0.25.2".into(),
+        error: None,
+    }
 }
 
 /// One operation's samples, `ms` apart from `base` ms.
