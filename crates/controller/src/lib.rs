@@ -24,10 +24,13 @@
 //! * **Order.** An item is served only once its ready time has come; among
 //!   ready items, by tier ([`Priority::Urgent`], then `Normal`, then
 //!   `Background`), then in the order they became ready.
-//! * **Starvation bound.** An item ready for longer than `max_wait`
-//!   (default 5 s) is served before any newer item of any tier, so a
-//!   lower-tier item waits at most `max_wait` behind higher tiers (plus the
-//!   time for a worker to come free, and behind older items as in any FIFO).
+//! * **Starvation bound.** Once a lower-tier item has been ready for longer
+//!   than `max_wait` (default 5 s), every other item served is the oldest
+//!   such item, whatever the higher tiers hold: a lower-tier item waits at
+//!   most `max_wait` behind higher tiers (plus a worker coming free, and
+//!   behind older starved items), and a starved backlog of thousands never
+//!   goes all at once before a newer urgent item, which waits for at most
+//!   one starved item per urgent item ahead of it.
 //! * **Delays** (`add_after`, `add_rate_limited`, `add_resync`) sit in a
 //!   heap; a getter sleeps until the earliest one, so an idle queue costs
 //!   nothing (no ticker).

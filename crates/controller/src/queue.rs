@@ -120,8 +120,9 @@ impl<K> QueueConfig<K> {
         self
     }
 
-    /// The starvation bound (default 5 s): an item ready for this long is
-    /// served before items of higher tiers.
+    /// The starvation bound (default 5 s): once a lower tier's item has
+    /// been ready this long, it gets every other turn from the higher
+    /// tiers (oldest starved first) until none is starved.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self
@@ -266,6 +267,9 @@ struct State<K> {
     /// A getter sleeps until the earliest ready time; the others only wait
     /// for a notification (one timer, not one per idle worker).
     timer_owner: bool,
+    /// The last item served was a starved one of a lower tier chosen over
+    /// the highest tier's: the next turn goes to the highest tier.
+    starved_turn: bool,
     rng: StdRng,
 }
 
@@ -306,6 +310,7 @@ where
                     next_seq: 0,
                     shutting_down: false,
                     timer_owner: false,
+                    starved_turn: false,
                     rng,
                 }),
                 ready: Notify::new(),
@@ -390,8 +395,9 @@ where
     /// down and nothing ready remains.
     ///
     /// Ready items are served by tier (urgent first), then in the order they
-    /// became ready; an item ready for longer than the starvation bound is
-    /// served before any newer item, whatever its tier. The caller owns the
+    /// became ready; while a lower tier's item has been ready for longer
+    /// than the starvation bound, every other item served is the oldest
+    /// such item, whatever the higher tiers hold. The caller owns the
     /// key until it calls [`done`](Self::done). Cancelling the future loses
     /// nothing.
     pub async fn get(&self) -> Option<Item<K>> {
@@ -844,8 +850,11 @@ impl<K: Eq + Hash + Clone> Inner<K> {
         let st = &mut *st;
         let allow_lower = st.lower_processing < self.lower_tier_limit;
         // Drop stale slots at the fronts, then choose among the fronts: the
-        // oldest starved one if any, else the highest tier's.
-        let mut chosen: Option<(usize, bool, Instant, u64)> = None;
+        // highest tier's, or every other time the oldest starved front of a
+        // lower tier (alternating keeps the bound without letting a starved
+        // backlog go before every newer urgent item at once).
+        let mut best: Option<(usize, Instant)> = None;
+        let mut starved: Option<(usize, Instant, u64)> = None;
         for (i, tier) in Priority::ALL.iter().enumerate() {
             if i > 0 && !allow_lower {
                 break;
@@ -858,18 +867,27 @@ impl<K: Eq + Hash + Clone> Inner<K> {
                 q.pop_front();
             }
             let Some(front) = q.front() else { continue };
-            let starved = now.saturating_duration_since(front.since) >= self.max_wait;
-            let better = match chosen {
-                None => true,
-                Some((_, c_starved, c_since, c_seq)) => {
-                    starved && (!c_starved || (front.since, front.seq) < (c_since, c_seq))
-                }
-            };
-            if better {
-                chosen = Some((i, starved, front.since, front.seq));
+            if best.is_none() {
+                best = Some((i, front.since));
+            }
+            let is_starved = now.saturating_duration_since(front.since) >= self.max_wait;
+            if is_starved
+                && starved.is_none_or(|(_, since, seq)| (front.since, front.seq) < (since, seq))
+            {
+                starved = Some((i, front.since, front.seq));
             }
         }
-        let (i, _, since, _) = chosen?;
+        let (i, since) = match (best, starved) {
+            (Some((b, _)), Some((s, since, _))) if s != b && !st.starved_turn => {
+                st.starved_turn = true;
+                (s, since)
+            }
+            (Some(b), _) => {
+                st.starved_turn = false;
+                b
+            }
+            (None, _) => return None,
+        };
         let tier = Priority::ALL[i];
         let slot = st.tiers[i].pop_front()?;
         let e = st.entries.get_mut(&slot.key)?;

@@ -136,7 +136,7 @@ pub struct ImplRun {
 pub struct Handoff {
     /// Which.
     pub name: String,
-    /// Old leader's exit (SIGTERM) → new leader's first reconcile.
+    /// SIGTERM of the leader → new leader's first reconcile.
     pub graceful: Samples,
     /// kill -9 of the leader → new leader's first reconcile.
     pub crash: Samples,
@@ -638,14 +638,14 @@ impl Ctx<'_> {
             tokio::time::sleep(Duration::from_secs(5)).await;
             standby.pump();
             standby.events.clear();
-            let gone = if crash {
-                let t = podset::unix_nanos();
+            // From the signal: a leader that releases its Lease may be
+            // replaced before its process has exited.
+            let gone = podset::unix_nanos();
+            if crash {
                 leader.c.kill();
-                t
             } else {
                 leader.c.terminate(Duration::from_secs(10));
-                podset::unix_nanos()
-            };
+            }
             standby
                 .until(
                     "the standby's first reconcile",

@@ -308,14 +308,28 @@ async fn get_should_serve_a_starved_item_before_higher_tiers() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn get_should_serve_starved_items_oldest_first() {
+async fn get_should_alternate_starved_items_oldest_first_with_higher_tiers() {
     let q = WorkQueue::new(QueueConfig::default().max_wait(Duration::from_secs(1)));
     q.add("normal", Priority::Normal);
     tokio::time::advance(MS).await;
     q.add("bg", Priority::Background);
     tokio::time::advance(Duration::from_secs(2)).await;
-    q.add("urgent", Priority::Urgent);
-    assert_eq!(keys(&q), ["normal", "bg", "urgent"]);
+    q.add("u1", Priority::Urgent);
+    q.add("u2", Priority::Urgent);
+    assert_eq!(keys(&q), ["normal", "u1", "bg", "u2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_starved_backlog_should_not_go_before_every_newer_urgent_item() {
+    let q = WorkQueue::new(QueueConfig::default().max_wait(Duration::from_secs(1)));
+    for i in 0..1000 {
+        q.add(format!("bg{i}"), Priority::Background);
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    q.add("user".to_string(), Priority::Urgent);
+    // One starved item, then the user's: not a thousand.
+    let first: Vec<String> = (0..2).filter_map(|_| q.try_get().map(|i| i.key)).collect();
+    assert_eq!(first, ["bg0", "user"]);
 }
 
 /// The starvation bound under a saturating urgent load: a producer keeps
@@ -685,6 +699,7 @@ mod model {
         seq: u64,
         max_wait: u64,
         limit: usize,
+        starved_turn: bool,
     }
 
     impl Model {
@@ -800,12 +815,21 @@ mod model {
                 .iter()
                 .filter(|r| now - r.2 >= self.max_wait)
                 .min_by_key(|r| (r.2, r.3));
-            let best = starved.or_else(|| {
-                ready
-                    .iter()
-                    .min_by_key(|r| (std::cmp::Reverse(r.1), r.2, r.3))
-            });
-            let (k, prio, since, _) = *best?;
+            let best = ready
+                .iter()
+                .min_by_key(|r| (std::cmp::Reverse(r.1), r.2, r.3))?;
+            // A starved item of a lower tier gets every other turn.
+            let pick = match starved {
+                Some(s) if s.1 != best.1 && !self.starved_turn => {
+                    self.starved_turn = true;
+                    s
+                }
+                _ => {
+                    self.starved_turn = false;
+                    best
+                }
+            };
+            let (k, prio, since, _) = *pick;
             let e = self.entries.get_mut(&k)?;
             e.wait = MWait::No;
             e.processing = Some(prio);
