@@ -55,6 +55,21 @@ pub fn policy(settings: &Settings) -> ClassPolicy {
     }
 }
 
+/// The queue of a term: named [`QUEUE`], resyncs spread over
+/// [`resync_window`], and with more than one worker (tiered) one worker
+/// kept for urgent items, so a user change never waits for a background
+/// reconcile to finish.
+pub fn queue_config(settings: &Settings) -> QueueConfig<String> {
+    let config = QueueConfig::default()
+        .name(QUEUE)
+        .resync_window(resync_window(settings.sync_period));
+    if settings.workers > 1 && !settings.fifo {
+        config.lower_tier_limit(settings.workers - 1)
+    } else {
+        config
+    }
+}
+
 /// The PodSet controller.
 #[derive(Debug)]
 pub struct Controller {
@@ -77,7 +92,11 @@ impl Controller {
         metrics: Metrics,
     ) -> Self {
         let factory = InformerFactory::new(
-            InformerConfig::default().resync_period(Some(settings.sync_period)),
+            // Nothing here reads managedFields (nor in the reference,
+            // whose cache drops them too).
+            InformerConfig::default()
+                .resync_period(Some(settings.sync_period))
+                .strip_managed_fields(true),
         );
         let (podset_api, pod_api): (Api<PodSet>, Api<Pod>) = if namespace.is_empty() {
             (Api::all(client.clone()), Api::all(client.clone()))
@@ -124,11 +143,7 @@ impl Controller {
     /// removes the handlers, shuts the queue down and aborts the reconciles
     /// in flight. The first reconcile is told to the `term` (ramp-up time).
     pub async fn lead(&self, term: Option<Term>) {
-        let queue: WorkQueue<String> = WorkQueue::new(
-            QueueConfig::default()
-                .name(QUEUE)
-                .resync_window(resync_window(self.settings.sync_period)),
-        );
+        let queue: WorkQueue<String> = WorkQueue::new(queue_config(&self.settings));
         self.metrics.set_queue(&queue);
         let policy = policy(&self.settings);
         let _term = TermGuard {
@@ -178,6 +193,19 @@ impl Drop for TermGuard {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn queue_config_should_keep_a_worker_for_urgent_items_when_there_are_two() {
+        let s = |workers, fifo| Settings {
+            workers,
+            fifo,
+            sync_period: Duration::from_secs(60),
+        };
+        let limit = |settings: Settings| format!("{:?}", queue_config(&settings));
+        assert!(limit(s(1, false)).contains("lower_tier_limit: None"));
+        assert!(limit(s(3, false)).contains("lower_tier_limit: Some(2)"));
+        assert!(limit(s(3, true)).contains("lower_tier_limit: None"), "FIFO");
+    }
 
     #[test]
     fn policy_should_tier_by_class_or_keep_one_fifo() {

@@ -58,6 +58,9 @@ const HANDOFFS_GRACEFUL: usize = 5;
 const HANDOFFS_CRASH: usize = 3;
 /// The handoff runs' lease (as the e2e tests: 4 s, renew 3 s, retry 250 ms).
 pub const HANDOFF_LEASE: Duration = Duration::from_secs(4);
+/// Concurrent reconciles of every controller (Petrel's tiered sample keeps
+/// one of them for urgent items).
+pub const WORKERS: usize = 2;
 /// How many writes the bench sends at once when it fills the API server.
 const FILL_CONCURRENCY: usize = 16;
 
@@ -474,6 +477,8 @@ impl Ctx<'_> {
             NS.into(),
             "--metrics-bind-address".into(),
             metrics.to_string(),
+            "--workers".into(),
+            WORKERS.to_string(),
         ];
         all.append(&mut args);
         all.extend(extra.iter().map(|s| s.to_string()));

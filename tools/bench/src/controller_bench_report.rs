@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::controller_bench::{ControllerResults, Handoff, Impl, ImplRun, Params, HANDOFF_LEASE};
+use crate::controller_bench::{
+    ControllerResults, Handoff, Impl, ImplRun, Params, HANDOFF_LEASE, WORKERS,
+};
 use crate::stats::{ratio, stopped_vars, verdict, Samples};
 use crate::template::{render, TemplateError, Vars};
 
@@ -95,6 +97,7 @@ fn vars(r: &ControllerResults, rows: bool) -> Vars {
         .set("graceful_n", Params::GRACEFUL)
         .set("crash_n", Params::CRASH)
         .set("lease", HANDOFF_LEASE.as_secs())
+        .set("workers", WORKERS)
         .set("cr_version", &r.controller_runtime_version)
         .list("stopped", stopped_vars(r.error.as_deref()));
     let errors: Vec<Vars> = r

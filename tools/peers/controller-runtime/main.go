@@ -199,7 +199,8 @@ func run(namespace string, leaderElect bool, leaseName, leaseNS string,
 	if err := addKnownTypes(scheme); err != nil {
 		return err
 	}
-	cacheOpts := cache.Options{SyncPeriod: &syncPeriod}
+	// Neither sample reads managedFields: both caches drop them.
+	cacheOpts := cache.Options{SyncPeriod: &syncPeriod, DefaultTransform: cache.TransformStripManagedFields()}
 	if namespace != "" {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
 	}

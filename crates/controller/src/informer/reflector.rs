@@ -167,13 +167,21 @@ where
 /// What a (re-)list changes: adds of objects the cache lacks, updates of
 /// objects whose resourceVersion moved, deletes (last known state) of
 /// cached objects the list no longer has; unchanged objects say nothing.
+/// The informer's transform: what it keeps of an object it caches.
+fn strip<K: Resource>(shared: &Shared<K>, obj: &mut K) {
+    if shared.config.strip_managed_fields {
+        obj.meta_mut().managed_fields = None;
+    }
+}
+
 fn diff<K>(shared: &Shared<K>, items: Vec<K>) -> Vec<Change<K>>
 where
     K: Resource + Clone + PartialEq + Send + Sync + 'static,
 {
     let mut seen = HashSet::with_capacity(items.len());
     let mut changes = Vec::new();
-    for obj in items {
+    for mut obj in items {
+        strip(shared, &mut obj);
         let key = object_key(&obj);
         seen.insert(key.clone());
         if let Some(old) = shared.store.get(&key) {
@@ -246,7 +254,8 @@ where
             episode.ok(name);
             backoff.reset();
         }
-        if let Some((kind, obj)) = change {
+        if let Some((kind, mut obj)) = change {
+            strip(shared, &mut obj);
             if let Some(v) = obj.meta().resource_version.clone() {
                 rv = v;
             }

@@ -48,6 +48,11 @@ pub struct InformerConfig {
     pub backoff_initial: Duration,
     /// The longest retry delay (default 30 s, client-go's).
     pub backoff_max: Duration,
+    /// Drop `metadata.managedFields` before caching (default: keep), for
+    /// controllers that never read them: each entry's field set is held as
+    /// a tree of JSON maps. client-go's transform and controller-runtime's
+    /// `TransformStripManagedFields` do the same.
+    pub strip_managed_fields: bool,
 }
 
 impl Default for InformerConfig {
@@ -59,11 +64,19 @@ impl Default for InformerConfig {
             resync_period: None,
             backoff_initial: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
+            strip_managed_fields: false,
         }
     }
 }
 
 impl InformerConfig {
+    /// Drops `metadata.managedFields` before caching.
+    #[must_use]
+    pub fn strip_managed_fields(mut self, strip: bool) -> Self {
+        self.strip_managed_fields = strip;
+        self
+    }
+
     /// Names the informer in logs.
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{ObjectMeta, WatchEvent};
 use kube::core::watch::{Bookmark, BookmarkMeta};
 use kube::core::{Status, TypeMeta};
@@ -294,6 +295,48 @@ async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_
     assert_eq!(value(&store.get("ns/a")), Some("2".into()));
     assert!(store.get("ns/b").is_none());
     inf.stop();
+}
+
+/// `cm` as a server sends it: with a managed-fields entry.
+fn managed(mut cm: ConfigMap) -> ConfigMap {
+    cm.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some("kubectl".into()),
+        operation: Some("Update".into()),
+        ..ManagedFieldsEntry::default()
+    }]);
+    cm
+}
+
+#[tokio::test(start_paused = true)]
+async fn informer_should_strip_managed_fields_from_listed_and_watched_objects_when_asked() {
+    for strip in [true, false] {
+        let lw = FakeLw::default();
+        let a = managed(lw.put("a", "1"));
+        lw.lock().objects.insert("a".into(), a);
+        let w = lw.next_watch();
+        let inf = informer(&lw, InformerConfig::default().strip_managed_fields(strip));
+        inf.start();
+        timeout(Duration::from_secs(60), inf.wait_for_sync())
+            .await
+            .expect("synced");
+        w.send(Ok(WatchEvent::Added(managed(lw.put("b", "1")))))
+            .expect("feed");
+        let store = inf.store();
+        timeout(Duration::from_secs(60), async {
+            while store.get("ns/b").is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("b cached");
+        for key in ["ns/a", "ns/b"] {
+            let kept = store
+                .get(key)
+                .is_some_and(|c| c.metadata.managed_fields.is_some());
+            assert_eq!(kept, !strip, "{key}, strip {strip}");
+        }
+        inf.stop();
+    }
 }
 
 #[tokio::test(start_paused = true)]
