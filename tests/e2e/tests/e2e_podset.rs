@@ -261,7 +261,8 @@ async fn create_podsets(cluster: &Cluster, prefix: &str, n: usize) {
             let obj: DynamicObject = serde_json::from_value(serde_json::json!({
                 "apiVersion": "bench.petrel.dev/v1",
                 "kind": "PodSet",
-                "metadata": {"name": name},
+                // A stamp, so that each reconcile is reported.
+                "metadata": {"name": name, "annotations": {podset::CHANGED_AT: "0"}},
                 "spec": {"replicas": 0, "template": {}},
             }))
             .unwrap();
