@@ -21,6 +21,7 @@ pub mod container_stats_stream;
 pub mod container_stop;
 pub mod container_stream;
 pub mod container_update;
+pub mod deadline;
 pub mod events;
 pub mod fast_list;
 pub mod image_export;
@@ -57,6 +58,7 @@ use petrel_cri::api::image_service_server::{ImageService, ImageServiceServer};
 use petrel_cri::api::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+use tower::layer::util::{Identity, Stack};
 
 use crate::config::RuntimeConfig;
 use crate::error::{Result, RuntimeError};
@@ -159,10 +161,13 @@ pub async fn serve_runtime(
 /// The gRPC server with every service of the runtime, ready to serve.
 /// With `[cri] fast_paths` on, the two List calls are answered by the
 /// hand-framed fast path ([`fast_list`]); off, by the typed handlers.
-pub(crate) fn router(rt: &Arc<Runtime>) -> tonic::transport::server::Router {
+pub(crate) fn router(
+    rt: &Arc<Runtime>,
+) -> tonic::transport::server::Router<Stack<deadline::DeadlineLayer, Identity>> {
     let server = CriServer { rt: rt.clone() };
     let typed = RuntimeServiceServer::new(server.clone());
-    let mut builder = tonic::transport::Server::builder();
+    // The client's deadline answered as DEADLINE_EXCEEDED (see deadline.rs).
+    let mut builder = tonic::transport::Server::builder().layer(deadline::DeadlineLayer);
     let router = if rt.config.fast_paths {
         builder.add_service(fast_list::RuntimeRoutes::new(typed, rt.clone()))
     } else {
