@@ -133,8 +133,11 @@ async fn agent_should_run_init_containers_in_order() {
         assert_eq!(i["state"]["terminated"]["exitCode"], 0, "{i}");
         assert_eq!(i["state"]["terminated"]["reason"], "Completed", "{i}");
     }
-    let order = std::fs::read_to_string(out.join("order")).unwrap();
-    assert_eq!(order, "1\n2\nhi\napp\n");
+    // Running means its process started, not that it has written yet.
+    let order = || std::fs::read_to_string(out.join("order")).unwrap_or_default();
+    petrel_testkit::prelude::eventually(Duration::from_secs(20), || order().ends_with("app\n"))
+        .await;
+    assert_eq!(order(), "1\n2\nhi\napp\n");
 }
 
 #[tokio::test(flavor = "multi_thread")]

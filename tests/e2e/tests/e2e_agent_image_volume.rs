@@ -54,7 +54,11 @@ async fn agent_should_mount_image_volumes_read_only_and_wait_for_absent_ones() {
     );
     agent.write_manifest("iv.yaml", &pod);
     agent.wait_pod("default", "iv", T, "running", |p| running(p, "app"));
-    let done = eventually(Duration::from_secs(20), || out.join("ro").exists()).await;
+    // The shell creates the file before echo fills it: wait for content.
+    let done = eventually(Duration::from_secs(20), || {
+        std::fs::read_to_string(out.join("ro")).is_ok_and(|s| s.ends_with('\n'))
+    })
+    .await;
     assert!(done, "the container did not write its marker");
     let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
     assert_eq!(read("seen"), "from the image volume\n");
