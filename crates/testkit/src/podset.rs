@@ -129,9 +129,23 @@ pub fn prepare(cluster: &Cluster, namespace: &str) -> Result<Kubectl, KitError> 
     Ok(kc)
 }
 
+/// The Lease duration the tests and the benchmark's handoffs use.
+pub const LEASE_DURATION: Duration = Duration::from_secs(4);
+
+/// The leader-election timing flags for [`LEASE_DURATION`]: renew deadline
+/// 3 s, retry 250 ms.
+pub const LEASE_TIMING: [&str; 6] = [
+    "--lease-duration",
+    "4s",
+    "--renew-deadline",
+    "3s",
+    "--retry-period",
+    "250ms",
+];
+
 /// The arguments both sample controllers take to run on `cluster` with
-/// leader election on the Lease `namespace/lease` (lease 4 s, renew
-/// deadline 3 s, retry 250 ms), or without (`lease` None).
+/// leader election on the Lease `namespace/lease` ([`LEASE_TIMING`]), or
+/// without (`lease` None).
 pub fn args(cluster: &Cluster, namespace: &str, lease: Option<&str>) -> Vec<String> {
     let mut args = vec![
         "--kubeconfig".to_string(),
@@ -144,13 +158,10 @@ pub fn args(cluster: &Cluster, namespace: &str, lease: Option<&str>) -> Vec<Stri
             lease,
             "--leader-election-namespace",
             namespace,
-            "--lease-duration",
-            "4s",
-            "--renew-deadline",
-            "3s",
-            "--retry-period",
-            "250ms",
-        ] {
+        ]
+        .into_iter()
+        .chain(LEASE_TIMING)
+        {
             args.push(a.to_string());
         }
     }

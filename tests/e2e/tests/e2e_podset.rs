@@ -19,6 +19,7 @@ use std::time::Duration;
 use petrel_testkit::bins;
 use petrel_testkit::cluster::Cluster;
 use petrel_testkit::http;
+use petrel_testkit::kubectl::Kubectl;
 use petrel_testkit::podset::{self, wait_until, Controller, Event};
 use petrel_testkit::process::free_port;
 
@@ -34,6 +35,39 @@ fn controller(cluster: &Cluster, name: &str, lease: Option<&str>, extra: &[Strin
     args.extend_from_slice(extra);
     let log = cluster.dir().join(format!("{name}.log"));
     Controller::start(&bin, &args, &log).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A standby on `lease` whose `/readyz` answers 200: its caches are synced.
+fn ready_standby(cluster: &Cluster, name: &str, lease: Option<&str>) -> Controller {
+    let probes = free_port().unwrap();
+    let extra = [
+        "--health-probe-bind-address".to_string(),
+        local(probes).to_string(),
+    ];
+    let ctl = controller(cluster, name, lease, &extra);
+    wait_until(
+        &format!("standby {name} ready"),
+        Duration::from_secs(60),
+        || {
+            http::get(local(probes), "/readyz", Duration::from_secs(2))
+                .is_ok_and(|r| r.status == 200)
+        },
+    );
+    ctl
+}
+
+/// Sets PodSet `web` to `replicas` with a fresh stamp and waits until `ctl`
+/// reports reconciling that change.
+fn change_web(kc: &Kubectl, ctl: &mut Controller, replicas: u32, what: &str) {
+    let stamp = podset::unix_nanos();
+    kc.apply(&podset::manifest(NS, "web", replicas, stamp))
+        .unwrap();
+    ctl.wait_for(
+        Duration::from_secs(30),
+        what,
+        |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -85,15 +119,7 @@ fn petrel_podset_controller_should_keep_pods_write_status_and_report_changes() {
 
     // Scale up, then to 0: each change reported once, the Pods follow.
     for replicas in [3, 0] {
-        let stamp = podset::unix_nanos();
-        kc.apply(&podset::manifest(NS, "web", replicas, stamp))
-            .unwrap();
-        ctl.wait_for(
-            Duration::from_secs(30),
-            "web scaled",
-            |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
-        )
-        .unwrap();
+        change_web(&kc, &mut ctl, replicas, "web scaled");
         wait_until(
             &format!("web has {replicas} pods"),
             Duration::from_secs(30),
@@ -135,29 +161,14 @@ fn petrel_podset_controller_should_hand_over_its_lease_within_a_second_of_sigter
         matches!(e, Event::Leading(_))
     })
     .unwrap();
-    let stamp = podset::unix_nanos();
-    kc.apply(&podset::manifest(NS, "web", 2, stamp)).unwrap();
-    a.wait_for(
-        Duration::from_secs(30),
-        "web reconciled by a",
-        |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
-    )
-    .unwrap();
+    change_web(&kc, &mut a, 2, "web reconciled by a");
     wait_until("web has 2 pods and status", Duration::from_secs(30), || {
         podset::converged(&kc, NS, "web", 2)
     });
 
     // A standby (its readiness served: warm) does not lead while the
     // leader renews.
-    let probes = free_port().unwrap();
-    let extra = [
-        "--health-probe-bind-address".to_string(),
-        local(probes).to_string(),
-    ];
-    let mut b = controller(&cluster, "b", lease, &extra);
-    wait_until("standby b ready", Duration::from_secs(60), || {
-        http::get(local(probes), "/readyz", Duration::from_secs(2)).is_ok_and(|r| r.status == 200)
-    });
+    let mut b = ready_standby(&cluster, "b", lease);
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         !b.drain().iter().any(|e| matches!(e, Event::Leading(_))),
@@ -184,29 +195,14 @@ fn petrel_podset_controller_should_hand_over_its_lease_within_a_second_of_sigter
     assert!(took <= 1.0, "b led {took:.3} s after a's SIGTERM");
 
     // The new leader reconciles the next change: scaled to 0.
-    let stamp = podset::unix_nanos();
-    kc.apply(&podset::manifest(NS, "web", 0, stamp)).unwrap();
-    b.wait_for(
-        Duration::from_secs(30),
-        "web scaled down by b",
-        |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
-    )
-    .unwrap();
+    change_web(&kc, &mut b, 0, "web scaled down by b");
     wait_until("no pods left", Duration::from_secs(30), || {
         podset::converged(&kc, NS, "web", 0)
     });
 
     // kill -9 of the leader: nothing is released, so a standby leads once
     // the Lease (4 s) runs out, and not much later.
-    let probes = free_port().unwrap();
-    let extra = [
-        "--health-probe-bind-address".to_string(),
-        local(probes).to_string(),
-    ];
-    let mut c = controller(&cluster, "c", lease, &extra);
-    wait_until("standby c ready", Duration::from_secs(60), || {
-        http::get(local(probes), "/readyz", Duration::from_secs(2)).is_ok_and(|r| r.status == 200)
-    });
+    let mut c = ready_standby(&cluster, "c", lease);
     let t_kill = podset::unix_nanos();
     b.kill();
     let Event::Leading(t) = c
@@ -223,14 +219,7 @@ fn petrel_podset_controller_should_hand_over_its_lease_within_a_second_of_sigter
         took <= 5.0,
         "c led {took:.3} s after b's kill -9 (lease 4 s)"
     );
-    let stamp = podset::unix_nanos();
-    kc.apply(&podset::manifest(NS, "web", 1, stamp)).unwrap();
-    c.wait_for(
-        Duration::from_secs(30),
-        "web scaled up by c",
-        |e| matches!(e, Event::Reconciled { changed_at, .. } if *changed_at == stamp),
-    )
-    .unwrap();
+    change_web(&kc, &mut c, 1, "web scaled up by c");
 }
 
 /// Creates PodSets `<prefix>-<i>` for i in 0..n (0 replicas, status never

@@ -56,8 +56,8 @@ const IDLE_WINDOW: Duration = Duration::from_secs(30);
 /// Handoffs measured per implementation and kind.
 const HANDOFFS_GRACEFUL: usize = 5;
 const HANDOFFS_CRASH: usize = 3;
-/// The handoff runs' lease (as the e2e tests: 4 s, renew 3 s, retry 250 ms).
-pub const HANDOFF_LEASE: Duration = Duration::from_secs(4);
+/// The handoff runs' lease (as the e2e tests': `podset::LEASE_TIMING`).
+pub const HANDOFF_LEASE: Duration = podset::LEASE_DURATION;
 /// Concurrent reconciles of every controller (Petrel's tiered sample keeps
 /// one of them for urgent items).
 pub const WORKERS: usize = 2;
@@ -406,7 +406,8 @@ struct Ctx<'a> {
 struct Running {
     c: Controller,
     events: Vec<Event>,
-    metrics: Option<SocketAddr>,
+    /// Its `/metrics` address.
+    metrics: SocketAddr,
 }
 
 impl Running {
@@ -492,7 +493,7 @@ impl Ctx<'_> {
         Ok(Running {
             c,
             events: Vec::new(),
-            metrics: Some(metrics),
+            metrics,
         })
     }
 
@@ -561,7 +562,6 @@ impl Ctx<'_> {
             let addr = c.metrics;
             let tier = which.user_tier();
             tokio::spawn(async move {
-                let Some(addr) = addr else { return };
                 let mut tick = tokio::time::interval(Duration::from_millis(100));
                 loop {
                     tick.tick().await;
@@ -617,18 +617,15 @@ impl Ctx<'_> {
     async fn handoffs(&self, which: Impl, h: &mut Handoff) -> Result<()> {
         (self.progress)(&format!("controller: {} handoffs", which.name()));
         let lease = format!("handoff-{}", slug(which));
-        let timing = [
-            "--lease-duration",
-            "4s",
-            "--renew-deadline",
-            "3s",
-            "--retry-period",
-            "250ms",
-        ];
         let mut n = 0;
         let start = |n: &mut usize| -> Result<Running> {
             *n += 1;
-            self.start(which, &lease, &format!("handoff-{n}"), &timing)
+            self.start(
+                which,
+                &lease,
+                &format!("handoff-{n}"),
+                &podset::LEASE_TIMING,
+            )
         };
         let mut leader = start(&mut n)?;
         leader
