@@ -78,6 +78,7 @@ pub struct QueueConfig<K> {
     max_wait: Duration,
     resync_window: Duration,
     lower_tier_limit: Option<usize>,
+    lower_tier_share: f64,
     rate_limiter: Box<dyn RateLimiter<K>>,
     seed: Option<u64>,
 }
@@ -89,6 +90,7 @@ impl<K> fmt::Debug for QueueConfig<K> {
             .field("max_wait", &self.max_wait)
             .field("resync_window", &self.resync_window)
             .field("lower_tier_limit", &self.lower_tier_limit)
+            .field("lower_tier_share", &self.lower_tier_share)
             .field("seed", &self.seed)
             .finish_non_exhaustive()
     }
@@ -99,14 +101,15 @@ where
     K: Eq + Hash + Clone + Send + Sync + 'static,
 {
     /// Name `"default"`, starvation bound 5 s, resync window 5 s, no limit
-    /// on lower tiers, client-go's default rate limiter, RNG seeded from the
-    /// operating system.
+    /// and no pacing of lower tiers, client-go's default rate limiter, RNG
+    /// seeded from the operating system.
     fn default() -> Self {
         Self {
             name: "default".to_owned(),
             max_wait: Duration::from_secs(5),
             resync_window: Duration::from_secs(5),
             lower_tier_limit: None,
+            lower_tier_share: 1.0,
             rate_limiter: Box::new(default_controller_rate_limiter::<K>()),
             seed: None,
         }
@@ -141,6 +144,25 @@ impl<K> QueueConfig<K> {
     /// background reconcile to finish.
     pub fn lower_tier_limit(mut self, limit: usize) -> Self {
         self.lower_tier_limit = Some(limit.max(1));
+        self
+    }
+
+    /// Paces the tiers below [`Priority::Urgent`] to `share` of the time
+    /// (default 1: no pacing; clamped to 0.01..=1): after a lower-tier item
+    /// is done, the next one starts no sooner than its processing time ×
+    /// (1 − share) / share later, and these rests add up. Background
+    /// reconciles that write to the API server then load it at most
+    /// `share` of what they could, so a user's change meets a server with
+    /// room to spare; the pace adapts by itself (a reconcile that writes
+    /// and waits rests long, one that finds nothing to do barely at all).
+    /// The starvation bound still orders turns; pacing caps how many lower
+    /// turns there are. A queue shutting down does not pace.
+    pub fn lower_tier_share(mut self, share: f64) -> Self {
+        self.lower_tier_share = if share.is_nan() {
+            1.0
+        } else {
+            share.clamp(0.01, 1.0)
+        };
         self
     }
 
@@ -198,6 +220,8 @@ struct Inner<K> {
     max_wait: Duration,
     resync_window: Duration,
     lower_tier_limit: usize,
+    /// Rest per second of lower-tier processing: (1 − share) / share.
+    lower_rest_ratio: f64,
     limiter: Box<dyn RateLimiter<K>>,
     state: Mutex<State<K>>,
     /// Items became ready, a lower-tier slot freed, or the queue shut down.
@@ -262,6 +286,8 @@ struct State<K> {
     free_slots: Vec<usize>,
     processing: usize,
     lower_processing: usize,
+    /// Lower tiers rest (pacing) until then.
+    lower_rest_until: Option<Instant>,
     next_seq: u64,
     shutting_down: bool,
     /// A getter sleeps until the earliest ready time; the others only wait
@@ -297,6 +323,7 @@ where
                 max_wait: config.max_wait,
                 resync_window: config.resync_window,
                 lower_tier_limit: config.lower_tier_limit.unwrap_or(usize::MAX),
+                lower_rest_ratio: (1.0 - config.lower_tier_share) / config.lower_tier_share,
                 limiter: config.rate_limiter,
                 state: Mutex::new(State {
                     entries: HashMap::new(),
@@ -307,6 +334,7 @@ where
                     free_slots: Vec::new(),
                     processing: 0,
                     lower_processing: 0,
+                    lower_rest_until: None,
                     next_seq: 0,
                     shutting_down: false,
                     timer_owner: false,
@@ -432,7 +460,7 @@ where
                 let deadline = if st.timer_owner {
                     None
                 } else {
-                    let d = st.next_deadline();
+                    let d = earliest(st.next_deadline(), inner.lower_resume(&st));
                     if d.is_some() {
                         st.timer_owner = true;
                         owner.active = true;
@@ -516,19 +544,24 @@ where
                 }
                 Wait::Delayed { .. } | Wait::Ready { .. } => {}
             }
-            let wake_ready =
-                promoted || requeued || (lower_freed && st.counts[1] + st.counts[2] > 0);
+            if lower_freed {
+                inner.rest_lower(st, now, now.saturating_duration_since(p.started));
+            }
+            let mut wake = Wake {
+                ready: promoted || requeued,
+                timer: false,
+            };
+            if lower_freed && st.lower_waiting() {
+                // A freed lower slot that rests is a new deadline.
+                let resting = inner.lower_resume(st).is_some_and(|t| t > now);
+                inner.new_deadline(st, resting, &mut wake);
+                wake.ready |= !resting;
+            }
             let drained = st.shutting_down && st.processing == 0 && st.ready_len() == 0;
-            (
-                now.saturating_duration_since(p.started),
-                wake_ready,
-                drained,
-            )
+            (now.saturating_duration_since(p.started), wake, drained)
         };
         inner.metrics.worked(worked);
-        if wake_ready {
-            inner.ready.notify_one();
-        }
+        inner.wake(wake_ready);
         if drained {
             inner.drained.notify_waiters();
         }
@@ -843,12 +876,40 @@ impl<K: Eq + Hash + Clone> Inner<K> {
         any
     }
 
+    /// Whether a lower-tier item may start now: a slot is free and the
+    /// lower tiers are not resting (pacing; not while shutting down).
+    fn lower_may_start(&self, st: &State<K>, now: Instant) -> bool {
+        st.lower_processing < self.lower_tier_limit
+            && (st.shutting_down || st.lower_rest_until.is_none_or(|t| now >= t))
+    }
+
+    /// When lower-tier items waiting for the end of a rest may start: the
+    /// rest's end if one is set, lower items wait and a slot is free.
+    fn lower_resume(&self, st: &State<K>) -> Option<Instant> {
+        if st.shutting_down || !st.lower_waiting() || st.lower_processing >= self.lower_tier_limit {
+            return None;
+        }
+        st.lower_rest_until
+    }
+
+    /// Adds the rest a lower-tier item that took `worked` earns (pacing).
+    fn rest_lower(&self, st: &mut State<K>, now: Instant, worked: Duration) {
+        if self.lower_rest_ratio <= 0.0 || st.shutting_down {
+            return;
+        }
+        let rest = Duration::try_from_secs_f64(worked.as_secs_f64() * self.lower_rest_ratio)
+            .unwrap_or(MAX_DELAY)
+            .min(MAX_DELAY);
+        let from = st.lower_rest_until.filter(|t| *t > now).unwrap_or(now);
+        st.lower_rest_until = Some(from + rest);
+    }
+
     /// Takes the next item to serve, if any may be served now; also says
     /// whether another getter could be served too.
     fn pop(&self, st: &mut State<K>, now: Instant) -> Option<(Item<K>, bool)> {
         self.promote_due(st, now);
         let st = &mut *st;
-        let allow_lower = st.lower_processing < self.lower_tier_limit;
+        let allow_lower = self.lower_may_start(st, now);
         // Drop stale slots at the fronts, then choose among the fronts: the
         // highest tier's, or every other time the oldest starved front of a
         // lower tier (alternating keeps the bound without letting a starved
@@ -913,10 +974,11 @@ impl<K: Eq + Hash + Clone> Inner<K> {
         if tier != Priority::Urgent {
             st.lower_processing += 1;
         }
-        let lower_ok = st.lower_processing < self.lower_tier_limit;
-        let more = st.counts[0] > 0
-            || (lower_ok && st.counts[1] + st.counts[2] > 0)
-            || (!st.timer_owner && !st.delayed.is_empty());
+        let lower_ok = self.lower_may_start(st, now);
+        // Items that will be ready later need a getter to own the timer.
+        let later = !st.delayed.is_empty() || self.lower_resume(st).is_some();
+        let more =
+            st.counts[0] > 0 || (lower_ok && st.lower_waiting()) || (!st.timer_owner && later);
         Some((
             Item {
                 key: slot.key,
@@ -931,6 +993,11 @@ impl<K: Eq + Hash + Clone> Inner<K> {
 impl<K: Eq + Hash> State<K> {
     fn ready_len(&self) -> usize {
         self.counts.iter().sum()
+    }
+
+    /// Whether items of the tiers below urgent are ready.
+    fn lower_waiting(&self) -> bool {
+        self.counts[1] + self.counts[2] > 0
     }
 
     /// The earliest live ready time in the heap (stale tops are dropped).
@@ -961,6 +1028,14 @@ impl<K: Eq + Hash + Send + Sync> InFlight for Inner<K> {
             longest = longest.max(d);
         }
         (sum, longest)
+    }
+}
+
+/// The earlier of two optional times.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -443,6 +443,98 @@ async fn lower_tier_limit_should_keep_a_worker_for_urgent_items() {
     q.done(&b.key);
 }
 
+#[tokio::test(start_paused = true)]
+async fn lower_tier_share_should_rest_lower_tiers_in_proportion_to_their_work() {
+    let q = WorkQueue::new(QueueConfig::default().lower_tier_share(0.25));
+    for k in 0..3 {
+        q.add(k, Priority::Background);
+    }
+    let a = q.try_get().expect("first background");
+    tokio::time::advance(10 * MS).await;
+    q.done(&a.key);
+    // 10 ms of work at a quarter share: 30 ms of rest for lower tiers.
+    assert!(q.try_get().is_none(), "resting");
+    q.add(100, Priority::Urgent);
+    assert_eq!(q.try_get().map(|i| i.key), Some(100), "urgent never rests");
+    q.done(&100);
+    tokio::time::advance(29 * MS).await;
+    assert!(q.try_get().is_none(), "still resting");
+    tokio::time::advance(MS).await;
+    let b = q.try_get().expect("rest over");
+    assert_eq!(b.key, 1);
+    // A reconcile with nothing to do earns next to no rest.
+    q.done(&b.key);
+    assert_eq!(q.try_get().map(|i| i.key), Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn lower_tier_rests_should_add_up_across_concurrent_items() {
+    let q = WorkQueue::new(QueueConfig::default().lower_tier_share(0.5));
+    for k in 0..3 {
+        q.add(k, Priority::Normal);
+    }
+    let a = q.try_get().expect("a");
+    let b = q.try_get().expect("b");
+    tokio::time::advance(20 * MS).await;
+    q.done(&a.key);
+    q.done(&b.key);
+    // Two items of 20 ms at half share: 40 ms of rest, not 20.
+    tokio::time::advance(39 * MS).await;
+    assert!(q.try_get().is_none());
+    tokio::time::advance(MS).await;
+    assert_eq!(q.try_get().map(|i| i.key), Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_getter_should_wake_when_the_lower_tiers_rest_ends() {
+    let q = WorkQueue::new(QueueConfig::default().lower_tier_share(0.5));
+    q.add(1, Priority::Background);
+    q.add(2, Priority::Background);
+    let waiter = tokio::spawn({
+        let q = q.clone();
+        async move {
+            let mut got = vec![];
+            while let Some(i) = q.get().await {
+                got.push((i.key, Instant::now()));
+                tokio::time::sleep(50 * MS).await;
+                q.done(&i.key);
+                if got.len() == 2 {
+                    return got;
+                }
+            }
+            got
+        }
+    });
+    let t0 = Instant::now();
+    let got = waiter.await.expect("getter");
+    let at: Vec<(u32, Duration)> = got.into_iter().map(|(k, t)| (k, t - t0)).collect();
+    // 50 ms of work, then 50 ms of rest before the second item.
+    assert_eq!(at, [(1, Duration::ZERO), (2, 100 * MS)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shut_down_with_drain_should_not_pace_lower_tiers() {
+    let q: WorkQueue<u32> = WorkQueue::new(QueueConfig::default().lower_tier_share(0.1));
+    for k in 0..3 {
+        q.add(k, Priority::Background);
+    }
+    let worker = tokio::spawn({
+        let q = q.clone();
+        async move {
+            while let Some(i) = q.get().await {
+                tokio::time::sleep(10 * MS).await;
+                q.done(&i.key);
+            }
+        }
+    });
+    tokio::time::sleep(MS).await;
+    let t0 = Instant::now();
+    q.shut_down_with_drain().await;
+    // The first item's 10 ms, then the two others without rests.
+    assert_eq!(Instant::now() - t0, 29 * MS);
+    worker.await.expect("worker");
+}
+
 #[test]
 fn len_and_depth_should_count_ready_items_per_tier() {
     let q = queue();
