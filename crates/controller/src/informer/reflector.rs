@@ -145,28 +145,27 @@ where
 }
 
 /// Lists every page and applies the difference to the cache; returns the
-/// list's resourceVersion.
+/// list's resourceVersion. Each page is diffed as it comes, so a list of
+/// many objects never holds them all by value at once (only the changes,
+/// each behind its `Arc`).
 async fn list_all<K>(shared: &Shared<K>) -> Result<String, WatchError>
 where
     K: Resource + Clone + PartialEq + Send + Sync + 'static,
 {
-    let mut items = Vec::new();
+    let mut diff = Diff::default();
     let mut token = None;
     let rv = loop {
         let page = shared.lw.list(shared.config.page_size, token).await?;
-        items.extend(page.items);
+        diff.page(shared, page.items);
         match page.continue_token {
             Some(t) => token = Some(t),
             None => break page.resource_version,
         }
     };
-    shared.apply(diff(shared, items), true);
+    shared.apply(diff.finish(shared), true);
     Ok(rv)
 }
 
-/// What a (re-)list changes: adds of objects the cache lacks, updates of
-/// objects whose resourceVersion moved, deletes (last known state) of
-/// cached objects the list no longer has; unchanged objects say nothing.
 /// The informer's transform: what it keeps of an object it caches.
 fn strip<K: Resource>(shared: &Shared<K>, obj: &mut K) {
     if shared.config.strip_managed_fields {
@@ -174,45 +173,68 @@ fn strip<K: Resource>(shared: &Shared<K>, obj: &mut K) {
     }
 }
 
-fn diff<K>(shared: &Shared<K>, items: Vec<K>) -> Vec<Change<K>>
+/// What a (re-)list changes: adds of objects the cache lacks, updates of
+/// objects whose resourceVersion moved, deletes (last known state) of
+/// cached objects the list no longer has; unchanged objects say nothing.
+struct Diff<K> {
+    seen: HashSet<String>,
+    changes: Vec<Change<K>>,
+}
+
+impl<K> Default for Diff<K> {
+    fn default() -> Self {
+        Self {
+            seen: HashSet::new(),
+            changes: Vec::new(),
+        }
+    }
+}
+
+impl<K> Diff<K>
 where
     K: Resource + Clone + PartialEq + Send + Sync + 'static,
 {
-    let mut seen = HashSet::with_capacity(items.len());
-    let mut changes = Vec::new();
-    for mut obj in items {
-        strip(shared, &mut obj);
-        let key = object_key(&obj);
-        seen.insert(key.clone());
-        if let Some(old) = shared.store.get(&key) {
-            let same_version = old.meta().resource_version.is_some()
-                && old.meta().resource_version == obj.meta().resource_version;
-            if same_version || old.as_ref() == &obj {
-                continue;
-            }
-        }
-        changes.push(Change {
-            kind: EventKind::Add,
-            key,
-            obj: Arc::new(obj),
-            source: EventSource::InitialList,
-            final_state_unknown: false,
-        });
-    }
-    for key in shared.store.keys() {
-        if !seen.contains(&key) {
+    /// Takes one page's objects.
+    fn page(&mut self, shared: &Shared<K>, items: Vec<K>) {
+        self.seen.reserve(items.len());
+        for mut obj in items {
+            strip(shared, &mut obj);
+            let key = object_key(&obj);
+            self.seen.insert(key.clone());
             if let Some(old) = shared.store.get(&key) {
-                changes.push(Change {
-                    kind: EventKind::Delete,
-                    key,
-                    obj: old,
-                    source: EventSource::InitialList,
-                    final_state_unknown: true,
-                });
+                let same_version = old.meta().resource_version.is_some()
+                    && old.meta().resource_version == obj.meta().resource_version;
+                if same_version || old.as_ref() == &obj {
+                    continue;
+                }
             }
+            self.changes.push(Change {
+                kind: EventKind::Add,
+                key,
+                obj: Arc::new(obj),
+                source: EventSource::InitialList,
+                final_state_unknown: false,
+            });
         }
     }
-    changes
+
+    /// The changes, with deletes of what no page had.
+    fn finish(mut self, shared: &Shared<K>) -> Vec<Change<K>> {
+        for key in shared.store.keys() {
+            if !self.seen.contains(&key) {
+                if let Some(old) = shared.store.get(&key) {
+                    self.changes.push(Change {
+                        kind: EventKind::Delete,
+                        key,
+                        obj: old,
+                        source: EventSource::InitialList,
+                        final_state_unknown: true,
+                    });
+                }
+            }
+        }
+        self.changes
+    }
 }
 
 /// One watch request, to its end; returns the next state.
