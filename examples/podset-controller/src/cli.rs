@@ -1,6 +1,6 @@
 //! The command line: the reference's flags (Go syntax for durations and
 //! booleans, so the benchmark passes both controllers the same arguments)
-//! plus `--fifo`.
+//! plus `--fifo` and `--background-share`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +57,19 @@ pub struct Args {
     /// benchmark's FIFO reference).
     #[arg(long)]
     pub fifo: bool,
+    /// The share of time background work (initial list, resyncs) may
+    /// keep its workers busy, 0.01 to 1 (tiered only): the rest of the
+    /// API server's room is left to user changes.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_share)]
+    pub background_share: f64,
+}
+
+/// A share of time: a number in 0.01..=1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.01..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0.01 and 1")),
+    }
 }
 
 /// A listen address, or off.
@@ -169,6 +182,8 @@ mod tests {
             "--workers",
             "2",
             "--fifo",
+            "--background-share",
+            "0.25",
         ]);
         let a = a.map_err(|e| e.to_string());
         assert!(a.is_ok(), "{a:?}");
@@ -176,6 +191,7 @@ mod tests {
             assert!(a.leader_elect && !a.release_on_cancel && a.fifo);
             assert_eq!(a.retry_period, Duration::from_millis(250));
             assert_eq!(a.workers, 2);
+            assert!((a.background_share - 0.25).abs() < f64::EPSILON);
             assert_eq!(a.sync_period, Duration::from_secs(36_000));
         }
     }

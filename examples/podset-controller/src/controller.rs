@@ -33,6 +33,8 @@ pub struct Settings {
     pub fifo: bool,
     /// The informers' resync period.
     pub sync_period: Duration,
+    /// The share of time background tiers may work (1: unpaced).
+    pub background_share: f64,
 }
 
 /// The resync spreading window: half the period, at most 30 s (resyncs
@@ -56,14 +58,18 @@ pub fn policy(settings: &Settings) -> ClassPolicy {
 }
 
 /// The queue of a term: named [`QUEUE`], resyncs spread over
-/// [`resync_window`], and with more than one worker (tiered) one worker
-/// kept for urgent items, so a user change never waits for a background
-/// reconcile to finish.
+/// [`resync_window`]; tiered, the background paced to its share and, with
+/// more than one worker, one worker kept for urgent items, so a user change
+/// never waits for a background reconcile to finish.
 pub fn queue_config(settings: &Settings) -> QueueConfig<String> {
     let config = QueueConfig::default()
         .name(QUEUE)
         .resync_window(resync_window(settings.sync_period));
-    if settings.workers > 1 && !settings.fifo {
+    if settings.fifo {
+        return config;
+    }
+    let config = config.lower_tier_share(settings.background_share);
+    if settings.workers > 1 {
         config.lower_tier_limit(settings.workers - 1)
     } else {
         config
@@ -200,11 +206,14 @@ mod tests {
             workers,
             fifo,
             sync_period: Duration::from_secs(60),
+            background_share: 0.5,
         };
         let limit = |settings: Settings| format!("{:?}", queue_config(&settings));
         assert!(limit(s(1, false)).contains("lower_tier_limit: None"));
         assert!(limit(s(3, false)).contains("lower_tier_limit: Some(2)"));
         assert!(limit(s(3, true)).contains("lower_tier_limit: None"), "FIFO");
+        assert!(limit(s(3, false)).contains("lower_tier_share: 0.5"));
+        assert!(limit(s(3, true)).contains("lower_tier_share: 1.0"), "FIFO");
     }
 
     #[test]
@@ -214,6 +223,7 @@ mod tests {
             workers: 1,
             fifo: false,
             sync_period: Duration::from_secs(60),
+            background_share: 1.0,
         };
         let tiered = policy(&s);
         let d = tiered.decide(EventClass::UserChange, &mut rng);

@@ -150,6 +150,7 @@ async fn run(args: Args) -> Result<(), RunError> {
     let settings = Settings {
         workers: args.workers.max(1),
         fifo: args.fifo,
+        background_share: args.background_share,
         sync_period: args.sync_period,
     };
     let ctl = Arc::new(Controller::new(

@@ -61,6 +61,10 @@ pub const HANDOFF_LEASE: Duration = podset::LEASE_DURATION;
 /// Concurrent reconciles of every controller (Petrel's tiered sample keeps
 /// one of them for urgent items).
 pub const WORKERS: usize = 2;
+/// The share of time Petrel's tiered sample gives its background work
+/// (`--background-share`): the storm's status writes are paced so the API
+/// server keeps room for user changes.
+pub const BACKGROUND_SHARE: f64 = 0.3;
 /// How many writes the bench sends at once when it fills the API server.
 const FILL_CONCURRENCY: usize = 16;
 
@@ -113,6 +117,12 @@ pub struct ImplRun {
     pub quiet: Samples,
     /// The same during the restart's storm.
     pub storm: Samples,
+    /// The API server's answer to each change's patch (send → response),
+    /// idle: the write path every change goes through before a watch can
+    /// carry it.
+    pub quiet_patch: Samples,
+    /// The same in the storm.
+    pub storm_patch: Samples,
     /// Changes sent in the storm window that were never reconciled.
     pub storm_unserved: usize,
     /// From the restart to the last of the 10 000 PodSets reconciled.
@@ -217,7 +227,13 @@ struct Bins {
 impl Bins {
     fn of(&self, which: Impl) -> (&Path, Vec<String>) {
         match which {
-            Impl::Petrel => (&self.petrel, vec![]),
+            Impl::Petrel => (
+                &self.petrel,
+                vec![
+                    "--background-share".to_string(),
+                    BACKGROUND_SHARE.to_string(),
+                ],
+            ),
             Impl::PetrelFifo => (&self.petrel, vec!["--fifo".to_string()]),
             Impl::ControllerRuntime => (&self.reference, vec![]),
         }
@@ -514,7 +530,8 @@ impl Ctx<'_> {
         if which != Impl::PetrelFifo {
             run.idle_requests_per_min = Some(self.idle_requests().await?);
         }
-        let sent = send_changes(self.api, self.users, QUIET_CHANGES).await?;
+        let (sent, patch) = send_changes(self.api, self.users, QUIET_CHANGES).await?;
+        run.quiet_patch = patch;
         let (samples, unserved) = collect(&mut c, &sent, Duration::from_secs(30)).await;
         if unserved > 0 {
             bail!("{unserved} of {} changes never reconciled", sent.len());
@@ -579,7 +596,8 @@ impl Ctx<'_> {
         let n = (STORM_WINDOW.as_secs() * u64::from(RATE)) as usize;
         let sent = send_changes(self.api, self.users, n).await;
         sampler.abort();
-        let sent = sent?;
+        let (sent, patch) = sent?;
+        run.storm_patch = patch;
         let (samples, unserved) = collect(&mut c, &sent, Duration::from_secs(60)).await;
         run.storm = samples;
         run.storm_unserved = unserved;
@@ -685,14 +703,17 @@ fn slug(which: Impl) -> &'static str {
 
 /// Sends `n` changes at RATE a second, round-robin over `users`; returns
 /// each change's PodSet and stamp.
+/// Sends `n` changes at RATE a second; returns each change's key and stamp,
+/// and the patches' round trips.
 async fn send_changes(
     api: &Api<DynamicObject>,
     users: &[String],
     n: usize,
-) -> Result<Vec<(String, i64)>> {
+) -> Result<(Vec<(String, i64)>, Samples)> {
     let mut tick = tokio::time::interval(Duration::from_secs(1) / RATE);
     let mut set = tokio::task::JoinSet::new();
     let mut sent = Vec::with_capacity(n);
+    let mut rtt = Samples::default();
     let mut last = 0;
     for i in 0..n {
         tick.tick().await;
@@ -704,19 +725,20 @@ async fn send_changes(
         let api = api.clone();
         set.spawn(async move {
             let patch = json!({"metadata": {"annotations": {CHANGED_AT: stamp.to_string()}}});
+            let t = Instant::now();
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("change PodSet {name}"))
-                .map(|_| ())
+                .map(|_| t.elapsed())
         });
         while let Some(r) = set.try_join_next() {
-            r??;
+            rtt.push(r??);
         }
     }
     while let Some(r) = set.join_next().await {
-        r??;
+        rtt.push(r??);
     }
-    Ok(sent)
+    Ok((sent, rtt))
 }
 
 /// Waits up to `within` for every change of `sent` to be reconciled; the

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::controller_bench::{
-    ControllerResults, Handoff, Impl, ImplRun, Params, HANDOFF_LEASE, WORKERS,
+    ControllerResults, Handoff, Impl, ImplRun, Params, BACKGROUND_SHARE, HANDOFF_LEASE, WORKERS,
 };
 use crate::stats::{ratio, stopped_vars, verdict, Samples};
 use crate::template::{render, TemplateError, Vars};
@@ -98,6 +98,7 @@ fn vars(r: &ControllerResults, rows: bool) -> Vars {
         .set("crash_n", Params::CRASH)
         .set("lease", HANDOFF_LEASE.as_secs())
         .set("workers", WORKERS)
+        .set("share", BACKGROUND_SHARE)
         .set("cr_version", &r.controller_runtime_version)
         .list("stopped", stopped_vars(r.error.as_deref()));
     let errors: Vec<Vars> = r
@@ -231,6 +232,12 @@ fn vars(r: &ControllerResults, rows: bool) -> Vars {
                 .set("storm_p99", ms1(x.storm.p99()))
                 .set("storm_p999", ms1(p999(&x.storm)))
                 .set("ratio", ratio(p999(&x.storm), p999(&x.quiet)))
+                .set("patch_quiet", ms1(p999(&x.quiet_patch)))
+                .set("patch_storm", ms1(p999(&x.storm_patch)))
+                .set(
+                    "patch_ratio",
+                    ratio(p999(&x.storm_patch), p999(&x.quiet_patch)),
+                )
                 .set("quiet_n", x.quiet.len())
                 .set("storm_n", x.storm.len())
                 .set(

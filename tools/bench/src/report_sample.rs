@@ -625,6 +625,8 @@ pub fn controller() -> crate::controller_bench::ControllerResults {
         name: name.into(),
         quiet: latency_samples(1000, quiet),
         storm: latency_samples(1800, storm),
+        quiet_patch: latency_samples(1000, 1.5),
+        storm_patch: latency_samples(1800, 1.6),
         storm_unserved: 0,
         drained_after: Some(Duration::from_secs(31)),
         depth_mean: depth,
