@@ -3,8 +3,8 @@
 # against ("peers") from Go modules, with this machine's Go and the Go module
 # proxy, at the versions in tools/peers/versions.env:
 #
-#   kubernetes  kube-apiserver kubelet kubectl (kube-scheduler and
-#               kube-controller-manager come with cluster mode, issue 31)
+#   kubernetes  kube-apiserver kubelet kubectl kube-controller-manager
+#               kube-scheduler (one `go build`: they share its compile)
 #   etcd        etcd etcdctl
 #   cri-tools   crictl critest
 #   containerd  containerd containerd-shim-runc-v2 ctr
@@ -56,7 +56,7 @@ source "$peers_dir/versions.env"
 
 components=(runc etcd cri-tools containerd kubernetes controller-runtime)
 declare -A binaries=(
-    [kubernetes]="kube-apiserver kubelet kubectl"
+    [kubernetes]="kube-apiserver kubelet kubectl kube-controller-manager kube-scheduler"
     [etcd]="etcd etcdctl"
     [cri-tools]="crictl critest"
     [containerd]="containerd containerd-shim-runc-v2 ctr"

@@ -12,12 +12,16 @@
 //! gives each kubelet its own identity (CN=system:node:NAME,
 //! O=system:nodes) and a serving certificate the API server verifies.
 //!
-//! Not run: kube-controller-manager and kube-scheduler. Tests bind pods
-//! with `spec.nodeName`, create the `default` ServiceAccount themselves and
-//! set `automountServiceAccountToken: false` (no token controller and no
-//! `kube-root-ca.crt` publisher: a token volume would never be ready).
+//! Not run unless asked: kube-controller-manager
+//! ([`Cluster::start_controller_manager`], with the controllers a test
+//! names, e.g. the garbage collector). Not run: kube-scheduler. Tests bind
+//! pods with `spec.nodeName`, create the `default` ServiceAccount
+//! themselves and set `automountServiceAccountToken: false` (no token
+//! controller and no `kube-root-ca.crt` publisher: a token volume would
+//! never be ready).
 //!
-//! Dropping a [`Cluster`] stops kube-apiserver, then etcd, by pid
+//! Dropping a [`Cluster`] stops kube-controller-manager (if started), then
+//! kube-apiserver, then etcd, by pid
 //! (SIGTERM, then SIGKILL) and removes the directory, also when the test
 //! failed.
 
@@ -101,6 +105,31 @@ rules:
   - level: Metadata
 ";
 
+/// The `kube-controller-manager` arguments: the admin kubeconfig for its
+/// API calls and its delegated authentication and authorization, its
+/// serving port on loopback (a self-signed certificate in `cert_dir`), no
+/// leader election, and only `controllers` run (e.g. `garbagecollector`).
+pub fn controller_manager_args(
+    kubeconfig: &Path,
+    port: u16,
+    cert_dir: &Path,
+    controllers: &[&str],
+) -> Vec<String> {
+    let k = kubeconfig.display();
+    vec![
+        format!("--kubeconfig={k}"),
+        format!("--authentication-kubeconfig={k}"),
+        format!("--authorization-kubeconfig={k}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", cert_dir.display()),
+        "--leader-elect=false".into(),
+        format!("--controllers={}", controllers.join(",")),
+        "--use-service-account-credentials=false".into(),
+        "--profiling=false".into(),
+    ]
+}
+
 /// The `kube-apiserver` arguments: loopback, port `port`, etcd at
 /// `etcd_client_port`, real-cluster authorization and admission.
 pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> Vec<String> {
@@ -170,6 +199,7 @@ pub struct Cluster {
     admin: PathBuf,
     apiserver: Option<Child>,
     etcd: Option<Child>,
+    controller_manager: Option<Child>,
     /// How the running kube-apiserver was started (for a restart).
     started: Option<ApiserverStart>,
 }
@@ -254,6 +284,7 @@ impl Cluster {
             dir,
             apiserver: None,
             etcd: None,
+            controller_manager: None,
             started: None,
         };
         let etcd_port = cluster.start_etcd(&etcd_bin)?;
@@ -344,23 +375,7 @@ impl Cluster {
             cmd.args(apiserver_args(port, etcd_port, files));
             let command = describe(&cmd);
             let mut child = spawn_logged("kube-apiserver", &mut cmd, &log)?;
-            // Bound within seconds, or gone: an address in use ends it at
-            // once; a port that accepts is ours.
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let start = Instant::now();
-            let outcome = loop {
-                if let Ok(Some(st)) = child.try_wait() {
-                    break Err(format!("exited at start ({st})"));
-                }
-                if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
-                    break Ok(());
-                }
-                if start.elapsed() > READY_WITHIN {
-                    break Err(format!("not listening on {addr} within {READY_WITHIN:?}"));
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            };
-            match outcome {
+            match wait_listening(&mut child, port) {
                 Ok(()) => {
                     self.apiserver = Some(child);
                     self.server = format!("https://127.0.0.1:{port}");
@@ -491,6 +506,64 @@ impl Cluster {
         self.wait_ready()
     }
 
+    /// Starts kube-controller-manager with only `controllers` (e.g.
+    /// `["garbagecollector"]`) against this cluster, as admin; returns once
+    /// it serves its port (its controllers then sync their caches on their
+    /// own: wait for their effect, not for this call). Stopped on drop.
+    pub fn start_controller_manager(&mut self, controllers: &[&str]) -> Result<(), KitError> {
+        let bin = crate::peers::peer_binary("kube-controller-manager")?;
+        if let Some(mut c) = self.controller_manager.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        let log = self.controller_manager_log();
+        let cert_dir = self.dir.path().join("controller-manager-certs");
+        std::fs::create_dir_all(&cert_dir)
+            .map_err(|e| KitError::io("create directory", &cert_dir, e))?;
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let mut cmd = Command::new(&bin);
+            cmd.args(controller_manager_args(
+                &self.admin,
+                port,
+                &cert_dir,
+                controllers,
+            ));
+            let command = describe(&cmd);
+            let mut child = spawn_logged("kube-controller-manager", &mut cmd, &log)?;
+            match wait_listening(&mut child, port) {
+                Ok(()) => {
+                    self.controller_manager = Some(child);
+                    return Ok(());
+                }
+                Err(detail) => {
+                    stop_child(&mut child, Duration::from_secs(5));
+                    let err = KitError::Start {
+                        component: "kube-controller-manager".into(),
+                        command,
+                        log: log.clone(),
+                        detail: format!("{detail}; last lines: {}", tail(&log, 5)),
+                    };
+                    if !tail(&log, 20).contains("address already in use") {
+                        return Err(err);
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| KitError::Start {
+            component: "kube-controller-manager".into(),
+            command: bin.display().to_string(),
+            log,
+            detail: "no attempt made".into(),
+        }))
+    }
+
+    /// kube-controller-manager's log file.
+    pub fn controller_manager_log(&self) -> PathBuf {
+        self.dir.path().join("kube-controller-manager.log")
+    }
+
     /// The audit log (JSON lines, one per request stage), if audited.
     pub fn audit_log(&self) -> Option<&Path> {
         self.started
@@ -571,8 +644,31 @@ impl Cluster {
     }
 }
 
+/// Waits until `child` listens on loopback port `port`: bound within
+/// seconds, or gone (an address in use ends it at once); a port that
+/// accepts is ours.
+fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!("exited at start ({st})"));
+        }
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+            return Ok(());
+        }
+        if start.elapsed() > READY_WITHIN {
+            return Err(format!("not listening on {addr} within {READY_WITHIN:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if let Some(mut c) = self.controller_manager.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
         if let Some(mut c) = self.apiserver.take() {
             stop_child(&mut c, Duration::from_secs(10));
         }
@@ -582,7 +678,14 @@ impl Drop for Cluster {
         // A failing test's messages name these logs, which go with the
         // directory: show their ends first.
         if std::thread::panicking() {
-            for log in [self.apiserver_log(), self.etcd_log()] {
+            for log in [
+                self.controller_manager_log(),
+                self.apiserver_log(),
+                self.etcd_log(),
+            ] {
+                if !log.exists() {
+                    continue;
+                }
                 eprintln!("--- last lines of {}:\n{}", log.display(), tail(&log, 30));
             }
         }
@@ -640,6 +743,28 @@ mod tests {
             "--kubelet-certificate-authority=/p/ca.crt",
             "--kubelet-preferred-address-types=InternalIP",
             "--cert-dir=/p/certs",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} missing: {args:?}");
+        }
+    }
+
+    #[test]
+    fn controller_manager_args_should_run_only_the_named_controllers_on_loopback() {
+        let args = controller_manager_args(
+            Path::new("/d/admin.kubeconfig"),
+            10257,
+            Path::new("/d/kcm-certs"),
+            &["garbagecollector", "namespace"],
+        );
+        for want in [
+            "--kubeconfig=/d/admin.kubeconfig",
+            "--authentication-kubeconfig=/d/admin.kubeconfig",
+            "--authorization-kubeconfig=/d/admin.kubeconfig",
+            "--bind-address=127.0.0.1",
+            "--secure-port=10257",
+            "--cert-dir=/d/kcm-certs",
+            "--leader-elect=false",
+            "--controllers=garbagecollector,namespace",
         ] {
             assert!(args.iter().any(|a| a == want), "{want} missing: {args:?}");
         }

@@ -7,11 +7,10 @@
 //!   `leaderelection`) and Petrel candidates on one Lease through repeated
 //!   handovers, graceful and crashed: never both leading;
 //! * leader-for-life: the lock ConfigMap is owned by the leader's Pod and
-//!   deleted on release, when a standby takes over at once.
-//!
-//! Not tested: leader-for-life's release by garbage collection when the
-//! leader's Pod is deleted — the kit's cluster runs no
-//! kube-controller-manager (no garbage collector).
+//!   deleted on release, when a standby takes over at once; a leader that
+//!   crashed keeps the lock until its Pod is deleted, then the real
+//!   garbage collector (kube-controller-manager) deletes the lock and a
+//!   standby takes over.
 //!
 //! A missing etcd, kube-apiserver or leader-elect fails these tests unless
 //! `PETREL_PEERS_SKIP` leaves it out (then they skip, saying so).
@@ -23,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
 use petrel_controller::leader::{
     pod_ref, Backoff, ForLifeConfig, ForLifeElector, KubeConfigMapLock, KubeLease, LeaderMetrics,
@@ -459,5 +458,69 @@ async fn leader_for_life_should_own_configmap_by_pod_and_delete_it_on_release() 
         cms.get_opt(&lock).await.unwrap().is_none(),
         "released lock deleted"
     );
+    assert_never_both(&terms.lock().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_for_life_should_be_released_by_garbage_collection_when_its_pod_goes() {
+    if skip(false) {
+        return;
+    }
+    let (cluster, client) = start_cluster().await;
+    let _cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = cluster;
+        cluster
+            .start_controller_manager(&["garbagecollector"])
+            .map(|()| cluster)
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("{e}"));
+    let lock = format!("petrel-gc-lock-{}", suffix());
+    let terms: Terms = Arc::default();
+    let mut cands = Vec::new();
+    for name in ["gc-pod-a", "gc-pod-b"] {
+        make_pod(&client, name).await;
+        let owner = pod_ref(client.clone(), NS, name).await.unwrap();
+        // A long backoff: only the watch on the lock explains a takeover.
+        let cfg = ForLifeConfig::new(owner).backoff(Backoff::fixed(Duration::from_secs(300), 0.0));
+        let (e, l) = ForLifeElector::new(
+            KubeConfigMapLock::new(client.clone(), NS, &lock),
+            cfg,
+            LeaderMetrics::new(),
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(e.run(stop.clone()));
+        cands.push(Candidate::follow(name, l, stop, task, &terms));
+        if name == "gc-pod-a" {
+            wait_for(Duration::from_secs(10), "gc-pod-a leads", || {
+                cands[0].leads()
+            })
+            .await;
+        }
+    }
+    let b = cands.pop().unwrap();
+    let a = cands.pop().unwrap();
+    // A crash: no release, so the lock outlives the process...
+    a.crash();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!b.leads(), "a crashed leader-for-life keeps its lock");
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), NS);
+    assert!(cms.get_opt(&lock).await.unwrap().is_some());
+    // ...until its Pod is gone: the garbage collector deletes the lock.
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .delete("gc-pod-a", &DeleteParams::background().grace_period(0))
+        .await
+        .unwrap();
+    let took = wait_for(Duration::from_secs(60), "gc-pod-b leads after GC", || {
+        b.leads()
+    })
+    .await;
+    eprintln!("gc-pod-b led {took:?} after gc-pod-a's Pod was deleted");
+    let cm = cms.get(&lock).await.unwrap();
+    let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(owner.name, "gc-pod-b");
+    b.release().await;
     assert_never_both(&terms.lock().unwrap());
 }
