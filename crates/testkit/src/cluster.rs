@@ -365,49 +365,21 @@ impl Cluster {
         etcd_port: u16,
         files: &ApiserverFiles,
     ) -> Result<(), KitError> {
-        let log = self.apiserver_log();
         std::fs::create_dir_all(&files.cert_dir)
             .map_err(|e| KitError::io("create directory", &files.cert_dir, e))?;
-        let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let port = free_port()?;
-            let mut cmd = Command::new(bin);
-            cmd.args(apiserver_args(port, etcd_port, files));
-            let command = describe(&cmd);
-            let mut child = spawn_logged("kube-apiserver", &mut cmd, &log)?;
-            match wait_listening(&mut child, port) {
-                Ok(()) => {
-                    self.apiserver = Some(child);
-                    self.server = format!("https://127.0.0.1:{port}");
-                    self.started = Some(ApiserverStart {
-                        bin: bin.to_path_buf(),
-                        etcd_port,
-                        port,
-                        files: files.clone(),
-                    });
-                    return Ok(());
-                }
-                Err(detail) => {
-                    stop_child(&mut child, Duration::from_secs(5));
-                    let err = KitError::Start {
-                        component: "kube-apiserver".into(),
-                        command,
-                        log: log.clone(),
-                        detail: format!("{detail}; last lines: {}", tail(&log, 5)),
-                    };
-                    if !tail(&log, 20).contains("address already in use") {
-                        return Err(err);
-                    }
-                    last = Some(err);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| KitError::Start {
-            component: "kube-apiserver".into(),
-            command: bin.display().to_string(),
-            log,
-            detail: "no attempt made".into(),
-        }))
+        let (child, port) =
+            start_on_free_port("kube-apiserver", bin, &self.apiserver_log(), |port| {
+                apiserver_args(port, etcd_port, files)
+            })?;
+        self.apiserver = Some(child);
+        self.server = format!("https://127.0.0.1:{port}");
+        self.started = Some(ApiserverStart {
+            bin: bin.to_path_buf(),
+            etcd_port,
+            port,
+            files: files.clone(),
+        });
+        Ok(())
     }
 
     /// Waits for `/readyz` to say `ok`, asked through kubectl as admin.
@@ -515,48 +487,15 @@ impl Cluster {
         if let Some(mut c) = self.controller_manager.take() {
             stop_child(&mut c, Duration::from_secs(10));
         }
-        let log = self.controller_manager_log();
         let cert_dir = self.dir.path().join("controller-manager-certs");
         std::fs::create_dir_all(&cert_dir)
             .map_err(|e| KitError::io("create directory", &cert_dir, e))?;
-        let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let port = free_port()?;
-            let mut cmd = Command::new(&bin);
-            cmd.args(controller_manager_args(
-                &self.admin,
-                port,
-                &cert_dir,
-                controllers,
-            ));
-            let command = describe(&cmd);
-            let mut child = spawn_logged("kube-controller-manager", &mut cmd, &log)?;
-            match wait_listening(&mut child, port) {
-                Ok(()) => {
-                    self.controller_manager = Some(child);
-                    return Ok(());
-                }
-                Err(detail) => {
-                    stop_child(&mut child, Duration::from_secs(5));
-                    let err = KitError::Start {
-                        component: "kube-controller-manager".into(),
-                        command,
-                        log: log.clone(),
-                        detail: format!("{detail}; last lines: {}", tail(&log, 5)),
-                    };
-                    if !tail(&log, 20).contains("address already in use") {
-                        return Err(err);
-                    }
-                    last = Some(err);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| KitError::Start {
-            component: "kube-controller-manager".into(),
-            command: bin.display().to_string(),
-            log,
-            detail: "no attempt made".into(),
-        }))
+        let log = self.controller_manager_log();
+        let (child, _) = start_on_free_port("kube-controller-manager", &bin, &log, |port| {
+            controller_manager_args(&self.admin, port, &cert_dir, controllers)
+        })?;
+        self.controller_manager = Some(child);
+        Ok(())
     }
 
     /// kube-controller-manager's log file.
@@ -642,6 +581,47 @@ impl Cluster {
             serving,
         })
     }
+}
+
+/// Starts `component` (`bin` with `args(port)`, output to `log`) on a free
+/// loopback port and waits until it listens there; a port taken by someone
+/// else meanwhile ("address already in use") is retried with another.
+fn start_on_free_port(
+    component: &str,
+    bin: &Path,
+    log: &Path,
+    args: impl Fn(u16) -> Vec<String>,
+) -> Result<(Child, u16), KitError> {
+    let mut last = None;
+    for _ in 0..PORT_ATTEMPTS {
+        let port = free_port()?;
+        let mut cmd = Command::new(bin);
+        cmd.args(args(port));
+        let command = describe(&cmd);
+        let mut child = spawn_logged(component, &mut cmd, log)?;
+        match wait_listening(&mut child, port) {
+            Ok(()) => return Ok((child, port)),
+            Err(detail) => {
+                stop_child(&mut child, Duration::from_secs(5));
+                let err = KitError::Start {
+                    component: component.into(),
+                    command,
+                    log: log.to_path_buf(),
+                    detail: format!("{detail}; last lines: {}", tail(log, 5)),
+                };
+                if !tail(log, 20).contains("address already in use") {
+                    return Err(err);
+                }
+                last = Some(err);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| KitError::Start {
+        component: component.into(),
+        command: bin.display().to_string(),
+        log: log.to_path_buf(),
+        detail: "no attempt made".into(),
+    }))
 }
 
 /// Waits until `child` listens on loopback port `port`: bound within

@@ -363,6 +363,38 @@ async fn lease_election_should_never_let_client_go_and_petrel_both_lead() {
     assert_never_both(&spans);
 }
 
+/// Two leader-for-life candidates on `lock`, each owned by its own new Pod
+/// of `names`, retrying every `backoff_secs`: the first leads (waited for),
+/// the second is its standby.
+async fn for_life_pair(
+    client: &Client,
+    lock: &str,
+    names: [&str; 2],
+    backoff_secs: u64,
+    terms: &Terms,
+) -> Vec<Candidate> {
+    let mut cands = Vec::new();
+    for name in names {
+        make_pod(client, name).await;
+        let owner = pod_ref(client.clone(), NS, name).await.unwrap();
+        let backoff = Backoff::fixed(Duration::from_secs(backoff_secs), 0.0);
+        let (e, l) = ForLifeElector::new(
+            KubeConfigMapLock::new(client.clone(), NS, lock),
+            ForLifeConfig::new(owner).backoff(backoff),
+            LeaderMetrics::new(),
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(e.run(stop.clone()));
+        cands.push(Candidate::follow(name, l, stop, task, terms));
+        if cands.len() == 1 {
+            let first = format!("{name} leads");
+            wait_for(Duration::from_secs(10), &first, || cands[0].leads()).await;
+        }
+    }
+    cands
+}
+
 async fn make_pod(client: &Client, name: &str) {
     let sa: ServiceAccount = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "default" }, "automountServiceAccountToken": false
@@ -398,26 +430,9 @@ async fn leader_for_life_should_own_configmap_by_pod_and_delete_it_on_release() 
     let (_cluster, client) = start_cluster().await;
     let lock = format!("petrel-lock-{}", suffix());
     let terms: Terms = Arc::default();
-    let mut cands = Vec::new();
-    for name in ["pod-a", "pod-b"] {
-        make_pod(&client, name).await;
-        let owner = pod_ref(client.clone(), NS, name).await.unwrap();
-        // A long backoff: only the watch on the lock explains a takeover
-        // within 1 s.
-        let cfg = ForLifeConfig::new(owner).backoff(Backoff::fixed(Duration::from_secs(30), 0.0));
-        let (e, l) = ForLifeElector::new(
-            KubeConfigMapLock::new(client.clone(), NS, &lock),
-            cfg,
-            LeaderMetrics::new(),
-        )
-        .unwrap();
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(e.run(stop.clone()));
-        cands.push(Candidate::follow(name, l, stop, task, &terms));
-        if name == "pod-a" {
-            wait_for(Duration::from_secs(10), "pod-a leads", || cands[0].leads()).await;
-        }
-    }
+    // A long backoff: only the watch on the lock explains a takeover
+    // within 1 s.
+    let mut cands = for_life_pair(&client, &lock, ["pod-a", "pod-b"], 30, &terms).await;
     let cms = Api::<ConfigMap>::namespaced(client.clone(), NS);
     let pods = Api::<Pod>::namespaced(client.clone(), NS);
     let owner_of = |cm: &ConfigMap| {
@@ -478,28 +493,8 @@ async fn leader_for_life_should_be_released_by_garbage_collection_when_its_pod_g
     .unwrap_or_else(|e| panic!("{e}"));
     let lock = format!("petrel-gc-lock-{}", suffix());
     let terms: Terms = Arc::default();
-    let mut cands = Vec::new();
-    for name in ["gc-pod-a", "gc-pod-b"] {
-        make_pod(&client, name).await;
-        let owner = pod_ref(client.clone(), NS, name).await.unwrap();
-        // A long backoff: only the watch on the lock explains a takeover.
-        let cfg = ForLifeConfig::new(owner).backoff(Backoff::fixed(Duration::from_secs(300), 0.0));
-        let (e, l) = ForLifeElector::new(
-            KubeConfigMapLock::new(client.clone(), NS, &lock),
-            cfg,
-            LeaderMetrics::new(),
-        )
-        .unwrap();
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(e.run(stop.clone()));
-        cands.push(Candidate::follow(name, l, stop, task, &terms));
-        if name == "gc-pod-a" {
-            wait_for(Duration::from_secs(10), "gc-pod-a leads", || {
-                cands[0].leads()
-            })
-            .await;
-        }
-    }
+    // A long backoff: only the watch on the lock explains a takeover.
+    let mut cands = for_life_pair(&client, &lock, ["gc-pod-a", "gc-pod-b"], 300, &terms).await;
     let b = cands.pop().unwrap();
     let a = cands.pop().unwrap();
     // A crash: no release, so the lock outlives the process...
