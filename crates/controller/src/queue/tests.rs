@@ -781,6 +781,7 @@ mod model {
     struct MEntry {
         wait: MWait,
         processing: Option<Priority>,
+        started: u64,
     }
 
     /// The rules, written as plainly as possible: every item is looked at
@@ -792,6 +793,9 @@ mod model {
         max_wait: u64,
         limit: usize,
         starved_turn: bool,
+        /// Pacing at share 1/2: rest = work (0: unpaced).
+        rest_ratio: u64,
+        rest_until: u64,
     }
 
     impl Model {
@@ -825,6 +829,7 @@ mod model {
             let e = self.entries.entry(key).or_insert(MEntry {
                 wait: MWait::No,
                 processing: None,
+                started: 0,
             });
             let busy = e.processing.is_some();
             let mut used_seq = false;
@@ -895,7 +900,7 @@ mod model {
 
         fn get(&mut self, now: u64) -> Option<(u8, Priority, u64)> {
             self.promote(now);
-            let allow_lower = self.lower_busy() < self.limit;
+            let allow_lower = self.lower_busy() < self.limit && now >= self.rest_until;
             let ready = self.entries.iter().filter_map(|(k, e)| match e.wait {
                 MWait::Ready { prio, since, seq } if allow_lower || prio == Priority::Urgent => {
                     Some((*k, prio, since, seq))
@@ -925,6 +930,7 @@ mod model {
             let e = self.entries.get_mut(&k)?;
             e.wait = MWait::No;
             e.processing = Some(prio);
+            e.started = now;
             Some((k, prio, now - since))
         }
 
@@ -934,8 +940,12 @@ mod model {
             let Some(e) = self.entries.get_mut(&key) else {
                 return;
             };
-            if e.processing.take().is_none() {
+            let Some(tier) = e.processing.take() else {
                 return;
+            };
+            if tier != Priority::Urgent && self.rest_ratio > 0 {
+                let rest = (now - e.started) * self.rest_ratio;
+                self.rest_until = self.rest_until.max(now) + rest;
             }
             match e.wait {
                 MWait::Dirty { prio } => {
@@ -973,7 +983,12 @@ mod model {
         }
     }
 
-    fn run(ops: Vec<Op>, max_wait_ms: u64, limit: Option<usize>) -> Result<(), TestCaseError> {
+    fn run(
+        ops: Vec<Op>,
+        max_wait_ms: u64,
+        limit: Option<usize>,
+        paced: bool,
+    ) -> Result<(), TestCaseError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
@@ -984,10 +999,14 @@ mod model {
             if let Some(l) = limit {
                 config = config.lower_tier_limit(l);
             }
+            if paced {
+                config = config.lower_tier_share(0.5);
+            }
             let q: WorkQueue<u8> = WorkQueue::new(config);
             let mut m = Model {
                 max_wait: max_wait_ms,
                 limit: limit.unwrap_or(usize::MAX),
+                rest_ratio: u64::from(paced),
                 ..Default::default()
             };
             let t0 = Instant::now();
@@ -1041,7 +1060,8 @@ mod model {
             for k in held.drain(..) {
                 q.done(&k);
             }
-            tokio::time::advance(Duration::from_secs(1)).await;
+            // Long enough for every delay and every pacing rest.
+            tokio::time::advance(Duration::from_secs(3600)).await;
             let mut drained = vec![];
             while let Some(i) = q.try_get() {
                 drained.push(i.key);
@@ -1062,7 +1082,7 @@ mod model {
         fn queue_should_follow_the_model_without_starvation(
             ops in proptest::collection::vec(op(), 1..120),
         ) {
-            run(ops, 3_600_000, None)?;
+            run(ops, 3_600_000, None, false)?;
         }
 
         #[test]
@@ -1070,7 +1090,7 @@ mod model {
             ops in proptest::collection::vec(op(), 1..120),
             max_wait in 0u64..60,
         ) {
-            run(ops, max_wait, None)?;
+            run(ops, max_wait, None, false)?;
         }
 
         #[test]
@@ -1079,7 +1099,16 @@ mod model {
             max_wait in 0u64..60,
             limit in 1usize..3,
         ) {
-            run(ops, max_wait, Some(limit))?;
+            run(ops, max_wait, Some(limit), false)?;
+        }
+
+        #[test]
+        fn queue_should_follow_the_model_with_pacing(
+            ops in proptest::collection::vec(op(), 1..120),
+            max_wait in 0u64..60,
+            limit in proptest::option::of(1usize..3),
+        ) {
+            run(ops, max_wait, limit, true)?;
         }
     }
 }
