@@ -460,7 +460,7 @@ where
                 let deadline = if st.timer_owner {
                     None
                 } else {
-                    let d = earliest(st.next_deadline(), inner.lower_resume(&st));
+                    let d = earliest(st.next_deadline(), inner.lower_resume(&st, now));
                     if d.is_some() {
                         st.timer_owner = true;
                         owner.active = true;
@@ -553,7 +553,7 @@ where
             };
             if lower_freed && st.lower_waiting() {
                 // A freed lower slot that rests is a new deadline.
-                let resting = inner.lower_resume(st).is_some_and(|t| t > now);
+                let resting = inner.lower_resume(st, now).is_some();
                 inner.new_deadline(st, resting, &mut wake);
                 wake.ready |= !resting;
             }
@@ -883,13 +883,14 @@ impl<K: Eq + Hash + Clone> Inner<K> {
             && (st.shutting_down || st.lower_rest_until.is_none_or(|t| now >= t))
     }
 
-    /// When lower-tier items waiting for the end of a rest may start: the
-    /// rest's end if one is set, lower items wait and a slot is free.
-    fn lower_resume(&self, st: &State<K>) -> Option<Instant> {
+    /// When lower-tier items waiting only for the end of a rest may start:
+    /// the rest's end if it is after `now`, lower items wait and a slot is
+    /// free.
+    fn lower_resume(&self, st: &State<K>, now: Instant) -> Option<Instant> {
         if st.shutting_down || !st.lower_waiting() || st.lower_processing >= self.lower_tier_limit {
             return None;
         }
-        st.lower_rest_until
+        st.lower_rest_until.filter(|t| *t > now)
     }
 
     /// Adds the rest a lower-tier item that took `worked` earns (pacing).
@@ -976,7 +977,7 @@ impl<K: Eq + Hash + Clone> Inner<K> {
         }
         let lower_ok = self.lower_may_start(st, now);
         // Items that will be ready later need a getter to own the timer.
-        let later = !st.delayed.is_empty() || self.lower_resume(st).is_some();
+        let later = !st.delayed.is_empty() || self.lower_resume(st, now).is_some();
         let more =
             st.counts[0] > 0 || (lower_ok && st.lower_waiting()) || (!st.timer_owner && later);
         Some((
@@ -1033,10 +1034,7 @@ impl<K: Eq + Hash + Send + Sync> InFlight for Inner<K> {
 
 /// The earlier of two optional times.
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    a.into_iter().chain(b).min()
 }
 
 fn bump(seq: &mut u64) -> u64 {
