@@ -12,11 +12,13 @@
 //!   file descriptor, so a container's symlinks cannot lead them out;
 //! - [`eviction`]: node-pressure eviction (kubelet's signals, thresholds
 //!   and ranking);
+//! - [`cluster`]: the Node object of a node in a Kubernetes cluster;
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
 //!   `/containerLogs`, `/exec`, `/attach`, `/portForward`.
 
 mod agent;
 pub mod cache;
+pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod cri;

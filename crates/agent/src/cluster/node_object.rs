@@ -1,0 +1,968 @@
+//! The Node object the agent registers and keeps up to date, built the way
+//! kubelet builds it: capacity and allocatable from the machine and the
+//! reservations, the pressure and Ready conditions with kubelet's reasons
+//! and messages, the system info, the image list, and the labels and
+//! taints given on the command line.
+//!
+//! Everything here is pure except [`MachineFacts::read`], which reads the
+//! machine once at start; the registration loop that sends the object
+//! lives elsewhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{
+    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints,
+    NodeSpec, NodeStatus, NodeSystemInfo, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use crate::eviction::config::Reserved;
+use crate::eviction::{EvictionSettings, Signal, ThresholdValue};
+
+/// kubelet's default `--max-pods`.
+pub const DEFAULT_MAX_PODS: u64 = 110;
+
+/// kubelet's default `--node-status-max-images`: the most images listed
+/// in the node's status.
+pub const MAX_IMAGES: usize = 50;
+
+/// The most names listed per image in the node's status (kubelet's limit).
+pub const MAX_NAMES_PER_IMAGE: usize = 5;
+
+// ---------------------------------------------------------------------------
+// The machine.
+
+/// Facts of the machine, read once at start. Reading never fails: a fact
+/// that cannot be read is logged and left at zero or empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MachineFacts {
+    /// Logical CPUs online.
+    pub cpus: u64,
+    /// `MemTotal` of /proc/meminfo, bytes.
+    pub memory_bytes: u64,
+    /// Huge pages: page size in bytes → bytes of pages allocated.
+    pub hugepages: BTreeMap<u64, u64>,
+    /// Size of the filesystem of the agent's root directory, bytes.
+    pub ephemeral_storage_bytes: u64,
+    /// The most pods the node runs ([`DEFAULT_MAX_PODS`]).
+    pub max_pods: u64,
+    /// /proc/sys/kernel/osrelease.
+    pub kernel_version: String,
+    /// `PRETTY_NAME` of os-release.
+    pub os_image: String,
+    /// /etc/machine-id.
+    pub machine_id: String,
+    /// The DMI product UUID (empty where it cannot be read).
+    pub system_uuid: String,
+    /// /proc/sys/kernel/random/boot_id.
+    pub boot_id: String,
+    /// The architecture as Go names it (`amd64`, `arm64`, ...).
+    pub architecture: String,
+    /// The operating system as Go names it: `linux`.
+    pub operating_system: String,
+}
+
+impl MachineFacts {
+    /// Reads this machine's facts; the ephemeral storage is that of the
+    /// filesystem holding `agent_root`.
+    pub fn read(agent_root: &Path) -> MachineFacts {
+        Self::read_under(Path::new("/"), agent_root)
+    }
+
+    /// Reads the facts from a tree laid out as the host's (`/proc`,
+    /// `/sys`, `/etc` below `host`), so tests can give a fake one.
+    pub fn read_under(host: &Path, agent_root: &Path) -> MachineFacts {
+        let at = |p: &str| host.join(p);
+        let memory_bytes = read_fact(&at("proc/meminfo"), "memory")
+            .and_then(|s| {
+                let m = parse_meminfo_total(&s);
+                if m.is_none() {
+                    tracing::warn!("no MemTotal in /proc/meminfo: memory capacity left at 0");
+                }
+                m
+            })
+            .unwrap_or(0);
+        MachineFacts {
+            cpus: read_cpus(&at("sys/devices/system/cpu/online")),
+            memory_bytes,
+            hugepages: read_hugepages(&at("sys/kernel/mm/hugepages")),
+            ephemeral_storage_bytes: read_fs_size(agent_root),
+            max_pods: DEFAULT_MAX_PODS,
+            kernel_version: read_trimmed(&at("proc/sys/kernel/osrelease"), "kernel version"),
+            os_image: read_os_image(&[at("etc/os-release"), at("usr/lib/os-release")]),
+            machine_id: read_trimmed(&at("etc/machine-id"), "machine id"),
+            system_uuid: read_trimmed(&at("sys/class/dmi/id/product_uuid"), "system UUID"),
+            boot_id: read_trimmed(&at("proc/sys/kernel/random/boot_id"), "boot id"),
+            architecture: go_arch(std::env::consts::ARCH).to_string(),
+            operating_system: "linux".to_string(),
+        }
+    }
+}
+
+/// The file's text, or None with a warning naming `what` was not learnt.
+fn read_fact(path: &Path, what: &str) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the node's {what}; left empty");
+            None
+        }
+    }
+}
+
+fn read_trimmed(path: &Path, what: &str) -> String {
+    read_fact(path, what)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// CPUs online; where the list cannot be read, what the process may use
+/// (which a cgroup quota or affinity mask may lower).
+fn read_cpus(online: &Path) -> u64 {
+    if let Some(n) = read_fact(online, "CPUs online").and_then(|s| parse_cpu_list(&s)) {
+        return n;
+    }
+    match std::thread::available_parallelism() {
+        Ok(n) => n.get() as u64,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count the node's CPUs; cpu capacity left at 0");
+            0
+        }
+    }
+}
+
+/// Bytes of huge pages per page size, from `hugepages-<N>kB/nr_hugepages`
+/// below `dir`. A kernel without huge pages has no such directory: none.
+fn read_hugepages(dir: &Path) -> BTreeMap<u64, u64> {
+    let mut out = BTreeMap::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(path = %dir.display(), error = %e, "cannot list huge page sizes; none reported");
+            return out;
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(page) = name.to_str().and_then(parse_hugepage_dir) else {
+            continue;
+        };
+        let pages = read_fact(&entry.path().join("nr_hugepages"), "huge pages")
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        out.insert(page, pages.saturating_mul(page));
+    }
+    out
+}
+
+/// Size of the filesystem holding `path` (blocks × fragment size).
+fn read_fs_size(path: &Path) -> u64 {
+    match rustix::fs::statvfs(path) {
+        Ok(st) => st.f_blocks.saturating_mul(st.f_frsize),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot statfs the agent root; ephemeral-storage capacity left at 0");
+            0
+        }
+    }
+}
+
+/// `PRETTY_NAME` of the first os-release that can be read. As cadvisor
+/// does, a file without one names the system "Linux".
+fn read_os_image(candidates: &[std::path::PathBuf]) -> String {
+    for path in candidates {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            return parse_os_release_pretty_name(&s).unwrap_or_else(|| "Linux".to_string());
+        }
+    }
+    tracing::warn!("cannot read /etc/os-release or /usr/lib/os-release; osImage left empty");
+    String::new()
+}
+
+/// `MemTotal` of /proc/meminfo in bytes (the file gives kB, meaning KiB).
+pub fn parse_meminfo_total(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|line| {
+        let rest = line.strip_prefix("MemTotal:")?;
+        let mut words = rest.split_whitespace();
+        let n: u64 = words.next()?.parse().ok()?;
+        match words.next() {
+            Some("kB") => n.checked_mul(1024),
+            None => Some(n),
+            Some(_) => None,
+        }
+    })
+}
+
+/// The number of CPUs in a kernel CPU list such as `0-3,6,8-9`.
+pub fn parse_cpu_list(list: &str) -> Option<u64> {
+    let list = list.trim();
+    if list.is_empty() {
+        return None;
+    }
+    let mut n = 0u64;
+    for part in list.split(',') {
+        let part = part.trim();
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<u64>().ok()?, hi.parse::<u64>().ok()?),
+            None => {
+                let one = part.parse::<u64>().ok()?;
+                (one, one)
+            }
+        };
+        if hi < lo {
+            return None;
+        }
+        n = n.checked_add(hi - lo + 1)?;
+    }
+    Some(n)
+}
+
+/// The page size in bytes of a `hugepages-<N>kB` directory name.
+pub fn parse_hugepage_dir(name: &str) -> Option<u64> {
+    name.strip_prefix("hugepages-")?
+        .strip_suffix("kB")?
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)
+}
+
+/// `PRETTY_NAME` of an os-release file, its quotes and escapes removed.
+pub fn parse_os_release_pretty_name(os_release: &str) -> Option<String> {
+    let raw = os_release
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("PRETTY_NAME="))?
+        .trim();
+    let unquoted = match raw.as_bytes().first() {
+        Some(q @ (b'"' | b'\'')) => {
+            let inner = &raw[1..];
+            inner.strip_suffix(*q as char).unwrap_or(inner)
+        }
+        _ => raw,
+    };
+    // Shell-style escapes: a backslash keeps the next character literally.
+    let mut out = String::with_capacity(unquoted.len());
+    let mut chars = unquoted.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            if let Some(next) = chars.next() {
+                out.push(next);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
+/// Rust's name of an architecture (`std::env::consts::ARCH`) as Go's
+/// `GOARCH` spells it, which is what Kubernetes publishes.
+pub fn go_arch(rust_arch: &str) -> &str {
+    match rust_arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "arm" => "arm",
+        "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+        "powerpc64" => "ppc64",
+        "s390x" => "s390x",
+        "riscv64" => "riscv64",
+        "loongarch64" => "loong64",
+        "mips64" if cfg!(target_endian = "little") => "mips64le",
+        other => other,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Quantities in Kubernetes' canonical form.
+
+const DECIMAL_SUFFIXES: [&str; 7] = ["", "k", "M", "G", "T", "P", "E"];
+const BINARY_SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+
+/// A whole amount in decimal SI form: the largest power of 1000 that
+/// divides it exactly (`110`, `2k`, `0`).
+fn decimal_si(v: u64) -> String {
+    let (mut n, mut e) = (v, 0);
+    while n != 0 && n.is_multiple_of(1000) && e + 1 < DECIMAL_SUFFIXES.len() {
+        n /= 1000;
+        e += 1;
+    }
+    format!("{n}{}", DECIMAL_SUFFIXES[e])
+}
+
+/// A whole amount of bytes in binary SI form, as Kubernetes prints a
+/// quantity made in that format: below 1024 in decimal form; else the
+/// largest power of 1024 that divides it exactly (`16384256Ki`, `2Gi`),
+/// and a plain number when 1024 does not divide it.
+fn binary_si(v: u64) -> String {
+    if v < 1024 {
+        return decimal_si(v);
+    }
+    let (mut n, mut e) = (v, 0);
+    while n.is_multiple_of(1024) && e + 1 < BINARY_SUFFIXES.len() {
+        n /= 1024;
+        e += 1;
+    }
+    format!("{n}{}", BINARY_SUFFIXES[e])
+}
+
+/// Millicores: whole cores as a plain number (`4`), else millicores
+/// (`3500m`).
+fn cpu_quantity(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        decimal_si(millis / 1000)
+    } else {
+        format!("{millis}m")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Capacity and allocatable.
+
+/// What is set aside from the node's capacity: kubelet's allocatable is
+/// capacity − kube-reserved − system-reserved − the hard eviction
+/// thresholds of `memory.available` and `nodefs.available`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reservations {
+    /// `--kube-reserved`.
+    pub kube: Reserved,
+    /// `--system-reserved`.
+    pub system: Reserved,
+    /// The hard `memory.available` threshold, if any.
+    pub hard_memory_available: Option<ThresholdValue>,
+    /// The hard `nodefs.available` threshold, if any.
+    pub hard_nodefs_available: Option<ThresholdValue>,
+}
+
+impl Reservations {
+    /// The reservations of the agent's eviction settings.
+    pub fn from_settings(settings: &EvictionSettings) -> Reservations {
+        // A hard threshold given as 0% or 100% is switched off (None).
+        let hard = |s: Signal| settings.hard.get(s).and_then(|spec| spec.0);
+        Reservations {
+            kube: settings.kube_reserved,
+            system: settings.system_reserved,
+            hard_memory_available: hard(Signal::MemoryAvailable),
+            hard_nodefs_available: hard(Signal::NodeFsAvailable),
+        }
+    }
+}
+
+/// A threshold's amount as kubelet reserves it: a percentage is taken of
+/// the capacity and truncated (kubelet converts the product to an integer;
+/// the eviction manager's own [`ThresholdValue::amount`] rounds).
+fn threshold_amount(value: Option<ThresholdValue>, capacity: u64) -> u64 {
+    match value {
+        None => 0,
+        Some(ThresholdValue::Quantity(q)) => q.max(0) as u64,
+        Some(ThresholdValue::Percentage(p)) => (capacity as f64 * p).max(0.0) as u64,
+    }
+}
+
+/// `capacity − reserved`, never below zero.
+fn minus(capacity: u64, reserved: u64) -> u64 {
+    capacity.saturating_sub(reserved)
+}
+
+/// A reservation's amount (negative ones cannot be given; they count as 0).
+fn amount(v: i64) -> u64 {
+    v.max(0) as u64
+}
+
+/// The resource name of huge pages of `page_size` bytes, as kubelet names
+/// it (`hugepages-2Mi`, `hugepages-1Gi`).
+pub fn hugepages_resource(page_size: u64) -> String {
+    format!("hugepages-{}", binary_si(page_size))
+}
+
+/// The node's capacity: cpu, memory, pods, ephemeral-storage and one
+/// `hugepages-<size>` per page size, in kubelet's canonical forms.
+pub fn capacity(facts: &MachineFacts) -> BTreeMap<String, Quantity> {
+    let mut out = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        out.insert(k.to_string(), Quantity(v));
+    };
+    put("cpu", cpu_quantity(facts.cpus.saturating_mul(1000)));
+    put("memory", binary_si(facts.memory_bytes));
+    put("pods", decimal_si(facts.max_pods));
+    put(
+        "ephemeral-storage",
+        binary_si(facts.ephemeral_storage_bytes),
+    );
+    for (page, total) in &facts.hugepages {
+        out.insert(hugepages_resource(*page), Quantity(binary_si(*total)));
+    }
+    out
+}
+
+/// The node's allocatable: capacity less the reservations, never below
+/// zero; memory is further reduced by the huge pages (which MemTotal
+/// counts but pods cannot use as ordinary memory), as kubelet does.
+pub fn allocatable(facts: &MachineFacts, r: &Reservations) -> BTreeMap<String, Quantity> {
+    let reserved = r.kube.plus(r.system);
+    let cpu = minus(facts.cpus.saturating_mul(1000), amount(reserved.cpu_millis));
+    let memory_reserved = amount(reserved.memory).saturating_add(threshold_amount(
+        r.hard_memory_available,
+        facts.memory_bytes,
+    ));
+    let hugepages: u64 = facts
+        .hugepages
+        .values()
+        .fold(0, |sum, v| sum.saturating_add(*v));
+    let memory = minus(minus(facts.memory_bytes, memory_reserved), hugepages);
+    let storage_reserved = amount(reserved.ephemeral_storage).saturating_add(threshold_amount(
+        r.hard_nodefs_available,
+        facts.ephemeral_storage_bytes,
+    ));
+    let storage = minus(facts.ephemeral_storage_bytes, storage_reserved);
+
+    let mut out = capacity(facts);
+    let mut put = |k: &str, v: String| {
+        out.insert(k.to_string(), Quantity(v));
+    };
+    put("cpu", cpu_quantity(cpu));
+    put("memory", binary_si(memory));
+    put("ephemeral-storage", binary_si(storage));
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Conditions.
+
+/// What the node's conditions are made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConditionInputs {
+    /// Whether the runtime answers; the error says why not.
+    pub runtime: Result<(), String>,
+    /// Whether the runtime's network is ready; the error says why not.
+    pub network: Result<(), String>,
+    /// Under memory pressure (the eviction manager's condition).
+    pub memory_pressure: bool,
+    /// Under disk pressure.
+    pub disk_pressure: bool,
+    /// Under PID pressure.
+    pub pid_pressure: bool,
+}
+
+impl ConditionInputs {
+    /// Inputs with the pressure taken from the eviction manager's set of
+    /// conditions that hold ([`crate::eviction::NodeState::conditions`]).
+    pub fn new(
+        runtime: Result<(), String>,
+        network: Result<(), String>,
+        pressure: &BTreeSet<crate::eviction::NodeCondition>,
+    ) -> ConditionInputs {
+        use crate::eviction::NodeCondition as Pressure;
+        ConditionInputs {
+            runtime,
+            network,
+            memory_pressure: pressure.contains(&Pressure::MemoryPressure),
+            disk_pressure: pressure.contains(&Pressure::DiskPressure),
+            pid_pressure: pressure.contains(&Pressure::PidPressure),
+        }
+    }
+}
+
+/// One condition before its times are set.
+struct Draft {
+    type_: &'static str,
+    on: bool,
+    reason: &'static str,
+    message: String,
+}
+
+/// A pressure condition with kubelet's reason and message for each state.
+fn pressure(
+    type_: &'static str,
+    on: bool,
+    off: (&'static str, &str),
+    on_: (&'static str, &str),
+) -> Draft {
+    let (reason, message) = if on { on_ } else { off };
+    Draft {
+        type_,
+        on,
+        reason,
+        message: message.to_string(),
+    }
+}
+
+/// Ready: true unless the runtime or its network is not; the errors are
+/// joined as kubelet's aggregate error prints them (one error alone, or
+/// `[a, b]`).
+fn ready(inputs: &ConditionInputs) -> Draft {
+    let mut errors = Vec::new();
+    if let Err(e) = &inputs.runtime {
+        errors.push(format!("container runtime is down: {e}"));
+    }
+    if let Err(e) = &inputs.network {
+        errors.push(format!("container runtime network not ready: {e}"));
+    }
+    if errors.is_empty() {
+        return Draft {
+            type_: "Ready",
+            on: true,
+            reason: "KubeletReady",
+            message: "kubelet is posting ready status".to_string(),
+        };
+    }
+    let message = if errors.len() == 1 {
+        errors.remove(0)
+    } else {
+        format!("[{}]", errors.join(", "))
+    };
+    Draft {
+        type_: "Ready",
+        on: false,
+        reason: "KubeletNotReady",
+        message,
+    }
+}
+
+/// The node's conditions in kubelet's order (the pressures, then Ready,
+/// which kubelet keeps last). Each is heartbeated at `now`; its transition
+/// time is `now` when its status differs from the one in `prev` (or `prev`
+/// has none), else carried over from `prev`.
+pub fn conditions(
+    inputs: &ConditionInputs,
+    prev: Option<&[NodeCondition]>,
+    now: &Time,
+) -> Vec<NodeCondition> {
+    let drafts = [
+        pressure(
+            "MemoryPressure",
+            inputs.memory_pressure,
+            (
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            (
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            ),
+        ),
+        pressure(
+            "DiskPressure",
+            inputs.disk_pressure,
+            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+        ),
+        pressure(
+            "PIDPressure",
+            inputs.pid_pressure,
+            (
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            (
+                "KubeletHasInsufficientPID",
+                "kubelet has insufficient PID available",
+            ),
+        ),
+        ready(inputs),
+    ];
+    drafts
+        .into_iter()
+        .map(|d| {
+            let status = if d.on { "True" } else { "False" };
+            let before = prev.unwrap_or_default().iter().find(|c| c.type_ == d.type_);
+            let transition = match before {
+                Some(b) if b.status == status => b
+                    .last_transition_time
+                    .clone()
+                    .unwrap_or_else(|| now.clone()),
+                _ => now.clone(),
+            };
+            NodeCondition {
+                type_: d.type_.to_string(),
+                status: status.to_string(),
+                reason: Some(d.reason.to_string()),
+                message: Some(d.message),
+                last_heartbeat_time: Some(now.clone()),
+                last_transition_time: Some(transition),
+            }
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Status and registration.
+
+/// Who the node is and how it registers (from the flags and the runtime).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeIdentity {
+    /// The node's name.
+    pub name: String,
+    /// `--node-labels` (see [`parse_node_labels`]); they are applied over
+    /// the standard labels.
+    pub labels: BTreeMap<String, String>,
+    /// `--register-with-taints` (see [`parse_taints`]).
+    pub taints: Vec<Taint>,
+    /// The node's addresses (see [`node_addresses`]).
+    pub addresses: Vec<NodeAddress>,
+    /// The port the agent's server listens on
+    /// (`daemonEndpoints.kubeletEndpoint.Port`).
+    pub kubelet_port: u16,
+    /// `<runtime name>://<runtime version>` from the CRI Version call.
+    pub container_runtime_version: String,
+    /// The Kubernetes version the agent is compatible with (`v1.34.0`).
+    pub kubelet_version: String,
+}
+
+/// The addresses kubelet reports without a cloud provider: the node's IP
+/// as `InternalIP`, then its host name as `Hostname`.
+pub fn node_addresses(internal_ip: IpAddr, hostname: &str) -> Vec<NodeAddress> {
+    vec![
+        NodeAddress {
+            type_: "InternalIP".to_string(),
+            address: internal_ip.to_string(),
+        },
+        NodeAddress {
+            type_: "Hostname".to_string(),
+            address: hostname.to_string(),
+        },
+    ]
+}
+
+/// The images for the node's status from `(names, size in bytes)` pairs
+/// (names: repo digests then repo tags, as kubelet lists them): the
+/// [`MAX_IMAGES`] largest, largest first, each with at most
+/// [`MAX_NAMES_PER_IMAGE`] names. Ties keep a fixed order (by names), so
+/// that an unchanged list never looks like a change of status.
+pub fn node_images(images: impl IntoIterator<Item = (Vec<String>, u64)>) -> Vec<ContainerImage> {
+    let mut all: Vec<(Vec<String>, u64)> = images.into_iter().collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.into_iter()
+        .take(MAX_IMAGES)
+        .map(|(mut names, size)| {
+            names.truncate(MAX_NAMES_PER_IMAGE);
+            ContainerImage {
+                names: Some(names),
+                size_bytes: Some(i64::try_from(size).unwrap_or(i64::MAX)),
+            }
+        })
+        .collect()
+}
+
+/// The node's status: addresses, capacity, allocatable, `conditions` (see
+/// [`conditions`]), system info, daemon endpoints and `images` (see
+/// [`node_images`]).
+pub fn node_status(
+    identity: &NodeIdentity,
+    facts: &MachineFacts,
+    reservations: &Reservations,
+    conditions: Vec<NodeCondition>,
+    images: Vec<ContainerImage>,
+) -> NodeStatus {
+    NodeStatus {
+        addresses: Some(identity.addresses.clone()),
+        capacity: Some(capacity(facts)),
+        allocatable: Some(allocatable(facts, reservations)),
+        conditions: Some(conditions),
+        node_info: Some(NodeSystemInfo {
+            machine_id: facts.machine_id.clone(),
+            system_uuid: facts.system_uuid.clone(),
+            boot_id: facts.boot_id.clone(),
+            kernel_version: facts.kernel_version.clone(),
+            os_image: facts.os_image.clone(),
+            container_runtime_version: identity.container_runtime_version.clone(),
+            kubelet_version: identity.kubelet_version.clone(),
+            // Deprecated: kubelet no longer fills it in.
+            kube_proxy_version: String::new(),
+            operating_system: facts.operating_system.clone(),
+            architecture: facts.architecture.clone(),
+            swap: None,
+        }),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(identity.kubelet_port),
+            }),
+        }),
+        images: (!images.is_empty()).then_some(images),
+        ..Default::default()
+    }
+}
+
+/// The annotation by which a node leaves attaching and detaching its
+/// volumes to the controller manager; kubelet sets it by default.
+pub const CONTROLLER_MANAGED_ATTACH: &str =
+    "volumes.kubernetes.io/controller-managed-attach-detach";
+
+/// The labels every node gets, which `--node-labels` may override.
+pub fn standard_labels(name: &str, os: &str, arch: &str) -> BTreeMap<String, String> {
+    [
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", os),
+        ("kubernetes.io/arch", arch),
+        ("beta.kubernetes.io/os", os),
+        ("beta.kubernetes.io/arch", arch),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The Node to register: its name; the standard labels with the
+/// `--node-labels` over them (as kubelet applies them); the
+/// controller-managed attach/detach annotation; the taints; and `status`.
+pub fn registration(identity: &NodeIdentity, status: NodeStatus) -> Node {
+    let (os, arch) = status
+        .node_info
+        .as_ref()
+        .map(|i| (i.operating_system.clone(), i.architecture.clone()))
+        .unwrap_or_else(|| {
+            (
+                "linux".to_string(),
+                go_arch(std::env::consts::ARCH).to_string(),
+            )
+        });
+    let mut labels = standard_labels(&identity.name, &os, &arch);
+    labels.extend(identity.labels.clone());
+    Node {
+        metadata: ObjectMeta {
+            name: Some(identity.name.clone()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                CONTROLLER_MANAGED_ATTACH.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: (!identity.taints.is_empty()).then(|| identity.taints.clone()),
+            ..Default::default()
+        }),
+        status: Some(status),
+    }
+}
+
+/// Whether two statuses differ in anything but the conditions' heartbeat
+/// times: the status is sent when it changed, else only at the report
+/// frequency. Conditions are compared whatever their order, times to the
+/// second (what the API keeps), and quantities by value (`1Gi` = `1024Mi`).
+pub fn status_changed(old: &NodeStatus, new: &NodeStatus) -> bool {
+    normalized(old) != normalized(new)
+}
+
+fn normalized(s: &NodeStatus) -> NodeStatus {
+    let mut s = s.clone();
+    if let Some(conds) = s.conditions.as_mut() {
+        for c in conds.iter_mut() {
+            c.last_heartbeat_time = None;
+            c.last_transition_time = c.last_transition_time.take().map(to_second);
+        }
+        conds.sort_by(|a, b| a.type_.cmp(&b.type_));
+    }
+    for list in [s.capacity.as_mut(), s.allocatable.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        for q in list.values_mut() {
+            if let Ok(v) = crate::quantity::parse(&q.0) {
+                // Equal values print alike; f64 is exact for node-sized
+                // figures.
+                q.0 = format!("{v}");
+            }
+        }
+    }
+    if s.images.as_ref().is_some_and(Vec::is_empty) {
+        s.images = None;
+    }
+    s
+}
+
+fn to_second(t: Time) -> Time {
+    match k8s_openapi::jiff::Timestamp::from_second(t.0.as_second()) {
+        Ok(ts) => Time(ts),
+        Err(_) => t,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// --node-labels and --register-with-taints.
+
+/// Label keys in the Kubernetes namespaces that a kubelet may set on its
+/// own Node (kubelet's list; the NodeRestriction admission plugin refuses
+/// the others).
+const KUBELET_LABELS: [&str; 11] = [
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+];
+
+/// Label namespaces (and their subdomains) a kubelet may set freely.
+const KUBELET_LABEL_NAMESPACES: [&str; 2] = ["kubelet.kubernetes.io", "node.kubernetes.io"];
+
+/// The prefix of a label key (`example.com` of `example.com/x`), if any.
+fn label_namespace(key: &str) -> Option<&str> {
+    key.split_once('/').map(|(ns, _)| ns)
+}
+
+fn in_domain(ns: &str, domain: &str) -> bool {
+    ns == domain || ns.strip_suffix(domain).is_some_and(|r| r.ends_with('.'))
+}
+
+/// Whether `key` is in the `kubernetes.io` or `k8s.io` namespaces (or a
+/// subdomain of them), which only Kubernetes itself may define.
+fn is_kubernetes_label(key: &str) -> bool {
+    label_namespace(key).is_some_and(|ns| in_domain(ns, "kubernetes.io") || in_domain(ns, "k8s.io"))
+}
+
+/// Whether a kubelet may set `key` on its own Node.
+pub fn is_kubelet_label(key: &str) -> bool {
+    KUBELET_LABELS.contains(&key)
+        || label_namespace(key)
+            .is_some_and(|ns| KUBELET_LABEL_NAMESPACES.iter().any(|d| in_domain(ns, d)))
+}
+
+/// One DNS label of a subdomain: lower-case alphanumerics and `-`,
+/// starting and ending alphanumeric.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// A name part or label value: at most 63 of `[A-Za-z0-9._-]`, starting
+/// and ending alphanumeric (emptiness is checked by the callers).
+fn name_part_error(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    if b.len() > 63 {
+        return Some(format!("{s:?} is longer than 63 characters"));
+    }
+    if !b
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
+        return Some(format!(
+            "{s:?} may only hold letters, digits, '-', '_' and '.'"
+        ));
+    }
+    if !b.first().is_some_and(u8::is_ascii_alphanumeric)
+        || !b.last().is_some_and(u8::is_ascii_alphanumeric)
+    {
+        return Some(format!("{s:?} must start and end with a letter or digit"));
+    }
+    None
+}
+
+/// Checks a label (or taint) key: a qualified name, `[prefix/]name`, the
+/// prefix a DNS subdomain of at most 253 characters.
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            return Err(format!("key {key:?}: the prefix before '/' is empty"));
+        }
+        if p.len() > 253 || !p.split('.').all(is_dns_label) {
+            return Err(format!(
+                "key {key:?}: the prefix {p:?} must be a DNS subdomain (lower-case letters, digits, '-' and '.', at most 253 characters)"
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err(format!("key {key:?}: the name is empty"));
+    }
+    if name.contains('/') {
+        return Err(format!("key {key:?}: at most one '/' is allowed"));
+    }
+    match name_part_error(name) {
+        Some(e) => Err(format!("key {key:?}: the name {e}")),
+        None => Ok(()),
+    }
+}
+
+/// Checks a label (or taint) value: empty, or a name part.
+pub fn validate_label_value(value: &str) -> Result<(), String> {
+    match name_part_error(value) {
+        Some(e) if !value.is_empty() => Err(format!("value {e}")),
+        _ => Ok(()),
+    }
+}
+
+/// Parses `--node-labels`: `key=value,key2=value2`. Each key and value is
+/// checked, a key given twice is refused, and so are keys in the
+/// `kubernetes.io`/`k8s.io` namespaces that a kubelet may not set (see
+/// [`is_kubelet_label`]). Errors name the entry at fault.
+pub fn parse_node_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (k, v) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("--node-labels {entry:?}: expected key=value"))?;
+        let (k, v) = (k.trim(), v.trim());
+        validate_label_key(k).map_err(|e| format!("--node-labels {entry:?}: {e}"))?;
+        validate_label_value(v).map_err(|e| format!("--node-labels {entry:?}: {e}"))?;
+        if is_kubernetes_label(k) && !is_kubelet_label(k) {
+            return Err(format!(
+                "--node-labels {entry:?}: a node may not set label {k:?} of the 'kubernetes.io' or 'k8s.io' namespaces; allowed are the namespaces {} (and their subdomains) and the labels {}",
+                KUBELET_LABEL_NAMESPACES.join(", "),
+                KUBELET_LABELS.join(", ")
+            ));
+        }
+        if out.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(format!(
+                "--node-labels {entry:?}: label {k:?} is given twice"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The taint effects.
+const EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// Parses `--register-with-taints`: comma-separated `key=value:Effect` or
+/// `key:Effect`, the effect one of `NoSchedule`, `PreferNoSchedule`,
+/// `NoExecute`. Keys and values are checked as label ones, and a key may
+/// appear once per effect. Errors name the entry at fault.
+pub fn parse_taints(s: &str) -> Result<Vec<Taint>, String> {
+    let mut out: Vec<Taint> = Vec::new();
+    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = |why: String| format!("--register-with-taints {entry:?}: {why}");
+        let (kv, effect) = entry
+            .rsplit_once(':')
+            .ok_or_else(|| bad("expected key=value:Effect or key:Effect".to_string()))?;
+        let effect = effect.trim();
+        if !EFFECTS.contains(&effect) {
+            return Err(bad(format!(
+                "effect {effect:?} must be one of {}",
+                EFFECTS.join(", ")
+            )));
+        }
+        let (key, value) = match kv.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim())),
+            None => (kv.trim(), None),
+        };
+        validate_label_key(key).map_err(bad)?;
+        if let Some(v) = value {
+            validate_label_value(v).map_err(bad)?;
+        }
+        if out.iter().any(|t| t.key == key && t.effect == effect) {
+            return Err(bad(format!("taint {key}:{effect} is given twice")));
+        }
+        out.push(Taint {
+            key: key.to_string(),
+            value: value.filter(|v| !v.is_empty()).map(str::to_string),
+            effect: effect.to_string(),
+            time_added: None,
+        });
+    }
+    Ok(out)
+}
