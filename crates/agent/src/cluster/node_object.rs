@@ -966,3 +966,571 @@ pub fn parse_taints(s: &str) -> Result<Vec<Taint>, String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(second).unwrap())
+    }
+
+    fn q(s: &str) -> Quantity {
+        Quantity(s.to_string())
+    }
+
+    // --- machine facts -----------------------------------------------------
+
+    const MEMINFO: &str = "MemTotal:       16384256 kB\n\
+                           MemFree:         1234567 kB\n\
+                           MemAvailable:    8765432 kB\n\
+                           HugePages_Total:     512\n";
+
+    #[test]
+    fn meminfo_should_give_memtotal_in_bytes() {
+        assert_eq!(parse_meminfo_total(MEMINFO), Some(16384256 * 1024));
+        assert_eq!(parse_meminfo_total("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_meminfo_total("MemTotal: lots kB\n"), None);
+        assert_eq!(parse_meminfo_total(""), None);
+    }
+
+    #[test]
+    fn cpu_lists_should_count_ranges_and_singles() {
+        assert_eq!(parse_cpu_list("0-3\n"), Some(4));
+        assert_eq!(parse_cpu_list("0"), Some(1));
+        assert_eq!(parse_cpu_list("0-3,6,8-9"), Some(7));
+        for bad in ["", "\n", "3-1", "a", "0-", "0,,1"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hugepage_directories_should_give_the_page_size() {
+        assert_eq!(parse_hugepage_dir("hugepages-2048kB"), Some(2 << 20));
+        assert_eq!(parse_hugepage_dir("hugepages-1048576kB"), Some(1 << 30));
+        assert_eq!(parse_hugepage_dir("hugepages-64kB"), Some(64 << 10));
+        assert_eq!(parse_hugepage_dir("hugepages-2048"), None);
+        assert_eq!(parse_hugepage_dir("other"), None);
+    }
+
+    #[test]
+    fn os_release_should_give_the_pretty_name_unquoted() {
+        let debian = "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nNAME=\"Debian GNU/Linux\"\nID=debian\n";
+        assert_eq!(
+            parse_os_release_pretty_name(debian).as_deref(),
+            Some("Debian GNU/Linux 12 (bookworm)")
+        );
+        assert_eq!(
+            parse_os_release_pretty_name("NAME=x\nPRETTY_NAME='Alpine Linux v3.20'\n").as_deref(),
+            Some("Alpine Linux v3.20")
+        );
+        assert_eq!(
+            parse_os_release_pretty_name("PRETTY_NAME=Plain\n").as_deref(),
+            Some("Plain")
+        );
+        assert_eq!(
+            parse_os_release_pretty_name("PRETTY_NAME=\"Say \\\"hi\\\"\"\n").as_deref(),
+            Some("Say \"hi\"")
+        );
+        assert_eq!(parse_os_release_pretty_name("NAME=x\n"), None);
+    }
+
+    #[test]
+    fn architectures_should_be_named_as_go_names_them() {
+        assert_eq!(go_arch("x86_64"), "amd64");
+        assert_eq!(go_arch("aarch64"), "arm64");
+        assert_eq!(go_arch("s390x"), "s390x");
+        assert_eq!(go_arch("riscv64"), "riscv64");
+    }
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn facts_should_be_read_from_a_host_tree() {
+        let host = tempfile::tempdir().unwrap();
+        let h = host.path();
+        write(h, "proc/meminfo", MEMINFO);
+        write(h, "sys/devices/system/cpu/online", "0-3,6\n");
+        write(
+            h,
+            "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages",
+            "512\n",
+        );
+        write(
+            h,
+            "sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages",
+            "0\n",
+        );
+        write(h, "proc/sys/kernel/osrelease", "6.1.0-18-amd64\n");
+        write(h, "etc/os-release", "PRETTY_NAME=\"Debian GNU/Linux 12\"\n");
+        write(h, "etc/machine-id", "0123456789abcdef0123456789abcdef\n");
+        write(h, "proc/sys/kernel/random/boot_id", "b00t-1d\n");
+        // No DMI: the system UUID stays empty.
+        let f = MachineFacts::read_under(h, h);
+        assert_eq!(f.cpus, 5);
+        assert_eq!(f.memory_bytes, 16384256 * 1024);
+        assert_eq!(
+            f.hugepages,
+            BTreeMap::from([(2 << 20, 1 << 30), (1 << 30, 0)])
+        );
+        assert!(f.ephemeral_storage_bytes > 0);
+        assert_eq!(f.max_pods, 110);
+        assert_eq!(f.kernel_version, "6.1.0-18-amd64");
+        assert_eq!(f.os_image, "Debian GNU/Linux 12");
+        assert_eq!(f.machine_id, "0123456789abcdef0123456789abcdef");
+        assert_eq!(f.boot_id, "b00t-1d");
+        assert_eq!(f.system_uuid, "");
+        assert_eq!(f.operating_system, "linux");
+        assert_eq!(f.architecture, go_arch(std::env::consts::ARCH));
+    }
+
+    #[test]
+    fn facts_that_cannot_be_read_should_be_left_empty() {
+        let host = tempfile::tempdir().unwrap();
+        let h = host.path();
+        let f = MachineFacts::read_under(h, &h.join("missing"));
+        assert!(f.cpus > 0, "falls back to the CPUs the process may use");
+        assert_eq!(f.memory_bytes, 0);
+        assert!(f.hugepages.is_empty());
+        assert_eq!(f.ephemeral_storage_bytes, 0);
+        assert_eq!(f.os_image, "");
+        assert_eq!(f.machine_id, "");
+        // An os-release without PRETTY_NAME names the system "Linux".
+        write(h, "usr/lib/os-release", "ID=x\n");
+        assert_eq!(MachineFacts::read_under(h, h).os_image, "Linux");
+    }
+
+    // --- quantities, capacity, allocatable ---------------------------------
+
+    #[test]
+    fn quantities_should_take_kubernetes_canonical_forms() {
+        assert_eq!(decimal_si(0), "0");
+        assert_eq!(decimal_si(110), "110");
+        assert_eq!(decimal_si(2000), "2k");
+        assert_eq!(binary_si(0), "0");
+        assert_eq!(binary_si(1000), "1k");
+        assert_eq!(binary_si(1023), "1023");
+        assert_eq!(binary_si(16384256 * 1024), "16384256Ki");
+        assert_eq!(binary_si(2 << 20), "2Mi");
+        assert_eq!(binary_si(1 << 30), "1Gi");
+        // Not a multiple of 1024: a plain number.
+        assert_eq!(binary_si(96636764161), "96636764161");
+        assert_eq!(cpu_quantity(4000), "4");
+        assert_eq!(cpu_quantity(3500), "3500m");
+        assert_eq!(cpu_quantity(0), "0");
+        assert_eq!(hugepages_resource(2 << 20), "hugepages-2Mi");
+        assert_eq!(hugepages_resource(1 << 30), "hugepages-1Gi");
+        assert_eq!(hugepages_resource(64 << 10), "hugepages-64Ki");
+    }
+
+    fn facts() -> MachineFacts {
+        MachineFacts {
+            cpus: 4,
+            memory_bytes: 16384256 * 1024,
+            hugepages: BTreeMap::from([(2 << 20, 1 << 30), (1 << 30, 0)]),
+            ephemeral_storage_bytes: 100 << 30,
+            max_pods: DEFAULT_MAX_PODS,
+            kernel_version: "6.1.0".into(),
+            os_image: "Debian GNU/Linux 12".into(),
+            machine_id: "mid".into(),
+            system_uuid: "uuid".into(),
+            boot_id: "boot".into(),
+            architecture: "amd64".into(),
+            operating_system: "linux".into(),
+        }
+    }
+
+    #[test]
+    fn capacity_should_list_every_resource_as_kubelet_does() {
+        let c = capacity(&facts());
+        let want: BTreeMap<String, Quantity> = [
+            ("cpu", "4"),
+            ("memory", "16384256Ki"),
+            ("pods", "110"),
+            ("ephemeral-storage", "100Gi"),
+            ("hugepages-2Mi", "1Gi"),
+            ("hugepages-1Gi", "0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), q(v)))
+        .collect();
+        assert_eq!(c, want);
+    }
+
+    #[test]
+    fn allocatable_should_subtract_reservations_thresholds_and_hugepages() {
+        let r = Reservations {
+            kube: "cpu=300m,memory=512Mi,ephemeral-storage=1Gi"
+                .parse()
+                .unwrap(),
+            system: "cpu=200m,memory=512Mi,ephemeral-storage=1Gi"
+                .parse()
+                .unwrap(),
+            hard_memory_available: Some(ThresholdValue::Quantity(100 << 20)),
+            hard_nodefs_available: Some(ThresholdValue::Percentage(0.10)),
+        };
+        let a = allocatable(&facts(), &r);
+        assert_eq!(a["cpu"], q("3500m"));
+        // 16384256Ki − 1Gi reserved − 100Mi threshold − 1Gi of huge pages.
+        let memory = 16384256u64 * 1024 - (1 << 30) - (100 << 20) - (1 << 30);
+        assert_eq!(a["memory"], q(&format!("{}Ki", memory / 1024)));
+        assert_eq!(a["memory"], q("14184704Ki"));
+        // 100Gi − 2Gi reserved − 10% of 100Gi.
+        assert_eq!(a["ephemeral-storage"], q("88Gi"));
+        assert_eq!(a["pods"], q("110"));
+        assert_eq!(a["hugepages-2Mi"], q("1Gi"));
+        assert_eq!(a["hugepages-1Gi"], q("0"));
+    }
+
+    #[test]
+    fn percentage_thresholds_should_be_truncated_as_kubelet_does() {
+        let f = MachineFacts {
+            ephemeral_storage_bytes: 12345,
+            ..facts()
+        };
+        let r = Reservations {
+            hard_nodefs_available: Some(ThresholdValue::Percentage(0.10)),
+            ..Default::default()
+        };
+        // 10% of 12345 is 1234.5; kubelet reserves 1234.
+        assert_eq!(allocatable(&f, &r)["ephemeral-storage"], q("11111"));
+    }
+
+    #[test]
+    fn allocatable_should_never_go_below_zero() {
+        let r = Reservations {
+            kube: "cpu=8,memory=64Gi,ephemeral-storage=1Ti".parse().unwrap(),
+            ..Default::default()
+        };
+        let a = allocatable(&facts(), &r);
+        assert_eq!(a["cpu"], q("0"));
+        assert_eq!(a["memory"], q("0"));
+        assert_eq!(a["ephemeral-storage"], q("0"));
+        // Huge pages larger than what is left of memory: still zero.
+        let f = MachineFacts {
+            memory_bytes: 1 << 30,
+            hugepages: BTreeMap::from([(2 << 20, 2 << 30)]),
+            ..facts()
+        };
+        assert_eq!(allocatable(&f, &Reservations::default())["memory"], q("0"));
+    }
+
+    #[test]
+    fn reservations_should_come_from_the_eviction_settings() {
+        let r = Reservations::from_settings(&EvictionSettings::default());
+        assert_eq!(r.kube, Reserved::default());
+        assert_eq!(
+            r.hard_memory_available,
+            Some(ThresholdValue::Quantity(100 << 20))
+        );
+        assert_eq!(
+            r.hard_nodefs_available,
+            Some(ThresholdValue::Percentage(0.10))
+        );
+        let s = EvictionSettings {
+            hard: "memory.available<0%,imagefs.available<20%".parse().unwrap(),
+            kube_reserved: "cpu=100m".parse().unwrap(),
+            system_reserved: "memory=1Gi".parse().unwrap(),
+            ..Default::default()
+        };
+        let r = Reservations::from_settings(&s);
+        // 0% switches the threshold off; imagefs does not count.
+        assert_eq!(r.hard_memory_available, None);
+        assert_eq!(r.hard_nodefs_available, None);
+        assert_eq!(r.kube.cpu_millis, 100);
+        assert_eq!(r.system.memory, 1 << 30);
+    }
+
+    // --- conditions --------------------------------------------------------
+
+    fn healthy() -> ConditionInputs {
+        ConditionInputs::new(Ok(()), Ok(()), &BTreeSet::new())
+    }
+
+    fn find<'a>(conds: &'a [NodeCondition], t: &str) -> &'a NodeCondition {
+        conds.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn a_healthy_node_should_have_kubelets_conditions() {
+        let now = at(1000);
+        let c = conditions(&healthy(), None, &now);
+        let got: Vec<(&str, &str, &str, &str)> = c
+            .iter()
+            .map(|c| {
+                (
+                    c.type_.as_str(),
+                    c.status.as_str(),
+                    c.reason.as_deref().unwrap(),
+                    c.message.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "MemoryPressure",
+                    "False",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available"
+                ),
+                (
+                    "DiskPressure",
+                    "False",
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure"
+                ),
+                (
+                    "PIDPressure",
+                    "False",
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available"
+                ),
+                (
+                    "Ready",
+                    "True",
+                    "KubeletReady",
+                    "kubelet is posting ready status"
+                ),
+            ]
+        );
+        for c in &c {
+            assert_eq!(c.last_heartbeat_time, Some(now.clone()));
+            assert_eq!(c.last_transition_time, Some(now.clone()));
+        }
+    }
+
+    #[test]
+    fn pressure_should_come_from_the_eviction_conditions() {
+        use crate::eviction::NodeCondition as P;
+        let inputs = ConditionInputs::new(
+            Ok(()),
+            Ok(()),
+            &BTreeSet::from([P::MemoryPressure, P::DiskPressure, P::PidPressure]),
+        );
+        let c = conditions(&inputs, None, &at(1));
+        let reason = |t| {
+            let c = find(&c, t);
+            (
+                c.status.as_str(),
+                c.reason.clone().unwrap(),
+                c.message.clone().unwrap(),
+            )
+        };
+        assert_eq!(
+            reason("MemoryPressure"),
+            (
+                "True",
+                "KubeletHasInsufficientMemory".into(),
+                "kubelet has insufficient memory available".into()
+            )
+        );
+        assert_eq!(
+            reason("DiskPressure"),
+            (
+                "True",
+                "KubeletHasDiskPressure".into(),
+                "kubelet has disk pressure".into()
+            )
+        );
+        assert_eq!(
+            reason("PIDPressure"),
+            (
+                "True",
+                "KubeletHasInsufficientPID".into(),
+                "kubelet has insufficient PID available".into()
+            )
+        );
+        // Pressure alone does not make the node not ready.
+        assert_eq!(find(&c, "Ready").status, "True");
+    }
+
+    #[test]
+    fn ready_should_say_what_is_wrong_with_the_runtime() {
+        let ready = |runtime: Result<(), String>, network: Result<(), String>| {
+            let inputs = ConditionInputs {
+                runtime,
+                network,
+                ..healthy()
+            };
+            let c = conditions(&inputs, None, &at(1));
+            let r = find(&c, "Ready").clone();
+            assert_eq!(r.status, "False");
+            assert_eq!(r.reason.as_deref(), Some("KubeletNotReady"));
+            r.message.unwrap()
+        };
+        assert_eq!(
+            ready(Err("connection refused".into()), Ok(())),
+            "container runtime is down: connection refused"
+        );
+        assert_eq!(
+            ready(Ok(()), Err("NetworkReady=false reason:NoCNI".into())),
+            "container runtime network not ready: NetworkReady=false reason:NoCNI"
+        );
+        assert_eq!(
+            ready(Err("timeout".into()), Err("no CNI".into())),
+            "[container runtime is down: timeout, container runtime network not ready: no CNI]"
+        );
+    }
+
+    #[test]
+    fn transition_times_should_be_carried_while_the_status_holds() {
+        let first = conditions(&healthy(), None, &at(100));
+        // The same statuses later: heartbeats move, transitions stay.
+        let second = conditions(&healthy(), Some(&first), &at(200));
+        for c in &second {
+            assert_eq!(c.last_heartbeat_time, Some(at(200)), "{}", c.type_);
+            assert_eq!(c.last_transition_time, Some(at(100)), "{}", c.type_);
+        }
+        // Disk pressure and a runtime down: those two transition now.
+        let bad = ConditionInputs {
+            runtime: Err("down".into()),
+            disk_pressure: true,
+            ..healthy()
+        };
+        let third = conditions(&bad, Some(&second), &at(300));
+        assert_eq!(
+            find(&third, "DiskPressure").last_transition_time,
+            Some(at(300))
+        );
+        assert_eq!(find(&third, "Ready").last_transition_time, Some(at(300)));
+        assert_eq!(
+            find(&third, "MemoryPressure").last_transition_time,
+            Some(at(100))
+        );
+        // A new message with the same status is no transition.
+        let worse = ConditionInputs {
+            runtime: Err("still down".into()),
+            ..bad
+        };
+        let fourth = conditions(&worse, Some(&third), &at(400));
+        let ready = find(&fourth, "Ready");
+        assert_eq!(ready.last_transition_time, Some(at(300)));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("container runtime is down: still down")
+        );
+        // A previous condition without a transition time gets `now`.
+        let mut bare = first.clone();
+        for c in &mut bare {
+            c.last_transition_time = None;
+        }
+        let fifth = conditions(&healthy(), Some(&bare), &at(500));
+        assert!(fifth
+            .iter()
+            .all(|c| c.last_transition_time == Some(at(500))));
+    }
+
+    // --- status ------------------------------------------------------------
+
+    fn identity() -> NodeIdentity {
+        NodeIdentity {
+            name: "worker-1".into(),
+            labels: BTreeMap::from([("node.kubernetes.io/pool".into(), "a".into())]),
+            taints: parse_taints("dedicated=gpu:NoSchedule").unwrap(),
+            addresses: node_addresses("10.0.0.7".parse().unwrap(), "worker-1"),
+            kubelet_port: 10250,
+            container_runtime_version: "containerd://2.1.4".into(),
+            kubelet_version: "v1.34.0".into(),
+        }
+    }
+
+    fn status_at(second: i64, prev: Option<&NodeStatus>) -> NodeStatus {
+        let prev = prev.and_then(|p| p.conditions.as_deref());
+        node_status(
+            &identity(),
+            &facts(),
+            &Reservations::from_settings(&EvictionSettings::default()),
+            conditions(&healthy(), prev, &at(second)),
+            node_images([(vec!["nginx:1".to_string()], 1000)]),
+        )
+    }
+
+    #[test]
+    fn the_status_should_carry_system_info_and_endpoints() {
+        let s = status_at(1, None);
+        let info = s.node_info.unwrap();
+        assert_eq!(info.machine_id, "mid");
+        assert_eq!(info.system_uuid, "uuid");
+        assert_eq!(info.boot_id, "boot");
+        assert_eq!(info.kernel_version, "6.1.0");
+        assert_eq!(info.os_image, "Debian GNU/Linux 12");
+        assert_eq!(info.container_runtime_version, "containerd://2.1.4");
+        assert_eq!(info.kubelet_version, "v1.34.0");
+        assert_eq!(info.kube_proxy_version, "");
+        assert_eq!(info.operating_system, "linux");
+        assert_eq!(info.architecture, "amd64");
+        assert_eq!(
+            s.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port,
+            10250
+        );
+        let addrs = s.addresses.unwrap();
+        assert_eq!(
+            addrs
+                .iter()
+                .map(|a| (a.type_.as_str(), a.address.as_str()))
+                .collect::<Vec<_>>(),
+            [("InternalIP", "10.0.0.7"), ("Hostname", "worker-1")]
+        );
+        assert_eq!(s.capacity.unwrap()["cpu"], q("4"));
+        assert_eq!(s.allocatable.unwrap()["cpu"], q("4"));
+        assert_eq!(s.conditions.unwrap().len(), 4);
+        assert_eq!(s.images.unwrap().len(), 1);
+        let no_images = node_status(
+            &identity(),
+            &facts(),
+            &Reservations::default(),
+            Vec::new(),
+            Vec::new(),
+        );
+        assert_eq!(no_images.images, None);
+    }
+
+    #[test]
+    fn status_changes_should_ignore_heartbeats_only() {
+        let old = status_at(100, None);
+        let same = status_at(200, Some(&old));
+        assert!(!status_changed(&old, &same));
+        // Another order of the conditions, quantities spelt otherwise,
+        // times below the second: no change either.
+        let mut respelt = same.clone();
+        respelt.conditions.as_mut().unwrap().reverse();
+        respelt
+            .capacity
+            .as_mut()
+            .unwrap()
+            .insert("hugepages-2Mi".into(), q("1024Mi"));
+        for c in respelt.conditions.as_mut().unwrap() {
+            c.last_transition_time = Some(Time(Timestamp::new(100, 500_000_000).unwrap()));
+        }
+        assert!(!status_changed(&old, &respelt));
+        // A condition that turned.
+        let pressed = ConditionInputs {
+            memory_pressure: true,
+            ..healthy()
+        };
+        let mut turned = same.clone();
+        turned.conditions = Some(conditions(&pressed, old.conditions.as_deref(), &at(200)));
+        assert!(status_changed(&old, &turned));
+        // Other allocatable, another boot, other images.
+        let mut less = same.clone();
+        less.allocatable
+            .as_mut()
+            .unwrap()
+            .insert("cpu".into(), q("3500m"));
+        assert!(status_changed(&old, &less));
+        let mut rebooted = same.clone();
+        rebooted.node_info.as_mut().unwrap().boot_id = "other".into();
+        assert!(status_changed(&old, &rebooted));
+        let mut pulled = same.clone();
+        pulled.images = Some(node_images([(vec!["redis:7".to_string()], 5)]));
+        assert!(status_changed(&old, &pulled));
+    }
+}
