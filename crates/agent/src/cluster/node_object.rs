@@ -1533,4 +1533,195 @@ mod tests {
         pulled.images = Some(node_images([(vec!["redis:7".to_string()], 5)]));
         assert!(status_changed(&old, &pulled));
     }
+
+    // --- images ------------------------------------------------------------
+
+    #[test]
+    fn images_should_be_the_fifty_largest_first() {
+        let list = (0..60u64).map(|i| (vec![format!("img-{i}")], i * 10));
+        let images = node_images(list);
+        assert_eq!(images.len(), MAX_IMAGES);
+        assert_eq!(images[0].names, Some(vec!["img-59".to_string()]));
+        assert_eq!(images[0].size_bytes, Some(590));
+        assert_eq!(images[49].names, Some(vec!["img-10".to_string()]));
+        assert!(images
+            .windows(2)
+            .all(|w| w[0].size_bytes >= w[1].size_bytes));
+    }
+
+    #[test]
+    fn images_should_list_at_most_five_names_in_a_fixed_order() {
+        let names: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+        let images = node_images([
+            (names.clone(), 7),
+            (vec!["b".into()], 7),
+            (vec!["a".into()], 7),
+        ]);
+        // Equal sizes are ordered by names.
+        assert_eq!(images[0].names, Some(vec!["a".to_string()]));
+        assert_eq!(images[1].names, Some(vec!["b".to_string()]));
+        assert_eq!(
+            images[2].names.as_ref().unwrap(),
+            &names[..MAX_NAMES_PER_IMAGE]
+        );
+        let again = node_images([(vec!["a".into()], 7), (vec!["b".into()], 7), (names, 7)]);
+        assert_eq!(images, again);
+        // A size beyond i64 is capped rather than wrapped.
+        let huge = node_images([(vec!["x".into()], u64::MAX)]);
+        assert_eq!(huge[0].size_bytes, Some(i64::MAX));
+    }
+
+    // --- registration ------------------------------------------------------
+
+    #[test]
+    fn registration_should_label_taint_and_name_the_node() {
+        let mut id = identity();
+        // A node label overrides a standard one, as in kubelet.
+        id.labels
+            .insert("kubernetes.io/hostname".into(), "worker-one".into());
+        let node = registration(&id, status_at(1, None));
+        assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
+        let labels = node.metadata.labels.unwrap();
+        let want: BTreeMap<String, String> = [
+            ("kubernetes.io/hostname", "worker-one"),
+            ("kubernetes.io/os", "linux"),
+            ("kubernetes.io/arch", "amd64"),
+            ("beta.kubernetes.io/os", "linux"),
+            ("beta.kubernetes.io/arch", "amd64"),
+            ("node.kubernetes.io/pool", "a"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(labels, want);
+        assert_eq!(
+            node.metadata.annotations.unwrap()[CONTROLLER_MANAGED_ATTACH],
+            "true"
+        );
+        let taints = node.spec.unwrap().taints.unwrap();
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0].key, "dedicated");
+        assert!(node.status.is_some());
+        // Without taints the spec lists none.
+        id.taints.clear();
+        let node = registration(&id, status_at(1, None));
+        assert_eq!(node.spec.unwrap().taints, None);
+    }
+
+    // --- --node-labels -----------------------------------------------------
+
+    #[test]
+    fn node_labels_should_parse_valid_pairs() {
+        let l = parse_node_labels(
+            " env=prod,example.com/team=a-b_c.d,node.kubernetes.io/pool=x,empty=,\
+             sub.kubelet.kubernetes.io/k=v,\
+             topology.kubernetes.io/zone=z1",
+        )
+        .unwrap();
+        assert_eq!(l["env"], "prod");
+        assert_eq!(l["example.com/team"], "a-b_c.d");
+        assert_eq!(l["empty"], "");
+        assert_eq!(l.len(), 6);
+        assert!(parse_node_labels("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn node_labels_should_be_refused_naming_the_entry() {
+        let long = "x".repeat(64);
+        let cases = [
+            ("env", "\"env\": expected key=value"),
+            ("=v", "the name is empty"),
+            ("/a=v", "prefix before '/' is empty"),
+            ("a/b/c=v", "at most one '/'"),
+            ("Example.com/a=v", "DNS subdomain"),
+            ("ex_ample.com/a=v", "DNS subdomain"),
+            ("-a=v", "start and end"),
+            ("a b=v", "may only hold"),
+            (&format!("{long}=v"), "longer than 63"),
+            (&format!("k={long}"), "value \"xxx"),
+            ("k=-v", "start and end"),
+            ("k=a/b", "may only hold"),
+            ("a=1,a=2", "given twice"),
+            ("kubernetes.io/role=master", "may not set label"),
+            // The well-known role label is the cluster's to set, not the node's.
+            ("node-role.kubernetes.io/worker=", "may not set label"),
+            ("node-restriction.kubernetes.io/x=y", "may not set label"),
+            ("x.k8s.io/y=z", "may not set label"),
+            ("kubernetes.io/instance-type=big", "may not set label"),
+        ];
+        for (input, needle) in cases {
+            let e = parse_node_labels(input).unwrap_err();
+            assert!(e.contains(needle), "{input}: {e}");
+            assert!(e.starts_with("--node-labels \""), "{input}: {e}");
+        }
+    }
+
+    #[test]
+    fn kubelet_labels_should_be_kubelets_allowed_set() {
+        for ok in [
+            "kubernetes.io/hostname",
+            "beta.kubernetes.io/instance-type",
+            "node.kubernetes.io/instance-type",
+            "failure-domain.beta.kubernetes.io/zone",
+            "kubelet.kubernetes.io/anything",
+            "a.b.node.kubernetes.io/anything",
+        ] {
+            assert!(is_kubelet_label(ok), "{ok}");
+        }
+        for no in [
+            "kubernetes.io/role",
+            "beta.kubernetes.io/fluentd-ds-ready",
+            "xnode.kubernetes.io/a",
+            "node.kubernetes.io",
+        ] {
+            assert!(!is_kubelet_label(no), "{no}");
+        }
+        // Outside the Kubernetes namespaces anything goes.
+        assert!(!is_kubernetes_label("notkubernetes.io/a"));
+        assert!(!is_kubernetes_label("kubernetes.io"));
+        assert!(is_kubernetes_label("k8s.io/a"));
+    }
+
+    // --- --register-with-taints --------------------------------------------
+
+    #[test]
+    fn taints_should_parse_with_and_without_values() {
+        let t = parse_taints(
+            "dedicated=gpu:NoSchedule, example.com/spot:PreferNoSchedule,gone=:NoExecute",
+        )
+        .unwrap();
+        let got: Vec<(&str, Option<&str>, &str)> = t
+            .iter()
+            .map(|t| (t.key.as_str(), t.value.as_deref(), t.effect.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("dedicated", Some("gpu"), "NoSchedule"),
+                ("example.com/spot", None, "PreferNoSchedule"),
+                ("gone", None, "NoExecute"),
+            ]
+        );
+        // One key may carry several effects.
+        assert_eq!(parse_taints("k:NoSchedule,k:NoExecute").unwrap().len(), 2);
+        assert!(parse_taints("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn taints_should_be_refused_naming_the_entry() {
+        for (input, needle) in [
+            ("dedicated=gpu", "expected key=value:Effect"),
+            ("k=v:NoScheduleX", "must be one of NoSchedule"),
+            ("k=v:", "must be one of"),
+            (":NoSchedule", "the name is empty"),
+            ("bad key=v:NoSchedule", "may only hold"),
+            ("k=-v:NoSchedule", "start and end"),
+            ("k=a:b:NoSchedule", "may only hold"),
+            ("k=1:NoSchedule,k=2:NoSchedule", "given twice"),
+        ] {
+            let e = parse_taints(input).unwrap_err();
+            assert!(e.contains(needle), "{input}: {e}");
+            assert!(e.starts_with("--register-with-taints \""), "{input}: {e}");
+        }
+    }
 }
