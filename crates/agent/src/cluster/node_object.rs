@@ -67,7 +67,8 @@ pub struct MachineFacts {
 
 impl MachineFacts {
     /// Reads this machine's facts; the ephemeral storage is that of the
-    /// filesystem holding `agent_root`.
+    /// filesystem holding `agent_root`. It reads files (blocking), once at
+    /// start.
     pub fn read(agent_root: &Path) -> MachineFacts {
         Self::read_under(Path::new("/"), agent_root)
     }
@@ -107,7 +108,7 @@ fn read_fact(path: &Path, what: &str) -> Option<String> {
     match std::fs::read_to_string(path) {
         Ok(s) => Some(s),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read the node's {what}; left empty");
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the node's {what}; left empty or zero");
             None
         }
     }
@@ -122,8 +123,13 @@ fn read_trimmed(path: &Path, what: &str) -> String {
 /// CPUs online; where the list cannot be read, what the process may use
 /// (which a cgroup quota or affinity mask may lower).
 fn read_cpus(online: &Path) -> u64 {
-    if let Some(n) = read_fact(online, "CPUs online").and_then(|s| parse_cpu_list(&s)) {
-        return n;
+    if let Some(list) = read_fact(online, "CPUs online") {
+        match parse_cpu_list(&list) {
+            Some(n) => return n,
+            None => {
+                tracing::warn!(path = %online.display(), list = list.trim(), "cannot parse the CPUs online")
+            }
+        }
     }
     match std::thread::available_parallelism() {
         Ok(n) => n.get() as u64,
@@ -140,6 +146,8 @@ fn read_hugepages(dir: &Path) -> BTreeMap<u64, u64> {
     let mut out = BTreeMap::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
+        // No hugetlb support in the kernel: no huge pages, nothing amiss.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return out,
         Err(e) => {
             tracing::warn!(path = %dir.display(), error = %e, "cannot list huge page sizes; none reported");
             return out;
