@@ -49,7 +49,26 @@ pub const ANNOTATION_PRE_STOP: &str = "petrel.io/pre-stop-exec";
 /// pod-level spec means the pod gets a new sandbox).
 pub const ANNOTATION_SANDBOX_HASH: &str = "petrel.io/sandbox-hash";
 
-/// A pod that a source (the manifest directory) wants on this node.
+/// Where a desired pod comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodOrigin {
+    /// A static pod: a document of this manifest file.
+    File(PathBuf),
+    /// A pod the API server bound to this node (cluster mode).
+    Api,
+}
+
+impl std::fmt::Display for PodOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(p) => write!(f, "{}", p.display()),
+            Self::Api => f.write_str("the API server"),
+        }
+    }
+}
+
+/// A pod that a source (the manifest directory, or the API server in
+/// cluster mode) wants on this node.
 #[derive(Debug, Clone)]
 pub struct DesiredPod {
     /// Stable UID (from the manifest's metadata.uid, else derived from
@@ -62,8 +81,8 @@ pub struct DesiredPod {
     /// The pod with defaults applied (metadata.uid set, restartPolicy,
     /// terminationGracePeriodSeconds, imagePullPolicy, ... filled in).
     pub pod: Arc<Pod>,
-    /// The manifest file it came from.
-    pub source: PathBuf,
+    /// Where it came from.
+    pub source: PodOrigin,
     /// Why this pod cannot run (a parse or validation error), in which case
     /// it is shown with this reason and never started.
     pub invalid: Option<String>,

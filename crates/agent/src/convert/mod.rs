@@ -152,7 +152,7 @@ pub(crate) mod test_support {
             namespace,
             name,
             pod: Arc::new(pod),
-            source: PathBuf::from("/manifests/pod.yaml"),
+            source: crate::types::PodOrigin::File(PathBuf::from("/manifests/pod.yaml")),
             invalid: None,
         }
     }

@@ -10,7 +10,11 @@
 //!
 //! A document that cannot run still becomes a pod, marked invalid with the
 //! reason, so it is shown and never started; other pods are unaffected.
+//!
+//! In cluster mode the same source also holds the pods the API server
+//! bound to this node ([`api`]), fed by the cluster's pod informer.
 
+pub mod api;
 pub mod defaults;
 pub mod parse;
 mod snapshot;
@@ -88,6 +92,10 @@ struct State {
     files: Files,
     pods: Snapshot,
     owners: Owners,
+    /// The API server's pods for this node, wanted.
+    api: Snapshot,
+    /// The API server's pods being deleted (stopped, then deleted).
+    api_deleting: Snapshot,
 }
 
 #[derive(Debug)]
@@ -144,6 +152,8 @@ impl PodSource {
                     files,
                     pods,
                     owners,
+                    api: Snapshot::new(),
+                    api_deleting: Snapshot::new(),
                 }),
                 withdrawn: AtomicBool::new(false),
             }),
@@ -155,7 +165,8 @@ impl PodSource {
         if self.is_withdrawn() {
             return None;
         }
-        self.read().pods.get(uid).cloned()
+        let st = self.read();
+        st.pods.get(uid).or_else(|| st.api.get(uid)).cloned()
     }
 
     /// Every pod, ordered by UID.
@@ -163,7 +174,10 @@ impl PodSource {
         if self.is_withdrawn() {
             return Vec::new();
         }
-        self.read().pods.values().cloned().collect()
+        let st = self.read();
+        let mut all: Vec<DesiredPod> = st.pods.values().chain(st.api.values()).cloned().collect();
+        all.sort_by(|a, b| a.uid.cmp(&b.uid));
+        all
     }
 
     /// From now on no pod is wanted, whatever the manifests say: the node
@@ -185,10 +199,14 @@ impl PodSource {
         if self.is_withdrawn() {
             return None;
         }
-        self.read()
-            .owners
-            .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
+        let st = self.read();
+        let key = (namespace.to_string(), name.to_string());
+        st.owners.get(&key).cloned().or_else(|| {
+            st.api
+                .values()
+                .find(|d| d.namespace == namespace && d.name == name)
+                .map(|d| d.uid.clone())
+        })
     }
 
     /// The watched directory.

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::parse::Doc;
 use super::{defaults, uid, validate, ChangeKind, SourceChange};
-use crate::types::{DesiredPod, PodUid};
+use crate::types::{DesiredPod, PodOrigin, PodUid};
 
 /// The documents of every manifest file, by path (sorted: the order that
 /// decides which of two duplicates is the invalid one).
@@ -81,9 +81,7 @@ pub fn build(files: &Files, node: &str) -> (Snapshot, Owners) {
             if c.explicit_uid.is_some() && c.invalid.is_empty() {
                 c.invalid.push(format!(
                     "metadata.uid: Duplicate value: {uid:?}: also used by {}/{} in {}",
-                    other.namespace,
-                    other.name,
-                    other.source.display()
+                    other.namespace, other.name, other.source
                 ));
             }
             // Every document keeps its own key, so it can be shown.
@@ -101,7 +99,7 @@ pub fn build(files: &Files, node: &str) -> (Snapshot, Owners) {
                 namespace: c.namespace,
                 name: c.name,
                 pod: Arc::new(c.pod),
-                source: c.path.to_path_buf(),
+                source: PodOrigin::File(c.path.to_path_buf()),
                 invalid,
             },
         );

@@ -3,6 +3,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::types::PodOrigin;
 
 const NODE: &str = "node-a";
 
@@ -265,9 +266,12 @@ fn duplicates_should_invalidate_the_later_file() {
     let all = src.all();
     assert_eq!(all.len(), 3);
     let first = src.get(&uid::derive(NODE, "default", "x")).unwrap();
-    assert_eq!(first.source, tmp.path().join("a.yaml"));
+    assert_eq!(first.source, PodOrigin::File(tmp.path().join("a.yaml")));
     assert_eq!(first.invalid, None);
-    let dup = all.iter().find(|p| p.source.ends_with("b.yaml")).unwrap();
+    let dup = all
+        .iter()
+        .find(|p| matches!(&p.source, PodOrigin::File(f) if f.ends_with("b.yaml")))
+        .unwrap();
     assert_eq!(
         dup.invalid.as_deref(),
         Some(
@@ -281,7 +285,10 @@ fn duplicates_should_invalidate_the_later_file() {
     assert_ne!(dup.uid, first.uid);
     assert_eq!(src.owner("default", "x"), Some(first.uid.clone()));
     assert_eq!(src.owner("default", "nope"), None);
-    let broken = all.iter().find(|p| p.source.ends_with("x.yaml")).unwrap();
+    let broken = all
+        .iter()
+        .find(|p| matches!(&p.source, PodOrigin::File(f) if f.ends_with("x.yaml")))
+        .unwrap();
     let reason = broken.invalid.as_deref().unwrap();
     assert!(
         reason.starts_with("invalid YAML") && reason.contains("duplicate pod default/x"),

@@ -173,7 +173,13 @@ pub struct PodWorkers {
     userns: crate::userns::UsernsAllocator,
     /// The node's pressure, for admission (set when eviction runs).
     node: std::sync::OnceLock<Arc<crate::eviction::NodeState>>,
+    /// Told each pod the workers forget (terminated and removed): cluster
+    /// mode deletes a pod being deleted from the API then.
+    on_forget: std::sync::OnceLock<ForgetHook>,
 }
+
+/// What [`PodWorkers::set_forget_hook`] calls with a forgotten pod's UID.
+pub type ForgetHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl PodWorkers {
     /// The workers' state.
@@ -202,6 +208,7 @@ impl PodWorkers {
             config,
             pods: Mutex::new(HashMap::new()),
             node: std::sync::OnceLock::new(),
+            on_forget: std::sync::OnceLock::new(),
         }
     }
 
@@ -365,8 +372,21 @@ impl PodWorkers {
                 }
                 Ok(Action::Done)
             }
-            None => self.terminate(&uid, &status).await,
+            None => {
+                // An API pod being deleted is stopped with the deletion's
+                // grace period, and shown as it is meanwhile.
+                if let Some(d) = self.source.deleting(&uid) {
+                    self.with_state(&uid, |s| s.last_desired = Some(d));
+                }
+                self.terminate(&uid, &status).await
+            }
         }
+    }
+
+    /// Calls `hook` with the UID of every pod the workers forget from now
+    /// on (once set, it stays).
+    pub fn set_forget_hook(&self, hook: ForgetHook) {
+        let _ = self.on_forget.set(hook);
     }
 
     /// Turns on admission by node pressure: a pod not started yet is
@@ -784,6 +804,10 @@ impl PodWorkers {
         self.probes.remove_pod(uid);
         self.backoff.forget_pod(uid);
         self.pull_backoff.forget_pod(uid);
+        // Last: whoever hears it finds the pod forgotten everywhere.
+        if let Some(hook) = self.on_forget.get() {
+            hook(uid);
+        }
     }
 
     /// Whether the workers know pod `uid` (it has not been forgotten): its
