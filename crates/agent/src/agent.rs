@@ -67,6 +67,9 @@ pub enum AgentError {
     /// `socket_group` names no group.
     #[error("--agent-socket-group: {0}")]
     SocketGroup(String),
+    /// Cluster mode could not start (an unusable kubeconfig).
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 /// Runs the agent until `shutdown` completes. Pods keep running after it
@@ -102,6 +105,14 @@ pub async fn run(
     // subPath binds live only while a container is made: any found now
     // were left by a killed agent.
     crate::subpath::sweep(&config.root);
+    // Cluster mode: a kubeconfig that cannot be used is a start-up error.
+    let kube_client = match &config.kubeconfig {
+        Some(path) => Some(crate::cluster::client(path).await?),
+        None => None,
+    };
+    let node_ip = config.node_ip.unwrap_or_else(host_ip);
+    let node_flags =
+        crate::cluster::NodeFlags::parse(&config.node_labels, &config.register_with_taints)?;
     let metrics = AgentMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
@@ -173,6 +184,7 @@ pub async fn run(
 
     // The pod workers once started (the drain at exit needs them).
     let started: std::sync::OnceLock<Arc<PodWorkers>> = std::sync::OnceLock::new();
+    let pod_side: std::sync::OnceLock<crate::cluster::PodSide> = std::sync::OnceLock::new();
     let main = async {
         let runtime_name = wait_for_runtime(observer.as_ref(), &health).await;
         let recursive_read_only = supports_recursive_read_only(observer.as_ref()).await;
@@ -196,7 +208,7 @@ pub async fn run(
             },
             WorkerConfig {
                 node_name: node_name.clone(),
-                host_ip: host_ip(),
+                host_ip: node_ip.to_string(),
                 runtime_name: runtime_name.clone(),
                 cgroup_root: config.pods_cgroup_root().to_string(),
                 root: config.root.clone(),
@@ -227,6 +239,38 @@ pub async fn run(
             &node_state,
             &mut tasks,
         );
+        if let Some(client) = kube_client.clone() {
+            crate::cluster::start_node(
+                crate::cluster::NodeSideParts {
+                    client: client.clone(),
+                    node: node_name.clone(),
+                    node_ip,
+                    port: config.listen.port(),
+                    flags: node_flags.clone(),
+                    root: config.root.clone(),
+                    reservations: crate::cluster::node_object::Reservations::from_settings(
+                        &config.eviction,
+                    ),
+                    runtime: Arc::clone(&observer),
+                    pressure: Arc::clone(&node_state),
+                },
+                &mut tasks,
+            )
+            .await;
+            let side = crate::cluster::start_pods(
+                crate::cluster::PodSideParts {
+                    client,
+                    node: node_name.clone(),
+                    source: source.clone(),
+                    queue: queue.clone(),
+                    store: Arc::clone(&store),
+                    workers: Arc::clone(&workers),
+                },
+                &mut tasks,
+            )
+            .await;
+            let _ = pod_side.set(side);
+        }
         start_pipeline(
             Pipeline {
                 queue: &queue,
@@ -264,6 +308,9 @@ pub async fn run(
         _ => tracing::info!("agent stopping; pods keep running"),
     }
     queue.shut_down();
+    if let Some(side) = pod_side.get() {
+        side.stop();
+    }
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     let _ = stop_tx.send(true);
@@ -520,7 +567,7 @@ async fn wait_for_runtime(runtime: &dyn RuntimeObserver, health: &Health) -> Str
 }
 
 /// The node's IP: the source address of the default route, else loopback.
-fn host_ip() -> String {
+fn host_ip() -> IpAddr {
     // Connecting a UDP socket sends nothing; it only picks a route.
     UdpSocket::bind("0.0.0.0:0")
         .and_then(|s| {
@@ -531,7 +578,6 @@ fn host_ip() -> String {
         .ok()
         .filter(|ip| !ip.is_unspecified())
         .unwrap_or(IpAddr::from([127, 0, 0, 1]))
-        .to_string()
 }
 
 /// The names a TCP request's `Host` may carry besides IP literals and

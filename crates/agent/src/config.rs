@@ -116,6 +116,18 @@ pub struct AgentConfig {
     /// pods whose manifest sets no seccomp profile get `RuntimeDefault`
     /// instead of `Unconfined`. Off by default, as in kubelet.
     pub seccomp_default: bool,
+    /// A kubeconfig (`--kubeconfig`): join that cluster as a node (register
+    /// the Node, renew its Lease, run the pods bound to it, report their
+    /// status). None: static pods only.
+    pub kubeconfig: Option<PathBuf>,
+    /// The node's IP (`--node-ip`): its InternalIP, the pods' hostIP.
+    /// Default: the source address of the default route.
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Labels the node registers with (`--node-labels`, `k=v,k2=v2`).
+    pub node_labels: String,
+    /// Taints the node registers with (`--register-with-taints`,
+    /// `key=value:Effect,...`).
+    pub register_with_taints: String,
 }
 
 impl Default for AgentConfig {
@@ -146,6 +158,10 @@ impl Default for AgentConfig {
             drain_on_exit: false,
             node_cgroup: None,
             seccomp_default: false,
+            kubeconfig: None,
+            node_ip: None,
+            node_labels: String::new(),
+            register_with_taints: String::new(),
         }
     }
 }

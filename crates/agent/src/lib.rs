@@ -12,7 +12,7 @@
 //!   file descriptor, so a container's symlinks cannot lead them out;
 //! - [`eviction`]: node-pressure eviction (kubelet's signals, thresholds
 //!   and ranking);
-//! - [`cluster`]: the Node object of a node in a Kubernetes cluster;
+//! - [`cluster`]: cluster mode (`--kubeconfig`): the Node, its Lease, the pods bound to it, their status;
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
 //!   `/containerLogs`, `/exec`, `/attach`, `/portForward`.
 

@@ -1,1 +1,261 @@
+//! Cluster mode (`--kubeconfig`): the agent as a node of a Kubernetes
+//! cluster, beside its static pods.
+//!
+//! ```text
+//! API server --pods spec.nodeName=<node>--> informer --> PodSource --> work queue --> pod workers
+//!      ^                                        \--> status queue --+
+//!      |                                                            |
+//!      +--- status patch / delete (grace 0, UID precondition) <-- status sync <-- StatusStore feed,
+//!      |                                                                          workers forgetting a pod
+//!      +--- Node (registration, status on change or every 5 min) <-- node loop
+//!      +--- Lease kube-node-lease/<node> every 10 s <-- lease loop
+//! ```
+//!
+//! - [`node_object`]: the Node as kubelet builds it (pure);
+//! - [`node`]: its registration and status;
+//! - [`pods`]: the node's pod informer and what it feeds;
+//! - [`pod_status`]: pod status patches and final deletion;
+//! - [`lease`]: the node's heartbeat.
+
+pub mod lease;
+pub mod node;
 pub mod node_object;
+pub mod pod_status;
+pub mod pods;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use petrel_controller::informer::SharedInformer;
+use petrel_controller::{
+    run_workers, ItemExponential, MaxOf, Priority, QueueConfig, TokenBucket, WorkQueue,
+};
+use tokio::task::JoinSet;
+
+use crate::source::PodSource;
+use crate::status::StatusStore;
+use crate::worker::PodWorkers;
+
+/// The Kubernetes version the agent reports as its kubelet version: the
+/// API it is built against (k8s-openapi's `v1_34`).
+pub const KUBERNETES_VERSION: &str = "v1.34.0";
+
+/// Why cluster mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A node flag is malformed.
+    #[error("--{flag}: {reason}")]
+    Flag {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The kubeconfig could not be read or used.
+    #[error("--kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// The node's registration flags, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFlags {
+    /// `--node-labels`.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `--register-with-taints`.
+    pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
+}
+
+impl NodeFlags {
+    /// Parses `--node-labels` and `--register-with-taints`.
+    pub fn parse(labels: &str, taints: &str) -> Result<Self, ClusterError> {
+        let labels =
+            node_object::parse_node_labels(labels).map_err(|reason| ClusterError::Flag {
+                flag: "node-labels",
+                reason,
+            })?;
+        let taints = node_object::parse_taints(taints).map_err(|reason| ClusterError::Flag {
+            flag: "register-with-taints",
+            reason,
+        })?;
+        Ok(Self { labels, taints })
+    }
+}
+
+/// What the node side (registration, status, Lease) is built from.
+pub struct NodeSideParts {
+    /// The node's client.
+    pub client: kube::Client,
+    /// The node's name.
+    pub node: String,
+    /// Its InternalIP.
+    pub node_ip: std::net::IpAddr,
+    /// The port of the agent's server.
+    pub port: u16,
+    /// `--node-labels`, `--register-with-taints`.
+    pub flags: NodeFlags,
+    /// The agent's root (its filesystem is the node's ephemeral storage).
+    pub root: PathBuf,
+    /// What is set aside from capacity.
+    pub reservations: node_object::Reservations,
+    /// The runtime.
+    pub runtime: Arc<dyn crate::cri::RuntimeObserver>,
+    /// The eviction manager's pressure.
+    pub pressure: Arc<crate::eviction::NodeState>,
+}
+
+/// Starts, on `tasks`, the Node's registration and status, and its Lease
+/// (which takes the Node as owner once registered).
+pub async fn start_node(p: NodeSideParts, tasks: &mut JoinSet<()>) {
+    let runtime_version = match p.runtime.version().await {
+        Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+        Err(_) => "unknown://unknown".to_string(),
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| p.node.clone());
+    let identity = node_object::NodeIdentity {
+        name: p.node.clone(),
+        labels: p.flags.labels,
+        taints: p.flags.taints,
+        addresses: node_object::node_addresses(p.node_ip, &host),
+        kubelet_port: p.port,
+        container_runtime_version: runtime_version,
+        kubelet_version: KUBERNETES_VERSION.to_string(),
+    };
+    let root = p.root.clone();
+    let facts = tokio::task::spawn_blocking(move || node_object::MachineFacts::read(&root))
+        .await
+        .unwrap_or_default();
+    let (uid_tx, uid_rx) = tokio::sync::watch::channel(None);
+    tasks.spawn(node::run(node::NodeParts {
+        client: p.client.clone(),
+        identity,
+        facts,
+        reservations: p.reservations,
+        runtime: p.runtime,
+        pressure: p.pressure,
+        uid: uid_tx,
+    }));
+    tasks.spawn(lease::run(p.client, p.node, uid_rx));
+}
+
+/// A client with the credentials of `kubeconfig` (its current context).
+pub async fn client(kubeconfig: &Path) -> Result<kube::Client, ClusterError> {
+    let bad = |reason: String| ClusterError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        reason,
+    };
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| bad(e.to_string()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| bad(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| bad(e.to_string()))
+}
+
+/// The running pod side of cluster mode: stopped with [`PodSide::stop`].
+pub struct PodSide {
+    informer: SharedInformer<Pod>,
+    status: WorkQueue<String>,
+}
+
+impl PodSide {
+    /// Stops the informer and the status sync.
+    pub fn stop(&self) {
+        self.informer.stop();
+        self.status.shut_down();
+    }
+}
+
+/// What the pod side is built from.
+pub struct PodSideParts {
+    /// The node's client.
+    pub client: kube::Client,
+    /// The node's name.
+    pub node: String,
+    /// The pods wanted (the API's join the static ones).
+    pub source: PodSource,
+    /// The pod workers' queue.
+    pub queue: WorkQueue<String>,
+    /// The statuses the workers publish.
+    pub store: Arc<StatusStore>,
+    /// The pod workers.
+    pub workers: Arc<PodWorkers>,
+}
+
+impl pod_status::PodsOnNode for PodWorkers {
+    fn is_known(&self, uid: &str) -> bool {
+        PodWorkers::is_known(self, uid)
+    }
+}
+
+/// Starts the pod informer and, once the source holds every pod bound to
+/// this node, the status sync (on `tasks`). Returns when the source is
+/// fed, so the workers' first pass adopts the API's pods.
+pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
+    let status: WorkQueue<String> = WorkQueue::new(
+        QueueConfig::default()
+            .name("pod_status")
+            .rate_limiter(MaxOf::new(vec![
+                Box::new(ItemExponential::<String>::new(
+                    Duration::from_millis(200),
+                    Duration::from_secs(30),
+                )),
+                Box::new(TokenBucket::new(50.0, 100)),
+            ])),
+    );
+    let informer = pods::informer(p.client.clone(), &p.node);
+    let registration = pods::feed(&informer, p.source.clone(), p.queue.clone(), status.clone());
+    informer.start();
+    tracing::info!(node = %p.node, "cluster mode: waiting for the pods bound to this node");
+    pods::wait_fed(&registration).await;
+    tracing::info!(node = %p.node, pods = informer.store().len(), "cluster mode: pods of this node listed");
+
+    // Every published status of an API pod, and every pod the workers let
+    // go, is a reason to look at its API copy.
+    let q = status.clone();
+    p.workers.set_forget_hook(Arc::new(move |uid: &str| {
+        q.add(uid.to_string(), Priority::Normal)
+    }));
+    let (q, source, store) = (status.clone(), p.source.clone(), Arc::clone(&p.store));
+    tasks.spawn(async move {
+        let mut feed = store.subscribe();
+        loop {
+            match feed.recv().await {
+                Ok(ev) => {
+                    if let Some(uid) = ev.object.metadata.uid.as_deref() {
+                        if source.is_api(uid) {
+                            q.add(uid.to_string(), Priority::Normal);
+                        }
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    for uid in source.api_uids() {
+                        q.add(uid, Priority::Normal);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    let sync = Arc::new(pod_status::PodStatusSync::new(
+        Arc::new(pod_status::KubePodStatusApi {
+            client: p.client.clone(),
+        }),
+        Arc::new(informer.store()),
+        Arc::clone(&p.store),
+        p.workers.clone() as Arc<dyn pod_status::PodsOnNode>,
+    ));
+    tasks.spawn(run_workers(status.clone(), 4, move |uid: String| {
+        let sync = Arc::clone(&sync);
+        async move { sync.reconcile(&uid).await }
+    }));
+    PodSide { informer, status }
+}

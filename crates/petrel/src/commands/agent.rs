@@ -49,8 +49,23 @@ pub struct AgentFlags {
     #[arg(long, value_parser = parse_pleg)]
     pub pleg: Option<PlegMode>,
     /// The node's name [default: the host name].
-    #[arg(long)]
+    #[arg(long, alias = "hostname-override")]
     pub node_name: Option<String>,
+    /// Join the cluster this kubeconfig names as a node: register the
+    /// Node, renew its Lease, run the pods bound to it and report their
+    /// status (static pods keep running beside them).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The node's IP: its InternalIP and the pods' hostIP [default: the
+    /// source address of the default route].
+    #[arg(long)]
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Labels to register the node with, e.g. disk=ssd,zone=a.
+    #[arg(long)]
+    pub node_labels: Option<String>,
+    /// Taints to register the node with, e.g. dedicated=db:NoSchedule.
+    #[arg(long)]
+    pub register_with_taints: Option<String>,
     /// Relist period in relist mode, e.g. 1s or 500ms [default: 1s].
     #[arg(long, value_parser = petrel_agent::config::parse_duration)]
     pub relist_period: Option<std::time::Duration>,
@@ -210,6 +225,18 @@ impl AgentFlags {
         }
         if let Some(v) = &self.node_name {
             c.node_name = v.clone();
+        }
+        if let Some(v) = &self.kubeconfig {
+            c.kubeconfig = Some(v.clone());
+        }
+        if let Some(v) = self.node_ip {
+            c.node_ip = Some(v);
+        }
+        if let Some(v) = &self.node_labels {
+            c.node_labels = v.clone();
+        }
+        if let Some(v) = &self.register_with_taints {
+            c.register_with_taints = v.clone();
         }
         if let Some(v) = self.relist_period {
             c.relist_period = v;
