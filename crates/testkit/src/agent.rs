@@ -99,7 +99,32 @@ fn free_port() -> u16 {
 impl Agent {
     /// Starts an agent against `endpoint` with its files under `dir`.
     pub fn start(dir: &Path, endpoint: &str, cgroup_root: &str, extra: &[&str]) -> Agent {
-        Self::start_in(dir, None, endpoint, cgroup_root, extra)
+        Self::start_in(dir, None, None, endpoint, cgroup_root, extra)
+    }
+
+    /// Starts an agent against the runtime `node` as the node of a cluster
+    /// that `creds` were made for (its name, kubeconfig and IP).
+    pub fn in_cluster(
+        node: &Node,
+        creds: &crate::cluster::NodeCredentials,
+        extra: &[&str],
+    ) -> Agent {
+        let mut args = vec![
+            "--kubeconfig".to_string(),
+            creds.kubeconfig.display().to_string(),
+            "--node-ip".to_string(),
+            creds.node_ip.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_in(
+            node.dir.path(),
+            None,
+            Some(creds.node.clone()),
+            &format!("unix://{}", node.socket.display()),
+            &node.cgroup_parent,
+            &args,
+        )
     }
 
     /// Starts an agent against the runtime `node` whose root is `root`
@@ -108,6 +133,7 @@ impl Agent {
         Self::start_in(
             node.dir.path(),
             Some(root.to_path_buf()),
+            None,
             &format!("unix://{}", node.socket.display()),
             &node.cgroup_parent,
             extra,
@@ -117,6 +143,7 @@ impl Agent {
     fn start_in(
         dir: &Path,
         root: Option<PathBuf>,
+        node_name: Option<String>,
         endpoint: &str,
         cgroup_root: &str,
         extra: &[&str],
@@ -127,7 +154,7 @@ impl Agent {
         let mut a = Agent {
             manifests,
             root: root.unwrap_or_else(|| dir.join(format!("agent-{suffix}"))),
-            node_name: format!("node-{suffix}"),
+            node_name: node_name.unwrap_or_else(|| format!("node-{suffix}")),
             port: free_port(),
             socket: dir.join(format!("agent-sock-{suffix}/agent.sock")),
             endpoint: endpoint.to_string(),

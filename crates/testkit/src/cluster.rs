@@ -14,8 +14,9 @@
 //!
 //! Not run unless asked: kube-controller-manager
 //! ([`Cluster::start_controller_manager`], with the controllers a test
-//! names, e.g. the garbage collector). Not run: kube-scheduler. Tests bind
-//! pods with `spec.nodeName`, create the `default` ServiceAccount
+//! names, e.g. the garbage collector) and kube-scheduler
+//! ([`Cluster::start_scheduler`]); without the scheduler, tests bind pods
+//! with `spec.nodeName`. Tests create the `default` ServiceAccount
 //! themselves and set `automountServiceAccountToken: false` (no token
 //! controller and no `kube-root-ca.crt` publisher: a token volume would
 //! never be ready).
@@ -130,6 +131,23 @@ pub fn controller_manager_args(
     ]
 }
 
+/// The `kube-scheduler` arguments: the admin kubeconfig for its API calls
+/// and its delegated authentication and authorization, its serving port on
+/// loopback (a self-signed certificate in `cert_dir`), no leader election.
+pub fn scheduler_args(kubeconfig: &Path, port: u16, cert_dir: &Path) -> Vec<String> {
+    let k = kubeconfig.display();
+    vec![
+        format!("--kubeconfig={k}"),
+        format!("--authentication-kubeconfig={k}"),
+        format!("--authorization-kubeconfig={k}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", cert_dir.display()),
+        "--leader-elect=false".into(),
+        "--profiling=false".into(),
+    ]
+}
+
 /// The `kube-apiserver` arguments: loopback, port `port`, etcd at
 /// `etcd_client_port`, real-cluster authorization and admission.
 pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> Vec<String> {
@@ -200,6 +218,7 @@ pub struct Cluster {
     apiserver: Option<Child>,
     etcd: Option<Child>,
     controller_manager: Option<Child>,
+    scheduler: Option<Child>,
     /// How the running kube-apiserver was started (for a restart).
     started: Option<ApiserverStart>,
 }
@@ -285,6 +304,7 @@ impl Cluster {
             apiserver: None,
             etcd: None,
             controller_manager: None,
+            scheduler: None,
             started: None,
         };
         let etcd_port = cluster.start_etcd(&etcd_bin)?;
@@ -498,6 +518,30 @@ impl Cluster {
         Ok(())
     }
 
+    /// Starts kube-scheduler against this cluster, as admin; returns once it
+    /// serves its port (it schedules once its caches have synced). Stopped
+    /// on drop.
+    pub fn start_scheduler(&mut self) -> Result<(), KitError> {
+        let bin = crate::peers::peer_binary("kube-scheduler")?;
+        if let Some(mut c) = self.scheduler.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
+        let cert_dir = self.dir.path().join("scheduler-certs");
+        std::fs::create_dir_all(&cert_dir)
+            .map_err(|e| KitError::io("create directory", &cert_dir, e))?;
+        let log = self.scheduler_log();
+        let (child, _) = start_on_free_port("kube-scheduler", &bin, &log, |port| {
+            scheduler_args(&self.admin, port, &cert_dir)
+        })?;
+        self.scheduler = Some(child);
+        Ok(())
+    }
+
+    /// kube-scheduler's log file.
+    pub fn scheduler_log(&self) -> PathBuf {
+        self.dir.path().join("kube-scheduler.log")
+    }
+
     /// kube-controller-manager's log file.
     pub fn controller_manager_log(&self) -> PathBuf {
         self.dir.path().join("kube-controller-manager.log")
@@ -646,6 +690,9 @@ fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if let Some(mut c) = self.scheduler.take() {
+            stop_child(&mut c, Duration::from_secs(10));
+        }
         if let Some(mut c) = self.controller_manager.take() {
             stop_child(&mut c, Duration::from_secs(10));
         }
@@ -659,6 +706,7 @@ impl Drop for Cluster {
         // directory: show their ends first.
         if std::thread::panicking() {
             for log in [
+                self.scheduler_log(),
                 self.controller_manager_log(),
                 self.apiserver_log(),
                 self.etcd_log(),
@@ -747,6 +795,20 @@ mod tests {
             "--controllers=garbagecollector,namespace",
         ] {
             assert!(args.iter().any(|a| a == want), "{want} missing: {args:?}");
+        }
+    }
+
+    #[test]
+    fn scheduler_args_should_serve_on_loopback_without_leader_election() {
+        let a = scheduler_args(Path::new("/d/admin.kubeconfig"), 4321, Path::new("/d/certs"));
+        for want in [
+            "--kubeconfig=/d/admin.kubeconfig",
+            "--bind-address=127.0.0.1",
+            "--secure-port=4321",
+            "--cert-dir=/d/certs",
+            "--leader-elect=false",
+        ] {
+            assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
     }
 
