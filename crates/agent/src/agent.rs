@@ -87,7 +87,11 @@ pub async fn run(
         );
     }
     // Before anything else: a server that may not run is a start-up error.
-    let tls = crate::server::tls::server_tls(config.listen, &config.tls_files())?;
+    let tls = crate::server::tls::server_tls_with(
+        config.listen,
+        &config.tls_files(),
+        config.kubeconfig.is_none(),
+    )?;
     let socket_group = match &config.socket_group {
         Some(g) => Some(
             crate::server::peer::resolve_group(
@@ -166,6 +170,12 @@ pub async fn run(
             tls,
             names,
             unix: Some(socket),
+            webhook: kube_client.as_ref().map(|c| {
+                Arc::new(crate::server::webhook::Webhook::new(
+                    Arc::new(crate::cluster::delegated::KubeReviewer { client: c.clone() }),
+                    &node_name,
+                ))
+            }),
         },
         crate::server::ServerState {
             store: Arc::clone(&store),

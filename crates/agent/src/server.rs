@@ -20,6 +20,7 @@ mod resolve;
 pub mod socket;
 mod stream_routes;
 pub mod tls;
+pub mod webhook;
 
 pub use guard::Access;
 
@@ -86,6 +87,9 @@ pub struct Listeners {
     pub names: petrel_stream::origin::ServerNames,
     /// The unix socket with the full API (see [`socket`]).
     pub unix: Option<socket::AgentSocket>,
+    /// Cluster mode: every TCP request authenticated and authorized by the
+    /// API server ([`webhook`]).
+    pub webhook: Option<Arc<webhook::Webhook>>,
 }
 
 /// Serves on `listeners` until `shutdown` completes; open watches and log
@@ -112,7 +116,14 @@ pub async fn serve(
         None => "the agent's unix socket (disabled here)".into(),
     };
     let tls = listeners.tls.is_some();
-    let tcp_app = app.clone().layer(axum::middleware::from_fn_with_state(
+    let tcp_app = match &listeners.webhook {
+        Some(w) => app.clone().layer(axum::middleware::from_fn_with_state(
+            Arc::clone(w),
+            webhook::authorize,
+        )),
+        None => app.clone(),
+    };
+    let tcp_app = tcp_app.layer(axum::middleware::from_fn_with_state(
         guard::Guard {
             access: if tls { Access::Full } else { Access::ReadOnly },
             names: Some(Arc::new(listeners.names)),
@@ -206,7 +217,18 @@ async fn serve_tcp(
             let handshake =
                 tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
             match handshake.await {
-                Ok(Ok(s)) => serve_connection(s, app, stop, &peer).await,
+                Ok(Ok(s)) => {
+                    // The subject of the verified certificate, for the
+                    // webhook (cluster mode).
+                    let cert = s
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| webhook::identity_of_certificate(c.as_ref()));
+                    let app = app.layer(axum::Extension(webhook::PeerCertificate(cert)));
+                    serve_connection(s, app, stop, &peer).await
+                }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake refused"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }

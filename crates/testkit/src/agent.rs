@@ -81,8 +81,11 @@ pub struct Agent {
     pub manifests: PathBuf,
     pub root: PathBuf,
     pub node_name: String,
-    /// The TCP port: /healthz and /metrics only.
+    /// The TCP port: /healthz and /metrics only (in a cluster: the whole
+    /// kubelet API over TLS, on the node's IP).
     pub port: u16,
+    /// The address the TCP port is on (loopback unless in a cluster).
+    pub listen_ip: std::net::IpAddr,
     /// The unix socket: the whole API.
     pub socket: PathBuf,
     endpoint: String,
@@ -103,7 +106,10 @@ impl Agent {
     }
 
     /// Starts an agent against the runtime `node` as the node of a cluster
-    /// that `creds` were made for (its name, kubeconfig and IP).
+    /// that `creds` were made for (its name, kubeconfig and IP): its TCP
+    /// port on the node's IP with the node's serving certificate, clients
+    /// with certificates of the cluster's CA, as the API server reaches a
+    /// kubelet.
     pub fn in_cluster(
         node: &Node,
         creds: &crate::cluster::NodeCredentials,
@@ -114,13 +120,19 @@ impl Agent {
             creds.kubeconfig.display().to_string(),
             "--node-ip".to_string(),
             creds.node_ip.to_string(),
+            "--tls-cert-file".to_string(),
+            creds.serving.cert.display().to_string(),
+            "--tls-private-key-file".to_string(),
+            creds.serving.key.display().to_string(),
+            "--client-ca-file".to_string(),
+            creds.client_ca.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Self::start_in(
             node.dir.path(),
             None,
-            Some(creds.node.clone()),
+            Some((creds.node.clone(), creds.node_ip)),
             &format!("unix://{}", node.socket.display()),
             &node.cgroup_parent,
             &args,
@@ -143,7 +155,7 @@ impl Agent {
     fn start_in(
         dir: &Path,
         root: Option<PathBuf>,
-        node_name: Option<String>,
+        node: Option<(String, std::net::IpAddr)>,
         endpoint: &str,
         cgroup_root: &str,
         extra: &[&str],
@@ -154,8 +166,13 @@ impl Agent {
         let mut a = Agent {
             manifests,
             root: root.unwrap_or_else(|| dir.join(format!("agent-{suffix}"))),
-            node_name: node_name.unwrap_or_else(|| format!("node-{suffix}")),
+            node_name: node
+                .as_ref()
+                .map_or_else(|| format!("node-{suffix}"), |n| n.0.clone()),
             port: free_port(),
+            listen_ip: node
+                .as_ref()
+                .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |n| n.1),
             socket: dir.join(format!("agent-sock-{suffix}/agent.sock")),
             endpoint: endpoint.to_string(),
             cgroup_root: cgroup_root.to_string(),
@@ -184,7 +201,7 @@ impl Agent {
             endpoint: self.endpoint.clone(),
             manifests: self.manifests.clone(),
             root: self.root.clone(),
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], self.port)),
+            listen: std::net::SocketAddr::new(self.listen_ip, self.port),
             socket: self.socket.clone(),
             node_name: self.node_name.clone(),
             cgroup_root: self.cgroup_root.clone(),

@@ -201,6 +201,8 @@ pub struct NodeCredentials {
     pub node_ip: IpAddr,
     /// kubeconfig as `system:node:<node>` in group `system:nodes`.
     pub kubeconfig: PathBuf,
+    /// The client certificate the kubeconfig uses.
+    pub client: Issued,
     /// The cluster CA: kubelet authenticates the API server's client
     /// certificate with it (`authentication.x509.clientCAFile`).
     pub client_ca: PathBuf,
@@ -213,6 +215,8 @@ pub struct NodeCredentials {
 pub struct Cluster {
     dir: tempfile::TempDir,
     pki: Pki,
+    /// The admin's client certificate (O=system:masters).
+    admin_cert: Issued,
     server: String,
     admin: PathBuf,
     apiserver: Option<Child>,
@@ -299,6 +303,7 @@ impl Cluster {
         let mut cluster = Cluster {
             server: String::new(),
             admin: dir.path().join("admin.kubeconfig"),
+            admin_cert: admin.clone(),
             pki,
             dir,
             apiserver: None,
@@ -564,6 +569,11 @@ impl Cluster {
         self.pki.ca_cert()
     }
 
+    /// The admin's client certificate and key (O=system:masters).
+    pub fn admin_client(&self) -> &Issued {
+        &self.admin_cert
+    }
+
     /// The admin kubeconfig (O=system:masters).
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.admin
@@ -612,8 +622,8 @@ impl Cluster {
         Kubeconfig {
             server: self.server.clone(),
             ca: self.pki.ca_cert().to_path_buf(),
-            cert: client.cert,
-            key: client.key,
+            cert: client.cert.clone(),
+            key: client.key.clone(),
             user: format!("system:node:{node}"),
         }
         .write(&kubeconfig)?;
@@ -621,6 +631,7 @@ impl Cluster {
             node: node.to_string(),
             node_ip,
             kubeconfig,
+            client,
             client_ca: self.pki.ca_cert().to_path_buf(),
             serving,
         })
@@ -800,7 +811,11 @@ mod tests {
 
     #[test]
     fn scheduler_args_should_serve_on_loopback_without_leader_election() {
-        let a = scheduler_args(Path::new("/d/admin.kubeconfig"), 4321, Path::new("/d/certs"));
+        let a = scheduler_args(
+            Path::new("/d/admin.kubeconfig"),
+            4321,
+            Path::new("/d/certs"),
+        );
         for want in [
             "--kubeconfig=/d/admin.kubeconfig",
             "--bind-address=127.0.0.1",

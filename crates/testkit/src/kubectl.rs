@@ -149,3 +149,50 @@ impl Kubectl {
         })
     }
 }
+
+/// `kubectl port-forward`, stopped (by pid) when dropped.
+pub struct PortForward(std::process::Child);
+
+impl PortForward {
+    /// Starts `kubectl port-forward pod/<pod> :<port>` and returns it with
+    /// the local port kubectl chose (once it says so, within a minute).
+    pub fn start(k: &Kubectl, pod: &str, port: u16) -> Result<(PortForward, u16), KitError> {
+        use std::io::BufRead;
+        let mut cmd = k.command(&["port-forward", &format!("pod/{pod}"), &format!(":{port}")]);
+        let command = describe(&cmd);
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| KitError::io("run", Path::new("kubectl"), e))?;
+        let out = child.stdout.take();
+        let pf = PortForward(child);
+        // "Forwarding from 127.0.0.1:41235 -> 8080"
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(out) = out {
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+                        let local = rest.split(' ').next().and_then(|p| p.parse::<u16>().ok());
+                        let _ = tx.send(local);
+                    }
+                }
+            });
+        }
+        match rx.recv_timeout(Duration::from_secs(60)).ok().flatten() {
+            Some(local) => Ok((pf, local)),
+            None => Err(KitError::Run {
+                component: "kubectl port-forward".into(),
+                detail: format!("{command}: never said where it listens"),
+                log: k.log_hint.clone(),
+            }),
+        }
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use petrel_testkit::agent::Agent;
 use petrel_testkit::cluster::{self, Cluster};
-use petrel_testkit::kubectl::Kubectl;
+use petrel_testkit::kubectl::{Kubectl, PortForward};
 use petrel_testkit::kubelet;
 use petrel_testkit::prelude::*;
 use serde_json::Value;
@@ -62,7 +62,8 @@ fn condition(obj: &Value, kind: &str) -> Option<String> {
         .and_then(|c| c["status"].as_str().map(str::to_string))
 }
 
-/// The Deployment `web`: `replicas` busybox pods that stop within a second.
+/// The Deployment `web`: `replicas` busybox pods serving `pf-ok` on port
+/// 8080, each stopping within a second.
 fn deployment(replicas: u32) -> String {
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: default}}\n\
@@ -70,7 +71,7 @@ fn deployment(replicas: u32) -> String {
          \x20   metadata: {{labels: {{app: web}}}}\n    spec:\n      automountServiceAccountToken: false\n\
          \x20     terminationGracePeriodSeconds: 2\n      containers:\n      - name: web\n\
          \x20       image: {BUSYBOX}\n        imagePullPolicy: Never\n\
-         \x20       command: [sh, -c, 'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done']\n"
+         \x20       command: [sh, -c, 'trap \"exit 0\" TERM; echo up; mkdir -p /www; echo pf-ok > /www/index.html; httpd -f -p 8080 -h /www & wait']\n"
     )
 }
 
@@ -117,6 +118,41 @@ async fn wait_web_running(
         },
     )
     .await
+}
+
+/// What a request to the kubelet API presents.
+#[derive(Clone, Copy)]
+enum Credential<'a> {
+    Cert(&'a petrel_testkit::certs::Issued),
+    Token(&'a str),
+    None,
+}
+
+/// The HTTP status of GET `base``path` with `cred` (curl).
+fn curl_status(base: &str, path: &str, ca: &std::path::Path, cred: Credential<'_>) -> String {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "20",
+        "--cacert",
+    ])
+    .arg(ca);
+    match cred {
+        Credential::Cert(c) => {
+            cmd.arg("--cert").arg(&c.cert).arg("--key").arg(&c.key);
+        }
+        Credential::Token(t) => {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        Credential::None => {}
+    }
+    let out = cmd.arg(format!("{base}{path}")).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Containers of the runtime by pod UID label: (id, attempt, state).
@@ -214,6 +250,78 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
             1,
             "one container for pod {uid}: {before:?}"
         );
+    }
+
+    // logs, exec (with stdin), port-forward: API server -> the agent's
+    // kubelet API (TLS, the API server's client certificate) -> runtime.
+    let some = pods.keys().next().unwrap().clone();
+    let logs = kc.ok(&["logs", &some]).unwrap();
+    assert_eq!(logs, "up\n");
+    let out = kc
+        .ok(&["exec", &some, "--", "sh", "-c", "echo exec-$((6*7))"])
+        .unwrap();
+    assert_eq!(out, "exec-42\n");
+    let out = kc
+        .ok_with(
+            &["exec", "-i", &some, "--", "cat"],
+            Some(b"through stdin\n"),
+        )
+        .unwrap();
+    assert_eq!(out, "through stdin\n");
+    {
+        let (_pf, local) = PortForward::start(&kc, &some, 8080).unwrap();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], local));
+        let r = petrel_testkit::http::get(addr, "/", Duration::from_secs(20)).unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "pf-ok\n"));
+    }
+    eprintln!("logs, exec, port-forward done after {:?}", t0.elapsed());
+
+    // The kubelet API asks the API server who may do what: another node's
+    // certificate, a service account's token without rights, or no
+    // credentials at all get nothing; an admin gets the pods.
+    let base = format!("https://{}:{}", creds.node_ip, agent.port);
+    let other = cluster
+        .node_credentials(&node_name("other"), creds.node_ip)
+        .unwrap();
+    let admin = cluster.admin_client();
+    let exec = format!("/exec/default/{some}/web?command=id&output=1");
+    let token = kc.ok(&["create", "token", "default"]).unwrap();
+    let cases: [(&str, &str, Credential<'_>, &str); 6] = [
+        (
+            "another node's certificate",
+            "/pods",
+            Credential::Cert(&other.client),
+            "403",
+        ),
+        (
+            "another node's certificate",
+            &exec,
+            Credential::Cert(&other.client),
+            "403",
+        ),
+        (
+            "another node's certificate",
+            "/stats/summary",
+            Credential::Cert(&other.client),
+            "403",
+        ),
+        (
+            "a token without rights",
+            "/pods",
+            Credential::Token(token.trim()),
+            "403",
+        ),
+        ("no credentials", "/pods", Credential::None, "401"),
+        (
+            "an admin's certificate",
+            "/pods",
+            Credential::Cert(admin),
+            "200",
+        ),
+    ];
+    for (who, path, cred, want) in cases {
+        let got = curl_status(&base, path, cluster.ca_cert(), cred);
+        assert_eq!(got, want, "{who} asking {path}");
     }
 
     // kubectl delete: stopped, removed, gone from the API; replaced.

@@ -15,14 +15,13 @@
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use petrel_cri::api;
 use petrel_testkit::cluster::{self, Cluster};
-use petrel_testkit::kubectl::Kubectl;
+use petrel_testkit::kubectl::PortForward;
 use petrel_testkit::kubelet::{self, metric_value, Kubelet, KubeletOptions};
 use petrel_testkit::prelude::*;
 
@@ -503,47 +502,6 @@ async fn kubelet_standalone_should_run_static_pods_on_petrel_with_evented_pleg()
     standalone(true).await;
 }
 
-/// `kubectl port-forward`, stopped (by pid) when dropped.
-struct PortForward(std::process::Child);
-
-impl PortForward {
-    /// Starts `kubectl port-forward pod/<pod> :<port>` and returns it with
-    /// the local port kubectl chose.
-    fn start(k: &Kubectl, pod: &str, port: u16) -> (PortForward, u16) {
-        let mut child = k
-            .command(&["port-forward", &format!("pod/{pod}"), &format!(":{port}")])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("kubectl port-forward");
-        let out = child.stdout.take().unwrap();
-        let pf = PortForward(child);
-        // "Forwarding from 127.0.0.1:41235 -> 8080"
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
-                    let local = rest.split(' ').next().and_then(|p| p.parse::<u16>().ok());
-                    let _ = tx.send(local);
-                }
-            }
-        });
-        let local = rx
-            .recv_timeout(Duration::from_secs(60))
-            .ok()
-            .flatten()
-            .expect("kubectl port-forward says where it listens");
-        (pf, local)
-    }
-}
-
-impl Drop for PortForward {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn joined(evented: bool) {
     if skip(true) {
         return;
@@ -656,7 +614,7 @@ async fn joined(evented: bool) {
         .unwrap();
     assert_eq!(failed.status.code(), Some(7), "{failed:?}");
     {
-        let (_pf, local) = PortForward::start(&kc, "web", 8080);
+        let (_pf, local) = PortForward::start(&kc, "web", 8080).unwrap();
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], local));
         let r = petrel_testkit::http::get(addr, "/", Duration::from_secs(20)).unwrap();
         assert_eq!((r.status, r.body.as_str()), (200, "pf-ok\n"));

@@ -17,6 +17,7 @@
 //! - [`pod_status`]: pod status patches and final deletion;
 //! - [`lease`]: the node's heartbeat.
 
+pub mod delegated;
 pub mod lease;
 pub mod node;
 pub mod node_object;

@@ -57,6 +57,7 @@ pub(crate) async fn serve_both(
         tls: None,
         names: Default::default(),
         unix: Some(socket),
+        webhook: None,
     };
     let task = tokio::spawn(serve(listeners, state, shutdown));
     (At::Unix(path), At::Tcp(tcp), dir, task)

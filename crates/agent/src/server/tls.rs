@@ -73,6 +73,18 @@ pub fn server_tls(
     listen: SocketAddr,
     files: &TlsFiles,
 ) -> Result<Option<Arc<ServerConfig>>, ExposureError> {
+    server_tls_with(listen, files, true)
+}
+
+/// [`server_tls`], with client certificates optional when
+/// `require_client_certs` is false: in cluster mode every request is
+/// authenticated by the webhook (a certificate, or a bearer token the API
+/// server reviews), as kubelet's server does.
+pub fn server_tls_with(
+    listen: SocketAddr,
+    files: &TlsFiles,
+    require_client_certs: bool,
+) -> Result<Option<Arc<ServerConfig>>, ExposureError> {
     let loopback = listen.ip().is_loopback();
     let (cert, key, ca) = match (&files.cert, &files.key, &files.client_ca) {
         (Some(c), Some(k), Some(a)) => (c, k, a),
@@ -100,13 +112,17 @@ pub fn server_tls(
             reason: format!("not a CA certificate: {e}"),
         })?;
     }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .map_err(|e| ExposureError::File {
-            flag: CA_FLAG,
-            path: ca.clone(),
-            reason: e.to_string(),
-        })?;
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+    let builder = if require_client_certs {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    let verifier = builder.build().map_err(|e| ExposureError::File {
+        flag: CA_FLAG,
+        path: ca.clone(),
+        reason: e.to_string(),
+    })?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ExposureError::Config(e.to_string()))?

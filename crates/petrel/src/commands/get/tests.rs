@@ -84,6 +84,7 @@ async fn agent_with_node() -> (
         tls: None,
         names: Default::default(),
         unix: Some(socket),
+        webhook: None,
     };
     tokio::spawn(serve(listeners, state, std::future::pending()));
     (Server::parse(&url).unwrap(), store, node, dir)
