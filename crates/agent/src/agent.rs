@@ -131,7 +131,11 @@ pub async fn run(
     let health = Arc::new(Health::new(config.relist_threshold));
     let store = Arc::new(StatusStore::new());
     let node_state = Arc::new(crate::eviction::NodeState::new());
-    let source = PodSource::load(&config.manifests, &node_name)?;
+    let source = if config.kubeconfig.is_some() {
+        PodSource::load_in_cluster(&config.manifests, &node_name)?
+    } else {
+        PodSource::load(&config.manifests, &node_name)?
+    };
     let queue: WorkQueue<String> = WorkQueue::new(
         QueueConfig::default()
             .name("pods")
@@ -250,7 +254,7 @@ pub async fn run(
             &mut tasks,
         );
         if let Some(client) = kube_client.clone() {
-            crate::cluster::start_node(
+            let node_uid = crate::cluster::start_node(
                 crate::cluster::NodeSideParts {
                     client: client.clone(),
                     node: node_name.clone(),
@@ -275,6 +279,7 @@ pub async fn run(
                     queue: queue.clone(),
                     store: Arc::clone(&store),
                     workers: Arc::clone(&workers),
+                    node_uid,
                 },
                 &mut tasks,
             )

@@ -239,6 +239,50 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
     assert_eq!(lease["spec"]["holderIdentity"], name);
     assert_eq!(lease["spec"]["leaseDurationSeconds"], 40);
 
+    // A static pod beside them, named <name>-<node> as kubelet names it,
+    // shows in the API as a mirror pod with its status; a deleted mirror
+    // comes back; the manifest removed, the mirror goes.
+    agent.write_manifest(
+        "static.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: static, namespace: default}}\n\
+             spec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n\
+             \x20   image: {BUSYBOX}\n    imagePullPolicy: Never\n\
+             \x20   command: [sh, -c, 'trap \"exit 0\" TERM; echo static up; while true; do sleep 1; done']\n"
+        ),
+    );
+    let mirror_name = format!("static-{name}");
+    let running_mirror = |kc: &Kubectl| {
+        kc.get_json(&["pod", &mirror_name]).ok().filter(|p| {
+            p["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
+                && p["status"]["phase"] == "Running"
+                && p["metadata"]["deletionTimestamp"].is_null()
+        })
+    };
+    let m = wait_for(
+        "the static pod's mirror Running",
+        Duration::from_secs(60),
+        || running_mirror(&kc),
+    )
+    .await;
+    assert_eq!(m["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(kc.ok(&["logs", &mirror_name]).unwrap(), "static up\n");
+    let first_uid = m["metadata"]["uid"].as_str().unwrap().to_string();
+    kc.ok(&["delete", "pod", &mirror_name, "--wait=false"])
+        .unwrap();
+    wait_for("the mirror made again", Duration::from_secs(60), || {
+        running_mirror(&kc).filter(|p| p["metadata"]["uid"] != first_uid.as_str())
+    })
+    .await;
+    agent.remove_manifest("static.yaml");
+    wait_for(
+        "the mirror gone with its static pod",
+        Duration::from_secs(60),
+        || kc.get_json(&["pod", &mirror_name]).is_err().then_some(()),
+    )
+    .await;
+    eprintln!("mirror pod done after {:?}", t0.elapsed());
+
     // A Deployment of 3 runs on the node.
     kc.apply(&deployment(3)).unwrap();
     let pods = wait_web_running(&kc, 3, &name).await;

@@ -14,11 +14,13 @@
 //! - [`node_object`]: the Node as kubelet builds it (pure);
 //! - [`node`]: its registration and status;
 //! - [`pods`]: the node's pod informer and what it feeds;
+//! - [`mirror`]: the static pods' mirror pods;
 //! - [`pod_status`]: pod status patches and final deletion;
 //! - [`lease`]: the node's heartbeat.
 
 pub mod delegated;
 pub mod lease;
+pub mod mirror;
 pub mod node;
 pub mod node_object;
 pub mod pod_status;
@@ -112,8 +114,12 @@ pub struct NodeSideParts {
 }
 
 /// Starts, on `tasks`, the Node's registration and status, and its Lease
-/// (which takes the Node as owner once registered).
-pub async fn start_node(p: NodeSideParts, tasks: &mut JoinSet<()>) {
+/// (which takes the Node as owner once registered). Returns where the
+/// Node's UID is told once registered.
+pub async fn start_node(
+    p: NodeSideParts,
+    tasks: &mut JoinSet<()>,
+) -> tokio::sync::watch::Receiver<Option<String>> {
     let runtime_version = match p.runtime.version().await {
         Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
         Err(_) => "unknown://unknown".to_string(),
@@ -144,7 +150,8 @@ pub async fn start_node(p: NodeSideParts, tasks: &mut JoinSet<()>) {
         pressure: p.pressure,
         uid: uid_tx,
     }));
-    tasks.spawn(lease::run(p.client, p.node, uid_rx));
+    tasks.spawn(lease::run(p.client, p.node, uid_rx.clone()));
+    uid_rx
 }
 
 /// A client with the credentials of `kubeconfig` (its current context).
@@ -189,6 +196,8 @@ pub struct PodSideParts {
     pub store: Arc<StatusStore>,
     /// The pod workers.
     pub workers: Arc<PodWorkers>,
+    /// The Node's UID once registered (mirror pods' owner).
+    pub node_uid: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl pod_status::PodsOnNode for PodWorkers {
@@ -213,7 +222,14 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
             ])),
     );
     let informer = pods::informer(p.client.clone(), &p.node);
-    let registration = pods::feed(&informer, p.source.clone(), p.queue.clone(), status.clone());
+    let mirrors = Arc::new(tokio::sync::Notify::new());
+    let registration = pods::feed(
+        &informer,
+        p.source.clone(),
+        p.queue.clone(),
+        status.clone(),
+        Arc::clone(&mirrors),
+    );
     informer.start();
     tracing::info!(node = %p.node, "cluster mode: waiting for the pods bound to this node");
     pods::wait_fed(&registration).await;
@@ -226,14 +242,25 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
         q.add(uid.to_string(), Priority::Normal)
     }));
     let (q, source, store) = (status.clone(), p.source.clone(), Arc::clone(&p.store));
+    let (wake, cache) = (Arc::clone(&mirrors), informer.store());
     tasks.spawn(async move {
         let mut feed = store.subscribe();
         loop {
             match feed.recv().await {
                 Ok(ev) => {
-                    if let Some(uid) = ev.object.metadata.uid.as_deref() {
-                        if source.is_api(uid) {
-                            q.add(uid.to_string(), Priority::Normal);
+                    let Some(uid) = ev.object.metadata.uid.as_deref() else {
+                        continue;
+                    };
+                    if source.is_api(uid) {
+                        q.add(uid.to_string(), Priority::Normal);
+                        continue;
+                    }
+                    // A static pod: its mirror may be due, or its status.
+                    wake.notify_one();
+                    let key = petrel_controller::informer::object_key(ev.object.as_ref());
+                    if let Some(m) = cache.get(&key).filter(|m| crate::source::api::is_mirror(m)) {
+                        if let Some(muid) = m.metadata.uid.clone() {
+                            q.add(muid, Priority::Normal);
                         }
                     }
                 }
@@ -254,6 +281,14 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
         Arc::clone(&p.store),
         p.workers.clone() as Arc<dyn pod_status::PodsOnNode>,
     ));
+    tasks.spawn(mirror::run(mirror::MirrorParts {
+        client: p.client.clone(),
+        node: p.node.clone(),
+        node_uid: p.node_uid,
+        source: p.source.clone(),
+        pods: informer.store(),
+        wake: mirrors,
+    }));
     tasks.spawn(run_workers(status.clone(), 4, move |uid: String| {
         let sync = Arc::clone(&sync);
         async move { sync.reconcile(&uid).await }

@@ -225,10 +225,12 @@ impl PodStatusSync {
                 Err(e) => Err(e),
             };
         }
+        // A mirror shows its static pod (same name, the static pod's UID).
+        let mirror = crate::source::api::is_mirror(&api_pod);
         let Some(ours) = self
             .published
             .get(&ns, &name)
-            .filter(|p| p.metadata.uid.as_deref() == Some(uid))
+            .filter(|p| mirror || p.metadata.uid.as_deref() == Some(uid))
         else {
             return Ok(Action::Done);
         };

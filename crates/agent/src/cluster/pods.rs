@@ -38,13 +38,15 @@ pub fn informer(client: kube::Client, node: &str) -> SharedInformer<Pod> {
 }
 
 /// Feeds the informer's events into `source` (changes the workers must hear
-/// of go to `pods`, urgently unless they are the first list's) and every
-/// pod's UID into `status` (the status sync's queue).
+/// of go to `pods`, urgently unless they are the first list's), every
+/// pod's UID into `status` (the status sync's queue), and wakes the mirror
+/// loop when a mirror pod changed.
 pub fn feed(
     informer: &SharedInformer<Pod>,
     source: PodSource,
     pods: WorkQueue<String>,
     status: WorkQueue<String>,
+    mirrors: Arc<tokio::sync::Notify>,
 ) -> Registration {
     informer.add_handler(move |ev: &Event<Pod>| {
         let obj = match ev.kind {
@@ -52,6 +54,9 @@ pub fn feed(
             _ => ev.new.as_ref(),
         };
         let Some(pod) = obj else { return };
+        if crate::source::api::is_mirror(pod) {
+            mirrors.notify_one();
+        }
         let change = match ev.kind {
             EventKind::Delete => source.remove_api(pod),
             _ => source.upsert_api(pod),

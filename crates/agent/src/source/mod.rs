@@ -65,6 +65,15 @@ pub enum SourceError {
     },
 }
 
+/// How static pods are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    /// As the manifest names them.
+    AsWritten,
+    /// `<name>-<node>` (cluster mode, as kubelet).
+    NodeSuffix,
+}
+
 /// What happened to one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChangeKind {
@@ -102,6 +111,7 @@ struct State {
 struct Inner {
     dir: PathBuf,
     node: String,
+    naming: Naming,
     state: RwLock<State>,
     /// Set by [`PodSource::withdraw_all`]: no pod is wanted any more.
     withdrawn: AtomicBool,
@@ -118,6 +128,17 @@ impl PodSource {
     /// Reads `dir` once. Err if dir does not exist or is not a directory
     /// (message names the path).
     pub fn load(dir: &Path, node_name: &str) -> Result<Self, SourceError> {
+        Self::load_with(dir, node_name, Naming::AsWritten)
+    }
+
+    /// [`PodSource::load`] for a node of a cluster: each static pod is
+    /// named `<name>-<node>`, as kubelet names them, so that its mirror
+    /// pod in the API is unique to this node.
+    pub fn load_in_cluster(dir: &Path, node_name: &str) -> Result<Self, SourceError> {
+        Self::load_with(dir, node_name, Naming::NodeSuffix)
+    }
+
+    fn load_with(dir: &Path, node_name: &str, naming: Naming) -> Result<Self, SourceError> {
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
@@ -137,7 +158,7 @@ impl PodSource {
             path: dir.to_path_buf(),
             source,
         })?;
-        let (pods, owners) = snapshot::build(&files, node_name);
+        let (pods, owners) = snapshot::build(&files, node_name, naming);
         tracing::info!(
             dir = %dir.display(),
             pods = pods.len(),
@@ -148,6 +169,7 @@ impl PodSource {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 node: node_name.to_string(),
+                naming,
                 state: RwLock::new(State {
                     files,
                     pods,
@@ -269,7 +291,7 @@ impl PodSource {
             }
             (Some(_), Err(_)) => {}
         }
-        let (mut pods, owners) = snapshot::build(&st.files, &self.inner.node);
+        let (mut pods, owners) = snapshot::build(&st.files, &self.inner.node, self.inner.naming);
         snapshot::keep_unchanged(&st.pods, &mut pods);
         let changes = snapshot::diff(&st.pods, &pods);
         st.pods = pods;

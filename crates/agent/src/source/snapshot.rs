@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::parse::Doc;
-use super::{defaults, uid, validate, ChangeKind, SourceChange};
+use super::{defaults, uid, validate, ChangeKind, Naming, SourceChange};
 use crate::types::{DesiredPod, PodOrigin, PodUid};
 
 /// The documents of every manifest file, by path (sorted: the order that
@@ -35,12 +35,25 @@ struct Candidate<'a> {
 pub type Owners = HashMap<(String, String), PodUid>;
 
 /// Builds the desired pods of `files` for node `node`.
-pub fn build(files: &Files, node: &str) -> (Snapshot, Owners) {
+pub fn build(files: &Files, node: &str, naming: Naming) -> (Snapshot, Owners) {
     let mut cands = Vec::new();
     for (path, docs) in files {
         let many = docs.len() > 1;
         for (i, doc) in docs.iter().enumerate() {
-            cands.push(candidate(path, i, many, doc, node));
+            let mut c = candidate(path, i, many, doc, node);
+            if naming == Naming::NodeSuffix {
+                c.name = format!("{}-{node}", c.name);
+                c.pod.metadata.name = Some(c.name.clone());
+                // The longer name must still be valid (253 characters).
+                let named_ok = !c.invalid.iter().any(|e| e.starts_with("metadata.name"));
+                if named_ok && !c.fallback_name {
+                    let name_errors = validate::validate(&c.pod)
+                        .into_iter()
+                        .filter(|e| e.starts_with("metadata.name"));
+                    c.invalid.extend(name_errors);
+                }
+            }
+            cands.push(c);
         }
     }
     // Pods named by their own manifest claim names first, in path order; a
