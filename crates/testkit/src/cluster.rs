@@ -489,12 +489,19 @@ impl Cluster {
     /// server restart (their connections break; the data stays); returns
     /// once `/readyz` is `ok` again. Blocking.
     pub fn restart_apiserver(&mut self) -> Result<(), KitError> {
+        self.restart_apiserver_after(Duration::ZERO)
+    }
+
+    /// [`Cluster::restart_apiserver`], with the API server down for `down`
+    /// between (an outage: clients' requests are refused meanwhile).
+    pub fn restart_apiserver_after(&mut self, down: Duration) -> Result<(), KitError> {
         let Some(start) = self.started.take() else {
             return Err(self.not_ready("never started, so not restartable".into()));
         };
         if let Some(mut c) = self.apiserver.take() {
             stop_child(&mut c, Duration::from_secs(10));
         }
+        std::thread::sleep(down);
         let log = self.apiserver_log();
         let mut cmd = Command::new(&start.bin);
         cmd.args(apiserver_args(start.port, start.etcd_port, &start.files));

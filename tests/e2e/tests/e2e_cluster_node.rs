@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use petrel_testkit::agent::Agent;
 use petrel_testkit::cluster::{self, Cluster};
 use petrel_testkit::kubectl::{Kubectl, PortForward};
@@ -427,5 +428,163 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
         .collect();
     assert!(left.is_empty(), "containers left: {left:?}");
     eprintln!("done after {:?}", t0.elapsed());
+    drop(agent);
+}
+
+/// A pod `name` bound to `node` by name: busybox that says `up` and
+/// waits, stopping within a second.
+fn bound_pod(name: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n\
+         \x20 terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n\
+         \x20   image: {BUSYBOX}\n    imagePullPolicy: Never\n\
+         \x20   command: [sh, -c, 'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done']\n"
+    )
+}
+
+async fn wait_pod_running(kc: &Kubectl, pod: &str) -> Value {
+    wait_for(
+        &format!("pod {pod} Running"),
+        Duration::from_secs(90),
+        || {
+            kc.get_json(&["pod", pod])
+                .ok()
+                .filter(|p| p["status"]["phase"] == "Running")
+        },
+    )
+    .await
+}
+
+fn renew_time(kc: &Kubectl, node: &str) -> Option<Timestamp> {
+    kc.get_json(&["lease", "-n", "kube-node-lease", node])
+        .ok()
+        .and_then(|l| l["spec"]["renewTime"].as_str()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restart() {
+    if skip() {
+        return;
+    }
+    let t0 = Instant::now();
+    let cluster = std::thread::spawn(Cluster::start);
+    let mut node = Node::start_with_busybox().await;
+    let mut cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    let name = node_name("outage");
+    let creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let agent = Agent::in_cluster(&node, &creds, &[]);
+    kc.apply(&bound_pod("a", &name)).unwrap();
+    wait_pod_running(&kc, "a").await;
+    let before = containers(&node).await;
+
+    // The API server is gone for 20 s: the pod keeps running, the agent
+    // keeps serving; afterwards the Lease is renewed again, the status
+    // resumes and a new pod runs.
+    let down = Instant::now();
+    cluster
+        .restart_apiserver_after(Duration::from_secs(20))
+        .unwrap();
+    eprintln!("API server back after {:?}", down.elapsed());
+    let back = Timestamp::now();
+    assert_eq!(
+        containers(&node).await,
+        before,
+        "the outage changed the containers"
+    );
+    assert!(agent.get("/healthz").is_some_and(|(code, _)| code == 200));
+    wait_for(
+        "the Lease renewed after the outage",
+        Duration::from_secs(30),
+        || renew_time(&kc, &name).filter(|t| *t > back).map(drop),
+    )
+    .await;
+    kc.apply(&bound_pod("b", &name)).unwrap();
+    wait_pod_running(&kc, "b").await;
+    eprintln!("outage ridden out after {:?}", t0.elapsed());
+
+    // The runtime restarts under the agent: nothing is duplicated, both
+    // pods stay Running, a deletion still goes through.
+    let before = containers(&node).await;
+    node.terminate();
+    node.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_pod_running(&kc, "a").await;
+    wait_pod_running(&kc, "b").await;
+    assert_eq!(
+        containers(&node).await,
+        before,
+        "the runtime restart changed the containers"
+    );
+    kc.run_with(
+        &["delete", "pod", "a", "--wait=true"],
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(kc.get_json(&["pod", "a"]).is_err());
+    eprintln!("runtime restart done after {:?}", t0.elapsed());
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_petrel_node_and_a_kubelet_node_should_serve_one_cluster_side_by_side() {
+    if skip() || kubelet::left_out().is_some() {
+        eprintln!("skipped: {:?}", kubelet::left_out());
+        return;
+    }
+    let cluster = std::thread::spawn(|| {
+        let mut c = Cluster::start()?;
+        c.start_controller_manager(&["nodelifecycle"])?;
+        Ok::<_, petrel_testkit::KitError>(c)
+    });
+    let petrel_rt = Node::start_with_busybox().await;
+    let kubelet_rt = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    let ip = kubelet::node_ip().unwrap();
+    let (pn, kn) = (node_name("petrel"), node_name("kubelet"));
+    let agent = Agent::in_cluster(&petrel_rt, &cluster.node_credentials(&pn, ip).unwrap(), &[]);
+    let _k = kubelet::Kubelet::start(kubelet::KubeletOptions::joined(
+        cluster.node_credentials(&kn, ip).unwrap(),
+        &format!("unix://{}", kubelet_rt.socket.display()),
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    for n in [&pn, &kn] {
+        wait_for(&format!("node {n} Ready"), Duration::from_secs(120), || {
+            kc.get_json(&["node", n])
+                .ok()
+                .filter(|o| condition(o, "Ready").as_deref() == Some("True"))
+        })
+        .await;
+    }
+    kc.apply(&bound_pod("on-petrel", &pn)).unwrap();
+    kc.apply(&bound_pod("on-kubelet", &kn)).unwrap();
+    for p in ["on-petrel", "on-kubelet"] {
+        let pod = wait_pod_running(&kc, p).await;
+        assert_eq!(kc.ok(&["logs", p]).unwrap(), "up\n", "{pod}");
+    }
+    // Each node ran only its own pod.
+    let petrel_uid = kc
+        .ok(&["get", "pod", "on-petrel", "-o", "jsonpath={.metadata.uid}"])
+        .unwrap();
+    let kubelet_uid = kc
+        .ok(&["get", "pod", "on-kubelet", "-o", "jsonpath={.metadata.uid}"])
+        .unwrap();
+    let pc = containers(&petrel_rt).await;
+    let kcs = containers(&kubelet_rt).await;
+    assert!(
+        pc.iter().any(|c| c.0 == petrel_uid) && pc.iter().all(|c| c.0 != kubelet_uid),
+        "{pc:?}"
+    );
+    assert!(
+        kcs.iter().any(|c| c.0 == kubelet_uid) && kcs.iter().all(|c| c.0 != petrel_uid),
+        "{kcs:?}"
+    );
     drop(agent);
 }
