@@ -297,8 +297,9 @@ fn is_scalar(resource: &str) -> bool {
 fn is_extended(resource: &str) -> bool {
     match resource.split_once('/') {
         Some((domain, _)) => {
-            !(domain == "kubernetes.io" || domain.ends_with(".kubernetes.io"))
-                && !resource.starts_with("requests.")
+            !(domain == "kubernetes.io"
+                || domain.ends_with(".kubernetes.io")
+                || resource.starts_with("requests."))
         }
         None => false,
     }
