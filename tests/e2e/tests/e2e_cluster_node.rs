@@ -9,6 +9,10 @@
 //! object goes; an agent restart adopts the pods without restarting a
 //! container; scaling to 0 leaves nothing in the runtime.
 //!
+//! Admission: pods bound to the node (`spec.nodeName`, no scheduler) that
+//! ask for more cpu than it has, or for labels it lacks, end Failed with
+//! kubelet's reasons in the API and never run; a pod that fits runs.
+//!
 //! A missing peer fails these tests unless `PETREL_PEERS_SKIP` leaves it
 //! out (then they skip, saying so).
 
@@ -274,6 +278,127 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
         .filter(|c| pods.values().any(|p| p.0 == c.0))
         .collect();
     assert!(left.is_empty(), "containers left: {left:?}");
+    eprintln!("done after {:?}", t0.elapsed());
+    drop(agent);
+}
+
+/// A busybox pod bound to `node` by `spec.nodeName`, asking for `cpu`,
+/// with `extra` spec lines (indented two spaces).
+fn bound_pod(name: &str, node: &str, cpu: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n\
+         \x20 terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: main\n\
+         \x20   image: {BUSYBOX}\n    imagePullPolicy: Never\n\
+         \x20   command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']\n\
+         \x20   resources: {{requests: {{cpu: \"{cpu}\"}}}}\n"
+    )
+}
+
+/// (phase, reason, message, uid) of pod `name` in the API.
+fn pod_verdict(kc: &Kubectl, name: &str) -> Option<(String, String, String, String)> {
+    let p = kc.get_json(&["pod", name]).ok()?;
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    Some((
+        s(&p["status"]["phase"]),
+        s(&p["status"]["reason"]),
+        s(&p["status"]["message"]),
+        s(&p["metadata"]["uid"]),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_petrel_node_should_refuse_what_it_cannot_run() {
+    if skip() {
+        return;
+    }
+    let t0 = Instant::now();
+    let cluster = std::thread::spawn(Cluster::start);
+    let node = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    let name = node_name("petrel-admit");
+    let creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let agent = Agent::in_cluster(&node, &creds, &[]);
+    let n = wait_for(
+        &format!("node {name} Ready"),
+        Duration::from_secs(90),
+        || {
+            kc.get_json(&["node", &name])
+                .ok()
+                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
+        },
+    )
+    .await;
+    eprintln!("node Ready after {:?}", t0.elapsed());
+    let cpu = n["status"]["allocatable"]["cpu"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+
+    // More cpu than the whole node has; labels the node lacks; and one
+    // that fits (and selects the node by its hostname label).
+    kc.apply(&bound_pod("greedy", &name, "1000", "")).unwrap();
+    kc.apply(&bound_pod(
+        "picky",
+        &name,
+        "10m",
+        "  nodeSelector: {disktype: ssd}\n",
+    ))
+    .unwrap();
+    kc.apply(&bound_pod(
+        "modest",
+        &name,
+        "10m",
+        &format!("  nodeSelector: {{kubernetes.io/hostname: {name}}}\n"),
+    ))
+    .unwrap();
+
+    let greedy = wait_for("greedy Failed", Duration::from_secs(60), || {
+        pod_verdict(&kc, "greedy").filter(|v| v.0 == "Failed")
+    })
+    .await;
+    assert_eq!(greedy.1, "OutOfcpu", "{greedy:?}");
+    assert!(
+        greedy.2.starts_with(
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 1000000, used: "
+        ),
+        "{greedy:?} (allocatable cpu {cpu})"
+    );
+    let picky = wait_for("picky Failed", Duration::from_secs(60), || {
+        pod_verdict(&kc, "picky").filter(|v| v.0 == "Failed")
+    })
+    .await;
+    assert_eq!(picky.1, "NodeAffinity", "{picky:?}");
+    assert_eq!(
+        picky.2,
+        "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+    );
+    let modest = wait_for("modest Running", Duration::from_secs(60), || {
+        pod_verdict(&kc, "modest").filter(|v| v.0 == "Running")
+    })
+    .await;
+    eprintln!("verdicts in the API after {:?}", t0.elapsed());
+
+    // The refused never ran; they stay Failed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let uids: Vec<String> = containers(&node).await.into_iter().map(|c| c.0).collect();
+    assert!(uids.contains(&modest.3), "{uids:?}");
+    assert!(
+        !uids.contains(&greedy.3) && !uids.contains(&picky.3),
+        "a refused pod has containers: {uids:?}"
+    );
+    assert_eq!(
+        pod_verdict(&kc, "greedy").map(|v| v.1),
+        Some("OutOfcpu".into())
+    );
+    assert_eq!(
+        pod_verdict(&kc, "picky").map(|v| v.1),
+        Some("NodeAffinity".into())
+    );
     eprintln!("done after {:?}", t0.elapsed());
     drop(agent);
 }
