@@ -484,6 +484,8 @@ impl PodWorkers {
         let created = |q: &DesiredPod| q.pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let mut holding: Vec<DesiredPod> = terminating
             .into_iter()
+            // (One wanted again is counted with the source's pods below.)
+            .filter(|q| self.source.get(&q.uid).is_none())
             .filter(|q| q.uid != d.uid && has_sandbox(&q.uid) && !terminal(q))
             .collect();
         let mut undecided: Vec<DesiredPod> = Vec::new();
