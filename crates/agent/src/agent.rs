@@ -241,6 +241,17 @@ pub async fn run(
         tracing::info!(runtime = %runtime_name, pleg = ?mode, "runtime connected; adopting pods");
 
         let _ = started.set(Arc::clone(&workers));
+        // Admission needs the node as the Node shows it: the machine read
+        // once (blocking reads) and shared with the Node's registration.
+        let root = config.root.clone();
+        let machine = tokio::task::spawn_blocking(move || {
+            crate::cluster::node_object::MachineFacts::read(&root)
+        })
+        .await
+        .unwrap_or_default();
+        let reservations =
+            crate::cluster::node_object::Reservations::from_settings(&config.eviction);
+        workers.set_node_facts(node_facts(&node_name, &machine, &reservations, &node_flags));
         start_eviction(
             &config,
             &runtime,
@@ -261,10 +272,8 @@ pub async fn run(
                     node_ip,
                     port: config.listen.port(),
                     flags: node_flags.clone(),
-                    root: config.root.clone(),
-                    reservations: crate::cluster::node_object::Reservations::from_settings(
-                        &config.eviction,
-                    ),
+                    reservations,
+                    facts: machine.clone(),
                     runtime: Arc::clone(&observer),
                     pressure: Arc::clone(&node_state),
                 },
@@ -538,6 +547,27 @@ fn start_eviction(
         // Validated at start-up already; kept for the record.
         Err(e) => tracing::error!(error = %e, "eviction manager not started"),
     }
+}
+
+/// What admission knows of the node: its name; the standard labels with
+/// `--node-labels` over them and the `--register-with-taints` taints, as
+/// the Node is registered; its allocatable.
+fn node_facts(
+    node_name: &str,
+    machine: &crate::cluster::node_object::MachineFacts,
+    reservations: &crate::cluster::node_object::Reservations,
+    flags: &crate::cluster::NodeFlags,
+) -> crate::admission::NodeFacts {
+    use crate::cluster::node_object;
+    let mut labels =
+        node_object::standard_labels(node_name, &machine.operating_system, &machine.architecture);
+    labels.extend(flags.labels.clone());
+    crate::admission::NodeFacts::new(
+        node_name.to_string(),
+        labels,
+        flags.taints.clone(),
+        &node_object::allocatable(machine, reservations),
+    )
 }
 
 /// Whether the runtime's default handler (named "") reports recursive

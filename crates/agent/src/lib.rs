@@ -10,12 +10,15 @@
 //! - [`status`]: computes and publishes Kubernetes pod statuses;
 //! - [`subpath`]: subPath mounts opened beneath their volume and bound by
 //!   file descriptor, so a container's symlinks cannot lead them out;
+//! - [`admission`]: kubelet's pod admission (resources, node affinity,
+//!   host ports, taints) before a pod first starts;
 //! - [`eviction`]: node-pressure eviction (kubelet's signals, thresholds
 //!   and ranking);
 //! - [`cluster`]: cluster mode (`--kubeconfig`): the Node, its Lease, the pods bound to it, their status;
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
 //!   `/containerLogs`, `/exec`, `/attach`, `/portForward`.
 
+pub mod admission;
 mod agent;
 pub mod cache;
 pub mod cluster;

@@ -165,6 +165,9 @@ pub struct PodHints {
     /// The pod was evicted for node pressure: the message (signal and
     /// usage). It shows as Failed, reason Evicted.
     pub evicted: Option<String>,
+    /// The pod was refused admission: kubelet's reason (`OutOfcpu`,
+    /// `NodeAffinity`, ...) and message. It shows as Failed with them.
+    pub rejected: Option<(String, String)>,
 }
 
 /// Per-container hints.

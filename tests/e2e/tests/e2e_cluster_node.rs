@@ -3,11 +3,23 @@
 //! kube-controller-manager from the peers, the agent with a node's own
 //! credentials (`system:node:<name>`) over a Petrel runtime.
 //!
-//! The node registers and becomes Ready (its Lease renewed); a Deployment
-//! of 3 replicas is scheduled onto it and runs, Running in the API;
-//! `kubectl delete pod` stops the pod with its grace period and the API
-//! object goes; an agent restart adopts the pods without restarting a
-//! container; scaling to 0 leaves nothing in the runtime.
+//! The node registers and becomes Ready (its Lease renewed); a static pod
+//! shows as a mirror pod; a Deployment of 3 replicas is scheduled onto it
+//! and runs, Running in the API; `kubectl logs/exec/port-forward` work
+//! through the API server and the kubelet API refuses whoever the API
+//! server does not authorize; `kubectl delete pod` stops the pod with its
+//! grace period and the API object goes; an agent restart adopts the pods
+//! without restarting a container; scaling to 0 leaves nothing in the
+//! runtime.
+//!
+//! Outage: 20 s without an API server change nothing on the node, and the
+//! Lease and pods resume after; a runtime restart under the agent
+//! duplicates nothing. Side by side: a real kubelet node and a Petrel node
+//! in one cluster, each running its own pod.
+//!
+//! Admission: pods bound to the node (`spec.nodeName`, no scheduler) that
+//! ask for more cpu than it has, or for labels it lacks, end Failed with
+//! kubelet's reasons in the API and never run; a pod that fits runs.
 //!
 //! A missing peer fails these tests unless `PETREL_PEERS_SKIP` leaves it
 //! out (then they skip, saying so).
@@ -431,16 +443,125 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
     drop(agent);
 }
 
-/// A pod `name` bound to `node` by name: busybox that says `up` and
-/// waits, stopping within a second.
-fn bound_pod(name: &str, node: &str) -> String {
+/// A busybox pod bound to `node` by `spec.nodeName`, asking for `cpu`,
+/// with `extra` spec lines (indented two spaces).
+fn bound_pod(name: &str, node: &str, cpu: &str, extra: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\n\
          spec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n\
-         \x20 terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n\
+         \x20 terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: main\n\
          \x20   image: {BUSYBOX}\n    imagePullPolicy: Never\n\
-         \x20   command: [sh, -c, 'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done']\n"
+         \x20   command: [sh, -c, 'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done']\n\
+         \x20   resources: {{requests: {{cpu: \"{cpu}\"}}}}\n"
     )
+}
+
+/// (phase, reason, message, uid) of pod `name` in the API.
+fn pod_verdict(kc: &Kubectl, name: &str) -> Option<(String, String, String, String)> {
+    let p = kc.get_json(&["pod", name]).ok()?;
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    Some((
+        s(&p["status"]["phase"]),
+        s(&p["status"]["reason"]),
+        s(&p["status"]["message"]),
+        s(&p["metadata"]["uid"]),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_petrel_node_should_refuse_what_it_cannot_run() {
+    if skip() {
+        return;
+    }
+    let t0 = Instant::now();
+    let cluster = std::thread::spawn(Cluster::start);
+    let node = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    let name = node_name("petrel-admit");
+    let creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let agent = Agent::in_cluster(&node, &creds, &[]);
+    let n = wait_for(
+        &format!("node {name} Ready"),
+        Duration::from_secs(90),
+        || {
+            kc.get_json(&["node", &name])
+                .ok()
+                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
+        },
+    )
+    .await;
+    eprintln!("node Ready after {:?}", t0.elapsed());
+    let cpu = n["status"]["allocatable"]["cpu"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+
+    // More cpu than the whole node has; labels the node lacks; and one
+    // that fits (and selects the node by its hostname label).
+    kc.apply(&bound_pod("greedy", &name, "1000", "")).unwrap();
+    kc.apply(&bound_pod(
+        "picky",
+        &name,
+        "10m",
+        "  nodeSelector: {disktype: ssd}\n",
+    ))
+    .unwrap();
+    kc.apply(&bound_pod(
+        "modest",
+        &name,
+        "10m",
+        &format!("  nodeSelector: {{kubernetes.io/hostname: {name}}}\n"),
+    ))
+    .unwrap();
+
+    let greedy = wait_for("greedy Failed", Duration::from_secs(60), || {
+        pod_verdict(&kc, "greedy").filter(|v| v.0 == "Failed")
+    })
+    .await;
+    assert_eq!(greedy.1, "OutOfcpu", "{greedy:?}");
+    assert!(
+        greedy.2.starts_with(
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 1000000, used: "
+        ),
+        "{greedy:?} (allocatable cpu {cpu})"
+    );
+    let picky = wait_for("picky Failed", Duration::from_secs(60), || {
+        pod_verdict(&kc, "picky").filter(|v| v.0 == "Failed")
+    })
+    .await;
+    assert_eq!(picky.1, "NodeAffinity", "{picky:?}");
+    assert_eq!(
+        picky.2,
+        "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+    );
+    let modest = wait_for("modest Running", Duration::from_secs(60), || {
+        pod_verdict(&kc, "modest").filter(|v| v.0 == "Running")
+    })
+    .await;
+    eprintln!("verdicts in the API after {:?}", t0.elapsed());
+
+    // The refused never ran; they stay Failed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let uids: Vec<String> = containers(&node).await.into_iter().map(|c| c.0).collect();
+    assert!(uids.contains(&modest.3), "{uids:?}");
+    assert!(
+        !uids.contains(&greedy.3) && !uids.contains(&picky.3),
+        "a refused pod has containers: {uids:?}"
+    );
+    assert_eq!(
+        pod_verdict(&kc, "greedy").map(|v| v.1),
+        Some("OutOfcpu".into())
+    );
+    assert_eq!(
+        pod_verdict(&kc, "picky").map(|v| v.1),
+        Some("NodeAffinity".into())
+    );
+    eprintln!("done after {:?}", t0.elapsed());
+    drop(agent);
 }
 
 async fn wait_pod_running(kc: &Kubectl, pod: &str) -> Value {
@@ -478,7 +599,7 @@ async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restar
         .node_credentials(&name, kubelet::node_ip().unwrap())
         .unwrap();
     let agent = Agent::in_cluster(&node, &creds, &[]);
-    kc.apply(&bound_pod("a", &name)).unwrap();
+    kc.apply(&bound_pod("a", &name, "10m", "")).unwrap();
     wait_pod_running(&kc, "a").await;
     let before = containers(&node).await;
 
@@ -503,7 +624,7 @@ async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restar
         || renew_time(&kc, &name).filter(|t| *t > back).map(drop),
     )
     .await;
-    kc.apply(&bound_pod("b", &name)).unwrap();
+    kc.apply(&bound_pod("b", &name, "10m", "")).unwrap();
     wait_pod_running(&kc, "b").await;
     eprintln!("outage ridden out after {:?}", t0.elapsed());
 
@@ -563,8 +684,8 @@ async fn a_petrel_node_and_a_kubelet_node_should_serve_one_cluster_side_by_side(
         })
         .await;
     }
-    kc.apply(&bound_pod("on-petrel", &pn)).unwrap();
-    kc.apply(&bound_pod("on-kubelet", &kn)).unwrap();
+    kc.apply(&bound_pod("on-petrel", &pn, "10m", "")).unwrap();
+    kc.apply(&bound_pod("on-kubelet", &kn, "10m", "")).unwrap();
     for p in ["on-petrel", "on-kubelet"] {
         let pod = wait_pod_running(&kc, p).await;
         assert_eq!(kc.ok(&["logs", p]).unwrap(), "up\n", "{pod}");

@@ -103,10 +103,10 @@ pub struct NodeSideParts {
     pub port: u16,
     /// `--node-labels`, `--register-with-taints`.
     pub flags: NodeFlags,
-    /// The agent's root (its filesystem is the node's ephemeral storage).
-    pub root: PathBuf,
     /// What is set aside from capacity.
     pub reservations: node_object::Reservations,
+    /// The machine's facts, read once at start.
+    pub facts: node_object::MachineFacts,
     /// The runtime.
     pub runtime: Arc<dyn crate::cri::RuntimeObserver>,
     /// The eviction manager's pressure.
@@ -136,10 +136,7 @@ pub async fn start_node(
         container_runtime_version: runtime_version,
         kubelet_version: KUBERNETES_VERSION.to_string(),
     };
-    let root = p.root.clone();
-    let facts = tokio::task::spawn_blocking(move || node_object::MachineFacts::read(&root))
-        .await
-        .unwrap_or_default();
+    let facts = p.facts;
     let (uid_tx, uid_rx) = tokio::sync::watch::channel(None);
     tasks.spawn(node::run(node::NodeParts {
         client: p.client.clone(),

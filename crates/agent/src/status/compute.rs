@@ -467,6 +467,30 @@ pub fn mark_evicted(status: &mut PodStatus, message: &str) {
     ));
 }
 
+/// Marks `status` as the status of a pod refused admission, as kubelet
+/// writes one: phase Failed with the refusal's `reason` and `message`, its
+/// QoS class and start time, and nothing of containers, IPs or readiness
+/// (nothing of it ever ran); PodScheduled stays, as it was true.
+pub fn mark_rejected(status: &mut PodStatus, reason: &str, message: &str) {
+    let scheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.type_ == "PodScheduled")
+        .cloned()
+        .collect::<Vec<_>>();
+    *status = PodStatus {
+        phase: Some("Failed".to_string()),
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        qos_class: status.qos_class.take(),
+        start_time: status.start_time.take(),
+        observed_generation: status.observed_generation.take(),
+        conditions: (!scheduled.is_empty()).then_some(scheduled),
+        ..Default::default()
+    };
+}
+
 /// Gives each condition of `next` its time of last transition: kept from
 /// `prev` when its status did not change, else `now`. The publisher calls
 /// it with the previously published status, so an unchanged status stays

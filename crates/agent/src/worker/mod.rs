@@ -37,6 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use petrel_controller::Action;
 
+use crate::admission::{NodeFacts, Refusal};
 use crate::cache::{now_ns, PodCache};
 use crate::convert::{ConvertContext, ConvertError};
 use crate::cri::{CriError, RuntimeActuator};
@@ -48,7 +49,7 @@ use crate::status::compute::{
     carry_transition_times, compute_pod_status, published_pod, StatusContext,
 };
 use crate::status::StatusStore;
-use crate::types::{DesiredPod, PodHints, PodRuntimeStatus, PodUid};
+use crate::types::{DesiredPod, PodHints, PodOrigin, PodRuntimeStatus, PodUid};
 
 pub use backoff::CrashBackoff;
 use phase::{EvictionOrder, PodPhase};
@@ -173,9 +174,27 @@ pub struct PodWorkers {
     userns: crate::userns::UsernsAllocator,
     /// The node's pressure, for admission (set when eviction runs).
     node: std::sync::OnceLock<Arc<crate::eviction::NodeState>>,
+    /// The node's name, labels, taints and allocatable, for admission
+    /// (none: every pod is admitted). A lock, not a OnceLock: cluster mode
+    /// may learn new labels.
+    node_facts: std::sync::RwLock<Option<Arc<NodeFacts>>>,
+    /// The admission verdict of each pod that has not started yet, by the
+    /// pod admitted (its identity: a changed pod is admitted anew). One
+    /// lock, so pods are admitted one at a time, each beside the ones
+    /// admitted before it.
+    admissions: Mutex<HashMap<PodUid, Admission>>,
     /// Told each pod the workers forget (terminated and removed): cluster
     /// mode deletes a pod being deleted from the API then.
     on_forget: std::sync::OnceLock<ForgetHook>,
+}
+
+/// A pod's admission verdict.
+#[derive(Debug, Clone)]
+struct Admission {
+    /// The desired pod decided on (by identity).
+    pod: usize,
+    /// Why it was refused; None: admitted.
+    refusal: Option<Refusal>,
 }
 
 /// What [`PodWorkers::set_forget_hook`] calls with a forgotten pod's UID.
@@ -208,6 +227,8 @@ impl PodWorkers {
             config,
             pods: Mutex::new(HashMap::new()),
             node: std::sync::OnceLock::new(),
+            node_facts: std::sync::RwLock::new(None),
+            admissions: Mutex::new(HashMap::new()),
             on_forget: std::sync::OnceLock::new(),
         }
     }
@@ -320,6 +341,16 @@ impl PodWorkers {
                             return Ok(action);
                         }
                     }
+                    // kubelet's admission: resources, node affinity, node
+                    // name, host ports, taints. A refused pod never starts
+                    // and stays refused until the pod changes.
+                    if let Some(refusal) = self.admission_verdict(&d) {
+                        tracing::warn!(uid, pod = %format!("{}/{}", d.namespace, d.name), reason = %refusal.reason, message = %refusal.message, "pod refused admission");
+                        self.refuse(&d, &refusal);
+                        if let Some(action) = self.sync_evicted(&d, &status, &fp).await? {
+                            return Ok(action);
+                        }
+                    }
                 }
                 // (A sync that would see what the last quiet one saw has
                 // nothing to do: a quiet node's resyncs cost a comparison.)
@@ -394,6 +425,126 @@ impl PodWorkers {
     /// non-critical pod under disk or PID pressure), as kubelet does.
     pub fn set_node_state(&self, node: Arc<crate::eviction::NodeState>) {
         let _ = self.node.set(node);
+    }
+
+    /// Gives admission the node's facts (again when they change): pods
+    /// not started yet are admitted against them.
+    pub fn set_node_facts(&self, facts: NodeFacts) {
+        let mut g = self.node_facts.write().unwrap_or_else(|p| p.into_inner());
+        *g = Some(Arc::new(facts));
+    }
+
+    /// The admission verdict of `d`, which has no sandbox: the one given
+    /// before to this very pod, else decided now. Pods older than `d`
+    /// (by creation time) that are not decided yet are decided first, so
+    /// pods arriving together are admitted in creation order whichever
+    /// worker comes first, as kubelet admits them. Pods the runtime already
+    /// runs count as admitted: an agent restart never refuses them.
+    fn admission_verdict(&self, d: &DesiredPod) -> Option<Refusal> {
+        let facts = self
+            .node_facts
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let mut book = self.admissions.lock().unwrap_or_else(|p| p.into_inner());
+        let me = Arc::as_ptr(&d.pod) as usize;
+        if let Some(a) = book.get(&d.uid).filter(|a| a.pod == me) {
+            return a.refusal.clone();
+        }
+        // What the workers know: pods refused or evicted (they hold
+        // nothing), and pods being stopped (they hold theirs until gone).
+        let (stopped, terminating): (Vec<(PodUid, usize)>, Vec<DesiredPod>) = {
+            let g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            let stopped = g
+                .iter()
+                .filter_map(|(uid, s)| s.phase.eviction().map(|e| (uid.clone(), e.pod)))
+                .collect();
+            let terminating = g
+                .values()
+                .filter(|s| s.phase.terminating_since().is_some())
+                .filter_map(|s| s.last_desired.clone())
+                .collect();
+            (stopped, terminating)
+        };
+        let has_sandbox = |uid: &str| {
+            self.cache
+                .get(uid)
+                .status
+                .is_some_and(|s| !s.sandboxes.is_empty())
+        };
+        let terminal = |q: &DesiredPod| {
+            self.store.get(&q.namespace, &q.name).is_some_and(|p| {
+                p.metadata.uid.as_deref() == Some(q.uid.as_str())
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .is_some_and(|ph| ph == "Succeeded" || ph == "Failed")
+            })
+        };
+        let created = |q: &DesiredPod| q.pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let mut holding: Vec<DesiredPod> = terminating
+            .into_iter()
+            // (One wanted again is counted with the source's pods below.)
+            .filter(|q| self.source.get(&q.uid).is_none())
+            .filter(|q| q.uid != d.uid && has_sandbox(&q.uid) && !terminal(q))
+            .collect();
+        let mut undecided: Vec<DesiredPod> = Vec::new();
+        for q in self.source.all() {
+            if q.uid == d.uid || q.invalid.is_some() {
+                continue;
+            }
+            let ptr = Arc::as_ptr(&q.pod) as usize;
+            if stopped.iter().any(|(u, p)| *u == q.uid && *p == ptr) || terminal(&q) {
+                continue;
+            }
+            let decided = book.get(&q.uid).filter(|a| a.pod == ptr);
+            if has_sandbox(&q.uid) || decided.is_some_and(|a| a.refusal.is_none()) {
+                holding.push(q);
+            } else if decided.is_none() && created(&q) <= created(d) {
+                undecided.push(q);
+            }
+        }
+        let mut admitted: Vec<&k8s_openapi::api::core::v1::Pod> =
+            holding.iter().map(|q| &*q.pod).collect();
+        let mut pending: Vec<_> = undecided.iter().map(candidate).collect();
+        pending.push(candidate(d));
+        let mut mine = None;
+        for (uid, verdict) in crate::admission::admit_in_order(pending, &mut admitted, &facts) {
+            let pod = if uid == d.uid {
+                mine = Some(verdict.clone().err());
+                me
+            } else {
+                match undecided.iter().find(|q| q.uid == uid) {
+                    Some(q) => Arc::as_ptr(&q.pod) as usize,
+                    None => continue,
+                }
+            };
+            book.insert(
+                uid.to_string(),
+                Admission {
+                    pod,
+                    refusal: verdict.err(),
+                },
+            );
+        }
+        mine.flatten()
+    }
+
+    /// Marks `d` refused: never started, shown Failed with the refusal's
+    /// reason and message, until the pod changes. Not recorded on disk: a
+    /// restarted agent admits a pod that never started anew.
+    fn refuse(&self, d: &DesiredPod, refusal: &Refusal) {
+        let pod = Arc::as_ptr(&d.pod) as usize;
+        self.with_state(&d.uid, |s| {
+            s.last_desired = Some(d.clone());
+            if s.first_seen.is_none() {
+                s.first_seen = Some(Instant::now());
+                s.hints.start_time = Some(SystemTime::now());
+            }
+            s.phase.evict(EvictionOrder { grace_secs: 0, pod });
+            s.hints.evicted = None;
+            s.hints.rejected = Some((refusal.reason.clone(), refusal.status_message()));
+        });
     }
 
     /// Why the node refuses to start `d` now, if it does.
@@ -549,6 +700,7 @@ impl PodWorkers {
             Some(_) => {
                 s.phase.clear_eviction();
                 s.hints.evicted = None;
+                s.hints.rejected = None;
                 (false, true)
             }
             None => (false, false),
@@ -744,7 +896,9 @@ impl PodWorkers {
             now: SystemTime::now(),
         };
         let mut status = compute_pod_status(pod, runtime.as_deref(), &hints, &ctx);
-        if let Some(message) = &hints.evicted {
+        if let Some((reason, message)) = &hints.rejected {
+            crate::status::compute::mark_rejected(&mut status, reason, message);
+        } else if let Some(message) = &hints.evicted {
             crate::status::compute::mark_evicted(&mut status, message);
         }
         let prev = self.store.get(&pod.namespace, &pod.name);
@@ -775,6 +929,10 @@ impl PodWorkers {
     /// from the sources).
     fn forget(&self, uid: &str) {
         self.forget_eviction(uid);
+        self.admissions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
         let state = {
             let mut g = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             g.remove(uid)
@@ -831,6 +989,15 @@ impl crate::eviction::Evictor for PodWorkers {
 
     fn is_evicted(&self, uid: &str) -> bool {
         PodWorkers::is_evicted(self, uid)
+    }
+}
+
+/// A desired pod as admission sees it.
+fn candidate(q: &DesiredPod) -> crate::admission::Candidate<'_> {
+    crate::admission::Candidate {
+        uid: q.uid.as_str(),
+        pod: &q.pod,
+        is_static: matches!(q.source, PodOrigin::File(_)),
     }
 }
 

@@ -8,7 +8,7 @@
 //!    |  | changed manifest (clear_eviction)            |    | manifest back (activate)
 //!    v  |                                              |    v
 //!   Evicted ------------- manifest deleted ------------+  Active
-//!     (request_eviction / a record of a previous agent)
+//!     (request_eviction / a record of a previous agent / a refused admission)
 //! ```
 //!
 //! Every transition is made by the pod's own worker during a sync, except
@@ -39,9 +39,10 @@ pub(super) enum PodPhase {
     /// → `Evicted` by [`PodPhase::evict`]; → `Terminating` by
     /// [`PodPhase::terminate`].
     Active { settled: Option<Fingerprint> },
-    /// Evicted for node pressure: its containers are stopped with the
-    /// order's grace period, it is never started again and shows as
-    /// Failed, reason Evicted. `settled` as for `Active`.
+    /// Evicted for node pressure, or refused admission before it ever
+    /// started: its containers are stopped with the order's grace period,
+    /// it is never started again and shows as Failed, reason Evicted (or
+    /// the refusal's). `settled` as for `Active`.
     ///
     /// → `Active` by [`PodPhase::clear_eviction`] (its manifest changed:
     /// a new pod); → `Terminating` by [`PodPhase::terminate`] (deleted).

@@ -135,6 +135,17 @@ impl Drop for Running {
 }
 
 async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMode) -> Running {
+    start_with(rt, manifests, root, mode, None).await
+}
+
+/// [`start`], with admission against `facts` when given.
+async fn start_with(
+    rt: Arc<FakeRuntime>,
+    manifests: &Path,
+    root: &Path,
+    mode: PlegMode,
+    facts: Option<crate::admission::NodeFacts>,
+) -> Running {
     let runtime: Arc<dyn RuntimeActuator> = rt;
     let metrics = AgentMetrics::new();
     let cache = Arc::new(PodCache::new());
@@ -192,6 +203,9 @@ async fn start(rt: Arc<FakeRuntime>, manifests: &Path, root: &Path, mode: PlegMo
             recursive_read_only: false,
         },
     );
+    if let Some(facts) = facts {
+        workers.set_node_facts(facts);
+    }
     let pleg = workers.pleg().clone();
     tasks.spawn(pleg.clone().run());
     pleg.wait_ready().await;
@@ -1019,4 +1033,182 @@ async fn terminating_pod_should_stop_sidecars_after_the_apps_in_reverse_order() 
     })
     .await;
     assert_eq!(rt.stopped(), [other, main, second, first]);
+}
+
+/// A pod manifest with one container asking for `cpu`, and `extra` spec
+/// lines (indented two spaces).
+fn requesting(name: &str, cpu: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n{extra}\
+         \x20 containers:\n  - name: main\n    image: busybox:1.36\n    command: [sh, -c]\n    args: [\"run\"]\n\
+         \x20   resources: {{requests: {{cpu: \"{cpu}\"}}}}\n"
+    )
+}
+
+/// A node of one CPU, 1 GiB and room for 10 pods, labelled `disk=ssd`.
+fn small_node() -> crate::admission::NodeFacts {
+    let map = |kv: &[(&str, &str)]| {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    crate::admission::NodeFacts {
+        name: NODE.to_string(),
+        labels: map(&[("kubernetes.io/hostname", NODE), ("disk", "ssd")]),
+        taints: Vec::new(),
+        allocatable: [("cpu", 1000), ("memory", 1 << 30), ("pods", 10)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    }
+}
+
+/// The published phase, reason and message of pod `default/name`.
+fn verdict(store: &StatusStore, name: &str) -> Option<(String, String, String)> {
+    let p = published(store, name)?;
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    Some((
+        s(&p["status"]["phase"]),
+        s(&p["status"]["reason"]),
+        s(&p["status"]["message"]),
+    ))
+}
+
+/// Admission: a pod asking for more cpu than is left, or for labels the
+/// node lacks, is never started and shows Failed with kubelet's reason
+/// and message, while a pod that fits runs beside them; a refused pod
+/// stays refused until its manifest changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_pods_should_never_start_and_show_their_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    put(&dir, "fits.yaml", &requesting("fits", "600m", ""));
+    let rt = Arc::new(FakeRuntime::live(1));
+    let pipeline = start_with(
+        Arc::clone(&rt),
+        &dir,
+        &root,
+        PlegMode::Events,
+        Some(small_node()),
+    )
+    .await;
+    wait_for("fits runs", || {
+        match published_state(&pipeline.store, "fits", "main") {
+            Some((k, _)) if k == "running" => None,
+            other => Some(format!("{other:?}")),
+        }
+    })
+    .await;
+    // Beside the running 600m, 500m more does not fit in one CPU.
+    put(&dir, "big.yaml", &requesting("big", "500m", ""));
+    put(
+        &dir,
+        "picky.yaml",
+        &requesting("picky", "1m", "  nodeSelector: {disk: hdd}\n"),
+    );
+    wait_for("big refused", || {
+        let v = verdict(&pipeline.store, "big");
+        (v.as_ref().map(|v| (v.0.as_str(), v.1.as_str())) != Some(("Failed", "OutOfcpu")))
+            .then(|| format!("{v:?}"))
+    })
+    .await;
+    assert_eq!(
+        verdict(&pipeline.store, "big").unwrap().2,
+        "Pod was rejected: Node didn't have enough resource: cpu, requested: 500, used: 600, capacity: 1000"
+    );
+    wait_for("picky refused", || {
+        let v = verdict(&pipeline.store, "picky");
+        (v.as_ref().map(|v| (v.0.as_str(), v.1.as_str())) != Some(("Failed", "NodeAffinity")))
+            .then(|| format!("{v:?}"))
+    })
+    .await;
+    let p = published(&pipeline.store, "big").unwrap();
+    assert!(p["status"]["containerStatuses"].is_null(), "{p}");
+    // They stay refused: nothing of theirs is ever made.
+    tokio::time::sleep(SYNC_PERIOD * 2).await;
+    let uid_of = |name: &str| {
+        pipeline
+            .source
+            .all()
+            .into_iter()
+            .find(|d| d.name == name)
+            .unwrap()
+            .uid
+    };
+    let (big, picky) = (uid_of("big"), uid_of("picky"));
+    let sandboxes: Vec<String> = rt.sandboxes().into_iter().map(|s| s.uid).collect();
+    assert!(
+        !sandboxes.contains(&big) && !sandboxes.contains(&picky),
+        "{sandboxes:?}"
+    );
+    assert_eq!(rt.calls("run_podsandbox"), 1);
+    assert_eq!(verdict(&pipeline.store, "big").unwrap().1, "OutOfcpu");
+    // A changed manifest is a new pod, admitted anew: this one fits.
+    put(&dir, "big.yaml", &requesting("big", "400m", ""));
+    wait_for("big runs once changed", || {
+        match published_state(&pipeline.store, "big", "main") {
+            Some((k, _)) if k == "running" => None,
+            other => Some(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(verdict(&pipeline.store, "picky").unwrap().1, "NodeAffinity");
+    assert_eq!(rt.violations(), Vec::<String>::new());
+}
+
+/// Pods that arrive together are admitted oldest first, whichever worker
+/// runs first; a pod already running is never admitted again, even on a
+/// node that no longer has room for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_should_follow_creation_order_and_spare_running_pods() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    let at = |name: &str, cpu: &str, t: &str| {
+        requesting(name, cpu, "").replace(
+            &format!("  name: {name}\n"),
+            &format!("  name: {name}\n  creationTimestamp: \"{t}\"\n"),
+        )
+    };
+    // Alone, each fits; together only the oldest does.
+    put(&dir, "a.yaml", &at("young", "700m", "2024-01-01T00:00:09Z"));
+    put(&dir, "b.yaml", &at("old", "700m", "2024-01-01T00:00:01Z"));
+    let rt = Arc::new(FakeRuntime::live(1));
+    let pipeline = start_with(
+        Arc::clone(&rt),
+        &dir,
+        &root,
+        PlegMode::Events,
+        Some(small_node()),
+    )
+    .await;
+    wait_for("old runs, young refused", || {
+        let old = published_state(&pipeline.store, "old", "main").map(|s| s.0);
+        let young = verdict(&pipeline.store, "young").map(|v| v.1);
+        (old.as_deref() != Some("running") || young.as_deref() != Some("OutOfcpu"))
+            .then(|| format!("old {old:?}, young {young:?}"))
+    })
+    .await;
+    // The node shrinks under the running pod (new facts): it keeps
+    // running, since it is never admitted again.
+    let mut tiny = small_node();
+    tiny.allocatable.insert("cpu".to_string(), 100);
+    pipeline.workers.set_node_facts(tiny);
+    let uid = pipeline
+        .source
+        .all()
+        .into_iter()
+        .find(|d| d.name == "old")
+        .unwrap()
+        .uid;
+    pipeline.queue.add(uid, petrel_controller::Priority::Urgent);
+    tokio::time::sleep(SYNC_PERIOD * 2).await;
+    assert_eq!(
+        published_state(&pipeline.store, "old", "main").map(|s| s.0),
+        Some("running".to_string())
+    );
+    assert_eq!(verdict(&pipeline.store, "old").unwrap().0, "Running");
 }
