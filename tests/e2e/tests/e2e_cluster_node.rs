@@ -422,6 +422,29 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
         "the restart changed the runtime's containers"
     );
 
+    // kubectl drain: the node is cordoned and its pods evicted through the
+    // eviction API (each stopped with its grace period, then deleted); the
+    // replacements wait for a schedulable node, and run once uncordoned.
+    let drained: Vec<String> = again.values().map(|p| p.0.clone()).collect();
+    kc.run_with(
+        &["drain", &name, "--ignore-daemonsets", "--timeout=60s"],
+        None,
+        Duration::from_secs(90),
+    )
+    .unwrap();
+    let n = kc.get_json(&["node", &name]).unwrap();
+    assert_eq!(n["spec"]["unschedulable"], true);
+    let left: Vec<_> = containers(&node)
+        .await
+        .into_iter()
+        .filter(|c| drained.contains(&c.0))
+        .collect();
+    assert!(left.is_empty(), "drained pods' containers left: {left:?}");
+    assert!(web_pods(&kc).values().all(|p| p.1 == "Pending"), "{:?}", web_pods(&kc));
+    kc.ok(&["uncordon", &name]).unwrap();
+    let pods = wait_web_running(&kc, 3, &name).await;
+    eprintln!("drain and uncordon done after {:?}", t0.elapsed());
+
     // Scaled to 0: nothing left, in the API or in the runtime.
     kc.ok(&["scale", "deployment", "web", "--replicas=0"])
         .unwrap();
