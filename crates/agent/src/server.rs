@@ -1,6 +1,6 @@
 //! The agent's HTTP server: `/healthz`, `/metrics`, `/node` (pressure
 //! conditions), `/stats/summary` (kubelet's shape, cached per eviction
-//! pass), `/pods` (list, watch, get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
+//! pass) and `/metrics/resource` (kubelet's resource metrics from it), `/pods` (list, watch, get), in the Kubernetes JSON shapes so kubectl-minded tools read them;
 //! and kubelet's container endpoints: `/containerLogs/...` (`logs`),
 //! `/exec/...`, `/attach/...`, `/portForward/...` (`stream_routes`,
 //! proxied to the runtime's streaming server by `proxy`).
@@ -17,6 +17,7 @@ mod params;
 pub mod peer;
 mod proxy;
 mod resolve;
+mod resource_metrics;
 pub mod socket;
 mod stream_routes;
 pub mod tls;
@@ -317,6 +318,7 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/node", get(node))
         .route("/stats/summary", get(stats_summary))
+        .route("/metrics/resource", get(metrics_resource))
         .route("/pods", get(pods))
         .route("/pods/:namespace/:name", get(pod))
         .route(
@@ -475,6 +477,23 @@ async fn stats_summary(State(st): State<AppState>) -> Response {
         )
             .into_response(),
     }
+}
+
+async fn metrics_resource(State(st): State<AppState>) -> Response {
+    let summary = st
+        .shared
+        .node
+        .summary_for_request(crate::eviction::manager::SUMMARY_WAIT)
+        .await;
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        resource_metrics::render(summary.as_deref()),
+    )
+        .into_response()
 }
 
 async fn pod(

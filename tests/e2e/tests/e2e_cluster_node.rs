@@ -333,6 +333,33 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
     }
     eprintln!("logs, exec, port-forward done after {:?}", t0.elapsed());
 
+    // What `kubectl top` reads, through the API server's node proxy: the
+    // summary and the resource metrics, with this pod's container in them.
+    let proxy = format!("/api/v1/nodes/{name}/proxy");
+    let summary = wait_for("the pod in /stats/summary", Duration::from_secs(30), || {
+        let s: Value = serde_json::from_str(
+            &kc.ok(&["get", "--raw", &format!("{proxy}/stats/summary")])
+                .ok()?,
+        )
+        .ok()?;
+        let listed = s["pods"]
+            .as_array()?
+            .iter()
+            .any(|p| p["podRef"]["name"] == some.as_str());
+        listed.then_some(s)
+    })
+    .await;
+    assert_eq!(summary["node"]["nodeName"], name);
+    let metrics = kc
+        .ok(&["get", "--raw", &format!("{proxy}/metrics/resource")])
+        .unwrap();
+    let sample = format!("container_cpu_usage_seconds_total{{container=\"web\",namespace=\"default\",pod=\"{some}\"}}");
+    assert!(
+        metrics.contains(&sample),
+        "{sample} missing from:\n{metrics}"
+    );
+    assert!(metrics.contains("resource_scrape_error 0"), "{metrics}");
+
     // The kubelet API asks the API server who may do what: another node's
     // certificate, a service account's token without rights, or no
     // credentials at all get nothing; an admin gets the pods.
@@ -440,7 +467,11 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
         .filter(|c| drained.contains(&c.0))
         .collect();
     assert!(left.is_empty(), "drained pods' containers left: {left:?}");
-    assert!(web_pods(&kc).values().all(|p| p.1 == "Pending"), "{:?}", web_pods(&kc));
+    assert!(
+        web_pods(&kc).values().all(|p| p.1 == "Pending"),
+        "{:?}",
+        web_pods(&kc)
+    );
     kc.ok(&["uncordon", &name]).unwrap();
     let pods = wait_web_running(&kc, 3, &name).await;
     eprintln!("drain and uncordon done after {:?}", t0.elapsed());
