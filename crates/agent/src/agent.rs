@@ -110,10 +110,25 @@ pub async fn run(
     // were left by a killed agent.
     crate::subpath::sweep(&config.root);
     // Cluster mode: a kubeconfig that cannot be used is a start-up error.
-    let kube_client = match &config.kubeconfig {
-        Some(path) => Some(crate::cluster::client(path).await?),
+    let credentials = match &config.kubeconfig {
+        Some(path) => Some(
+            crate::cluster::credentials::load(
+                &crate::cluster::credentials::CredentialFiles {
+                    kubeconfig: path.clone(),
+                    bootstrap: config.bootstrap_kubeconfig.clone(),
+                    cert_dir: config
+                        .cert_dir
+                        .clone()
+                        .unwrap_or_else(|| config.root.join("pki")),
+                    rotate: config.rotate_certificates,
+                },
+                &node_name,
+            )
+            .await?,
+        ),
         None => None,
     };
+    let kube_client = credentials.as_ref().map(|c| c.client.clone());
     let node_ip = config.node_ip.unwrap_or_else(host_ip);
     let node_flags =
         crate::cluster::NodeFlags::parse(&config.node_labels, &config.register_with_taints)?;
@@ -264,6 +279,20 @@ pub async fn run(
             &node_state,
             &mut tasks,
         );
+        if let (Some(client), Some(current)) = (
+            kube_client.clone(),
+            credentials.as_ref().and_then(|c| c.rotating.clone()),
+        ) {
+            tasks.spawn(crate::cluster::credentials::rotate(
+                Arc::new(crate::cluster::credentials::KubeCsrApi(client)),
+                current,
+                node_name.clone(),
+                config
+                    .cert_dir
+                    .clone()
+                    .unwrap_or_else(|| config.root.join("pki")),
+            ));
+        }
         if let Some(client) = kube_client.clone() {
             let node_uid = crate::cluster::start_node(
                 crate::cluster::NodeSideParts {

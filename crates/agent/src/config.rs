@@ -120,6 +120,16 @@ pub struct AgentConfig {
     /// the Node, renew its Lease, run the pods bound to it, report their
     /// status). None: static pods only.
     pub kubeconfig: Option<PathBuf>,
+    /// A kubeconfig with bootstrap credentials (`--bootstrap-kubeconfig`):
+    /// when `kubeconfig` has no valid client certificate, one is requested
+    /// with these (TLS bootstrap) and `kubeconfig` written.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Where client certificates are kept (`--cert-dir`). Default
+    /// `<root>/pki`.
+    pub cert_dir: Option<PathBuf>,
+    /// Renew the client certificate before it expires
+    /// (`--rotate-certificates`; on by default, unlike kubelet's flag).
+    pub rotate_certificates: bool,
     /// The node's IP (`--node-ip`): its InternalIP, the pods' hostIP.
     /// Default: the source address of the default route.
     pub node_ip: Option<std::net::IpAddr>,
@@ -159,6 +169,9 @@ impl Default for AgentConfig {
             node_cgroup: None,
             seccomp_default: false,
             kubeconfig: None,
+            bootstrap_kubeconfig: None,
+            cert_dir: None,
+            rotate_certificates: true,
             node_ip: None,
             node_labels: String::new(),
             register_with_taints: String::new(),

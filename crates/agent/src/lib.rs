@@ -26,6 +26,7 @@ pub mod config;
 pub mod convert;
 pub mod cri;
 pub mod crilog;
+mod der;
 mod drain;
 pub mod eviction;
 pub mod health;

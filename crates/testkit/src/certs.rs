@@ -128,6 +128,11 @@ impl Pki {
         Ok(pki)
     }
 
+    /// The CA's certificate and key (what a signer signs with).
+    pub fn ca(&self) -> &Issued {
+        &self.ca
+    }
+
     /// The CA certificate (what clients and servers trust).
     pub fn ca_cert(&self) -> &Path {
         &self.ca.cert

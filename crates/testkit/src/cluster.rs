@@ -115,9 +115,13 @@ pub fn controller_manager_args(
     port: u16,
     cert_dir: &Path,
     controllers: &[&str],
+    signing_ca: &Issued,
 ) -> Vec<String> {
     let k = kubeconfig.display();
     vec![
+        // The CSR signer (`csrsigning`) signs with the cluster's CA.
+        format!("--cluster-signing-cert-file={}", signing_ca.cert.display()),
+        format!("--cluster-signing-key-file={}", signing_ca.key.display()),
         format!("--kubeconfig={k}"),
         format!("--authentication-kubeconfig={k}"),
         format!("--authorization-kubeconfig={k}"),
@@ -179,6 +183,8 @@ pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> V
         format!("--kubelet-client-key={}", p(&f.kubelet_client.key)),
         format!("--kubelet-certificate-authority={}", p(&f.ca)),
         "--kubelet-preferred-address-types=InternalIP".into(),
+        // Nodes may join with a bootstrap token (TLS bootstrap).
+        "--enable-bootstrap-token-auth".into(),
         "--profiling=false".into(),
     ];
     if let Some(log) = &f.audit_log {
@@ -515,6 +521,16 @@ impl Cluster {
     /// it serves its port (its controllers then sync their caches on their
     /// own: wait for their effect, not for this call). Stopped on drop.
     pub fn start_controller_manager(&mut self, controllers: &[&str]) -> Result<(), KitError> {
+        self.start_controller_manager_with(controllers, &[])
+    }
+
+    /// [`Cluster::start_controller_manager`] with `extra` flags last (e.g.
+    /// `--cluster-signing-duration=1m` for short-lived node certificates).
+    pub fn start_controller_manager_with(
+        &mut self,
+        controllers: &[&str],
+        extra: &[&str],
+    ) -> Result<(), KitError> {
         let bin = crate::peers::peer_binary("kube-controller-manager")?;
         if let Some(mut c) = self.controller_manager.take() {
             stop_child(&mut c, Duration::from_secs(10));
@@ -524,7 +540,10 @@ impl Cluster {
             .map_err(|e| KitError::io("create directory", &cert_dir, e))?;
         let log = self.controller_manager_log();
         let (child, _) = start_on_free_port("kube-controller-manager", &bin, &log, |port| {
-            controller_manager_args(&self.admin, port, &cert_dir, controllers)
+            let mut args =
+                controller_manager_args(&self.admin, port, &cert_dir, controllers, self.pki.ca());
+            args.extend(extra.iter().map(|s| s.to_string()));
+            args
         })?;
         self.controller_manager = Some(child);
         Ok(())
@@ -574,6 +593,67 @@ impl Cluster {
     /// The cluster CA's certificate.
     pub fn ca_cert(&self) -> &Path {
         self.pki.ca_cert()
+    }
+
+    /// A bootstrap kubeconfig for TLS bootstrap, as kubeadm sets one up: a
+    /// bootstrap token (group `system:bootstrappers`) in `kube-system`, the
+    /// bindings that let that group ask for node client certificates and
+    /// have them approved, and nodes renew theirs. The controller manager
+    /// must run `csrapproving` and `csrsigning` for requests to be served.
+    pub fn bootstrap_kubeconfig(&self) -> Result<PathBuf, KitError> {
+        let hex = crate::process::random_suffix();
+        let id: String = hex
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(6)
+            .collect();
+        let secret: String = format!("{hex}{hex}")
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(16)
+            .collect();
+        let kc = self.kubectl()?;
+        kc.apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: bootstrap-token-{id}, namespace: kube-system}}\n\
+             type: bootstrap.kubernetes.io/token\nstringData:\n  token-id: \"{id}\"\n  token-secret: \"{secret}\"\n\
+             \x20 usage-bootstrap-authentication: \"true\"\n"
+        ))?;
+        for (name, role, group) in [
+            (
+                "petrel:node-bootstrapper",
+                "system:node-bootstrapper",
+                "system:bootstrappers",
+            ),
+            (
+                "petrel:node-autoapprove-bootstrap",
+                "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+                "system:bootstrappers",
+            ),
+            (
+                "petrel:node-autoapprove-renewal",
+                "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+                "system:nodes",
+            ),
+        ] {
+            kc.apply(&format!(
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: \"{name}\"}}\n\
+                 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: \"{role}\"}}\n\
+                 subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: Group, name: \"{group}\"}}]\n"
+            ))?;
+        }
+        let path = self.dir.path().join(format!("bootstrap-{id}.kubeconfig"));
+        let q = |s: &str| serde_json::Value::from(s).to_string();
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: petrel\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+             users:\n- name: bootstrap\n  user:\n    token: {token}\n\
+             contexts:\n- name: petrel\n  context:\n    cluster: petrel\n    user: bootstrap\n\
+             current-context: petrel\n",
+            server = q(&self.server),
+            ca = q(&self.pki.ca_cert().display().to_string()),
+            token = q(&format!("{id}.{secret}")),
+        );
+        std::fs::write(&path, text).map_err(|e| KitError::io("write", &path, e))?;
+        Ok(path)
     }
 
     /// The admin's client certificate and key (O=system:masters).
@@ -801,8 +881,14 @@ mod tests {
             10257,
             Path::new("/d/kcm-certs"),
             &["garbagecollector", "namespace"],
+            &Issued {
+                cert: PathBuf::from("/p/ca.crt"),
+                key: PathBuf::from("/p/ca.key"),
+            },
         );
         for want in [
+            "--cluster-signing-cert-file=/p/ca.crt",
+            "--cluster-signing-key-file=/p/ca.key",
             "--kubeconfig=/d/admin.kubeconfig",
             "--authentication-kubeconfig=/d/admin.kubeconfig",
             "--authorization-kubeconfig=/d/admin.kubeconfig",

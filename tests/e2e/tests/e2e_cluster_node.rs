@@ -15,7 +15,10 @@
 //! Outage: 20 s without an API server change nothing on the node, and the
 //! Lease and pods resume after; a runtime restart under the agent
 //! duplicates nothing. Side by side: a real kubelet node and a Petrel node
-//! in one cluster, each running its own pod.
+//! in one cluster, each running its own pod. TLS bootstrap: a node with only
+//! a bootstrap token gets its client certificate through a CSR, keeps it
+//! over a restart, renews it with its own credentials (one-minute
+//! certificates) and goes on working after the first has expired.
 //!
 //! Admission: pods bound to the node (`spec.nodeName`, no scheduler) that
 //! ask for more cpu than it has, or for labels it lacks, end Failed with
@@ -762,4 +765,189 @@ async fn a_petrel_node_and_a_kubelet_node_should_serve_one_cluster_side_by_side(
         "{kcs:?}"
     );
     drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_petrel_node_should_join_by_tls_bootstrap() {
+    if skip() {
+        return;
+    }
+    let cluster = std::thread::spawn(|| {
+        let mut c = Cluster::start()?;
+        // Certificates live a minute, so the node must renew its own.
+        c.start_controller_manager_with(
+            &["csrapproving", "csrsigning", "nodelifecycle"],
+            &["--cluster-signing-duration=1m"],
+        )?;
+        Ok::<_, petrel_testkit::KitError>(c)
+    });
+    let node = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    let boot = cluster.bootstrap_kubeconfig().unwrap();
+    let name = node_name("boot");
+    // The node's serving certificate comes from the kit; its client
+    // certificate and kubeconfig from TLS bootstrap.
+    let mut creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    creds.kubeconfig = dir.path().join("kubelet.kubeconfig");
+    let cert_dir = dir.path().join("pki");
+    let boot_flag = boot.display().to_string();
+    let cert_flag = cert_dir.display().to_string();
+    let mut agent = Agent::in_cluster(
+        &node,
+        &creds,
+        &[
+            "--bootstrap-kubeconfig",
+            &boot_flag,
+            "--cert-dir",
+            &cert_flag,
+        ],
+    );
+    wait_for(
+        &format!("node {name} Ready"),
+        Duration::from_secs(90),
+        || {
+            kc.get_json(&["node", &name])
+                .ok()
+                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
+        },
+    )
+    .await;
+
+    // One request by the bootstrap token, approved and signed. (The
+    // signer backdates a certificate by 5 minutes, so one of a minute is
+    // past its renewal point at once: the node renews it right away, by
+    // its own requests, seen below.)
+    let bootstrap_requests = || {
+        let csrs = kc.get_json(&["csr"]).unwrap();
+        csrs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| {
+                c["spec"]["username"]
+                    .as_str()
+                    .is_some_and(|u| u.starts_with("system:bootstrap:"))
+            })
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    let csrs = bootstrap_requests();
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    let csr = &csrs[0];
+    assert_eq!(
+        csr["spec"]["signerName"],
+        "kubernetes.io/kube-apiserver-client-kubelet"
+    );
+    assert!(csr["status"]["certificate"].is_string());
+    // Written privately, naming the node.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&creds.kubeconfig), 0o600);
+    assert_eq!(mode(&cert_dir), 0o700);
+    let current = cert_dir.join("kubelet-client-current.pem");
+    assert_eq!(mode(&current), 0o600);
+    let subject = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-subject", "-in"])
+        .arg(&current)
+        .output()
+        .unwrap();
+    let subject = String::from_utf8_lossy(&subject.stdout).into_owned();
+    assert!(
+        subject.contains(&format!("CN = system:node:{name}")),
+        "{subject}"
+    );
+    assert!(subject.contains("O = system:nodes"), "{subject}");
+
+    // The node's own credentials run its pods.
+    kc.apply(&bound_pod("booted", &name, "10m", "")).unwrap();
+    wait_pod_running(&kc, "booted").await;
+
+    let dates = |p: &std::path::Path| {
+        let o = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-dates", "-in"])
+            .arg(p)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // The bootstrap's certificate: the first file written.
+    let mut files: Vec<_> = std::fs::read_dir(&cert_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("kubelet-client-2")
+        })
+        .collect();
+    files.sort_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap());
+    let first = dates(&files[0]);
+    eprintln!("first certificate: {first}");
+
+    // Before it expires, the node renews it with its own credentials (a
+    // request by system:node:<name>, approved as a renewal), and goes on
+    // working once the first has expired.
+    let renewed_by_node = || {
+        kc.get_json(&["csr"]).ok().and_then(|l| {
+            l["items"]
+                .as_array()?
+                .iter()
+                .find(|c| {
+                    c["spec"]["username"] == format!("system:node:{name}").as_str()
+                        && c["status"]["certificate"].is_string()
+                })
+                .cloned()
+        })
+    };
+    wait_for(
+        "the node's renewal",
+        Duration::from_secs(90),
+        renewed_by_node,
+    )
+    .await;
+    let second = dates(&current);
+    eprintln!("current certificate: {second}");
+
+    // Restarted, it goes on with its current certificate: no bootstrap.
+    agent.terminate();
+    agent.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_pod_running(&kc, "booted").await;
+    assert_eq!(
+        bootstrap_requests().len(),
+        1,
+        "a restart bootstrapped again"
+    );
+    let not_after = first
+        .lines()
+        .find_map(|l| l.strip_prefix("notAfter="))
+        .unwrap();
+    let first_end: Timestamp = k8s_openapi::jiff::fmt::strtime::parse(
+        "%b %d %H:%M:%S %Y %z",
+        not_after
+            .trim()
+            .replace("  ", " ")
+            .replace(" GMT", " +0000"),
+    )
+    .unwrap()
+    .to_timestamp()
+    .unwrap();
+    let wait = (first_end.as_second() - Timestamp::now().as_second()).max(0) as u64 + 2;
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    kc.apply(&bound_pod("after-rotation", &name, "10m", ""))
+        .unwrap();
+    wait_pod_running(&kc, "after-rotation").await;
+    let after = Timestamp::now();
+    wait_for(
+        "the Lease renewed with the new certificate",
+        Duration::from_secs(30),
+        || renew_time(&kc, &name).filter(|t| *t > after).map(drop),
+    )
+    .await;
 }

@@ -18,7 +18,9 @@
 //! - [`pod_status`]: pod status patches and final deletion;
 //! - [`lease`]: the node's heartbeat.
 
+pub mod credentials;
 pub mod delegated;
+mod fresh_conns;
 pub mod lease;
 pub mod mirror;
 pub mod node;
@@ -26,7 +28,7 @@ pub mod node_object;
 pub mod pod_status;
 pub mod pods;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,20 +151,6 @@ pub async fn start_node(
     }));
     tasks.spawn(lease::run(p.client, p.node, uid_rx.clone()));
     uid_rx
-}
-
-/// A client with the credentials of `kubeconfig` (its current context).
-pub async fn client(kubeconfig: &Path) -> Result<kube::Client, ClusterError> {
-    let bad = |reason: String| ClusterError::Kubeconfig {
-        path: kubeconfig.to_path_buf(),
-        reason,
-    };
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| bad(e.to_string()))?;
-    let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| bad(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| bad(e.to_string()))
 }
 
 /// The running pod side of cluster mode: stopped with [`PodSide::stop`].

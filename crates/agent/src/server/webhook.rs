@@ -241,92 +241,13 @@ pub async fn authorize(State(webhook): State<Arc<Webhook>>, req: Request, next: 
 /// The subject of a DER certificate as a Kubernetes identity: CN the user,
 /// each O a group. None if it cannot be read or has no CN.
 pub fn identity_of_certificate(der: &[u8]) -> Option<Identity> {
-    let (user, groups) = der::subject(der)?;
+    let (user, groups) = crate::der::subject(der)?;
     let user = user?;
     Some(Identity {
         user,
         groups,
         ..Identity::default()
     })
-}
-
-/// Just enough DER to read a certificate's subject.
-mod der {
-    /// One element: (tag, content, rest).
-    fn element(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, b) = b.split_first()?;
-        let (&first, b) = b.split_first()?;
-        let (len, b) = if first < 0x80 {
-            (usize::from(first), b)
-        } else {
-            let n = usize::from(first & 0x7f);
-            if n == 0 || n > 4 || b.len() < n {
-                return None;
-            }
-            let len = b[..n]
-                .iter()
-                .fold(0usize, |a, &x| (a << 8) | usize::from(x));
-            (len, &b[n..])
-        };
-        if b.len() < len {
-            return None;
-        }
-        Some((tag, &b[..len], &b[len..]))
-    }
-
-    const SEQUENCE: u8 = 0x30;
-    const SET: u8 = 0x31;
-    const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
-    const OID_O: &[u8] = &[0x55, 0x04, 0x0a];
-
-    /// The subject's CN and O values.
-    pub fn subject(cert: &[u8]) -> Option<(Option<String>, Vec<String>)> {
-        let (tag, cert, _) = element(cert)?;
-        if tag != SEQUENCE {
-            return None;
-        }
-        let (tag, tbs, _) = element(cert)?;
-        if tag != SEQUENCE {
-            return None;
-        }
-        let mut rest = tbs;
-        // [0] version, if present.
-        if rest.first() == Some(&0xa0) {
-            rest = element(rest)?.2;
-        }
-        // serialNumber, signature, issuer, validity, then subject.
-        for _ in 0..4 {
-            rest = element(rest)?.2;
-        }
-        let (tag, mut name, _) = element(rest)?;
-        if tag != SEQUENCE {
-            return None;
-        }
-        let (mut cn, mut orgs) = (None, Vec::new());
-        while !name.is_empty() {
-            let (tag, mut rdn, next) = element(name)?;
-            name = next;
-            if tag != SET {
-                return None;
-            }
-            while !rdn.is_empty() {
-                let (tag, atv, next) = element(rdn)?;
-                rdn = next;
-                if tag != SEQUENCE {
-                    return None;
-                }
-                let (_, oid, v) = element(atv)?;
-                let (_, value, _) = element(v)?;
-                let value = String::from_utf8(value.to_vec()).ok()?;
-                if oid == OID_CN {
-                    cn = Some(value);
-                } else if oid == OID_O {
-                    orgs.push(value);
-                }
-            }
-        }
-        Some((cn, orgs))
-    }
 }
 
 #[cfg(test)]

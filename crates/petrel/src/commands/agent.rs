@@ -56,6 +56,16 @@ pub struct AgentFlags {
     /// status (static pods keep running beside them).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// TLS bootstrap: when --kubeconfig has no valid client certificate,
+    /// request one with these credentials and write --kubeconfig.
+    #[arg(long)]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Where the client certificates are kept [default: <root>/pki].
+    #[arg(long)]
+    pub cert_dir: Option<PathBuf>,
+    /// Renew the client certificate before it expires [default: true].
+    #[arg(long)]
+    pub rotate_certificates: Option<bool>,
     /// The node's IP: its InternalIP and the pods' hostIP [default: the
     /// source address of the default route].
     #[arg(long)]
@@ -228,6 +238,15 @@ impl AgentFlags {
         }
         if let Some(v) = &self.kubeconfig {
             c.kubeconfig = Some(v.clone());
+        }
+        if let Some(v) = &self.bootstrap_kubeconfig {
+            c.bootstrap_kubeconfig = Some(v.clone());
+        }
+        if let Some(v) = &self.cert_dir {
+            c.cert_dir = Some(v.clone());
+        }
+        if let Some(v) = self.rotate_certificates {
+            c.rotate_certificates = v;
         }
         if let Some(v) = self.node_ip {
             c.node_ip = Some(v);

@@ -3,21 +3,7 @@ use rustls_pki_types::CertificateDer;
 
 use super::*;
 
-/// `openssl req -x509 ... -subj "/O=system:nodes/O=extra group/CN=system:node:n1"`.
-const CERT: &str = "-----BEGIN CERTIFICATE-----
-MIIB4TCCAYegAwIBAgIUO1GEbAPmKbp+JCL8y9GbKezyNaAwCgYIKoZIzj0EAwIw
-RjEVMBMGA1UECgwMc3lzdGVtOm5vZGVzMRQwEgYDVQQKDAtleHRyYSBncm91cDEX
-MBUGA1UEAwwOc3lzdGVtOm5vZGU6bjEwHhcNMjYxMTI4MTg0MTA4WhcNMjYxMTI5
-MTg0MTA4WjBGMRUwEwYDVQQKDAxzeXN0ZW06bm9kZXMxFDASBgNVBAoMC2V4dHJh
-IGdyb3VwMRcwFQYDVQQDDA5zeXN0ZW06bm9kZTpuMTBZMBMGByqGSM49AgEGCCqG
-SM49AwEHA0IABGlh4+VJwrECDGOKJCuzN9TkHsZ61fQ/f/QwzqtE8XXPHbMGkgsv
-xVdozq6PUzsONKfTdWGZx022hl2mdpdKw8yjUzBRMB0GA1UdDgQWBBRcsmAOwjHi
-MFjug6X0jQGr0TnxeDAfBgNVHSMEGDAWgBRcsmAOwjHiMFjug6X0jQGr0TnxeDAP
-BgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIQCQn1ncEMC1J0gBcutC
-yai5Yn1m0T+pySyp3KwJ3xT7mgIgFu3ZHtDFPPgzaW9f2fWG4TBnimkI+/Db7jn2
-W17Pvf8=
------END CERTIFICATE-----
-";
+use crate::der::TEST_CERT as CERT;
 
 #[test]
 fn a_certificates_subject_should_name_the_user_and_its_groups() {
