@@ -180,8 +180,38 @@ fn container_status(
             ready,
             started: Some(started),
             restart_count,
+            // What the container was made with (kubelet reports its cpu and
+            // memory), once it exists.
+            resources: latest.and(spec.resources.as_ref()).map(cpu_and_memory),
+            allocated_resources: latest
+                .and(spec.resources.as_ref())
+                .and_then(|r| r.requests.clone())
+                .filter(|r| !r.is_empty()),
             ..Default::default()
         },
+    }
+}
+
+/// The cpu and memory of `r`, as kubelet shows a container's resources.
+fn cpu_and_memory(
+    r: &k8s_openapi::api::core::v1::ResourceRequirements,
+) -> k8s_openapi::api::core::v1::ResourceRequirements {
+    let keep = |m: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        m.as_ref()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| *k == "cpu" || *k == "memory")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            })
+            .filter(|m| !m.is_empty())
+    };
+    k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: keep(&r.limits),
+        requests: keep(&r.requests),
+        claims: None,
     }
 }
 
@@ -1140,6 +1170,11 @@ mod tests {
         assert_eq!(s.pod_ip.as_deref(), Some("192.168.1.10"));
         assert_eq!(s.pod_ips.as_ref().unwrap().len(), 1);
         assert_eq!(s.qos_class.as_deref(), Some("Guaranteed"));
+        // A created container shows the cpu and memory it was made with.
+        let cs = &s.container_statuses.as_ref().unwrap()[0];
+        let res = cs.resources.as_ref().unwrap();
+        assert_eq!(res.limits.as_ref().unwrap()["memory"].0, "1Gi");
+        assert_eq!(res.limits.as_ref().unwrap()["cpu"].0, "1");
         assert_eq!(cond(&s, "PodReadyToStartContainers").status, "True");
         r.sandboxes[0].state = api::PodSandboxState::SandboxNotready as i32;
         assert_eq!(
