@@ -46,6 +46,9 @@ release: deps
 	$(CARGO) build --release --workspace --bins
 	$(MAKE) shim-release
 
+# Where cargo puts release binaries ($CARGO_TARGET_DIR when set).
+RELEASE_DIR = $(or $(CARGO_TARGET_DIR),target)/release
+
 ## shim-release: the shipped shim, target/release/petrel-shim, linked
 ## statically: no shared libraries mapped, so one per container stays within
 ## its 1 MB of RSS (docs/PERFORMANCE.md, P2). Its only dependency is libc, so
@@ -53,8 +56,8 @@ release: deps
 shim-release: deps
 	$(CARGO) rustc --release -p petrel-shim --bin petrel-shim -- \
 	  -C target-feature=+crt-static -C relocation-model=static
-	@if ldd target/release/petrel-shim >/dev/null 2>&1; then \
-	  echo "target/release/petrel-shim is not statically linked" >&2; exit 1; fi
+	@if ldd $(RELEASE_DIR)/petrel-shim >/dev/null 2>&1; then \
+	  echo "$(RELEASE_DIR)/petrel-shim is not statically linked" >&2; exit 1; fi
 
 ## image: the busybox test image archives, built from Debian's busybox-static
 image: deps

@@ -12,8 +12,10 @@
 #   scripts/bench.sh --only kubelet --out /tmp/K.md             # the real kubelet beside Petrel (P23-P27, critest counts)
 #   scripts/bench.sh --only critest --out /tmp/C.md             # critest's benchmarks, Petrel vs containerd 2.x (P28)
 #   scripts/bench.sh --only controller --out /tmp/S.md          # the controller kit vs controller-runtime (P29-P32)
+#   scripts/bench.sh --only cluster --out /tmp/N.md             # nodes of a real cluster: petrel node vs kubelet (P33-P35)
 #
-# Needs root, runc, target/release/petrel (make release) and the busybox test
+# Needs root, runc, target/release/petrel (make release; under
+# $CARGO_TARGET_DIR/release when that is set, as cargo puts it) and the busybox test
 # image (make image; IMAGES=dir overrides build/images); the pull figures also
 # docker-registry, skopeo and umoci (make deps); the kubelet figures the
 # peers (make peers: kubelet, containerd 2.x) and the conformance kit's
@@ -54,7 +56,7 @@ if [[ $only =~ ^(all|agent|net|kubelet)$ && ! -x build/containerd-1.7/usr/bin/co
 fi
 # The conformance kit's images (cached: a second run does nothing) hold the
 # busybox and pause images of the kubelet figures.
-if [[ $only =~ ^(all|kubelet)$ ]]; then
+if [[ $only =~ ^(all|kubelet|cluster)$ ]]; then
     scripts/conformance-images.sh >/dev/null ||
         echo "bench: scripts/conformance-images.sh failed (the bench names what is missing)" >&2
 fi
@@ -138,15 +140,19 @@ fi
 # `-p petrel-bench` build resolves features differently and would rebuild
 # every dependency. After `make release` this is a no-op.
 cargo build --release --workspace --bins
+# Where cargo put them: $CARGO_TARGET_DIR when set (a worktree building
+# into a target directory of its own), else target/.
+release=${CARGO_TARGET_DIR:-target}/release
 # That build links a dynamic shim over the static one when `make
 # shim-release` made it last: the static one is linked again here, after.
-if [[ ! -x target/release/petrel-shim ]] || ldd target/release/petrel-shim >/dev/null 2>&1; then
+if [[ ! -x $release/petrel-shim ]] || ldd "$release/petrel-shim" >/dev/null 2>&1; then
     make -s shim-release
 fi
-shim_args=(--shim "$(realpath target/release/petrel-shim)")
-target/release/petrel-bench \
+shim_args=(--shim "$(realpath "$release/petrel-shim")")
+"$release/petrel-bench" \
     --build-dir "$(realpath -m build)" \
-    --petrel "$(realpath target/release/petrel)" \
+    --petrel "$(realpath "$release/petrel")" \
+    --podset-controller "$(realpath -m "$release/petrel-podset-controller")" \
     --image "$(realpath "$image")" \
     --work-dir "$work" \
     --id "$id" \

@@ -49,6 +49,9 @@ pub struct NodeAgent {
     /// `--eviction-hard`, as the agent parses it (kubelet's syntax); None:
     /// the agent's defaults.
     pub eviction_hard: Option<String>,
+    /// More agent flags, last (e.g. `--kubeconfig` and `--node-ip` to join
+    /// a cluster).
+    pub extra: Vec<String>,
 }
 
 /// What goes into a runtime's config file, and how its directory is named.
@@ -235,6 +238,7 @@ impl PetrelRuntime {
                 if let Some(e) = &agent.eviction_hard {
                     args.extend(["--eviction-hard".to_string(), e.clone()]);
                 }
+                args.extend(agent.extra.iter().cloned());
                 Mode::Node(args)
             }
         };

@@ -66,7 +66,7 @@ pub const WORKERS: usize = 2;
 /// server keeps room for user changes.
 pub const BACKGROUND_SHARE: f64 = 0.3;
 /// How many writes the bench sends at once when it fills the API server.
-const FILL_CONCURRENCY: usize = 16;
+pub const FILL_CONCURRENCY: usize = 16;
 
 /// One sample controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -340,7 +340,7 @@ fn resource() -> ApiResource {
 }
 
 /// A client on the admin kubeconfig.
-async fn client(kubeconfig: &Path) -> Result<Client> {
+pub async fn client(kubeconfig: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("read {}", kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
@@ -388,7 +388,7 @@ async fn unreconcile(api: &Api<DynamicObject>, names: &[String]) -> Result<()> {
 }
 
 /// Runs `f` on each name, FILL_CONCURRENCY at once; the first error wins.
-async fn for_each<F, Fut>(names: &[String], f: F) -> Result<()>
+pub async fn for_each<F, Fut>(names: &[String], f: F) -> Result<()>
 where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<()>> + Send + 'static,
@@ -852,7 +852,7 @@ fn depth_in_front(text: &str, tier: Tier) -> Option<f64> {
 /// Requests of `user` in the audit log after byte `from`: each request
 /// counted once (a watch when its response starts, any other when it
 /// completes).
-fn count_requests(log: &Path, from: u64, user: &str) -> Result<usize> {
+pub fn count_requests(log: &Path, from: u64, user: &str) -> Result<usize> {
     let mut f = std::fs::File::open(log).with_context(|| format!("open {}", log.display()))?;
     f.seek(SeekFrom::Start(from))
         .with_context(|| format!("seek {}", log.display()))?;

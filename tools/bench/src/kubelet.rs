@@ -350,10 +350,15 @@ impl KubeletResults {
 /// containerd 1.7 is optional (`make containerd`): without it that setup
 /// is reported as not measured.
 pub fn preflight(args: &Args) -> Result<()> {
-    let needs_containerd = args.kubelet_setups.contains(&Setup::KubeletContainerd)
+    preflight_setups(args, &args.kubelet_setups)
+}
+
+/// [`preflight`] for the stacks `setups` (the cluster figures' too).
+pub fn preflight_setups(args: &Args, setups: &[Setup]) -> Result<()> {
+    let needs_containerd = setups.contains(&Setup::KubeletContainerd)
         && !petrel_testkit::peers::left_out("containerd");
-    let needs_kubelet = args.kubelet_setups.iter().any(|s| s.is_kubelet())
-        && petrel_testkit::kubelet::left_out().is_none();
+    let needs_kubelet =
+        setups.iter().any(|s| s.is_kubelet()) && petrel_testkit::kubelet::left_out().is_none();
     if needs_kubelet {
         petrel_testkit::peers::peer_binary("kubelet")?;
     }
@@ -432,7 +437,9 @@ pub async fn measure(args: &Args, work: &Work, progress: &dyn Fn(&str)) -> Kubel
     r
 }
 
-fn share(args: &Args) -> Result<Shared> {
+/// Serves the conformance kit's images read-only and writes the mirror
+/// configuration that sends the runtimes to it.
+pub fn share(args: &Args) -> Result<Shared> {
     let images = ConformanceImages::locate()?;
     let registry = LocalRegistry::serve_read_only(&images.registry_storage())?;
     let mirrors = petrel_testkit::process::kit_tempdir("petrel-kit-mirrors.")?;
@@ -445,7 +452,7 @@ fn share(args: &Args) -> Result<Shared> {
 }
 
 /// `kubelet --version`'s answer, or empty.
-fn kubelet_version() -> String {
+pub fn kubelet_version() -> String {
     petrel_testkit::peers::peer_binary("kubelet")
         .ok()
         .and_then(|b| std::process::Command::new(b).arg("--version").output().ok())
@@ -477,7 +484,7 @@ fn v_or(v: &str, default: &str) -> String {
 }
 
 /// Why `setup` is left out, if `PETREL_PEERS_SKIP` names what it needs.
-fn left_out(setup: Setup) -> Option<String> {
+pub fn left_out(setup: Setup) -> Option<String> {
     if setup.is_kubelet() {
         if let Some(why) = petrel_testkit::kubelet::left_out() {
             return Some(why);
@@ -706,7 +713,7 @@ async fn restart(
 
 /// CPU of the stack's processes over a `secs` window, by a cpuacct group
 /// `group` they are moved into for the window (and by schedstat each).
-async fn window(stack: &Stack, secs: u64, group: &str) -> Result<Window> {
+pub async fn window(stack: &Stack, secs: u64, group: &str) -> Result<Window> {
     let procs = stack.procs()?;
     let made = CpuGroup::create(group).and_then(|mut g| {
         g.enter(&procs.all())?;
@@ -768,7 +775,9 @@ fn sum_cpu(pids: &[u32]) -> Cpu {
         .fold(Cpu::default(), Cpu::plus)
 }
 
-fn memory(stack: &Stack, containers: usize) -> Result<MemoryPoint> {
+/// Memory of the stack's processes (and containerd's pause containers
+/// apart) with `containers` running.
+pub fn memory(stack: &Stack, containers: usize) -> Result<MemoryPoint> {
     let procs = stack.procs()?;
     let mut shims = vec![];
     for p in &procs.shims {

@@ -1,12 +1,15 @@
-//! The node stacks of the kubelet figures (P23-P27): started through the
-//! test kit (`petrel node`, or kubelet on `petrel runtime`, containerd
-//! 2.x or 1.7, each on its own network and cgroups), their processes
-//! (kubelet, the runtime, its shims), and what kubelet says at start.
+//! The node stacks of the kubelet figures (P23-P27) and of the cluster
+//! figures (P33-P35): started through the test kit (`petrel node`, or
+//! kubelet on `petrel runtime`, containerd 2.x or 1.7, each on its own
+//! network and cgroups; standalone, or joined to a cluster with a node's
+//! credentials), their processes (kubelet, the runtime, its shims), and
+//! what kubelet says at start.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Result};
+use petrel_testkit::cluster::NodeCredentials;
 use petrel_testkit::containerd::Containerd;
 use petrel_testkit::kubelet::{Kubelet, KubeletOptions};
 use petrel_testkit::network::PodNetwork;
@@ -180,7 +183,25 @@ pub fn children_named(parents: &[u32], comm: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Starts the setup's stack.
+/// Where and as what a stack runs.
+pub struct StackSpec<'a> {
+    /// Its cgroup (the runtime's pods and kubelet's `kubepods` below it).
+    pub cgroup: String,
+    /// The node's name (the credentials' when joined).
+    pub node_name: String,
+    /// Credentials of a cluster to join as a node; None: standalone
+    /// (static pods only).
+    pub join: Option<&'a NodeCredentials>,
+    /// The most pods kubelet admits (at least its default 110).
+    pub max_pods: usize,
+}
+
+/// The node name of `setup`'s stack in this run.
+pub fn node_name(work: &Work, setup: Setup) -> String {
+    format!("bench-{}-{}", setup.tag(), work.id())
+}
+
+/// Starts the setup's stack for the kubelet figures: standalone.
 pub fn start_stack(
     args: &Args,
     work: &Work,
@@ -188,9 +209,29 @@ pub fn start_stack(
     index: usize,
     setup: Setup,
 ) -> Result<(Stack, String)> {
+    // Room for the largest size and the started pods.
+    let most = args.kubelet_sizes.iter().max().copied().unwrap_or(0) + 2 * args.kubelet_starts;
+    let spec = StackSpec {
+        cgroup: format!("{}/{}-{index}", work.cgroup_parent, setup.tag()),
+        node_name: node_name(work, setup),
+        join: None,
+        max_pods: most,
+    };
+    start_stack_with(args, shared, setup, &spec)
+}
+
+/// Starts the setup's stack as `spec` says: its own CNI network, runtime,
+/// directories and cgroup; joined to a cluster when `spec.join` is set
+/// (kubelet's `--kubeconfig`; `petrel node --kubeconfig --node-ip`).
+pub fn start_stack_with(
+    args: &Args,
+    shared: &Shared,
+    setup: Setup,
+    spec: &StackSpec<'_>,
+) -> Result<(Stack, String)> {
     let net = PodNetwork::new()?;
-    let cgroup = format!("{}/{}-{index}", work.cgroup_parent, setup.tag());
-    let node_name = format!("bench-{}-{}", setup.tag(), work.id());
+    let cgroup = &spec.cgroup;
+    let node_name = spec.node_name.clone();
     let mirrors = shared.mirrors.path();
     let petrel_opts = |node: Option<NodeAgent>| PetrelOptions {
         shim: args.shim.clone(),
@@ -203,6 +244,15 @@ pub fn start_stack(
                 node_name: node_name.clone(),
                 pleg: "events".to_string(),
                 eviction_hard: Some(NODE_EVICTION_HARD.to_string()),
+                extra: match spec.join {
+                    Some(c) => vec![
+                        "--kubeconfig".to_string(),
+                        c.kubeconfig.display().to_string(),
+                        "--node-ip".to_string(),
+                        c.node_ip.to_string(),
+                    ],
+                    None => vec![],
+                },
             };
             let n = PetrelRuntime::start_with(
                 &args.petrel,
@@ -254,14 +304,16 @@ pub fn start_stack(
         Runtime::Petrel(p) => p.endpoint(),
         Runtime::Containerd(c) => c.endpoint(),
     };
-    let mut opts = KubeletOptions::standalone(&node_name, &endpoint).evented_pleg(false);
+    let mut opts = match spec.join {
+        Some(c) => KubeletOptions::joined(c.clone(), &endpoint),
+        None => KubeletOptions::standalone(&node_name, &endpoint),
+    }
+    .evented_pleg(false);
     opts.cgroup_root = Some(format!("{cgroup}/kubelet"));
     // kubelet's default verbosity, as a node runs it: its log costs CPU.
     opts.verbosity = 0;
-    // Room for the largest size and the started pods (kubelet admits 110
-    // by default).
-    let most = args.kubelet_sizes.iter().max().copied().unwrap_or(0) + 2 * args.kubelet_starts;
-    opts.max_pods = Some(u32::try_from(most.max(110)).unwrap_or(u32::MAX));
+    // kubelet admits 110 pods by default.
+    opts.max_pods = Some(u32::try_from(spec.max_pods.max(110)).unwrap_or(u32::MAX));
     let kubelet = match Kubelet::start(opts) {
         Ok(k) => k,
         Err(e) => {

@@ -9,6 +9,8 @@
 mod agent;
 mod agent_proc;
 mod agent_report;
+mod cluster_bench;
+mod cluster_bench_report;
 mod containerd;
 mod controller_bench;
 mod controller_bench_report;
@@ -237,6 +239,24 @@ pub struct Args {
     /// P29-P32: Petrel's PodSet sample controller.
     #[arg(long, default_value = "target/release/petrel-podset-controller")]
     pub podset_controller: PathBuf,
+    /// P33: pods created one after the other on each cluster node stack.
+    #[arg(long, default_value_t = 30)]
+    pub cluster_starts: usize,
+    /// P34-P35: pods created at once on each cluster node stack (and
+    /// running through its idle window).
+    #[arg(long, default_value_t = 100)]
+    pub cluster_burst: usize,
+    /// P35: the idle window of each cluster node stack, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub cluster_idle_seconds: u64,
+    /// The node stacks of P33-P35, in the order run.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "petrel-node,kubelet-containerd,kubelet-petrel"
+    )]
+    pub cluster_setups: Vec<kubelet::Setup>,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -253,9 +273,9 @@ pub struct Args {
     /// needs neither root nor runc; prints its partial report unless --out
     /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18),
     /// `nri` (P19-P20), `eviction` (P21-P22), `kubelet` (P23-P27 and
-    /// the critest counts), `critest` (P28) or `controller` (P29-P32;
-    /// these eight print their partial report to standard output unless
-    /// --out is given).
+    /// the critest counts), `critest` (P28), `controller` (P29-P32) or
+    /// `cluster` (P33-P35; these nine print their partial report to
+    /// standard output unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -298,6 +318,11 @@ pub enum Part {
     /// a restart's storm, queue depth, leader handoff, memory and idle
     /// requests (P29-P32).
     Controller,
+    /// Nodes of a real cluster: `petrel node` beside kubelet on
+    /// containerd 2.x and on `petrel runtime`, pod start latency in the
+    /// API, a burst of pods, the idle node's requests, CPU and memory
+    /// (P33-P35).
+    Cluster,
 }
 
 /// The default report.
@@ -353,9 +378,13 @@ fn run(args: &Args) -> Result<()> {
     if args.only == Part::Controller {
         return run_controller_only(args);
     }
+    if args.only == Part::Cluster {
+        return run_cluster_only(args);
+    }
     if args.only == Part::All {
         // A missing peer fails the whole run now, not after an hour.
         kubelet::preflight(args)?;
+        cluster_bench::preflight(args)?;
     }
     ensure!(args.pods > 0, "--pods must be at least 1");
     ensure!(args.list_calls > 0, "--list-calls must be at least 1");
@@ -521,6 +550,35 @@ fn run_controller_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only cluster`: the cluster node figures alone.
+fn run_cluster_only(args: &Args) -> Result<()> {
+    ensure!(
+        args.cluster_starts > 0 && args.cluster_burst > 0,
+        "--cluster-starts and --cluster-burst must be at least 1"
+    );
+    cluster_bench::preflight(args)?;
+    let results = run_one_section(
+        args,
+        async |work: &Work| cluster_bench::measure(args, work, &progress).await,
+        report::render_cluster_only,
+    )?;
+    if let Some(e) = &results.error {
+        bail!("the cluster figures were not measured: {e}");
+    }
+    let failed: Vec<String> = results
+        .runs
+        .iter()
+        .filter(|r| r.error.is_some())
+        .map(|r| kubelet::setup_name(r.setup, &r.runtime_version))
+        .collect();
+    ensure!(
+        failed.is_empty(),
+        "the cluster figures are incomplete for {} (see the report)",
+        failed.join(", ")
+    );
+    Ok(())
+}
+
 /// `--only kubelet`: the kubelet figures alone.
 fn run_kubelet_only(args: &Args) -> Result<()> {
     kubelet::preflight(args)?;
@@ -646,7 +704,8 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         | Part::Eviction
         | Part::Kubelet
         | Part::Critest
-        | Part::Controller => None,
+        | Part::Controller
+        | Part::Cluster => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -774,22 +833,23 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     raw.sweep();
 
     // The other sections run after the runtime's only in a whole run.
-    let (pull, net, nri, eviction, agent, kubelet, critest, controller) = if args.only == Part::All
-    {
-        // In this order: the tuple's elements are awaited one after another.
-        (
-            Some(pull::measure(args, work, &progress).await),
-            Some(net::measure(args, work, &progress).await),
-            Some(nri::measure(args, work, &progress).await),
-            Some(eviction::measure(args, work, &progress).await),
-            Some(agent::measure(args, work, &progress).await),
-            Some(kubelet::measure(args, work, &progress).await),
-            Some(critest_bench::measure(args, work, &progress).await),
-            Some(controller_bench::measure(args, work, &progress).await),
-        )
-    } else {
-        (None, None, None, None, None, None, None, None)
-    };
+    let (pull, net, nri, eviction, agent, kubelet, critest, controller, cluster) =
+        if args.only == Part::All {
+            // In this order: the tuple's elements are awaited one after another.
+            (
+                Some(pull::measure(args, work, &progress).await),
+                Some(net::measure(args, work, &progress).await),
+                Some(nri::measure(args, work, &progress).await),
+                Some(eviction::measure(args, work, &progress).await),
+                Some(agent::measure(args, work, &progress).await),
+                Some(kubelet::measure(args, work, &progress).await),
+                Some(critest_bench::measure(args, work, &progress).await),
+                Some(controller_bench::measure(args, work, &progress).await),
+                Some(cluster_bench::measure(args, work, &progress).await),
+            )
+        } else {
+            (None, None, None, None, None, None, None, None, None)
+        };
     Ok(Results {
         fsync,
         up,
@@ -811,6 +871,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         kubelet,
         critest,
         controller,
+        cluster,
     })
 }
 

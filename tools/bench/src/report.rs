@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::agent::AgentResults;
 use crate::agent_report;
+use crate::cluster_bench::ClusterResults;
+use crate::cluster_bench_report;
 use crate::controller_bench::ControllerResults;
 use crate::controller_bench_report;
 use crate::critest_bench::CritestBenchResults;
@@ -233,6 +235,8 @@ pub struct Results {
     /// P29-P32, the controller kit beside controller-runtime (absent with
     /// `--only runtime`).
     pub controller: Option<ControllerResults>,
+    /// P33-P35, nodes of a real cluster (absent with `--only runtime`).
+    pub cluster: Option<ClusterResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -366,6 +370,17 @@ pub fn render_controller_only(m: &Machine, c: &ControllerResults) -> Result<Stri
         "the controller kit beside controller-runtime only",
         controller_bench_report::summary_rows(c)?,
         controller_bench_report::sections(c)?,
+    )
+}
+
+/// Renders the cluster node figures alone (`--only cluster`).
+pub fn render_cluster_only(m: &Machine, c: &ClusterResults) -> Result<String, TemplateError> {
+    render_part(
+        m,
+        &m.command,
+        "nodes of a real cluster, `petrel node` beside kubelet, only",
+        cluster_bench_report::summary_rows(c)?,
+        cluster_bench_report::sections(c)?,
     )
 }
 
@@ -562,6 +577,10 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
         rows += &controller_bench_report::summary_rows(c)?;
         sections += &controller_bench_report::sections(c)?;
     }
+    if let Some(c) = &r.cluster {
+        rows += &cluster_bench_report::summary_rows(c)?;
+        sections += &cluster_bench_report::sections(c)?;
+    }
     Ok((rows, sections))
 }
 
@@ -617,6 +636,14 @@ fn run_vars(v: &mut Vars, m: &Machine, args: &Args, r: &Results) {
         .set("create_containers", args.create_containers)
         .set("fsync_p50", ms(r.fsync.p50()))
         .set("fsync_p99", ms(r.fsync.p99()));
+    match &r.cluster {
+        Some(c) => v
+            .flag("cluster", true)
+            .set("cluster_starts", c.starts)
+            .set("cluster_burst", c.burst)
+            .set("cluster_idle_seconds", c.idle_seconds),
+        None => v.flag("cluster", false),
+    };
     match &r.kubelet {
         Some(k) => v
             .flag("kubelet", true)
@@ -985,6 +1012,27 @@ mod tests {
         let text = render_controller_only(&m, &none).unwrap();
         assert_tables_square(&text);
         golden("sample-controller-none.md", &text);
+    }
+
+    #[test]
+    fn render_cluster_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        let full = render_cluster_only(&m, &report_sample::cluster()).unwrap();
+        assert_tables_square(&full);
+        golden("sample-cluster.md", &full);
+        let partial = render_cluster_only(&m, &report_sample::cluster_partial()).unwrap();
+        assert_tables_square(&partial);
+        golden("sample-cluster-partial.md", &partial);
+        let none = crate::cluster_bench::ClusterResults {
+            error: Some("no etcd in build/peers/bin | `make peers`\nmore".into()),
+            starts: 30,
+            burst: 100,
+            idle_seconds: 60,
+            ..Default::default()
+        };
+        let text = render_cluster_only(&m, &none).unwrap();
+        assert_tables_square(&text);
+        golden("sample-cluster-none.md", &text);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::agent::{
     StartRun, TargetRun,
 };
 use crate::agent_proc::{Mode, ObserveMethod};
+use crate::cluster_bench::{ClusterResults, StackRun};
 use crate::eviction::{CpuWindow, EvictionResults};
 use crate::kubelet::{
     Adoption as KubeletAdoption, Critest, KubeletResults, MemoryPoint, Pleg, Ramp, Series, Setup,
@@ -707,4 +708,81 @@ pub fn critest() -> crate::critest_bench::CritestBenchResults {
         containerd_version: "v2.4.2".into(),
         critest_version: "1.37.0".into(),
     }
+}
+
+/// One cluster stack's run: `base` ms of P33's median, `cpu_ms` of idle
+/// CPU, `rss` KiB of its runtime process.
+fn cluster_run(setup: Setup, version: &str, base: f64, cpu_ms: u64, rss: u64) -> StackRun {
+    use crate::cluster_bench::{Burst, IdleNode};
+    let kubelet = setup.is_kubelet();
+    StackRun {
+        setup,
+        runtime_version: version.into(),
+        node: format!("bench-{}-0a1b2c3d", setup.tag()),
+        ready_after: Some(Duration::from_millis(4_000 + base as u64)),
+        starts: ramp(30, base, base / 100.0),
+        creates: ramp(30, 8.0, 0.1),
+        burst: Some(Burst {
+            pods: 100,
+            sent: Duration::from_millis(900),
+            all_running: Duration::from_millis(base as u64 * 40),
+        }),
+        deleted: Some((31, Duration::from_millis(base as u64 * 5))),
+        idle: Some(IdleNode {
+            pods: 100,
+            window: kubelet_window(cpu_ms, kubelet, 100),
+            requests: if kubelet { 70 } else { 12 },
+            memory: MemoryPoint {
+                containers: 100,
+                kubelet: kubelet.then(|| mem(70_000)),
+                runtime: mem(rss),
+                shims: (0..100).map(|i| mem(900 + i)).collect(),
+                pause: if setup == Setup::KubeletContainerd {
+                    (0..100).map(|_| mem(400)).collect()
+                } else {
+                    vec![]
+                },
+            },
+        }),
+        skipped: vec![],
+        error: None,
+    }
+}
+
+/// The cluster figures of every stack.
+pub fn cluster() -> ClusterResults {
+    ClusterResults {
+        runs: vec![
+            cluster_run(Setup::PetrelNode, "petrel 0.1.0", 300.0, 30, 45_000),
+            cluster_run(Setup::KubeletContainerd, "v2.4.2", 1_200.0, 30_000, 50_000),
+            cluster_run(Setup::KubeletPetrel, "petrel 0.1.0", 1_000.0, 9_000, 30_000),
+        ],
+        kubelet_version: "Kubernetes v1.37.2".into(),
+        starts: 30,
+        burst: 100,
+        idle_seconds: 60,
+        error: None,
+    }
+}
+
+/// The cluster figures with the reference stopped part-way and the last
+/// stack skipped.
+pub fn cluster_partial() -> ClusterResults {
+    let mut r = cluster();
+    let c = &mut r.runs[1];
+    c.burst = None;
+    c.idle = None;
+    c.error = Some("100 pods running: not within 300 s | here\nkubelet log".into());
+    let kp = &mut r.runs[2];
+    *kp = StackRun {
+        starts: Samples::default(),
+        creates: Samples::default(),
+        ready_after: None,
+        burst: None,
+        deleted: None,
+        idle: None,
+        skipped: vec!["the whole stack: kubelet left out (PETREL_PEERS_SKIP)".into()],
+        ..kp.clone()
+    };
+    r
 }
