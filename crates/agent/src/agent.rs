@@ -86,12 +86,15 @@ pub async fn run(
             "agent setting `workers` is obsolete and ignored: every pod has its own worker"
         );
     }
-    // Before anything else: a server that may not run is a start-up error.
-    let tls = crate::server::tls::server_tls_with(
-        config.listen,
-        &config.tls_files(),
-        config.kubeconfig.is_none(),
-    )?;
+    let cluster_mode = config.kubeconfig.is_some();
+    let listen = config.effective_listen();
+    // Before anything else: a server that may not run is a start-up error
+    // (in cluster mode its certificate may have to be made first: below).
+    let standalone_tls = if cluster_mode {
+        None
+    } else {
+        crate::server::tls::server_tls(listen, &config.tls_files())?
+    };
     let socket_group = match &config.socket_group {
         Some(g) => Some(
             crate::server::peer::resolve_group(
@@ -109,6 +112,10 @@ pub async fn run(
     // subPath binds live only while a container is made: any found now
     // were left by a killed agent.
     crate::subpath::sweep(&config.root);
+    let cert_dir = config
+        .cert_dir
+        .clone()
+        .unwrap_or_else(|| config.root.join("pki"));
     // Cluster mode: a kubeconfig that cannot be used is a start-up error.
     let credentials = match &config.kubeconfig {
         Some(path) => Some(
@@ -116,10 +123,7 @@ pub async fn run(
                 &crate::cluster::credentials::CredentialFiles {
                     kubeconfig: path.clone(),
                     bootstrap: config.bootstrap_kubeconfig.clone(),
-                    cert_dir: config
-                        .cert_dir
-                        .clone()
-                        .unwrap_or_else(|| config.root.join("pki")),
+                    cert_dir: cert_dir.clone(),
                     rotate: config.rotate_certificates,
                 },
                 &node_name,
@@ -130,6 +134,24 @@ pub async fn run(
     };
     let kube_client = credentials.as_ref().map(|c| c.client.clone());
     let node_ip = config.node_ip.unwrap_or_else(host_ip);
+    // In cluster mode the kubelet API always serves TLS: with the
+    // certificate given, else a self-signed one (as kubelet).
+    let (tls, tls_files) = if cluster_mode {
+        let mut files = config.tls_files();
+        if files.cert.is_none() && files.key.is_none() {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+            let (cert, key) =
+                crate::cluster::serving::ensure_self_signed(&cert_dir, &node_name, &host, node_ip)
+                    .map_err(crate::cluster::ClusterError::Serving)?;
+            files.cert = Some(cert);
+            files.key = Some(key);
+        }
+        (Some(crate::server::tls::cluster_server_tls(&files)?), files)
+    } else {
+        (standalone_tls, config.tls_files())
+    };
     let node_flags =
         crate::cluster::NodeFlags::parse(&config.node_labels, &config.register_with_taints)?;
     let metrics = AgentMetrics::new();
@@ -168,10 +190,10 @@ pub async fn run(
     );
     queue.register(&mut registry);
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| AgentError::Listen {
-            addr: config.listen,
+            addr: listen,
             source,
         })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -182,7 +204,7 @@ pub async fn run(
         }
     };
     let socket = crate::server::socket::bind(&config.socket, socket_group)?;
-    let names = server_names(&node_name, tls.is_some().then(|| config.tls_files()));
+    let names = server_names(&node_name, tls.is_some().then_some(tls_files));
     let server = tokio::spawn(crate::server::serve(
         crate::server::Listeners {
             tcp: listener,
@@ -207,7 +229,7 @@ pub async fn run(
         },
         server_stop,
     ));
-    tracing::info!(listen = %config.listen, socket = %config.socket.display(), manifests = %config.manifests.display(), node = %node_name, "agent serving");
+    tracing::info!(listen = %listen, socket = %config.socket.display(), manifests = %config.manifests.display(), node = %node_name, "agent serving");
 
     let mut tasks = JoinSet::new();
 
@@ -287,10 +309,7 @@ pub async fn run(
                 Arc::new(crate::cluster::credentials::KubeCsrApi(client)),
                 current,
                 node_name.clone(),
-                config
-                    .cert_dir
-                    .clone()
-                    .unwrap_or_else(|| config.root.join("pki")),
+                cert_dir.clone(),
             ));
         }
         if let Some(client) = kube_client.clone() {
@@ -299,7 +318,7 @@ pub async fn run(
                     client: client.clone(),
                     node: node_name.clone(),
                     node_ip,
-                    port: config.listen.port(),
+                    port: listen.port(),
                     flags: node_flags.clone(),
                     reservations,
                     facts: machine.clone(),

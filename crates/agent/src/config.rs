@@ -120,6 +120,10 @@ pub struct AgentConfig {
     /// the Node, renew its Lease, run the pods bound to it, report their
     /// status). None: static pods only.
     pub kubeconfig: Option<PathBuf>,
+    /// The kubelet API's port in cluster mode (`--port`, 10250): with
+    /// `listen` left at its default, cluster mode serves on
+    /// `0.0.0.0:<port>`.
+    pub port: Option<u16>,
     /// A kubeconfig with bootstrap credentials (`--bootstrap-kubeconfig`):
     /// when `kubeconfig` has no valid client certificate, one is requested
     /// with these (TLS bootstrap) and `kubeconfig` written.
@@ -169,6 +173,7 @@ impl Default for AgentConfig {
             node_cgroup: None,
             seccomp_default: false,
             kubeconfig: None,
+            port: None,
             bootstrap_kubeconfig: None,
             cert_dir: None,
             rotate_certificates: true,
@@ -216,6 +221,16 @@ impl AgentConfig {
     /// `<root>/seccomp`, as kubelet's `<root-dir>/seccomp`.
     pub fn seccomp_root(&self) -> std::path::PathBuf {
         self.root.join("seccomp")
+    }
+
+    /// Where the TCP server listens: `listen`, except in cluster mode with
+    /// `listen` at its default, where it is kubelet's `0.0.0.0:<port>`
+    /// (10250 unless `port` says otherwise), so the API server reaches it.
+    pub fn effective_listen(&self) -> SocketAddr {
+        if self.kubeconfig.is_some() && self.listen == Self::default().listen {
+            return SocketAddr::from(([0, 0, 0, 0], self.port.unwrap_or(10250)));
+        }
+        self.listen
     }
 
     /// The node name, or the host name when unset.
@@ -286,6 +301,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_mode_should_serve_kubelets_port_unless_told_where() {
+        let mut c = AgentConfig::default();
+        assert_eq!(c.effective_listen(), c.listen);
+        c.kubeconfig = Some("/k".into());
+        assert_eq!(c.effective_listen().to_string(), "0.0.0.0:10250");
+        c.port = Some(11250);
+        assert_eq!(c.effective_listen().to_string(), "0.0.0.0:11250");
+        c.listen = "10.0.0.5:9999".parse().unwrap();
+        assert_eq!(c.effective_listen().to_string(), "10.0.0.5:9999");
+    }
 
     #[test]
     fn durations_should_parse_units_and_reject_nonsense() {

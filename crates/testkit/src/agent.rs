@@ -116,16 +116,30 @@ impl Agent {
         extra: &[&str],
     ) -> Agent {
         let mut args = vec![
-            "--kubeconfig".to_string(),
-            creds.kubeconfig.display().to_string(),
-            "--node-ip".to_string(),
-            creds.node_ip.to_string(),
             "--tls-cert-file".to_string(),
             creds.serving.cert.display().to_string(),
             "--tls-private-key-file".to_string(),
             creds.serving.key.display().to_string(),
             "--client-ca-file".to_string(),
             creds.client_ca.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::in_cluster_serving_itself(node, creds, &args)
+    }
+
+    /// [`Agent::in_cluster`] without a serving certificate or client CA:
+    /// the agent makes its own self-signed certificate, as kubelet does.
+    pub fn in_cluster_serving_itself(
+        node: &Node,
+        creds: &crate::cluster::NodeCredentials,
+        extra: &[&str],
+    ) -> Agent {
+        let mut args = vec![
+            "--kubeconfig".to_string(),
+            creds.kubeconfig.display().to_string(),
+            "--node-ip".to_string(),
+            creds.node_ip.to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -999,3 +999,60 @@ async fn a_petrel_node_should_join_by_tls_bootstrap() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_petrel_node_without_a_serving_certificate_should_make_its_own() {
+    if skip() {
+        return;
+    }
+    let cluster = std::thread::spawn(Cluster::start);
+    let node = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    let name = node_name("selfsigned");
+    let creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let agent = Agent::in_cluster_serving_itself(&node, &creds, &[]);
+    wait_for(
+        &format!("node {name} Ready"),
+        Duration::from_secs(90),
+        || {
+            kc.get_json(&["node", &name])
+                .ok()
+                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
+        },
+    )
+    .await;
+    // Its port serves TLS with a certificate it made (0600 in <root>/pki),
+    // and still asks the API server who may do what.
+    let cert = agent.root.join("pki/kubelet.crt");
+    use std::os::unix::fs::PermissionsExt;
+    let key_mode = std::fs::metadata(agent.root.join("pki/kubelet.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(key_mode & 0o777, 0o600);
+    // Without --client-ca-file, as kubelet, only bearer tokens authenticate:
+    // a service account bound to system:kubelet-api-admin gets the pods,
+    // one without rights is refused, certificates count for nothing.
+    for sa in ["default", "reader"] {
+        kc.ok(&["create", "serviceaccount", sa]).unwrap();
+    }
+    kc.ok(&[
+        "create",
+        "clusterrolebinding",
+        &format!("reader-{name}"),
+        "--clusterrole=system:kubelet-api-admin",
+        "--serviceaccount=default:reader",
+    ])
+    .unwrap();
+    let reader = kc.ok(&["create", "token", "reader"]).unwrap();
+    let nobody = kc.ok(&["create", "token", "default"]).unwrap();
+    let base = format!("https://{}:{}", agent.listen_ip, agent.port);
+    let status = |cred| curl_status(&base, "/pods", &cert, cred);
+    assert_eq!(status(Credential::Token(reader.trim())), "200");
+    assert_eq!(status(Credential::Token(nobody.trim())), "403");
+    assert_eq!(status(Credential::None), "401");
+    assert_eq!(status(Credential::Cert(cluster.admin_client())), "401");
+}

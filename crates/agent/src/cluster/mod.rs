@@ -27,6 +27,7 @@ pub mod node;
 pub mod node_object;
 pub mod pod_status;
 pub mod pods;
+pub mod serving;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub enum ClusterError {
         /// What is wrong.
         reason: String,
     },
+    /// The self-signed serving certificate could not be made.
+    #[error("serving certificate: {0}")]
+    Serving(String),
     /// The kubeconfig could not be read or used.
     #[error("--kubeconfig {path}: {reason}")]
     Kubeconfig {

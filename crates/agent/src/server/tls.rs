@@ -73,18 +73,6 @@ pub fn server_tls(
     listen: SocketAddr,
     files: &TlsFiles,
 ) -> Result<Option<Arc<ServerConfig>>, ExposureError> {
-    server_tls_with(listen, files, true)
-}
-
-/// [`server_tls`], with client certificates optional when
-/// `require_client_certs` is false: in cluster mode every request is
-/// authenticated by the webhook (a certificate, or a bearer token the API
-/// server reviews), as kubelet's server does.
-pub fn server_tls_with(
-    listen: SocketAddr,
-    files: &TlsFiles,
-    require_client_certs: bool,
-) -> Result<Option<Arc<ServerConfig>>, ExposureError> {
     let loopback = listen.ip().is_loopback();
     let (cert, key, ca) = match (&files.cert, &files.key, &files.client_ca) {
         (Some(c), Some(k), Some(a)) => (c, k, a),
@@ -97,40 +85,72 @@ pub fn server_tls_with(
         (None, None, _) => return Err(incomplete(CA_FLAG, CERT_FLAG)),
         (Some(_), Some(_), None) => return Err(incomplete(CERT_FLAG, CA_FLAG)),
     };
+    build(cert, key, Some(ca), true).map(Some)
+}
+
+/// The kubelet API's TLS configuration in cluster mode: the serving
+/// certificate and key (given, or self-signed), client certificates of
+/// `client_ca` verified when presented but none required, since every
+/// request is authenticated by the webhook (a certificate, or a bearer
+/// token the API server reviews), as kubelet's server does.
+pub fn cluster_server_tls(files: &TlsFiles) -> Result<Arc<ServerConfig>, ExposureError> {
+    let (cert, key) = match (&files.cert, &files.key) {
+        (Some(c), Some(k)) => (c, k),
+        (Some(_), None) => return Err(incomplete(CERT_FLAG, KEY_FLAG)),
+        (None, _) => return Err(incomplete(KEY_FLAG, CERT_FLAG)),
+    };
+    build(cert, key, files.client_ca.as_ref(), false)
+}
+
+/// A server configuration from the files; `require` makes a client
+/// certificate of `ca` mandatory.
+fn build(
+    cert: &Path,
+    key: &Path,
+    ca: Option<&PathBuf>,
+    require: bool,
+) -> Result<Arc<ServerConfig>, ExposureError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certs(CERT_FLAG, cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| ExposureError::File {
         flag: KEY_FLAG,
-        path: key.clone(),
+        path: key.to_path_buf(),
         reason: format!("no usable private key: {e}"),
     })?;
-    let mut roots = RootCertStore::empty();
-    for c in certs(CA_FLAG, ca)? {
-        roots.add(c).map_err(|e| ExposureError::File {
-            flag: CA_FLAG,
-            path: ca.clone(),
-            reason: format!("not a CA certificate: {e}"),
-        })?;
-    }
-    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-    let builder = if require_client_certs {
-        builder
-    } else {
-        builder.allow_unauthenticated()
-    };
-    let verifier = builder.build().map_err(|e| ExposureError::File {
-        flag: CA_FLAG,
-        path: ca.clone(),
-        reason: e.to_string(),
-    })?;
-    let mut config = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ExposureError::Config(e.to_string()))?
-        .with_client_cert_verifier(verifier)
+        .map_err(|e| ExposureError::Config(e.to_string()))?;
+    let builder = match ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs(CA_FLAG, ca)? {
+                roots.add(c).map_err(|e| ExposureError::File {
+                    flag: CA_FLAG,
+                    path: ca.clone(),
+                    reason: format!("not a CA certificate: {e}"),
+                })?;
+            }
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            let verifier = if require {
+                verifier
+            } else {
+                verifier.allow_unauthenticated()
+            };
+            let verifier = verifier.build().map_err(|e| ExposureError::File {
+                flag: CA_FLAG,
+                path: ca.clone(),
+                reason: e.to_string(),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| ExposureError::Config(e.to_string()))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Some(Arc::new(config)))
+    Ok(Arc::new(config))
 }
 
 /// A matcher of the DNS names the server certificate is valid for (its

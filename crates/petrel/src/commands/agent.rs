@@ -63,6 +63,10 @@ pub struct AgentFlags {
     /// Where the client certificates are kept [default: <root>/pki].
     #[arg(long)]
     pub cert_dir: Option<PathBuf>,
+    /// Cluster mode: the kubelet API's port on 0.0.0.0 when --listen is not
+    /// given [default: 10250].
+    #[arg(long)]
+    pub port: Option<u16>,
     /// Renew the client certificate before it expires [default: true].
     #[arg(long)]
     pub rotate_certificates: Option<bool>,
@@ -244,6 +248,9 @@ impl AgentFlags {
         }
         if let Some(v) = &self.cert_dir {
             c.cert_dir = Some(v.clone());
+        }
+        if let Some(v) = self.port {
+            c.port = Some(v);
         }
         if let Some(v) = self.rotate_certificates {
             c.rotate_certificates = v;
