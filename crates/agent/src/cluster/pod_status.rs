@@ -292,8 +292,8 @@ impl PodStatusSync {
 }
 
 /// The status fields the node owns, from `ours`, with the conditions the
-/// node does not own taken from `api`: a JSON object with every field of
-/// [`NODE_FIELDS`] (null where unset) and `conditions`.
+/// node does not own taken from `api`: a JSON object with every status
+/// field the node owns (null where unset) and `conditions`.
 pub fn status_fields(ours: Option<&PodStatus>, api: Option<&PodStatus>) -> Value {
     let ours_json = ours
         .and_then(|s| serde_json::to_value(s).ok())
