@@ -1056,3 +1056,73 @@ async fn a_petrel_node_without_a_serving_certificate_should_make_its_own() {
     assert_eq!(status(Credential::None), "401");
     assert_eq!(status(Credential::Cert(cluster.admin_client())), "401");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_logs_should_follow_and_show_the_previous_attempt_on_a_petrel_node() {
+    if skip() {
+        return;
+    }
+    let cluster = std::thread::spawn(Cluster::start);
+    let node = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    let name = node_name("logs");
+    let creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let _agent = Agent::in_cluster(&node, &creds, &[]);
+    // A container that counts once a second, and one that says which
+    // attempt it is and exits.
+    let pod = bound_pod("talker", &name, "10m", "").replace(
+        "'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done'",
+        "'trap \"exit 0\" TERM; i=0; while true; do echo tick-$i; i=$((i+1)); sleep 1; done'",
+    );
+    kc.apply(&pod).unwrap();
+    let crasher = bound_pod("crasher", &name, "10m", "").replace(
+        "'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done'",
+        "'echo attempt-$(cat /proc/sys/kernel/random/uuid); sleep 1; exit 3'",
+    );
+    kc.apply(&crasher).unwrap();
+    wait_pod_running(&kc, "talker").await;
+
+    // logs -f: lines as they come, through the API server.
+    let mut follow = kc
+        .command(&["logs", "-f", "talker"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = follow.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    // A line written after the follow began arrives too.
+    let later = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert!(
+        first.starts_with("tick-") && later.starts_with("tick-"),
+        "{first} {later}"
+    );
+    assert_ne!(first, later);
+
+    // --previous: the attempt before the running (or latest) one.
+    wait_for("crasher restarted twice", Duration::from_secs(90), || {
+        let p = kc.get_json(&["pod", "crasher"]).ok()?;
+        let n = p["status"]["containerStatuses"][0]["restartCount"].as_u64()?;
+        (n >= 2).then_some(())
+    })
+    .await;
+    let previous = kc.ok(&["logs", "--previous", "crasher"]).unwrap();
+    let current = kc.ok(&["logs", "crasher"]).unwrap();
+    assert!(previous.starts_with("attempt-"), "{previous:?}");
+    assert!(current.starts_with("attempt-"), "{current:?}");
+    assert_ne!(previous, current, "--previous showed the latest attempt");
+}
