@@ -76,6 +76,13 @@ impl AgentArgs {
 /// evict or refuse its pods.
 pub const QUIET_EVICTION: &str = "memory.available<100Mi";
 
+/// About 8 MB more anonymous memory every 200 ms (a subshell holding a
+/// 4 MB string and its copy), 28 times: past a 64Mi threshold on a 256Mi
+/// node (192Mi of working set) but short of the limit, so only eviction
+/// can stop it, not the OOM killer. The subshells loop rather than exec
+/// sleep, which would free their memory.
+pub const MEMORY_HOG: &str = "i=0; while [ $i -lt 28 ]; do (x=$(head -c 4000000 /dev/zero | tr '\\000' x); y=\"${x}.\"; while :; do sleep 30; done) & i=$((i+1)); sleep 0.2; done; wait";
+
 /// A running agent.
 pub struct Agent {
     pub manifests: PathBuf,

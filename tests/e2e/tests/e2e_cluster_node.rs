@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use petrel_testkit::agent::Agent;
+use petrel_testkit::agent::{Agent, MEMORY_HOG};
 use petrel_testkit::cluster::{self, Cluster};
 use petrel_testkit::kubectl::{Kubectl, PortForward};
 use petrel_testkit::kubelet;
@@ -1125,4 +1125,89 @@ async fn kubectl_logs_should_follow_and_show_the_previous_attempt_on_a_petrel_no
     assert!(previous.starts_with("attempt-"), "{previous:?}");
     assert!(current.starts_with("attempt-"), "{current:?}");
     assert_ne!(previous, current, "--previous showed the latest attempt");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_evicted_under_node_pressure_should_be_failed_evicted_in_the_api() {
+    if skip() {
+        return;
+    }
+    let cluster = std::thread::spawn(Cluster::start);
+    let node = Node::start_with_busybox().await;
+    let cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let kc = cluster.kubectl().unwrap();
+    kc.ok(&["create", "serviceaccount", "default"]).unwrap();
+    // The node is a 256 MiB memory cgroup under the test's cgroup parent.
+    let cgroup = format!("{}/node", node.cgroup_parent);
+    let dir = Node::cgroup_dir("memory", &cgroup);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("memory.limit_in_bytes"),
+        (256u64 << 20).to_string(),
+    )
+    .unwrap();
+    let name = node_name("pressure");
+    let creds = cluster
+        .node_credentials(&name, kubelet::node_ip().unwrap())
+        .unwrap();
+    let _agent = Agent::in_cluster(
+        &node,
+        &creds,
+        &[
+            "--node-cgroup",
+            &cgroup,
+            "--eviction-hard",
+            "memory.available<64Mi",
+            "--eviction-pressure-transition-period",
+            "3s",
+        ],
+    );
+    wait_for(
+        &format!("node {name} Ready"),
+        Duration::from_secs(90),
+        || {
+            kc.get_json(&["node", &name])
+                .ok()
+                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
+        },
+    )
+    .await;
+    let hog = bound_pod("hog", &name, "10m", "").replace(
+        "'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done'",
+        &format!("{MEMORY_HOG:?}"),
+    );
+    kc.apply(&hog).unwrap();
+    // The eviction shows in the API as kubelet shows it, and on the Node.
+    let evicted = wait_for("hog Failed, Evicted", Duration::from_secs(90), || {
+        kc.get_json(&["pod", "hog"])
+            .ok()
+            .filter(|p| p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted")
+    })
+    .await;
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("memory.available"), "{message}");
+    let disruption = evicted["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "DisruptionTarget")
+        .cloned()
+        .unwrap_or_else(|| panic!("no DisruptionTarget: {}", evicted["status"]));
+    assert_eq!(disruption["reason"], "TerminationByKubelet");
+    let uid = evicted["metadata"]["uid"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    loop {
+        let running = containers(&node)
+            .await
+            .into_iter()
+            .any(|c| c.0 == uid && c.3 == petrel_cri::api::ContainerState::ContainerRunning as i32);
+        if !running {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the hog still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -316,19 +316,18 @@ pub fn status_fields(ours: Option<&PodStatus>, api: Option<&PodStatus>) -> Value
     Value::Object(out)
 }
 
-/// The node's conditions, then everyone else's as the API has them, in the
-/// API's order.
+/// Set by whoever disrupts the pod: the node when it evicts it, the API
+/// server's eviction or a controller otherwise. The node's wins when it has
+/// one; else the API's is kept.
+const DISRUPTION: &str = "DisruptionTarget";
+
+/// Everyone else's conditions as the API has them, in the API's order,
+/// then the node's.
 fn merged_conditions(ours: &[PodCondition], api: &[PodCondition]) -> Vec<PodCondition> {
-    let mut out: Vec<PodCondition> = api
-        .iter()
-        .filter(|c| !NODE_CONDITIONS.contains(&c.type_.as_str()))
-        .cloned()
-        .collect();
-    out.extend(
-        ours.iter()
-            .filter(|c| NODE_CONDITIONS.contains(&c.type_.as_str()))
-            .cloned(),
-    );
+    let ours_disrupts = ours.iter().any(|c| c.type_ == DISRUPTION);
+    let mine = |t: &str| NODE_CONDITIONS.contains(&t) || (t == DISRUPTION && ours_disrupts);
+    let mut out: Vec<PodCondition> = api.iter().filter(|c| !mine(&c.type_)).cloned().collect();
+    out.extend(ours.iter().filter(|c| mine(&c.type_)).cloned());
     out
 }
 

@@ -218,3 +218,20 @@ fn conditions_of_others_should_keep_their_place_and_ours_replace_the_apis() {
     .collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn the_nodes_disruption_condition_should_win_and_the_apis_be_kept_otherwise() {
+    let c = |t: &str, r: &str| PodCondition {
+        type_: t.into(),
+        status: "True".into(),
+        reason: Some(r.into()),
+        ..Default::default()
+    };
+    let api = [c("DisruptionTarget", "EvictionByEvictionAPI")];
+    let kept = merged_conditions(&[c("Ready", "x")], &api);
+    assert_eq!(kept[0].reason.as_deref(), Some("EvictionByEvictionAPI"));
+    let ours = [c("DisruptionTarget", "TerminationByKubelet")];
+    let got = merged_conditions(&ours, &api);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].reason.as_deref(), Some("TerminationByKubelet"));
+}
