@@ -169,6 +169,12 @@ pub async fn run(
     let store = Arc::new(StatusStore::new());
     let node_state = Arc::new(crate::eviction::NodeState::new());
     let source = if config.kubeconfig.is_some() {
+        // A node of a cluster may well have no static pods: a missing
+        // manifest directory is made (private) rather than refused.
+        if !config.manifests.exists() {
+            petrel_fs::create_private_dir_all(&config.manifests, petrel_fs::PRIVATE)?;
+            tracing::info!(dir = %config.manifests.display(), "no manifest directory: made an empty one");
+        }
         PodSource::load_in_cluster(&config.manifests, &node_name)?
     } else {
         PodSource::load(&config.manifests, &node_name)?

@@ -183,7 +183,10 @@ impl Agent {
     ) -> Agent {
         let suffix = random_suffix();
         let manifests = dir.join(format!("manifests-{suffix}"));
-        std::fs::create_dir_all(&manifests).expect("manifests dir");
+        // A node of a cluster makes its own (it may have no static pods).
+        if node.is_none() {
+            std::fs::create_dir_all(&manifests).expect("manifests dir");
+        }
         let mut a = Agent {
             manifests,
             root: root.unwrap_or_else(|| dir.join(format!("agent-{suffix}"))),

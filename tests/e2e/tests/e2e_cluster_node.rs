@@ -1033,6 +1033,12 @@ async fn a_petrel_node_without_a_serving_certificate_should_make_its_own() {
         .permissions()
         .mode();
     assert_eq!(key_mode & 0o777, 0o600);
+    // It had no manifest directory either: it made an empty, private one.
+    let manifests_mode = std::fs::metadata(&agent.manifests)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(manifests_mode & 0o777, 0o700);
     // Without --client-ca-file, as kubelet, only bearer tokens authenticate:
     // a service account bound to system:kubelet-api-admin gets the pods,
     // one without rights is refused, certificates count for nothing.
