@@ -1119,6 +1119,36 @@ async fn kubectl_logs_should_follow_and_show_the_previous_attempt_on_a_petrel_no
     );
     assert_ne!(first, later);
 
+    // attach: to a container reading its stdin (closed when the session
+    // ends: stdinOnce), through the API server.
+    let echo = bound_pod("echoer", &name, "10m", "")
+        .replace(
+            "'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done'",
+            "'while read line; do echo got-$line; done'",
+        )
+        .replace(
+            "    imagePullPolicy: Never\n",
+            "    imagePullPolicy: Never\n    stdin: true\n    stdinOnce: true\n",
+        );
+    assert!(
+        echo.contains("stdinOnce: true") && echo.contains("while read"),
+        "{echo}"
+    );
+    kc.apply(&echo).unwrap();
+    wait_pod_running(&kc, "echoer").await;
+    let out = kc
+        .run_with(
+            &["attach", "-i", "echoer", "-c", "main"],
+            Some(b"one\ntwo\n"),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("got-one") && text.contains("got-two"),
+        "{out:?}"
+    );
+
     // --previous: the attempt before the running (or latest) one.
     wait_for("crasher restarted twice", Duration::from_secs(90), || {
         let p = kc.get_json(&["pod", "crasher"]).ok()?;
