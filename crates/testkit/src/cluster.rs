@@ -198,6 +198,13 @@ pub fn apiserver_args(port: u16, etcd_client_port: u16, f: &ApiserverFiles) -> V
     args
 }
 
+/// A node name no other test picks: `<prefix>-<8 hex digits>` (RFC 1123
+/// when `prefix` is).
+pub fn node_name(prefix: &str) -> String {
+    let suffix = crate::process::random_suffix();
+    format!("{prefix}-{}", &suffix[..8.min(suffix.len())])
+}
+
 /// Credentials of one node's kubelet in a [`Cluster`].
 #[derive(Debug, Clone)]
 pub struct NodeCredentials {

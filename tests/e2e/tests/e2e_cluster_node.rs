@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use petrel_testkit::agent::{Agent, MEMORY_HOG};
-use petrel_testkit::cluster::{self, Cluster};
+use petrel_testkit::cluster::{self, node_name, Cluster};
 use petrel_testkit::kubectl::{Kubectl, PortForward};
 use petrel_testkit::kubelet;
 use petrel_testkit::prelude::*;
@@ -48,11 +48,14 @@ fn skip() -> bool {
     false
 }
 
-/// A node name no other test picks (RFC 1123).
-fn node_name(prefix: &str) -> String {
-    let mut b = [0u8; 4];
-    getrandom::getrandom(&mut b).unwrap();
-    format!("{prefix}-{}", hex::encode(b))
+/// Waits until node `name` is Ready in the API; returns the Node.
+async fn wait_node_ready(kc: &Kubectl, name: &str, within: Duration) -> Value {
+    wait_for(&format!("node {name} Ready"), within, || {
+        kc.get_json(&["node", name])
+            .ok()
+            .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
+    })
+    .await
 }
 
 /// Polls `f` until it gives a value, or panics naming `what`.
@@ -221,16 +224,7 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
     let mut agent = Agent::in_cluster(&node, &creds, &[]);
 
     // Registration, Ready, the Lease.
-    let n = wait_for(
-        &format!("node {name} Ready"),
-        Duration::from_secs(90),
-        || {
-            kc.get_json(&["node", &name])
-                .ok()
-                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
-        },
-    )
-    .await;
+    let n = wait_node_ready(&kc, &name, Duration::from_secs(90)).await;
     eprintln!("node Ready after {:?}", t0.elapsed());
     assert_eq!(n["metadata"]["labels"]["kubernetes.io/hostname"], name);
     assert_eq!(n["metadata"]["labels"]["kubernetes.io/os"], "linux");
@@ -541,16 +535,7 @@ async fn a_petrel_node_should_refuse_what_it_cannot_run() {
         .node_credentials(&name, kubelet::node_ip().unwrap())
         .unwrap();
     let agent = Agent::in_cluster(&node, &creds, &[]);
-    let n = wait_for(
-        &format!("node {name} Ready"),
-        Duration::from_secs(90),
-        || {
-            kc.get_json(&["node", &name])
-                .ok()
-                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
-        },
-    )
-    .await;
+    let n = wait_node_ready(&kc, &name, Duration::from_secs(90)).await;
     eprintln!("node Ready after {:?}", t0.elapsed());
     let cpu = n["status"]["allocatable"]["cpu"]
         .as_str()
@@ -782,12 +767,7 @@ async fn a_petrel_node_and_a_kubelet_node_should_serve_one_cluster_side_by_side(
     ))
     .unwrap_or_else(|e| panic!("{e}"));
     for n in [&pn, &kn] {
-        wait_for(&format!("node {n} Ready"), Duration::from_secs(120), || {
-            kc.get_json(&["node", n])
-                .ok()
-                .filter(|o| condition(o, "Ready").as_deref() == Some("True"))
-        })
-        .await;
+        wait_node_ready(&kc, n, Duration::from_secs(120)).await;
     }
     kc.apply(&bound_pod("on-petrel", &pn, "10m", "")).unwrap();
     kc.apply(&bound_pod("on-kubelet", &kn, "10m", "")).unwrap();
@@ -855,16 +835,7 @@ async fn a_petrel_node_should_join_by_tls_bootstrap() {
             &cert_flag,
         ],
     );
-    wait_for(
-        &format!("node {name} Ready"),
-        Duration::from_secs(90),
-        || {
-            kc.get_json(&["node", &name])
-                .ok()
-                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
-        },
-    )
-    .await;
+    wait_node_ready(&kc, &name, Duration::from_secs(90)).await;
 
     // One request by the bootstrap token, approved and signed. (The
     // signer backdates a certificate by 5 minutes, so one of a minute is
@@ -1014,16 +985,7 @@ async fn a_petrel_node_without_a_serving_certificate_should_make_its_own() {
         .node_credentials(&name, kubelet::node_ip().unwrap())
         .unwrap();
     let agent = Agent::in_cluster_serving_itself(&node, &creds, &[]);
-    wait_for(
-        &format!("node {name} Ready"),
-        Duration::from_secs(90),
-        || {
-            kc.get_json(&["node", &name])
-                .ok()
-                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
-        },
-    )
-    .await;
+    wait_node_ready(&kc, &name, Duration::from_secs(90)).await;
     // Its port serves TLS with a certificate it made (0600 in <root>/pki),
     // and still asks the API server who may do what.
     let cert = agent.root.join("pki/kubelet.crt");
@@ -1198,16 +1160,7 @@ async fn a_pod_evicted_under_node_pressure_should_be_failed_evicted_in_the_api()
             "3s",
         ],
     );
-    wait_for(
-        &format!("node {name} Ready"),
-        Duration::from_secs(90),
-        || {
-            kc.get_json(&["node", &name])
-                .ok()
-                .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
-        },
-    )
-    .await;
+    wait_node_ready(&kc, &name, Duration::from_secs(90)).await;
     let hog = bound_pod("hog", &name, "10m", "").replace(
         "'trap \"exit 0\" TERM; echo up; while true; do sleep 1; done'",
         &format!("{MEMORY_HOG:?}"),

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use petrel_cri::api;
-use petrel_testkit::cluster::{self, Cluster};
+use petrel_testkit::cluster::{self, node_name, Cluster};
 use petrel_testkit::kubectl::PortForward;
 use petrel_testkit::kubelet::{self, metric_value, Kubelet, KubeletOptions};
 use petrel_testkit::prelude::*;
@@ -47,13 +47,6 @@ fn skip(needs_cluster: bool) -> bool {
         return true;
     }
     false
-}
-
-/// A node name no other test picks (RFC 1123).
-fn node_name(prefix: &str) -> String {
-    let mut b = [0u8; 4];
-    getrandom::getrandom(&mut b).unwrap();
-    format!("{prefix}-{}", hex::encode(b))
 }
 
 fn endpoint(node: &Node) -> String {

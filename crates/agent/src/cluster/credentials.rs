@@ -230,8 +230,6 @@ pub async fn request_certificate(api: &dyn CsrApi, node: &str) -> Result<Vec<u8>
 /// (0600, in a private directory), then `kubelet-client-current.pem`
 /// pointed at it in one rename. Returns the link's path.
 pub fn store(dir: &Path, pem: &[u8]) -> Result<PathBuf, String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE).map_err(|e| e.to_string())?;
     let stamp = Timestamp::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
     // Two certificates within one second keep both files.
@@ -242,17 +240,7 @@ pub fn store(dir: &Path, pem: &[u8]) -> Result<PathBuf, String> {
         })
         .find(|f| !f.exists())
         .unwrap_or_else(|| dir.join(format!("kubelet-client-{stamp}.pem")));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&file)?;
-        f.write_all(pem)?;
-        f.sync_all()
-    };
-    write().map_err(|e| format!("write {}: {e}", file.display()))?;
+    write_private(&file, pem)?;
     let link = dir.join(CURRENT);
     let tmp = dir.join(format!(".{CURRENT}.tmp"));
     let _ = std::fs::remove_file(&tmp);
@@ -287,21 +275,25 @@ pub fn write_kubeconfig(path: &Path, bootstrap: &Kubeconfig, cert: &Path) -> Res
         "current-context": "default-context",
     });
     let text = serde_yaml::to_string(&yaml).map_err(|e| e.to_string())?;
+    write_private(path, text.as_bytes())
+}
+
+/// Writes `bytes` to `path` whole (a 0600 temporary file, synced, renamed
+/// over it): a reader sees the old content or the new, never a part.
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| format!("write {}: {e}", tmp.display()))?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(|e| format!("write {}: {e}", tmp.display()))?;
-    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| format!("write {}: {e}", tmp.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| format!("write {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("write {}: {e}", path.display()))
 }
 

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::credentials::write_private;
+
 /// The files of the self-signed serving certificate.
 pub fn paths(cert_dir: &Path) -> (PathBuf, PathBuf) {
     (cert_dir.join("kubelet.crt"), cert_dir.join("kubelet.key"))
@@ -75,23 +77,6 @@ fn usable(cert: &Path, key: &Path, ip: IpAddr) -> bool {
             .is_ok()
     });
     valid && names_ip
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| format!("write {}: {e}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("write {}: {e}", path.display()))
 }
 
 #[cfg(test)]
