@@ -294,7 +294,8 @@ pub async fn run(
         .unwrap_or_default();
         let reservations =
             crate::cluster::node_object::Reservations::from_settings(&config.eviction);
-        workers.set_node_facts(node_facts(&node_name, &machine, &reservations, &node_flags));
+        let facts = node_facts(&node_name, &machine, &reservations, &node_flags);
+        workers.set_node_facts(facts.clone());
         start_eviction(
             &config,
             &runtime,
@@ -343,6 +344,7 @@ pub async fn run(
                     store: Arc::clone(&store),
                     workers: Arc::clone(&workers),
                     node_uid,
+                    node_facts: facts,
                 },
                 &mut tasks,
             )

@@ -59,7 +59,48 @@ impl Kubectl {
         stdin: Option<&[u8]>,
         deadline: Duration,
     ) -> Result<Output, KitError> {
-        let mut cmd = self.command(args);
+        self.finish(self.command(args), stdin, deadline)
+    }
+
+    /// Runs kubectl with `args` on a pseudo-terminal of its own (through
+    /// util-linux `script`), as a user at a terminal does: for `exec -it`,
+    /// which refuses a TTY when its input is not a terminal. Returns what
+    /// the terminal showed (a TTY turns each `\n` into `\r\n`).
+    pub fn in_terminal(&self, args: &[&str], deadline: Duration) -> Result<String, KitError> {
+        let kubectl = self.command(args);
+        let quote =
+            |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
+        let line: Vec<String> = std::iter::once(quote(kubectl.get_program()))
+            .chain(kubectl.get_args().map(quote))
+            .collect();
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &line.join(" "), "/dev/null"])
+            .env("HOME", &self.home)
+            .env_remove("KUBECONFIG");
+        let out = self.finish(cmd, None, deadline)?;
+        if !out.status.success() {
+            return Err(KitError::Run {
+                component: "kubectl".into(),
+                detail: format!(
+                    "kubectl {} on a terminal exited with {}: {}",
+                    args.join(" "),
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout).trim()
+                ),
+                log: self.log_hint.clone(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Starts `cmd` (with `stdin` fed to it) and waits for it within
+    /// `deadline`, killing it after.
+    fn finish(
+        &self,
+        mut cmd: Command,
+        stdin: Option<&[u8]>,
+        deadline: Duration,
+    ) -> Result<Output, KitError> {
         cmd.stdin(if stdin.is_some() {
             Stdio::piped()
         } else {

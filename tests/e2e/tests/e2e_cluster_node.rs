@@ -322,6 +322,25 @@ async fn a_petrel_node_should_join_run_a_deployment_and_let_its_pods_go() {
         )
         .unwrap();
     assert_eq!(out, "through stdin\n");
+    // `exec -it` from a terminal: the container's side is a TTY too.
+    let out = kc
+        .in_terminal(
+            &[
+                "exec",
+                "-it",
+                &some,
+                "--",
+                "sh",
+                "-c",
+                "test -t 0 && test -t 1 && echo tty-$((6*7)); tty",
+            ],
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert!(
+        out.contains("tty-42\r\n") && out.contains("/dev/pts/"),
+        "{out:?}"
+    );
     {
         let (_pf, local) = PortForward::start(&kc, &some, 8080).unwrap();
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], local));
@@ -586,6 +605,44 @@ async fn a_petrel_node_should_refuse_what_it_cannot_run() {
     .await;
     eprintln!("verdicts in the API after {:?}", t0.elapsed());
 
+    // Labels and taints edited in the API reach admission, as in kubelet:
+    // the label picky lacked lets the next such pod in; a NoExecute taint
+    // keeps out a pod that does not tolerate it.
+    kc.ok(&["label", "node", &name, "disktype=ssd"]).unwrap();
+    kc.ok(&[
+        "taint",
+        "node",
+        &name,
+        "petrel.test/quarantine=yes:NoExecute",
+    ])
+    .unwrap();
+    // The node's informer hears of both before the next pods come.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    kc.apply(&bound_pod(
+        "picky-again",
+        &name,
+        "10m",
+        "  nodeSelector: {disktype: ssd}\n  tolerations: [{key: petrel.test/quarantine, operator: Exists}]\n",
+    ))
+    .unwrap();
+    kc.apply(&bound_pod("intolerant", &name, "10m", ""))
+        .unwrap();
+    wait_for("picky-again Running", Duration::from_secs(60), || {
+        pod_verdict(&kc, "picky-again").filter(|v| v.0 == "Running")
+    })
+    .await;
+    let intolerant = wait_for("intolerant Failed", Duration::from_secs(60), || {
+        pod_verdict(&kc, "intolerant").filter(|v| v.0 == "Failed")
+    })
+    .await;
+    assert_eq!(intolerant.1, "TaintToleration", "{intolerant:?}");
+    kc.ok(&["taint", "node", &name, "petrel.test/quarantine-"])
+        .unwrap();
+    eprintln!(
+        "labels and taints from the API heeded after {:?}",
+        t0.elapsed()
+    );
+
     // The refused never ran; they stay Failed.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let uids: Vec<String> = containers(&node).await.into_iter().map(|c| c.0).collect();
@@ -679,7 +736,13 @@ async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restar
         return;
     }
     let t0 = Instant::now();
-    let cluster = std::thread::spawn(Cluster::start);
+    // The node lifecycle controller judges the node by its Lease, as in a
+    // real cluster: after the outage it must see the node Ready again.
+    let cluster = std::thread::spawn(|| {
+        let mut c = Cluster::start()?;
+        c.start_controller_manager(&["nodelifecycle"])?;
+        Ok::<_, petrel_testkit::KitError>(c)
+    });
     let mut node = Node::start_with_busybox().await;
     let mut cluster = cluster.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
     let kc = cluster.kubectl().unwrap();
@@ -693,15 +756,18 @@ async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restar
     wait_pod_running(&kc, "a").await;
     let before = containers(&node).await;
 
-    // The API server is gone for 20 s: the pod keeps running, the agent
-    // keeps serving; afterwards the Lease is renewed again, the status
-    // resumes and a new pod runs.
+    // The API server is gone for two minutes (longer than the Lease's
+    // 40 s): the pod keeps running, the agent keeps serving; afterwards
+    // the Lease is renewed within the retry backoff's bound, the node and
+    // the pod are Ready again (whatever the node lifecycle controller
+    // marked meanwhile) and a new pod runs.
     let down = Instant::now();
     cluster
-        .restart_apiserver_after(Duration::from_secs(20))
+        .restart_apiserver_after(Duration::from_secs(120))
         .unwrap();
     eprintln!("API server back after {:?}", down.elapsed());
     let back = Timestamp::now();
+    let returned = Instant::now();
     assert_eq!(
         containers(&node).await,
         before,
@@ -713,6 +779,16 @@ async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restar
         Duration::from_secs(30),
         || renew_time(&kc, &name).filter(|t| *t > back).map(drop),
     )
+    .await;
+    eprintln!(
+        "Lease renewed {:?} after the API server's return",
+        returned.elapsed()
+    );
+    wait_node_ready(&kc, &name, Duration::from_secs(90)).await;
+    wait_for("pod a Ready again", Duration::from_secs(60), || {
+        let p = kc.get_json(&["pod", "a"]).ok()?;
+        (condition(&p, "Ready").as_deref() == Some("True")).then_some(())
+    })
     .await;
     kc.apply(&bound_pod("b", &name, "10m", "")).unwrap();
     wait_pod_running(&kc, "b").await;
@@ -739,6 +815,22 @@ async fn a_petrel_node_should_ride_out_an_api_server_outage_and_a_runtime_restar
     .unwrap();
     assert!(kc.get_json(&["pod", "a"]).is_err());
     eprintln!("runtime restart done after {:?}", t0.elapsed());
+
+    // Past the node lifecycle controller's grace period (50 s) after the
+    // outage, whatever it marked, the node and its pod are Ready.
+    wait_for(
+        "node and pod b Ready a minute after the outage",
+        Duration::from_secs(150),
+        || {
+            let n = kc.get_json(&["node", &name]).ok()?;
+            let p = kc.get_json(&["pod", "b"]).ok()?;
+            (returned.elapsed() > Duration::from_secs(60)
+                && condition(&n, "Ready").as_deref() == Some("True")
+                && condition(&p, "Ready").as_deref() == Some("True"))
+            .then_some(())
+        },
+    )
+    .await;
     drop(agent);
 }
 

@@ -16,7 +16,8 @@
 //! - [`pods`]: the node's pod informer and what it feeds;
 //! - [`mirror`]: the static pods' mirror pods;
 //! - [`pod_status`]: pod status patches and final deletion;
-//! - [`lease`]: the node's heartbeat.
+//! - [`lease`]: the node's heartbeat;
+//! - [`own_node`]: the Node as the API shows it, for admission.
 
 pub mod credentials;
 pub mod delegated;
@@ -25,6 +26,7 @@ pub mod lease;
 pub mod mirror;
 pub mod node;
 pub mod node_object;
+pub mod own_node;
 pub mod pod_status;
 pub mod pods;
 pub mod serving;
@@ -160,6 +162,7 @@ pub async fn start_node(
 /// The running pod side of cluster mode: stopped with [`PodSide::stop`].
 pub struct PodSide {
     informer: SharedInformer<Pod>,
+    node: SharedInformer<k8s_openapi::api::core::v1::Node>,
     status: WorkQueue<String>,
 }
 
@@ -167,6 +170,7 @@ impl PodSide {
     /// Stops the informer and the status sync.
     pub fn stop(&self) {
         self.informer.stop();
+        self.node.stop();
         self.status.shut_down();
     }
 }
@@ -187,6 +191,8 @@ pub struct PodSideParts {
     pub workers: Arc<PodWorkers>,
     /// The Node's UID once registered (mirror pods' owner).
     pub node_uid: tokio::sync::watch::Receiver<Option<String>>,
+    /// What admission knows of the node now (from the flags).
+    pub node_facts: crate::admission::NodeFacts,
 }
 
 impl pod_status::PodsOnNode for PodWorkers {
@@ -282,5 +288,14 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
         let sync = Arc::clone(&sync);
         async move { sync.reconcile(&uid).await }
     }));
-    PodSide { informer, status }
+    // The Node's labels and taints as edited in the API reach admission.
+    let node = own_node::informer(p.client.clone(), &p.node);
+    let workers = Arc::clone(&p.workers);
+    let _ = own_node::feed(&node, p.node_facts, move |f| workers.set_node_facts(f));
+    node.start();
+    PodSide {
+        informer,
+        node,
+        status,
+    }
 }
