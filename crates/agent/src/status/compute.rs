@@ -13,10 +13,15 @@ use k8s_openapi::jiff::Timestamp;
 use petrel_cri::api;
 
 use crate::convert::{is_sidecar, qos_class, DEFAULT_TERMINATION_GRACE_SECONDS};
-use crate::types::{ContainerHints, DesiredPod, PodHints, PodRuntimeStatus};
+use crate::types::{ContainerHints, DesiredPod, PodHints, PodOrigin, PodRuntimeStatus};
 
-/// `status.reason` of a pod whose manifest cannot run.
+/// `status.reason` of a static pod whose manifest cannot run.
 pub const REASON_INVALID_MANIFEST: &str = "InvalidManifest";
+/// The waiting reason of the containers of an API pod the node cannot run:
+/// the API server accepted it, so what is wrong is in what the node makes
+/// of it, which kubelet reports as this (with the message) and
+/// `ContainersNotReady` on the pod's conditions.
+pub const REASON_CONTAINER_CONFIG: &str = "CreateContainerConfigError";
 
 /// What status computation needs beyond the pod and the runtime.
 #[derive(Debug, Clone, Copy)]
@@ -275,12 +280,32 @@ pub fn compute_pod_status(
 
     if let Some(err) = &pod.invalid {
         status.phase = Some("Pending".to_string());
-        status.reason = Some(REASON_INVALID_MANIFEST.to_string());
-        status.message = Some(err.clone());
+        // A static pod's manifest is the node's own input: the pod says
+        // it is invalid. An API pod passed the API server's validation:
+        // its containers say the node cannot make their configuration.
+        let (waiting_reason, condition_reason, condition_message) = match pod.source {
+            PodOrigin::Api => {
+                let names: Vec<&str> = app_specs.iter().map(|c| c.name.as_str()).collect();
+                (
+                    REASON_CONTAINER_CONFIG,
+                    "ContainersNotReady",
+                    format!("containers with unready status: [{}]", names.join(" ")),
+                )
+            }
+            PodOrigin::File(_) => {
+                status.reason = Some(REASON_INVALID_MANIFEST.to_string());
+                status.message = Some(err.clone());
+                (
+                    REASON_INVALID_MANIFEST,
+                    REASON_INVALID_MANIFEST,
+                    err.clone(),
+                )
+            }
+        };
         let shown = |c: &Container| ContainerStatus {
             name: c.name.clone(),
             image: c.image.clone().unwrap_or_default(),
-            state: Some(waiting(REASON_INVALID_MANIFEST, Some(err))),
+            state: Some(waiting(waiting_reason, Some(err))),
             started: Some(false),
             ..Default::default()
         };
@@ -288,10 +313,10 @@ pub fn compute_pod_status(
             status.init_container_statuses = Some(init_specs.iter().map(shown).collect());
         }
         status.container_statuses = Some(app_specs.iter().map(shown).collect());
-        let msg = Some(err.clone());
+        let msg = Some(condition_message);
         status.conditions = Some(vec![
-            condition("Ready", false, Some(REASON_INVALID_MANIFEST), msg.clone()),
-            condition("ContainersReady", false, Some(REASON_INVALID_MANIFEST), msg),
+            condition("Ready", false, Some(condition_reason), msg.clone()),
+            condition("ContainersReady", false, Some(condition_reason), msg),
             scheduled,
         ]);
         return status;
@@ -1159,6 +1184,38 @@ mod tests {
         assert_eq!(waiting_reason(init(&s, "i")), Some("InvalidManifest"));
         assert_eq!(cond(&s, "Ready").status, "False");
         assert_eq!(cond(&s, "PodScheduled").status, "True");
+    }
+
+    #[test]
+    fn status_should_report_an_api_pod_it_cannot_run_as_kubelet_does() {
+        let mut p = pod("Always", &["i"], &["a", "b"]);
+        p.source = PodOrigin::Api;
+        p.invalid = Some("spec.volumes[v]: Unsupported value: \"configMap\"".into());
+        let s = compute(&p, None);
+        assert_eq!(phase(&s), "Pending");
+        assert_eq!(s.reason, None);
+        let a = app(&s, "a");
+        assert_eq!(waiting_reason(a), Some("CreateContainerConfigError"));
+        let msg = a
+            .state
+            .as_ref()
+            .unwrap()
+            .waiting
+            .as_ref()
+            .unwrap()
+            .message
+            .as_deref();
+        assert!(msg.unwrap().contains("configMap"), "{msg:?}");
+        assert_eq!(
+            waiting_reason(init(&s, "i")),
+            Some("CreateContainerConfigError")
+        );
+        let ready = cond(&s, "Ready");
+        assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [a b]")
+        );
     }
 
     #[test]
