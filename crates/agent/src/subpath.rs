@@ -351,7 +351,7 @@ impl Drop for Binds {
 }
 
 /// Unmounts every mount stacked on `path`. False when nothing is there.
-fn unmount_all(path: &Path) -> std::io::Result<bool> {
+pub(crate) fn unmount_all(path: &Path) -> std::io::Result<bool> {
     // Bounded: each success removes one mount of the stack.
     for _ in 0..64 {
         match rustix::mount::unmount(path, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {

@@ -26,6 +26,7 @@ pub mod lease;
 pub mod mirror;
 pub mod node;
 pub mod node_object;
+pub mod objects;
 pub mod own_node;
 pub mod pod_status;
 pub mod pods;
@@ -162,6 +163,7 @@ pub async fn start_node(
 /// The running pod side of cluster mode: stopped with [`PodSide::stop`].
 pub struct PodSide {
     informer: SharedInformer<Pod>,
+    volumes: WorkQueue<String>,
     node: SharedInformer<k8s_openapi::api::core::v1::Node>,
     status: WorkQueue<String>,
 }
@@ -172,6 +174,7 @@ impl PodSide {
         self.informer.stop();
         self.node.stop();
         self.status.shut_down();
+        self.volumes.shut_down();
     }
 }
 
@@ -216,6 +219,29 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
                 Box::new(TokenBucket::new(50.0, 100)),
             ])),
     );
+    // Volumes written again when their objects, tokens or pod change.
+    let volumes: WorkQueue<String> = WorkQueue::new(QueueConfig::default().name("pod_volumes"));
+    let objects = {
+        let (v, q) = (volumes.clone(), p.queue.clone());
+        objects::ObjectManager::new(
+            p.client.clone(),
+            Arc::new(move |uid: &str| {
+                v.add(uid.to_string(), Priority::Urgent);
+                // A pod waiting for the object starts at once.
+                q.add(uid.to_string(), Priority::Urgent);
+            }),
+        )
+    };
+    p.workers.set_objects(objects.clone());
+    tasks.spawn(objects.renew_tokens());
+    let w = Arc::clone(&p.workers);
+    tasks.spawn(run_workers(volumes.clone(), 2, move |uid: String| {
+        let w = Arc::clone(&w);
+        async move {
+            w.refresh_volumes(&uid);
+            Ok::<_, std::convert::Infallible>(petrel_controller::Action::Done)
+        }
+    }));
     let informer = pods::informer(p.client.clone(), &p.node);
     let mirrors = Arc::new(tokio::sync::Notify::new());
     let registration = pods::feed(
@@ -223,6 +249,7 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
         p.source.clone(),
         p.queue.clone(),
         status.clone(),
+        volumes.clone(),
         Arc::clone(&mirrors),
     );
     informer.start();
@@ -295,6 +322,7 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
     node.start();
     PodSide {
         informer,
+        volumes,
         node,
         status,
     }

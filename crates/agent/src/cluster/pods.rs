@@ -38,14 +38,16 @@ pub fn informer(client: kube::Client, node: &str) -> SharedInformer<Pod> {
 }
 
 /// Feeds the informer's events into `source` (changes the workers must hear
-/// of go to `pods`, urgently unless they are the first list's), every
-/// pod's UID into `status` (the status sync's queue), and wakes the mirror
-/// loop when a mirror pod changed.
+/// of go to `pods`, urgently unless they are the first list's, and to
+/// `volumes`, whose downwardAPI files may show what changed), every pod's
+/// UID into `status` (the status sync's queue), and wakes the mirror loop
+/// when a mirror pod changed.
 pub fn feed(
     informer: &SharedInformer<Pod>,
     source: PodSource,
     pods: WorkQueue<String>,
     status: WorkQueue<String>,
+    volumes: WorkQueue<String>,
     mirrors: Arc<tokio::sync::Notify>,
 ) -> Registration {
     informer.add_handler(move |ev: &Event<Pod>| {
@@ -68,6 +70,9 @@ pub fn feed(
             } else {
                 Priority::Urgent
             };
+            if ev.kind == EventKind::Update {
+                volumes.add(c.uid.clone(), Priority::Normal);
+            }
             pods.add(c.uid, tier);
         }
         if let Some(uid) = pod.metadata.uid.clone() {

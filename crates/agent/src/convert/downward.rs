@@ -135,7 +135,7 @@ pub(crate) fn check_item_path(path: &str, field: &str) -> Result<PathBuf, Conver
 }
 
 /// A file mode from the spec: permission bits only.
-fn mode(m: i32, field: &str) -> Result<u32, ConvertError> {
+pub(crate) fn mode(m: i32, field: &str) -> Result<u32, ConvertError> {
     u32::try_from(m)
         .ok()
         .filter(|m| *m <= 0o777)
@@ -230,9 +230,25 @@ pub fn payload(
         source.default_mode.unwrap_or(DEFAULT_MODE),
         &format!("{field}.downwardAPI.defaultMode"),
     )?;
+    items_payload(
+        pod,
+        source.items.as_deref().unwrap_or(&[]),
+        default_mode,
+        &format!("{field}.downwardAPI"),
+    )
+}
+
+/// The files of downwardAPI `items` (of a volume, or of a projected
+/// volume's source, `field`), each with its mode or `default_mode`.
+pub(crate) fn items_payload(
+    pod: &DesiredPod,
+    items: &[DownwardAPIVolumeFile],
+    default_mode: u32,
+    field: &str,
+) -> Result<Payload, ConvertError> {
     let mut out = Payload::new();
-    for (i, item) in source.items.iter().flatten().enumerate() {
-        let ifield = format!("{field}.downwardAPI.items[{i}]");
+    for (i, item) in items.iter().enumerate() {
+        let ifield = format!("{field}.items[{i}]");
         let path = check_item_path(&item.path, &format!("{ifield}.path"))?;
         out.insert(path, item_file(pod, item, default_mode, &ifield)?);
     }

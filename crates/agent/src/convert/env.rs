@@ -1,9 +1,14 @@
-//! Container environment: literal values, fieldRefs, resourceFieldRefs,
-//! and `$(VAR)` expansion in values, command and args.
+//! Container environment: envFrom (ConfigMaps and Secrets, cluster mode),
+//! literal values, fieldRefs, resourceFieldRefs, configMapKeyRef and
+//! secretKeyRef, and `$(VAR)` expansion in values, command and args.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, ObjectFieldSelector, ResourceFieldSelector};
+use k8s_openapi::api::core::v1::{
+    Container, EnvFromSource, EnvVar, ObjectFieldSelector, ResourceFieldSelector,
+};
+
+use super::api_volumes::{config_map_data, secret_data, Lookup, ObjectView};
 
 use super::qos::{effective_request, limit};
 use super::resources::node_memory_bytes;
@@ -67,17 +72,23 @@ pub(crate) fn environment(
     ctx: &ConvertContext,
 ) -> Result<Vec<(String, String)>, ConvertError> {
     let cfield = container_field(container, init);
-    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(ConvertError::unsupported(
-            format!("{cfield}.envFrom"),
-            "configMap and secret sources need an API server",
-        ));
-    }
     let mut order: Vec<String> = Vec::new();
     let mut values: HashMap<String, String> = HashMap::new();
+    // envFrom first, in order; env after it wins, as in kubelet.
+    for (i, from) in container.env_from.iter().flatten().enumerate() {
+        let field = format!("{cfield}.envFrom[{i}]");
+        for (k, v) in env_from(pod, from, &field, ctx)? {
+            if values.insert(k.clone(), v).is_none() {
+                order.push(k);
+            }
+        }
+    }
     for var in container.env.iter().flatten() {
         let field = format!("{cfield}.env[{}]", var.name);
-        let value = env_value(pod, container, var, &field, ctx, &values)?;
+        // An optional reference that is missing leaves the variable out.
+        let Some(value) = env_value(pod, container, var, &field, ctx, &values)? else {
+            continue;
+        };
         if values.insert(var.name.clone(), value).is_none() {
             order.push(var.name.clone());
         }
@@ -99,13 +110,13 @@ fn env_value(
     field: &str,
     ctx: &ConvertContext,
     earlier: &HashMap<String, String>,
-) -> Result<String, ConvertError> {
+) -> Result<Option<String>, ConvertError> {
     let Some(from) = &var.value_from else {
         let raw = var.value.as_deref().unwrap_or("");
-        return Ok(expand(raw, &|n| earlier.get(n).cloned()));
+        return Ok(Some(expand(raw, &|n| earlier.get(n).cloned())));
     };
     if let Some(f) = &from.field_ref {
-        return field_ref(pod, f, &format!("{field}.valueFrom.fieldRef"), ctx);
+        return field_ref(pod, f, &format!("{field}.valueFrom.fieldRef"), ctx).map(Some);
     }
     if let Some(r) = &from.resource_field_ref {
         return resource_field_ref(
@@ -113,24 +124,143 @@ fn env_value(
             container,
             r,
             &format!("{field}.valueFrom.resourceFieldRef"),
+        )
+        .map(Some);
+    }
+    if let Some(r) = &from.config_map_key_ref {
+        let view = objects(ctx, &format!("{field}.valueFrom.configMapKeyRef"))?;
+        return key_value(
+            view.config_map(&pod.namespace, &r.name),
+            config_map_data,
+            ("configmap", "ConfigMap"),
+            &pod.namespace,
+            &r.name,
+            &r.key,
+            r.optional.unwrap_or(false),
         );
     }
-    let source = if from.config_map_key_ref.is_some() {
-        "configMapKeyRef"
-    } else if from.secret_key_ref.is_some() {
-        "secretKeyRef"
-    } else if from.file_key_ref.is_some() {
-        "fileKeyRef"
-    } else {
-        return Err(ConvertError::invalid(
-            format!("{field}.valueFrom"),
-            "no source set",
+    if let Some(r) = &from.secret_key_ref {
+        let view = objects(ctx, &format!("{field}.valueFrom.secretKeyRef"))?;
+        return key_value(
+            view.secret(&pod.namespace, &r.name),
+            secret_data,
+            ("secret", "Secret"),
+            &pod.namespace,
+            &r.name,
+            &r.key,
+            r.optional.unwrap_or(false),
+        );
+    }
+    if from.file_key_ref.is_some() {
+        return Err(ConvertError::unsupported(
+            format!("{field}.valueFrom.fileKeyRef"),
+            "fileKeyRef (an alpha feature)",
         ));
-    };
-    Err(ConvertError::unsupported(
-        format!("{field}.valueFrom.{source}"),
-        "only fieldRef and resourceFieldRef are supported without an API server",
+    }
+    Err(ConvertError::invalid(
+        format!("{field}.valueFrom"),
+        "no source set",
     ))
+}
+
+/// The API objects, or the error of a node without an API server.
+fn objects<'a>(ctx: &'a ConvertContext, field: &str) -> Result<&'a dyn ObjectView, ConvertError> {
+    ctx.objects.as_ref().map(|o| o.0.as_ref()).ok_or_else(|| {
+        ConvertError::unsupported(field, "configMap and secret sources need an API server")
+    })
+}
+
+/// The value of key `key` of object `name` (a `kind` as kubelet names it
+/// in its errors): a missing object or key fails the container's
+/// configuration unless `optional`, when the variable is left out
+/// (`Ok(None)`).
+fn key_value<T>(
+    found: Lookup<T>,
+    data: impl Fn(&T) -> BTreeMap<String, Vec<u8>>,
+    kind: (&str, &str),
+    namespace: &str,
+    name: &str,
+    key: &str,
+    optional: bool,
+) -> Result<Option<String>, ConvertError> {
+    let obj = match found {
+        Lookup::Found(o) => o,
+        Lookup::NotFound if optional => return Ok(None),
+        Lookup::NotFound => {
+            return Err(ConvertError::Missing(format!(
+                "{} {name:?} not found",
+                kind.0
+            )))
+        }
+        Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
+    };
+    match data(&obj).remove(key) {
+        Some(v) => Ok(Some(String::from_utf8_lossy(&v).into_owned())),
+        None if optional => Ok(None),
+        None => Err(ConvertError::Missing(format!(
+            "couldn't find key {key} in {} {namespace}/{name}",
+            kind.1
+        ))),
+    }
+}
+
+/// The variables of one envFrom source: every key of the ConfigMap or
+/// Secret with the prefix; keys that cannot be variable names are left
+/// out, as kubelet leaves them (with an event there, a log line here).
+fn env_from(
+    pod: &DesiredPod,
+    from: &EnvFromSource,
+    field: &str,
+    ctx: &ConvertContext,
+) -> Result<Vec<(String, String)>, ConvertError> {
+    let prefix = from.prefix.as_deref().unwrap_or("");
+    let data = if let Some(r) = &from.config_map_ref {
+        let view = objects(ctx, &format!("{field}.configMapRef"))?;
+        let optional = r.optional.unwrap_or(false);
+        match view.config_map(&pod.namespace, &r.name) {
+            Lookup::Found(cm) => config_map_data(&cm),
+            Lookup::NotFound if optional => return Ok(Vec::new()),
+            Lookup::NotFound => {
+                return Err(ConvertError::Missing(format!(
+                    "configmap {:?} not found",
+                    r.name
+                )))
+            }
+            Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
+        }
+    } else if let Some(r) = &from.secret_ref {
+        let view = objects(ctx, &format!("{field}.secretRef"))?;
+        let optional = r.optional.unwrap_or(false);
+        match view.secret(&pod.namespace, &r.name) {
+            Lookup::Found(s) => secret_data(&s),
+            Lookup::NotFound if optional => return Ok(Vec::new()),
+            Lookup::NotFound => {
+                return Err(ConvertError::Missing(format!(
+                    "secret {:?} not found",
+                    r.name
+                )))
+            }
+            Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
+        }
+    } else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for (k, v) in data {
+        let name = format!("{prefix}{k}");
+        if !is_env_name(&name) {
+            tracing::warn!(pod = %pod.name, field, key = %k, "key is not a valid environment variable name; left out");
+            continue;
+        }
+        out.push((name, String::from_utf8_lossy(&v).into_owned()));
+    }
+    Ok(out)
+}
+
+/// An environment variable name as the API server accepts it now (any
+/// printable ASCII but `=`, not empty).
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'=')
 }
 
 /// The value of a downward-API field path.
@@ -275,6 +405,7 @@ fn node_capacity(cpu: bool) -> i64 {
 mod tests {
     use super::*;
     use crate::convert::test_support::{ctx, desired};
+    use std::sync::Arc;
 
     fn map(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: HashMap<String, String> = pairs
@@ -340,6 +471,66 @@ spec:
     - {name: CPU_LIM, valueFrom: {resourceFieldRef: {resource: limits.cpu, divisor: 1m}}}
     - {name: A, value: again}
 "#;
+
+    #[test]
+    fn environment_should_read_config_maps_and_secrets_as_kubelet_does() {
+        let pod = desired(
+            r#"
+metadata: {name: web, namespace: prod}
+spec:
+  containers:
+  - name: app
+    image: x
+    envFrom:
+    - {configMapRef: {name: cfg}, prefix: CFG_}
+    - {secretRef: {name: gone, optional: true}}
+    env:
+    - {name: CFG_mode, value: overridden}
+    - {name: USER, valueFrom: {secretKeyRef: {name: creds, key: user}}}
+    - {name: OPT, valueFrom: {configMapKeyRef: {name: cfg, key: nokey, optional: true}}}
+    - {name: OPT2, valueFrom: {secretKeyRef: {name: gone, key: k, optional: true}}}
+    - {name: BOTH, value: "$(USER)-$(CFG_mode)"}
+"#,
+        );
+        let objs = Arc::new(crate::convert::api_volumes::tests::objects());
+        let c = ConvertContext {
+            objects: Some(crate::convert::Objects(objs)),
+            ..ctx()
+        };
+        let app = &pod.pod.spec.as_ref().unwrap().containers[0];
+        let env = environment(&pod, app, false, &c).unwrap();
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["CFG_app.conf", "CFG_blob", "CFG_mode", "USER", "BOTH"]
+        );
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("CFG_mode"), Some("overridden"));
+        assert_eq!(get("USER"), Some("admin"));
+        assert_eq!(get("BOTH"), Some("admin-overridden"));
+
+        // What is missing and not optional fails with kubelet's words.
+        for (line, want) in [
+            (
+                "{name: X, valueFrom: {configMapKeyRef: {name: cfg, key: nokey}}}",
+                "couldn't find key nokey in ConfigMap prod/cfg",
+            ),
+            (
+                "{name: X, valueFrom: {secretKeyRef: {name: gone, key: k}}}",
+                "secret \"gone\" not found",
+            ),
+        ] {
+            let p = desired(&format!(
+                "metadata: {{name: web, namespace: prod}}\nspec:\n  containers:\n  - name: app\n    image: x\n    env: [{line}]\n"
+            ));
+            let a = &p.pod.spec.as_ref().unwrap().containers[0];
+            let err = environment(&p, a, false, &c).unwrap_err();
+            assert!(
+                matches!(&err, ConvertError::Missing(m) if m == want),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn environment_should_resolve_values_and_references_in_order() {

@@ -9,6 +9,7 @@
 //! worker binds them (see [`crate::subpath`]) just before it creates the
 //! container.
 
+mod api_volumes;
 mod atomic;
 mod container;
 mod downward;
@@ -22,6 +23,10 @@ mod volumes;
 
 use std::path::PathBuf;
 
+pub use api_volumes::{
+    api_volume_payload, is_api_volume, service_account, token_keys, Lookup, ObjectView, Objects,
+    TokenKey,
+};
 pub use atomic::{FileProjection, Payload};
 pub use container::{
     container_config, container_plan, is_sidecar, ContainerPlan,
@@ -36,7 +41,9 @@ pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;
-pub use volumes::{image_volume_reference, prepare_volumes, remove_pod_dir, SubPathMount};
+pub use volumes::{
+    image_volume_reference, prepare_volumes, refresh_volumes, remove_pod_dir, SubPathMount,
+};
 
 /// What a conversion needs to know about the node and the pod's place on
 /// it, beyond the pod itself.
@@ -68,6 +75,13 @@ pub struct ConvertContext {
     /// none could be had (the pod is then refused, never run in the host's
     /// user namespace); `None` for pods on the host's.
     pub userns: Option<Result<u32, String>>,
+    /// The API objects of cluster mode (configMap, secret and projected
+    /// volumes, environment from them); `None` for a node without an API
+    /// server, whose pods cannot use them.
+    pub objects: Option<Objects>,
+    /// Whether secret and projected volumes get a tmpfs of their own (the
+    /// agent as root; off in unit tests).
+    pub memory_volumes: bool,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -92,6 +106,10 @@ pub enum ConvertError {
         /// What is not supported.
         reason: String,
     },
+    /// An API object (or a key of it, or a token) the pod needs is not
+    /// there, or not known yet: retried, and shown with kubelet's words.
+    #[error("{0}")]
+    Missing(String),
     /// An I/O error while preparing the pod's volumes.
     #[error("{op} {path}: {source}")]
     Io {
@@ -171,6 +189,8 @@ pub(crate) mod test_support {
             seccomp_default: false,
             recursive_read_only: true,
             userns: None,
+            objects: None,
+            memory_volumes: false,
         }
     }
 

@@ -9,6 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Volume, VolumeMount};
 use petrel_cri::api;
 
+use super::api_volumes::{api_volume_path, is_api_volume, write_api_volume, MEMORY_PLUGINS};
 use super::downward::{downward_api_path, write_volume};
 use super::env::{container_field, expand};
 use super::{ConvertContext, ConvertError};
@@ -74,6 +75,8 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
             check_host_path(&hp.path, hp.type_.as_deref().unwrap_or(""), &field)?;
         } else if let Some(da) = &v.downward_api {
             write_volume(pod, &v.name, da, ctx)?;
+        } else if is_api_volume(v) {
+            write_api_volume(pod, v, ctx)?;
         } else if v.image.is_some() {
             // The runtime mounts it; the worker pulls it (see
             // `image_volume_reference`).
@@ -96,7 +99,7 @@ fn unsupported_volume(v: &Volume, field: &str) -> ConvertError {
         .unwrap_or_else(|| "no source".to_string());
     ConvertError::unsupported(
         field,
-        format!("volume type {kind} (only emptyDir, hostPath, downwardAPI and image)"),
+        format!("volume type {kind} (only emptyDir, hostPath, downwardAPI, image, and configMap, secret and projected in cluster mode)"),
     )
 }
 
@@ -351,14 +354,17 @@ pub(crate) fn container_mounts(
             mounts.push(image_mount(m, reference, sub, privileged, &field)?);
             continue;
         }
-        // downwardAPI volumes are read-only, as kubelet mounts them.
-        let forced_readonly = v.downward_api.is_some();
+        // downwardAPI, configMap, secret and projected volumes are
+        // read-only, as kubelet mounts them.
+        let forced_readonly = v.downward_api.is_some() || is_api_volume(v);
         let volume_dir = if v.empty_dir.is_some() {
             empty_dir_path(ctx, &v.name)
         } else if let Some(hp) = &v.host_path {
             PathBuf::from(&hp.path)
         } else if v.downward_api.is_some() {
             downward_api_path(ctx, &v.name)
+        } else if let Some(dir) = api_volume_path(ctx, v).filter(|_| ctx.objects.is_some()) {
+            dir
         } else {
             return Err(unsupported_volume(v, &format!("spec.volumes[{}]", v.name)));
         };
@@ -434,8 +440,64 @@ fn image_mount(
 /// it delete anything outside the pod's directory.
 pub fn remove_pod_dir(ctx: &ConvertContext) -> std::io::Result<()> {
     let mounts = crate::subpath::remove_pod(&ctx.sub_path_dir);
+    let memory = unmount_memory_volumes(ctx);
     let dir = remove_dir_only(ctx);
-    mounts.and(dir)
+    mounts.and(memory).and(dir)
+}
+
+/// Unmounts the tmpfs of each secret and projected volume of the pod, so
+/// the removal that follows only ever sees the agent's directories.
+fn unmount_memory_volumes(ctx: &ConvertContext) -> std::io::Result<()> {
+    let mut first = Ok(());
+    for plugin in MEMORY_PLUGINS {
+        let Ok(entries) = fs::read_dir(ctx.pod_dir.join(plugin)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if let Err(err) = crate::subpath::unmount_all(&e.path()) {
+                if first.is_ok() {
+                    first = Err(err);
+                }
+            }
+        }
+    }
+    first
+}
+
+/// Writes the pod's downwardAPI, configMap, secret and projected volumes
+/// again (each atomically, nothing when unchanged) when their objects or
+/// the pod changed, as kubelet's volume manager does; only volumes made
+/// already (the pod's sandbox exists) are touched. A volume that cannot
+/// be written keeps its files; the first error is returned after the
+/// others were tried. Returns how many volumes were looked at.
+pub fn refresh_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<usize, ConvertError> {
+    let Some(spec) = pod.pod.spec.as_ref() else {
+        return Ok(0);
+    };
+    let mut first = Ok(());
+    let mut n = 0;
+    for v in spec.volumes.iter().flatten() {
+        let written = if let Some(da) = &v.downward_api {
+            if !downward_api_path(ctx, &v.name).exists() {
+                continue;
+            }
+            write_volume(pod, &v.name, da, ctx).map(drop)
+        } else if is_api_volume(v) {
+            if !api_volume_path(ctx, v).is_some_and(|d| d.exists()) {
+                continue;
+            }
+            write_api_volume(pod, v, ctx).map(drop)
+        } else {
+            continue;
+        };
+        n += 1;
+        if let Err(e) = written {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first.map(|()| n)
 }
 
 fn remove_dir_only(ctx: &ConvertContext) -> std::io::Result<()> {

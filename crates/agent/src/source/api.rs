@@ -42,7 +42,7 @@ fn desired(pod: &Pod, node: &str) -> Option<DesiredPod> {
     pod.metadata.resource_version = None;
     pod.metadata.managed_fields = None;
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let errors = validate::validate(&pod);
+    let errors = validate::validate_api(&pod);
     Some(DesiredPod {
         uid,
         namespace,

@@ -17,11 +17,33 @@ const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lowercase \
 alphanumeric characters or '-', start and end with an alphanumeric character, \
 and be at most 63 characters";
 
-/// Volume sources the agent can provide.
+/// Volume sources the agent can provide to any pod.
 const SUPPORTED_VOLUMES: &[&str] = &["emptyDir", "hostPath", "downwardAPI", "image"];
+/// Volume sources the agent provides to API pods too: they read API
+/// objects (a static pod has no API objects of its own: the API server
+/// refuses its mirror pod if it references any).
+const API_VOLUMES: &[&str] = &[
+    "emptyDir",
+    "hostPath",
+    "downwardAPI",
+    "image",
+    "configMap",
+    "secret",
+    "projected",
+];
 
 /// Every problem found, in field order; empty when the pod is valid.
 pub fn validate(pod: &Pod) -> Vec<String> {
+    validate_with(pod, SUPPORTED_VOLUMES)
+}
+
+/// [`validate`] for a pod of the API server, whose configMap, secret and
+/// projected volumes the agent provides.
+pub fn validate_api(pod: &Pod) -> Vec<String> {
+    validate_with(pod, API_VOLUMES)
+}
+
+fn validate_with(pod: &Pod, supported: &[&str]) -> Vec<String> {
     let mut errs = Vec::new();
     let meta = &pod.metadata;
     match meta.name.as_deref() {
@@ -66,7 +88,7 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     let mut volume_names = HashSet::new();
     for (i, v) in volumes.iter().enumerate() {
-        volume(&mut errs, i, v, &mut volume_names);
+        volume(&mut errs, i, v, &mut volume_names, supported);
     }
 
     if spec.containers.is_empty() {
@@ -93,7 +115,13 @@ pub fn validate(pod: &Pod) -> Vec<String> {
     errs
 }
 
-fn volume(errs: &mut Vec<String>, i: usize, v: &Volume, names: &mut HashSet<String>) {
+fn volume(
+    errs: &mut Vec<String>,
+    i: usize,
+    v: &Volume,
+    names: &mut HashSet<String>,
+    supported: &[&str],
+) {
     let path = format!("spec.volumes[{i}]");
     if v.name.is_empty() {
         errs.push(format!("{path}.name: Required value"));
@@ -116,9 +144,9 @@ fn volume(errs: &mut Vec<String>, i: usize, v: &Volume, names: &mut HashSet<Stri
         [] => errs.push(format!(
             "{path}: Required value: must specify a volume type"
         )),
-        [kind] if !SUPPORTED_VOLUMES.contains(&kind.as_str()) => errs.push(format!(
+        [kind] if !supported.contains(&kind.as_str()) => errs.push(format!(
             "{path}: Unsupported value: {kind:?}: supported: {}",
-            SUPPORTED_VOLUMES.join(", ")
+            supported.join(", ")
         )),
         [_] => {}
         _ => errs.push(format!(

@@ -186,6 +186,21 @@ pub struct PodWorkers {
     /// Told each pod the workers forget (terminated and removed): cluster
     /// mode deletes a pod being deleted from the API then.
     on_forget: std::sync::OnceLock<ForgetHook>,
+    /// The API objects pods read (cluster mode only).
+    objects: std::sync::OnceLock<Arc<dyn PodObjects>>,
+}
+
+/// The API objects pods read, made available before a pod's volumes and
+/// containers are made (cluster mode; the cluster side implements it).
+#[async_trait::async_trait]
+pub trait PodObjects: crate::convert::ObjectView {
+    /// Watches what `pod` references from now on (and stops what it no
+    /// longer does), has its service-account tokens issued, and waits a
+    /// little for all of it; the error says, in kubelet's words, what is
+    /// still missing.
+    async fn prepare(&self, pod: &DesiredPod) -> Result<(), String>;
+    /// Forgets pod `uid`: the watches only it needed end, its tokens go.
+    fn release(&self, uid: &str);
 }
 
 /// A pod's admission verdict.
@@ -230,6 +245,31 @@ impl PodWorkers {
             node_facts: std::sync::RwLock::new(None),
             admissions: Mutex::new(HashMap::new()),
             on_forget: std::sync::OnceLock::new(),
+            objects: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Gives the workers the API objects pods read (cluster mode; once).
+    pub fn set_objects(&self, objects: Arc<dyn PodObjects>) {
+        let _ = self.objects.set(objects);
+    }
+
+    /// Writes pod `uid`'s downwardAPI, configMap, secret and projected
+    /// volumes again if their content changed (an object, a token or the
+    /// pod did); volumes not made yet are left to the pod's worker.
+    pub fn refresh_volumes(&self, uid: &str) {
+        let Some(pod) = self.source.get(uid) else {
+            return;
+        };
+        if pod.invalid.is_some() {
+            return;
+        }
+        let ctx = self.convert_context(&pod, Vec::new());
+        match crate::convert::refresh_volumes(&pod, &ctx) {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(uid, pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "volume not updated; its files stay as they were")
+            }
         }
     }
 
@@ -305,6 +345,12 @@ impl PodWorkers {
                     .host_id(&self.config.root.join("pods").join(&pod.uid))
                     .map_err(|e| e.to_string())
             }),
+            objects: self.objects.get().map(|o| {
+                let view: Arc<dyn crate::convert::ObjectView> = o.clone();
+                crate::convert::Objects(view)
+            }),
+            // Cluster mode runs as root: secrets get a tmpfs of their own.
+            memory_volumes: self.objects.get().is_some(),
         }
     }
 
@@ -962,6 +1008,9 @@ impl PodWorkers {
         self.probes.remove_pod(uid);
         self.backoff.forget_pod(uid);
         self.pull_backoff.forget_pod(uid);
+        if let Some(objects) = self.objects.get() {
+            objects.release(uid);
+        }
         // Last: whoever hears it finds the pod forgotten everywhere.
         if let Some(hook) = self.on_forget.get() {
             hook(uid);

@@ -13,7 +13,7 @@ use super::init::{self, InitStep};
 use super::{PodWorkers, WorkerError};
 use crate::convert::{
     container_hash, container_plan, image_volume_reference, is_sidecar, prepare_volumes,
-    sandbox_config, SubPathMount,
+    sandbox_config, ConvertError, SubPathMount,
 };
 use crate::source::defaults::pull_policy_for;
 use crate::subpath::Binds;
@@ -34,6 +34,9 @@ pub(super) const IMAGE_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// these bounds.
 const SUB_PATH_RETRY_MIN: Duration = Duration::from_secs(1);
 const SUB_PATH_RETRY_MAX: Duration = Duration::from_secs(10);
+/// How soon a pod waiting for an API object looks again (an object that
+/// appears wakes it sooner).
+const OBJECTS_RETRY: Duration = Duration::from_secs(2);
 /// Exited instances kept per container name (the newest is the status's
 /// lastState; older ones are removed).
 const KEEP_EXITED: usize = 1;
@@ -84,6 +87,22 @@ impl PodWorkers {
         };
         let policy = spec.restart_policy.as_deref().unwrap_or("Always");
 
+        // 0. The API objects it reads (cluster mode) are watched from now
+        // on; a pod not started yet waits for them, as kubelet's volume
+        // manager holds a pod until its volumes are mounted. A running
+        // pod runs on (its files keep their last content).
+        if let Some(objects) = self.objects.get() {
+            if let Err(missing) = objects.prepare(pod).await {
+                if status.latest_sandbox().is_none() {
+                    tracing::info!(uid, %missing, "pod waits for its API objects");
+                    self.set_pod_message(uid, Some(missing));
+                    self.publish(pod, Some(status));
+                    return Ok(Action::RequeueAfter(OBJECTS_RETRY));
+                }
+                tracing::warn!(uid, %missing, "API objects of a running pod unavailable");
+            }
+        }
+
         // 1. The sandbox: the newest, if it is ready; else a new one.
         let latest = status.latest_sandbox();
         let ready = latest.filter(|s| s.state == PodSandboxState::SandboxReady as i32);
@@ -130,10 +149,12 @@ impl PodWorkers {
                 match self.create_sandbox(pod, attempt).await {
                     Ok(s) => s,
                     Err(e) => {
-                        self.set_pod_message(
-                            uid,
-                            Some(format!("Failed to create pod sandbox: {e}")),
-                        );
+                        let message = match &e {
+                            // A volume's object: kubelet's mount failure.
+                            WorkerError::Convert(ConvertError::Missing(m)) => m.clone(),
+                            e => format!("Failed to create pod sandbox: {e}"),
+                        };
+                        self.set_pod_message(uid, Some(message));
                         self.publish(pod, Some(status));
                         return Err(e);
                     }
@@ -505,6 +526,12 @@ impl PodWorkers {
         let ctx = self.convert_context(pod, sandbox.ips.clone());
         let plan = match container_plan(pod, c, init, restart_count, &ctx) {
             Ok(plan) => plan,
+            Err(ConvertError::Missing(m)) => {
+                // An object or key its environment reads is not there:
+                // tried again (sooner when the object changes).
+                self.set_waiting(uid, &c.name, "CreateContainerConfigError", m);
+                return Ok(Step::RetryAfter(OBJECTS_RETRY));
+            }
             Err(e) => {
                 // A spec problem: retrying cannot help until it changes.
                 self.set_waiting(uid, &c.name, "CreateContainerConfigError", e.to_string());
