@@ -17,9 +17,9 @@
 //! names, e.g. the garbage collector) and kube-scheduler
 //! ([`Cluster::start_scheduler`]); without the scheduler, tests bind pods
 //! with `spec.nodeName`. Tests create the `default` ServiceAccount
-//! themselves and set `automountServiceAccountToken: false` (no token
-//! controller and no `kube-root-ca.crt` publisher: a token volume would
-//! never be ready).
+//! themselves; a pod with the default token volume needs the
+//! controller-manager's `root-ca-cert-publisher` (its `kube-root-ca.crt`),
+//! others set `automountServiceAccountToken: false`.
 //!
 //! Dropping a [`Cluster`] stops kube-controller-manager (if started), then
 //! kube-apiserver, then etcd, by pid
@@ -122,6 +122,9 @@ pub fn controller_manager_args(
         // The CSR signer (`csrsigning`) signs with the cluster's CA.
         format!("--cluster-signing-cert-file={}", signing_ca.cert.display()),
         format!("--cluster-signing-key-file={}", signing_ca.key.display()),
+        // What `root-ca-cert-publisher` puts in each namespace's
+        // kube-root-ca.crt (the default token volume's ca.crt).
+        format!("--root-ca-file={}", signing_ca.cert.display()),
         format!("--kubeconfig={k}"),
         format!("--authentication-kubeconfig={k}"),
         format!("--authorization-kubeconfig={k}"),

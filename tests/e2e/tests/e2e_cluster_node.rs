@@ -12,8 +12,8 @@
 //! without restarting a container; scaling to 0 leaves nothing in the
 //! runtime.
 //!
-//! Outage: 20 s without an API server change nothing on the node, and the
-//! Lease and pods resume after; a runtime restart under the agent
+//! Outage: two minutes without an API server change nothing on the node,
+//! and the Lease, the node's and pods' readiness resume after; a runtime restart under the agent
 //! duplicates nothing. Side by side: a real kubelet node and a Petrel node
 //! in one cluster, each running its own pod. TLS bootstrap: a node with only
 //! a bootstrap token gets its client certificate through a CSR, keeps it
@@ -22,7 +22,8 @@
 //!
 //! Admission: pods bound to the node (`spec.nodeName`, no scheduler) that
 //! ask for more cpu than it has, or for labels it lacks, end Failed with
-//! kubelet's reasons in the API and never run; a pod that fits runs.
+//! kubelet's reasons in the API and never run; a pod that fits runs;
+//! labels and taints edited with kubectl reach admission of the next pods.
 //!
 //! A missing peer fails these tests unless `PETREL_PEERS_SKIP` leaves it
 //! out (then they skip, saying so).

@@ -323,6 +323,12 @@ impl ObjectManager {
         None
     }
 
+    /// How many ConfigMaps and Secrets are watched now.
+    pub fn watched(&self) -> (usize, usize) {
+        let s = self.state();
+        (s.config_maps.len(), s.secrets.len())
+    }
+
     /// Issues token `key` for `pod` through TokenRequest.
     async fn request_token(
         &self,
@@ -416,21 +422,25 @@ impl ObjectManager {
 /// Takes `uid` off the users of `gone`'s objects, stopping the watches
 /// nobody uses any more.
 fn drop_users(s: &mut State, uid: &str, gone: &References) {
-    for key in &gone.config_maps {
-        if let Some(w) = s.config_maps.get_mut(key) {
+    drop_from(&mut s.config_maps, "configmap", uid, &gone.config_maps);
+    drop_from(&mut s.secrets, "secret", uid, &gone.secrets);
+}
+
+fn drop_from<K>(
+    watched: &mut BTreeMap<ObjKey, Watched<K>>,
+    kind: &str,
+    uid: &str,
+    gone: &BTreeSet<ObjKey>,
+) where
+    K: kube::Resource + Clone + PartialEq + Send + Sync + 'static,
+{
+    for key in gone {
+        if let Some(w) = watched.get_mut(key) {
             w.users.remove(uid);
             if w.users.is_empty() {
                 w.informer.stop();
-                s.config_maps.remove(key);
-            }
-        }
-    }
-    for key in &gone.secrets {
-        if let Some(w) = s.secrets.get_mut(key) {
-            w.users.remove(uid);
-            if w.users.is_empty() {
-                w.informer.stop();
-                s.secrets.remove(key);
+                watched.remove(key);
+                tracing::info!(kind, namespace = %key.0, name = %key.1, "watch ended: no pod of this node reads it any more");
             }
         }
     }
@@ -559,6 +569,44 @@ spec:
             names(&r.secrets),
             ["sec-env", "sec-from", "sec-proj", "sec-vol"]
         );
+    }
+
+    #[tokio::test]
+    async fn watches_should_live_as_long_as_a_pod_reads_their_object() {
+        // An API server nobody answers at: the watches only retry.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let told = Arc::new(Mutex::new(Vec::<String>::new()));
+        let t = Arc::clone(&told);
+        let m = ObjectManager::new(
+            client,
+            Arc::new(move |u: &str| t.lock().unwrap().push(u.into())),
+        );
+        let a = desired("metadata: {name: a, namespace: ns}\nspec:\n  volumes: [{name: v, configMap: {name: shared}}, {name: s, secret: {secretName: only-a}}]\n  containers: [{name: c, image: x}]\n");
+        let mut b = desired("metadata: {name: b, namespace: ns}\nspec:\n  volumes: [{name: v, configMap: {name: shared}}]\n  containers: [{name: c, image: x}]\n");
+        b.uid = "uid-b".into();
+        m.register(&a.uid, references(&a));
+        m.register(&b.uid, references(&b));
+        assert_eq!(m.watched(), (1, 1));
+        // Not listed yet: a lookup says so rather than "not found".
+        assert!(matches!(m.config_map("ns", "shared"), Lookup::Unknown(_)));
+        assert_eq!(
+            m.unsynced(&references(&a)).as_deref(),
+            Some("configmap \"shared\" not yet listed")
+        );
+        m.release(&a.uid);
+        assert_eq!(
+            m.watched(),
+            (1, 0),
+            "the secret only a read is no longer watched"
+        );
+        // b no longer reads the ConfigMap: its watch ends.
+        let none = desired(
+            "metadata: {name: b, namespace: ns}\nspec:\n  containers: [{name: c, image: x}]\n",
+        );
+        m.register(&b.uid, references(&none));
+        assert_eq!(m.watched(), (0, 0));
+        m.release(&b.uid);
     }
 
     #[test]
