@@ -44,6 +44,7 @@ use crate::cri::{CriError, RuntimeActuator};
 use crate::metrics::AgentMetrics;
 use crate::pleg::Pleg;
 use crate::probe::ProbeManager;
+use crate::pull_credentials::SecretReader;
 use crate::source::PodSource;
 use crate::status::compute::{
     carry_transition_times, compute_pod_status, published_pod, StatusContext,
@@ -186,6 +187,9 @@ pub struct PodWorkers {
     /// Told each pod the workers forget (terminated and removed): cluster
     /// mode deletes a pod being deleted from the API then.
     on_forget: std::sync::OnceLock<ForgetHook>,
+    /// Where pods' pull secrets are read (cluster mode; none: images are
+    /// pulled without a pod's credentials).
+    pull_secrets: std::sync::OnceLock<Arc<dyn SecretReader>>,
 }
 
 /// A pod's admission verdict.
@@ -230,7 +234,14 @@ impl PodWorkers {
             node_facts: std::sync::RwLock::new(None),
             admissions: Mutex::new(HashMap::new()),
             on_forget: std::sync::OnceLock::new(),
+            pull_secrets: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Reads pods' `imagePullSecrets` with `reader` from now on (once
+    /// set, it stays): their credentials go with each pull.
+    pub fn set_pull_secrets(&self, reader: Arc<dyn SecretReader>) {
+        let _ = self.pull_secrets.set(reader);
     }
 
     /// The PLEG the workers inspect pods with.
