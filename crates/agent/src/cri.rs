@@ -170,10 +170,12 @@ pub trait RuntimeActuator: RuntimeObserver {
         cmd: Vec<String>,
         timeout_secs: i64,
     ) -> CriResult<ExecOutput>;
-    /// PullImage; returns the image reference.
+    /// PullImage with registry credentials `auth` (none: the runtime's
+    /// own, if any); returns the image reference.
     async fn pull_image(
         &self,
         image: &str,
+        auth: Option<api::AuthConfig>,
         sandbox_config: Option<api::PodSandboxConfig>,
     ) -> CriResult<String>;
     /// RemoveImage by id.
@@ -590,6 +592,7 @@ impl RuntimeActuator for CriRuntime {
     async fn pull_image(
         &self,
         image: &str,
+        auth: Option<api::AuthConfig>,
         sandbox_config: Option<api::PodSandboxConfig>,
     ) -> CriResult<String> {
         let mut c = self.img.clone();
@@ -598,7 +601,7 @@ impl RuntimeActuator for CriRuntime {
                 image: image.to_string(),
                 ..Default::default()
             }),
-            auth: None,
+            auth,
             sandbox_config,
         });
         // No deadline, as kubelet sets none: the runtime stops a pull whose

@@ -14,6 +14,7 @@
 //!   host ports, taints) before a pod first starts;
 //! - [`eviction`]: node-pressure eviction (kubelet's signals, thresholds
 //!   and ranking);
+//! - [`pull_credentials`]: registry credentials from pods' `imagePullSecrets`;
 //! - [`cluster`]: cluster mode (`--kubeconfig`): the Node, its Lease, the pods bound to it, their status;
 //! - [`server`]: `/healthz`, `/metrics`, `/pods`, and kubelet's
 //!   `/containerLogs`, `/exec`, `/attach`, `/portForward`.
@@ -33,6 +34,7 @@ pub mod health;
 pub mod metrics;
 pub mod pleg;
 pub mod probe;
+pub mod pull_credentials;
 pub mod quantity;
 pub mod server;
 pub mod source;

@@ -212,6 +212,7 @@ async fn auth_should_use_the_requests_credentials() {
     let err = pull(&mut c, &r).await.expect_err("no credentials");
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("credentials"), "{err:?}");
+    assert!(err.message().contains("401 Unauthorized"), "{err:?}");
 
     let wrong = api::AuthConfig {
         username: "petrel".into(),

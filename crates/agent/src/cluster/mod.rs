@@ -16,6 +16,7 @@
 //! - [`pods`]: the node's pod informer and what it feeds;
 //! - [`mirror`]: the static pods' mirror pods;
 //! - [`pod_status`]: pod status patches and final deletion;
+//! - [`pull_secrets`]: pods' `imagePullSecrets`, read for their pulls;
 //! - [`lease`]: the node's heartbeat;
 //! - [`own_node`]: the Node as the API shows it, for admission.
 
@@ -30,6 +31,7 @@ pub mod objects;
 pub mod own_node;
 pub mod pod_status;
 pub mod pods;
+pub mod pull_secrets;
 pub mod serving;
 
 use std::path::PathBuf;
@@ -208,6 +210,12 @@ impl pod_status::PodsOnNode for PodWorkers {
 /// this node, the status sync (on `tasks`). Returns when the source is
 /// fed, so the workers' first pass adopts the API's pods.
 pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
+    // Before the first API pod reaches a worker: its pulls need its
+    // pull secrets.
+    p.workers
+        .set_pull_secrets(Arc::new(pull_secrets::KubeSecrets {
+            client: p.client.clone(),
+        }));
     let status: WorkQueue<String> = WorkQueue::new(
         QueueConfig::default()
             .name("pod_status")

@@ -1457,6 +1457,7 @@ impl RuntimeActuator for FakeRuntime {
     async fn pull_image(
         &self,
         image: &str,
+        _auth: Option<api::AuthConfig>,
         _sandbox_config: Option<api::PodSandboxConfig>,
     ) -> CriResult<String> {
         self.enter("pull_image").await?;

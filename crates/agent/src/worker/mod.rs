@@ -44,6 +44,7 @@ use crate::cri::{CriError, RuntimeActuator};
 use crate::metrics::AgentMetrics;
 use crate::pleg::Pleg;
 use crate::probe::ProbeManager;
+use crate::pull_credentials::SecretReader;
 use crate::source::PodSource;
 use crate::status::compute::{
     carry_transition_times, compute_pod_status, published_pod, StatusContext,
@@ -188,6 +189,9 @@ pub struct PodWorkers {
     on_forget: std::sync::OnceLock<ForgetHook>,
     /// The API objects pods read (cluster mode only).
     objects: std::sync::OnceLock<Arc<dyn PodObjects>>,
+    /// Where pods' pull secrets are read (cluster mode; none: images are
+    /// pulled without a pod's credentials).
+    pull_secrets: std::sync::OnceLock<Arc<dyn SecretReader>>,
 }
 
 /// The API objects pods read, made available before a pod's volumes and
@@ -246,6 +250,7 @@ impl PodWorkers {
             admissions: Mutex::new(HashMap::new()),
             on_forget: std::sync::OnceLock::new(),
             objects: std::sync::OnceLock::new(),
+            pull_secrets: std::sync::OnceLock::new(),
         }
     }
 
@@ -271,6 +276,12 @@ impl PodWorkers {
                 tracing::warn!(uid, pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "volume not updated; its files stay as they were")
             }
         }
+    }
+
+    /// Reads pods' `imagePullSecrets` with `reader` from now on (once
+    /// set, it stays): their credentials go with each pull.
+    pub fn set_pull_secrets(&self, reader: Arc<dyn SecretReader>) {
+        let _ = self.pull_secrets.set(reader);
     }
 
     /// The PLEG the workers inspect pods with.

@@ -509,7 +509,7 @@ impl PodWorkers {
         let uid = pod.uid.as_str();
         let image = c.image.clone().unwrap_or_default();
         let policy = c.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
-        if let Some(step) = self.ensure_image(uid, c, &image, policy, sandbox).await? {
+        if let Some(step) = self.ensure_image(pod, c, &image, policy, sandbox).await? {
             return Ok(step);
         }
         // Image volumes (KEP-4639): the runtime mounts them from its
@@ -517,7 +517,7 @@ impl PodWorkers {
         // container's own image, with the same waiting reasons.
         for (reference, policy) in image_volumes(spec, c) {
             if let Some(step) = self
-                .ensure_image(uid, c, &reference, &policy, sandbox)
+                .ensure_image(pod, c, &reference, &policy, sandbox)
                 .await?
             {
                 return Ok(step);
@@ -603,12 +603,13 @@ impl PodWorkers {
     /// is there.
     async fn ensure_image(
         &self,
-        uid: &str,
+        pod: &DesiredPod,
         c: &Container,
         image: &str,
         policy: &str,
         sandbox: &Sandbox,
     ) -> Result<Option<Step>, WorkerError> {
+        let uid = pod.uid.as_str();
         let present = match policy {
             "Always" => false,
             _ => self.runtime.image_status(image).await?.is_some(),
@@ -643,16 +644,25 @@ impl PodWorkers {
                 return Ok(Some(Step::RetryAfter(wait)));
             }
             tracing::info!(uid, container = %c.name, image, policy, "pulling image");
-            match self
-                .runtime
-                .pull_image(image, Some(sandbox.config.clone()))
-                .await
-            {
+            // With the pod's pull secrets' credentials for the image's
+            // registry, each in turn, as kubelet pulls.
+            let pulled = crate::pull_credentials::pull_for_pod(
+                self.pull_secrets.get().map(|r| r.as_ref()),
+                &pod.pod,
+                image,
+                |auth| {
+                    self.runtime
+                        .pull_image(image, auth, Some(sandbox.config.clone()))
+                },
+            )
+            .await;
+            match pulled {
                 Ok(_) => self.pull_backoff.forget(uid, &key),
                 Err(e) => {
-                    tracing::warn!(uid, container = %c.name, image, error = %e.message, "image pull failed");
+                    let message = e.to_string();
+                    tracing::warn!(uid, container = %c.name, image, error = %message, "image pull failed");
                     self.pull_backoff.restarted(uid, &key, now);
-                    self.set_waiting(uid, &c.name, "ErrImagePull", e.message.clone());
+                    self.set_waiting(uid, &c.name, "ErrImagePull", message);
                     // Back soon to show the backoff, as kubelet's next
                     // sync would.
                     return Ok(Some(Step::RetryAfter(IMAGE_BACKOFF_SHOWN)));

@@ -237,8 +237,11 @@ impl RepoClient {
         match challenge {
             Challenge::Basic => match self.creds.basic() {
                 Some(b) => header_value(&b),
+                // The registry's own answer is in the message, as other
+                // runtimes show it: the 401 is what users search for.
                 None => Err(FetchError::Denied(
-                    "the registry requires credentials and none were given".to_string(),
+                    "401 Unauthorized: the registry requires credentials and none were given"
+                        .to_string(),
                 )),
             },
             Challenge::Bearer {
