@@ -22,7 +22,9 @@
 //!   the last pod's event;
 //! - P35: the node idle with the burst's pods: API requests of
 //!   `system:node:<name>` in the audit log, CPU of the whole node by cgroup
-//!   accounting and its memory, as P23-P25 take them.
+//!   accounting and its memory, as P23-P25 take them;
+//! - P36-P37: pods reading a ConfigMap and a Secret
+//!   (`cluster_objects_bench`).
 //!
 //! `cluster_bench_report` renders it.
 
@@ -127,6 +129,8 @@ pub struct StackRun {
     pub deleted: Option<(usize, Duration)>,
     /// P35.
     pub idle: Option<IdleNode>,
+    /// P36-P37 (the node's logic: `petrel node` and kubelet on containerd).
+    pub objects: Option<crate::cluster_objects_bench::ObjectsRun>,
     /// Steps not taken, with why.
     pub skipped: Vec<String>,
     /// What stopped this stack, if anything.
@@ -145,6 +149,7 @@ impl StackRun {
             burst: None,
             deleted: None,
             idle: None,
+            objects: None,
             skipped: vec![],
             error: None,
         }
@@ -484,6 +489,29 @@ impl Ctx<'_> {
             requests,
             memory,
         });
+
+        // P36-P37 measure the node's logic: kubelet's on one runtime is
+        // enough.
+        if run.setup == Setup::KubeletPetrel {
+            run.skipped
+                .push("P36-P37: kubelet's logic, measured on kubelet + containerd".to_string());
+            return Ok(());
+        }
+        (self.progress)(&format!(
+            "{name}: P36-P37, {} pods with a ConfigMap and a Secret each",
+            crate::cluster_objects_bench::OBJECT_PODS
+        ));
+        run.objects = Some(
+            crate::cluster_objects_bench::measure(
+                &self.client,
+                stack,
+                &node,
+                &format!("{}-{index}", run.setup.tag()),
+                self.audit,
+                self.args.cluster_idle_seconds,
+            )
+            .await?,
+        );
         Ok(())
     }
 }

@@ -1,9 +1,10 @@
-//! P33-P35 in docs/PERFORMANCE.md: the summary rows and the section, from
+//! P33-P37 in docs/PERFORMANCE.md: the summary rows and the section, from
 //! `templates/cluster_bench.md`.
 
 use std::time::Duration;
 
 use crate::cluster_bench::{ClusterResults, StackRun};
+use crate::cluster_objects_bench::ObjectsRun;
 use crate::kubelet::{setup_name, Setup, GAP, IMAGE, JITTER, SETTLE};
 use crate::stats::{ms, one_line, ratio, stopped_vars, verdict, within};
 use crate::template::{render, TemplateError, Vars};
@@ -17,6 +18,9 @@ const START_GOAL: f64 = 0.5;
 const CPU_GOAL: f64 = 0.1;
 /// P35: the idle node's RSS over kubelet + containerd's.
 const RSS_GOAL: f64 = 0.25;
+
+/// P36: a changed ConfigMap or Secret in the pod's file, p99 at most this.
+const OBJECT_GOAL: Duration = Duration::from_secs(2);
 
 /// The stack judged and the reference it is judged against.
 const SUBJECT: Setup = Setup::PetrelNode;
@@ -174,6 +178,69 @@ fn p35_row(r: &ClusterResults, n: &StackRun, c: &StackRun) -> Option<Vars> {
     Some(v)
 }
 
+/// Both rounds of P36.
+fn changes(o: &ObjectsRun) -> crate::stats::Samples {
+    let mut all = o.config_map.clone();
+    all.extend(&o.secret);
+    all
+}
+
+/// P36's figures of one stack, for a cell.
+fn p36_cell(o: &ObjectsRun) -> String {
+    let all = changes(o);
+    format!(
+        "ConfigMap p50 {} ms, p99 {} ms; Secret p50 {} ms, p99 {} ms; all p99 {} ms ({} changes{})",
+        ms(o.config_map.p50()),
+        ms(o.config_map.p99()),
+        ms(o.secret.p50()),
+        ms(o.secret.p99()),
+        ms(all.p99()),
+        all.len(),
+        if o.missed > 0 {
+            format!(", {} not seen", o.missed)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// P37: requests per minute per object pod beyond the node's P35 rate.
+fn per_pod(x: &StackRun) -> Option<f64> {
+    let o = x.objects.as_ref()?;
+    let base = x.idle.as_ref()?.requests_per_min();
+    Some(o.per_pod(base))
+}
+
+fn p36_row(n: &StackRun, c: &StackRun) -> Option<Vars> {
+    let (no, co) = (n.objects.as_ref()?, c.objects.as_ref()?);
+    let (na, ca) = (changes(no), changes(co));
+    let pass = no.missed == 0 && na.len() > 0 && na.p99() <= OBJECT_GOAL;
+    let mut v = Vars::new();
+    v.set("pods", no.pods)
+        .set("goal_s", OBJECT_GOAL.as_secs())
+        .set("measured", p36_cell(no))
+        .set("reference", name(c))
+        .set("ref_measured", p36_cell(co))
+        .set("ratio", ratio(na.p99(), ca.p99()))
+        .set("verdict", verdict(pass));
+    Some(v)
+}
+
+fn p37_row(n: &StackRun, c: &StackRun) -> Option<Vars> {
+    let (np, cp) = (per_pod(n)?, per_pod(c)?);
+    let (no, co) = (n.objects.as_ref()?, c.objects.as_ref()?);
+    let mut v = Vars::new();
+    v.set("pods", no.pods)
+        .set("per_pod", format!("{np:.2}"))
+        .set("total", format!("{:.1}", no.requests_per_min()))
+        .set("reference", name(c))
+        .set("ref_per_pod", format!("{cp:.2}"))
+        .set("ref_total", format!("{:.1}", co.requests_per_min()))
+        .set("ratio", fratio(np, cp))
+        .set("verdict", verdict(np <= cp));
+    Some(v)
+}
+
 /// One stack's row of the section's table.
 fn stack_row(x: &StackRun) -> Vars {
     let dash = || "—".to_string();
@@ -212,6 +279,11 @@ fn stack_row(x: &StackRun) -> Vars {
             x.burst.as_ref().map_or_else(dash, |b| {
                 format!("{} (sent in {})", secs(b.all_running), secs(b.sent))
             }),
+        )
+        .set("objects", x.objects.as_ref().map_or_else(dash, p36_cell))
+        .set(
+            "per_pod",
+            per_pod(x).map_or_else(dash, |p| format!("{p:.2}")),
         );
     match &x.idle {
         Some(i) => {
@@ -338,9 +410,24 @@ fn vars(r: &ClusterResults, rows: bool) -> Vars {
             why(r, SUBJECT)
         }
     };
+    let p36 = subject
+        .zip(reference)
+        .and_then(|(n, c)| p36_row(n, c))
+        .into_iter()
+        .collect();
+    let p37 = subject
+        .zip(reference)
+        .and_then(|(n, c)| p37_row(n, c))
+        .into_iter()
+        .collect();
     v.list("p33", p33)
         .list("p34", p34)
         .list("p35", p35)
+        .list("p36", p36)
+        .list("p37", p37)
+        .set("p36_why", missing(&|x| x.objects.is_some()))
+        .set("object_pods", crate::cluster_objects_bench::OBJECT_PODS)
+        .set("object_goal_s", OBJECT_GOAL.as_secs())
         .set("p33_why", missing(&|x| x.starts.len() > 0))
         .set("p34_why", missing(&|x| x.burst.is_some()))
         .set("p35_why", missing(&|x| x.idle.is_some()));

@@ -77,6 +77,16 @@ impl Stack {
         }
     }
 
+    /// Where the node keeps its pods' directories (their volumes):
+    /// kubelet's `<root-dir>/pods`, the agent's `<runtime root>/agent/pods`.
+    pub fn pods_dir(&self) -> PathBuf {
+        match (&self.kubelet, &self.runtime) {
+            (Some(k), _) => k.root_dir().join("pods"),
+            (None, Runtime::Petrel(n)) => n.root.join("agent").join("pods"),
+            (None, Runtime::Containerd(_)) => PathBuf::new(),
+        }
+    }
+
     /// The name a pod of manifest `name` has at `/pods`: kubelet suffixes
     /// static pods with the node's name.
     pub fn pod_name(&self, name: &str) -> String {

@@ -11,6 +11,7 @@ mod agent_proc;
 mod agent_report;
 mod cluster_bench;
 mod cluster_bench_report;
+mod cluster_objects_bench;
 mod containerd;
 mod controller_bench;
 mod controller_bench_report;

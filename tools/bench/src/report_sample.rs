@@ -744,6 +744,16 @@ fn cluster_run(setup: Setup, version: &str, base: f64, cpu_ms: u64, rss: u64) ->
                 },
             },
         }),
+        objects: (setup != Setup::KubeletPetrel).then(|| {
+            crate::cluster_objects_bench::ObjectsRun {
+                pods: 10,
+                config_map: ramp(10, base / 2.0, base / 100.0),
+                secret: ramp(10, base / 2.0 + 10.0, base / 100.0),
+                missed: 0,
+                requests: if kubelet { 90 } else { 13 },
+                wall: Duration::from_secs(60),
+            }
+        }),
         skipped: vec![],
         error: None,
     }
@@ -781,6 +791,7 @@ pub fn cluster_partial() -> ClusterResults {
         burst: None,
         deleted: None,
         idle: None,
+        objects: None,
         skipped: vec!["the whole stack: kubelet left out (PETREL_PEERS_SKIP)".into()],
         ..kp.clone()
     };
