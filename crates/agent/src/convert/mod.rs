@@ -11,6 +11,7 @@
 
 mod atomic;
 mod container;
+mod dns;
 mod downward;
 mod env;
 mod hash;
@@ -27,6 +28,7 @@ pub use container::{
     container_config, container_plan, is_sidecar, ContainerPlan,
     ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
 };
+pub use dns::DnsSettings;
 pub use downward::{
     format_map, go_quote, DEFAULT_MODE as DOWNWARD_API_DEFAULT_MODE,
     FIELD_PATHS as DOWNWARD_API_FIELD_PATHS,
@@ -68,6 +70,9 @@ pub struct ConvertContext {
     /// none could be had (the pod is then refused, never run in the host's
     /// user namespace); `None` for pods on the host's.
     pub userns: Option<Result<u32, String>>,
+    /// kubelet's DNS settings (`--cluster-dns`, `--cluster-domain`,
+    /// `--resolv-conf`).
+    pub dns: DnsSettings,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -171,6 +176,7 @@ pub(crate) mod test_support {
             seccomp_default: false,
             recursive_read_only: true,
             userns: None,
+            dns: super::DnsSettings::default(),
         }
     }
 

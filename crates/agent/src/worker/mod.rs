@@ -95,6 +95,8 @@ pub struct WorkerConfig {
     /// Whether the runtime's default handler supports recursive read-only
     /// mounts (learnt from its Status when the agent connects).
     pub recursive_read_only: bool,
+    /// kubelet's DNS settings, for the pods' resolver config.
+    pub dns: crate::convert::DnsSettings,
 }
 
 /// What a worker remembers about a pod between syncs.
@@ -300,6 +302,7 @@ impl PodWorkers {
             seccomp_root: self.config.seccomp_root.clone(),
             seccomp_default: self.config.seccomp_default,
             recursive_read_only: self.config.recursive_read_only,
+            dns: self.config.dns.clone(),
             userns: (pod.pod.spec.as_ref().and_then(|s| s.host_users) == Some(false)).then(|| {
                 self.userns
                     .host_id(&self.config.root.join("pods").join(&pod.uid))
