@@ -15,6 +15,7 @@ mod dns;
 mod downward;
 mod env;
 mod hash;
+mod hosts;
 mod qos;
 mod resources;
 mod sandbox;
@@ -34,6 +35,7 @@ pub use downward::{
     FIELD_PATHS as DOWNWARD_API_FIELD_PATHS,
 };
 pub use hash::{container_hash, sandbox_hash};
+pub use hosts::write_hosts_file;
 pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};

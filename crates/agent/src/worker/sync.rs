@@ -13,7 +13,7 @@ use super::init::{self, InitStep};
 use super::{PodWorkers, WorkerError};
 use crate::convert::{
     container_hash, container_plan, image_volume_reference, is_sidecar, prepare_volumes,
-    sandbox_config, SubPathMount,
+    sandbox_config, write_hosts_file, SubPathMount,
 };
 use crate::source::defaults::pull_policy_for;
 use crate::subpath::Binds;
@@ -503,6 +503,11 @@ impl PodWorkers {
             }
         }
         let ctx = self.convert_context(pod, sandbox.ips.clone());
+        // The pod's /etc/hosts, as kubelet writes it before each container.
+        if let Err(e) = write_hosts_file(pod, &ctx) {
+            self.set_waiting(uid, &c.name, "CreateContainerConfigError", e.to_string());
+            return Err(e.into());
+        }
         let plan = match container_plan(pod, c, init, restart_count, &ctx) {
             Ok(plan) => plan,
             Err(e) => {
