@@ -17,7 +17,8 @@
 //! - [`mirror`]: the static pods' mirror pods;
 //! - [`pod_status`]: pod status patches and final deletion;
 //! - [`lease`]: the node's heartbeat;
-//! - [`own_node`]: the Node as the API shows it, for admission.
+//! - [`own_node`]: the Node as the API shows it, for admission;
+//! - [`services`]: every Service, for the pods' service variables.
 
 pub mod credentials;
 pub mod delegated;
@@ -29,6 +30,7 @@ pub mod node_object;
 pub mod own_node;
 pub mod pod_status;
 pub mod pods;
+pub mod services;
 pub mod serving;
 
 use std::path::PathBuf;
@@ -163,6 +165,7 @@ pub async fn start_node(
 pub struct PodSide {
     informer: SharedInformer<Pod>,
     node: SharedInformer<k8s_openapi::api::core::v1::Node>,
+    services: SharedInformer<k8s_openapi::api::core::v1::Service>,
     status: WorkQueue<String>,
 }
 
@@ -171,6 +174,7 @@ impl PodSide {
     pub fn stop(&self) {
         self.informer.stop();
         self.node.stop();
+        self.services.stop();
         self.status.shut_down();
     }
 }
@@ -216,6 +220,12 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
                 Box::new(TokenBucket::new(50.0, 100)),
             ])),
     );
+    // Services first: their first list is usually in before the pods',
+    // so the first containers need not wait for it.
+    let service_informer = services::informer(p.client.clone());
+    p.workers
+        .set_service_env(services::env_source(&service_informer));
+    service_informer.start();
     let informer = pods::informer(p.client.clone(), &p.node);
     let mirrors = Arc::new(tokio::sync::Notify::new());
     let registration = pods::feed(
@@ -296,6 +306,7 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
     PodSide {
         informer,
         node,
+        services: service_informer,
         status,
     }
 }

@@ -20,6 +20,7 @@ mod qos;
 mod resources;
 mod sandbox;
 mod security;
+mod service_env;
 mod volumes;
 
 use std::path::PathBuf;
@@ -40,6 +41,7 @@ pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;
+pub use service_env::service_env;
 pub use volumes::{image_volume_reference, prepare_volumes, remove_pod_dir, SubPathMount};
 
 /// What a conversion needs to know about the node and the pod's place on
@@ -75,6 +77,9 @@ pub struct ConvertContext {
     /// kubelet's DNS settings (`--cluster-dns`, `--cluster-domain`,
     /// `--resolv-conf`).
     pub dns: DnsSettings,
+    /// The pod's service variables ([`service_env`]; cluster mode), set
+    /// where containers are created: the container's own variables win.
+    pub service_env: Vec<(String, String)>,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -179,6 +184,7 @@ pub(crate) mod test_support {
             recursive_read_only: true,
             userns: None,
             dns: super::DnsSettings::default(),
+            service_env: Vec::new(),
         }
     }
 

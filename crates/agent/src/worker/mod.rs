@@ -188,6 +188,9 @@ pub struct PodWorkers {
     /// Told each pod the workers forget (terminated and removed): cluster
     /// mode deletes a pod being deleted from the API then.
     on_forget: std::sync::OnceLock<ForgetHook>,
+    /// The pods' service variables (cluster mode); none set: no service
+    /// variables, as kubelet without an API server.
+    service_env: std::sync::OnceLock<ServiceEnvFn>,
 }
 
 /// A pod's admission verdict.
@@ -198,6 +201,11 @@ struct Admission {
     /// Why it was refused; None: admitted.
     refusal: Option<Refusal>,
 }
+
+/// What [`PodWorkers::set_service_env`] is given: the service variables of
+/// a pod, or why they cannot be had yet.
+pub type ServiceEnvFn =
+    Arc<dyn Fn(&DesiredPod) -> Result<Vec<(String, String)>, String> + Send + Sync>;
 
 /// What [`PodWorkers::set_forget_hook`] calls with a forgotten pod's UID.
 pub type ForgetHook = Arc<dyn Fn(&str) + Send + Sync>;
@@ -232,6 +240,7 @@ impl PodWorkers {
             node_facts: std::sync::RwLock::new(None),
             admissions: Mutex::new(HashMap::new()),
             on_forget: std::sync::OnceLock::new(),
+            service_env: std::sync::OnceLock::new(),
         }
     }
 
@@ -303,6 +312,7 @@ impl PodWorkers {
             seccomp_default: self.config.seccomp_default,
             recursive_read_only: self.config.recursive_read_only,
             dns: self.config.dns.clone(),
+            service_env: Vec::new(),
             userns: (pod.pod.spec.as_ref().and_then(|s| s.host_users) == Some(false)).then(|| {
                 self.userns
                     .host_id(&self.config.root.join("pods").join(&pod.uid))
@@ -415,6 +425,17 @@ impl PodWorkers {
                 self.terminate(&uid, &status).await
             }
         }
+    }
+
+    /// Gives containers created from now on their pod's service variables
+    /// from `f` (once set, it stays).
+    pub fn set_service_env(&self, f: ServiceEnvFn) {
+        let _ = self.service_env.set(f);
+    }
+
+    /// The service variables of `pod`: none without a source.
+    fn service_env_of(&self, pod: &DesiredPod) -> Result<Vec<(String, String)>, String> {
+        self.service_env.get().map_or(Ok(Vec::new()), |f| f(pod))
     }
 
     /// Calls `hook` with the UID of every pod the workers forget from now
