@@ -81,7 +81,7 @@ pub fn container_plan(
         list.iter().flatten().map(|s| expand(s, &lookup)).collect()
     };
     let (mut mounts, sub_paths) = container_mounts(pod, container, init, &env, ctx)?;
-    mounts.extend(hosts_mount(pod, container, ctx));
+    mounts.extend(hosts_mount(container, ctx));
 
     let mut labels = pod_labels(pod, ctx);
     labels.insert(LABEL_CONTAINER_NAME.to_string(), container.name.clone());

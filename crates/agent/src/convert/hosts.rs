@@ -39,18 +39,11 @@ fn hosts_path(ctx: &ConvertContext) -> PathBuf {
     ctx.pod_dir.join(FILE_NAME)
 }
 
-/// Is the pod's managed file wanted at all? Only once the pod has an IP
-/// (kubelet's rule: the file names the pod on it), or on the host's
-/// network, where the host's names apply.
-fn managed(pod: &DesiredPod, ctx: &ConvertContext) -> bool {
-    let host_network = pod
-        .pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
-    host_network || !ctx.pod_ips.is_empty()
-}
+/// Where a pod without an address (a loopback-only pod: no CNI network)
+/// finds its own name, as Debian and Petrel's runtime name the host.
+/// kubelet never meets such a pod: its containers are created once the
+/// pod network gave the sandbox an IP.
+const NO_IP_ADDRESS: &str = "127.0.1.1";
 
 /// Does the container mount something of its own at /etc/hosts?
 fn mounts_its_own(container: &Container) -> bool {
@@ -62,14 +55,10 @@ fn mounts_its_own(container: &Container) -> bool {
 }
 
 /// The CRI mount of the pod's hosts file for `container`, or None when it
-/// gets none (see [`managed`] and [`mounts_its_own`]). Writable, as
-/// kubelet mounts it: a container may add names for itself.
-pub(crate) fn hosts_mount(
-    pod: &DesiredPod,
-    container: &Container,
-    ctx: &ConvertContext,
-) -> Option<api::Mount> {
-    (managed(pod, ctx) && !mounts_its_own(container)).then(|| api::Mount {
+/// mounts something at /etc/hosts itself. Writable, as kubelet mounts it:
+/// a container may add names for itself.
+pub(crate) fn hosts_mount(container: &Container, ctx: &ConvertContext) -> Option<api::Mount> {
+    (!mounts_its_own(container)).then(|| api::Mount {
         container_path: ETC_HOSTS.to_string(),
         host_path: hosts_path(ctx).to_string_lossy().into_owned(),
         ..Default::default()
@@ -91,11 +80,13 @@ fn alias_lines(aliases: &[HostAlias]) -> String {
 }
 
 /// The file of a pod on its own network: header, local names, each pod IP
-/// with the hostname (its fully qualified name first when the pod has a
-/// subdomain), then the aliases.
+/// (none: [`NO_IP_ADDRESS`]) with the hostname (its fully qualified name
+/// first when the pod has a subdomain), then the aliases.
 fn managed_content(ips: &[String], host: &str, domain: &str, aliases: &[HostAlias]) -> String {
     let mut out = String::from(HEADER);
     out.push_str(LOCAL_LINES);
+    let fallback = [NO_IP_ADDRESS.to_string()];
+    let ips = if ips.is_empty() { &fallback[..] } else { ips };
     for ip in ips {
         if domain.is_empty() {
             out.push_str(&format!("{ip}\t{host}\n"));
@@ -141,16 +132,13 @@ fn content(
     Ok(managed_content(&ctx.pod_ips, &host, &domain, aliases))
 }
 
-/// Writes the pod's hosts file before a container is created, when the
-/// pod has one (see [`managed`]). An unchanged file is left alone; a
+/// Writes the pod's hosts file before a container is created. An
+/// unchanged file is left alone; a
 /// changed one is replaced in one rename, so no container ever reads a
 /// half-written file (kubelet rewrites in place). The file is 0644 (the
 /// containers' users read it) in the pod's directory (0700: the runtime
 /// binds it as root).
 pub fn write_hosts_file(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), ConvertError> {
-    if !managed(pod, ctx) {
-        return Ok(());
-    }
     let text = content(pod, ctx, || fs::read_to_string(HOST_HOSTS))?;
     let path = hosts_path(ctx);
     if fs::read(&path).is_ok_and(|old| old == text.as_bytes()) {
@@ -257,22 +245,24 @@ mod tests {
         );
         let spec = pod.pod.spec.clone().unwrap();
         let c = ctx();
-        let m = hosts_mount(&pod, &spec.containers[0], &c).unwrap();
+        let m = hosts_mount(&spec.containers[0], &c).unwrap();
         assert_eq!(m.container_path, "/etc/hosts");
         assert_eq!(m.host_path, "/var/lib/petrel/pods/uid/etc-hosts");
         assert!(!m.readonly);
-        assert_eq!(hosts_mount(&pod, &spec.containers[1], &c), None);
-        // No IP yet (and not on the host's network): nothing to name.
-        let none = ConvertContext {
+        assert_eq!(hosts_mount(&spec.containers[1], &c), None);
+    }
+
+    #[test]
+    fn managed_content_without_an_ip_should_name_the_pod_on_127_0_1_1() {
+        let c = ConvertContext {
             pod_ips: vec![],
             ..ctx()
         };
-        assert_eq!(hosts_mount(&pod, &spec.containers[0], &none), None);
-        let host = desired(
-            "metadata: {name: h}\nspec:\n  hostNetwork: true\n  containers: [{name: a, image: x}]\n",
+        let text = content(&desired(POD), &c, || unreachable!()).unwrap();
+        assert!(
+            text.ends_with("fe00::2\tip6-allrouters\n127.0.1.1\tweb\n"),
+            "{text}"
         );
-        let spec = host.pod.spec.clone().unwrap();
-        assert!(hosts_mount(&host, &spec.containers[0], &none).is_some());
     }
 
     #[test]
@@ -308,13 +298,5 @@ mod tests {
             .unwrap()
             .contains("10.0.0.6\tweb\n"));
         assert!(!c.pod_dir.join("etc-hosts.tmp").exists());
-        // No IP: no file is written.
-        let tmp2 = tempfile::tempdir().unwrap();
-        let bare = ConvertContext {
-            pod_ips: vec![],
-            ..ctx_in(tmp2.path())
-        };
-        write_hosts_file(&pod, &bare).unwrap();
-        assert!(!bare.pod_dir.join("etc-hosts").exists());
     }
 }
