@@ -115,8 +115,10 @@ pub struct AgentFlags {
     pub cluster_domain: Option<String>,
     /// kubelet's --resolv-conf: the resolver config pods with dnsPolicy
     /// Default get ("" for none) [default: /etc/resolv.conf].
+    // A string, not a path: clap refuses an empty path, and "" is
+    // kubelet's way of saying none.
     #[arg(long)]
-    pub resolv_conf: Option<PathBuf>,
+    pub resolv_conf: Option<String>,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
@@ -302,7 +304,7 @@ impl AgentFlags {
             c.cluster_domain = v.clone();
         }
         if let Some(v) = &self.resolv_conf {
-            c.resolv_conf = v.clone();
+            c.resolv_conf = PathBuf::from(v);
         }
         self.eviction.apply(c);
     }
