@@ -236,6 +236,10 @@ pub async fn run(
         server_stop,
     ));
     tracing::info!(listen = %listen, socket = %config.socket.display(), manifests = %config.manifests.display(), node = %node_name, "agent serving");
+    if cluster_mode && config.cluster_dns.is_empty() {
+        // kubelet warns per pod; once is enough to find the cause.
+        tracing::warn!("no --cluster-dns: pods with dnsPolicy ClusterFirst get the host's resolver config (Default), as kubelet does");
+    }
 
     let mut tasks = JoinSet::new();
 
@@ -274,6 +278,7 @@ pub async fn run(
                 seccomp_root: config.seccomp_root(),
                 seccomp_default: config.seccomp_default,
                 recursive_read_only,
+                dns: config.dns_settings(),
             },
         );
         let pleg = workers.pleg().clone();

@@ -142,6 +142,18 @@ pub struct AgentConfig {
     /// Taints the node registers with (`--register-with-taints`,
     /// `key=value:Effect,...`).
     pub register_with_taints: String,
+    /// The cluster's DNS servers (`--cluster-dns`, kubelet's `clusterDNS`):
+    /// the nameservers of ClusterFirst pods. None: ClusterFirst pods get
+    /// the host's resolver config, as kubelet's Default.
+    pub cluster_dns: Vec<std::net::IpAddr>,
+    /// The cluster's domain (`--cluster-domain`, kubelet's
+    /// `clusterDomain`, e.g. `cluster.local`): the search paths of
+    /// ClusterFirst pods, and the domain of pods with a subdomain.
+    pub cluster_domain: String,
+    /// The host's resolver config (`--resolv-conf`, kubelet's default
+    /// `/etc/resolv.conf`), the base of Default pods. Empty: none; such
+    /// pods get the local resolver only, as in kubelet.
+    pub resolv_conf: PathBuf,
 }
 
 impl Default for AgentConfig {
@@ -180,6 +192,9 @@ impl Default for AgentConfig {
             node_ip: None,
             node_labels: String::new(),
             register_with_taints: String::new(),
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
         }
     }
 }
@@ -231,6 +246,17 @@ impl AgentConfig {
             return SocketAddr::from(([0, 0, 0, 0], self.port.unwrap_or(10250)));
         }
         self.listen
+    }
+
+    /// The pods' DNS settings from `cluster_dns`, `cluster_domain` and
+    /// `resolv_conf`.
+    pub fn dns_settings(&self) -> crate::convert::DnsSettings {
+        crate::convert::DnsSettings {
+            cluster_dns: self.cluster_dns.iter().map(ToString::to_string).collect(),
+            // A trailing dot (`cluster.local.`) names the same domain.
+            cluster_domain: self.cluster_domain.trim_end_matches('.').to_string(),
+            resolv_conf: self.resolv_conf.clone(),
+        }
     }
 
     /// The node name, or the host name when unset.
@@ -312,6 +338,22 @@ mod tests {
         assert_eq!(c.effective_listen().to_string(), "0.0.0.0:11250");
         c.listen = "10.0.0.5:9999".parse().unwrap();
         assert_eq!(c.effective_listen().to_string(), "10.0.0.5:9999");
+    }
+
+    #[test]
+    fn dns_settings_should_come_from_the_file_with_kubelets_defaults() {
+        let c = AgentConfig::default();
+        let d = c.dns_settings();
+        assert!(d.cluster_dns.is_empty() && d.cluster_domain.is_empty());
+        assert_eq!(d.resolv_conf, PathBuf::from("/etc/resolv.conf"));
+        let c: AgentConfig = toml::from_str(
+            "cluster_dns = [\"10.96.0.10\", \"fd00::a\"]\ncluster_domain = \"cluster.local.\"\nresolv_conf = \"\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let d = c.dns_settings();
+        assert_eq!(d.cluster_dns, vec!["10.96.0.10", "fd00::a"]);
+        assert_eq!(d.cluster_domain, "cluster.local");
+        assert_eq!(d.resolv_conf, PathBuf::new());
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! - [`pod_status`]: pod status patches and final deletion;
 //! - [`pull_secrets`]: pods' `imagePullSecrets`, read for their pulls;
 //! - [`lease`]: the node's heartbeat;
-//! - [`own_node`]: the Node as the API shows it, for admission.
+//! - [`own_node`]: the Node as the API shows it, for admission;
+//! - [`services`]: every Service, for the pods' service variables.
 
 pub mod credentials;
 pub mod delegated;
@@ -32,6 +33,7 @@ pub mod own_node;
 pub mod pod_status;
 pub mod pods;
 pub mod pull_secrets;
+pub mod services;
 pub mod serving;
 
 use std::path::PathBuf;
@@ -167,6 +169,7 @@ pub struct PodSide {
     informer: SharedInformer<Pod>,
     volumes: WorkQueue<String>,
     node: SharedInformer<k8s_openapi::api::core::v1::Node>,
+    services: SharedInformer<k8s_openapi::api::core::v1::Service>,
     status: WorkQueue<String>,
 }
 
@@ -175,6 +178,7 @@ impl PodSide {
     pub fn stop(&self) {
         self.informer.stop();
         self.node.stop();
+        self.services.stop();
         self.status.shut_down();
         self.volumes.shut_down();
     }
@@ -250,6 +254,12 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
             Ok::<_, std::convert::Infallible>(petrel_controller::Action::Done)
         }
     }));
+    // Services first: their first list is usually in before the pods',
+    // so the first containers need not wait for it.
+    let service_informer = services::informer(p.client.clone());
+    p.workers
+        .set_service_env(services::env_source(&service_informer));
+    service_informer.start();
     let informer = pods::informer(p.client.clone(), &p.node);
     let mirrors = Arc::new(tokio::sync::Notify::new());
     let registration = pods::feed(
@@ -332,6 +342,7 @@ pub async fn start_pods(p: PodSideParts, tasks: &mut JoinSet<()>) -> PodSide {
         informer,
         volumes,
         node,
+        services: service_informer,
         status,
     }
 }

@@ -8,6 +8,7 @@ use petrel_cri::api;
 
 use super::env::{container_field, environment, expand};
 use super::hash::container_hash;
+use super::hosts::hosts_mount;
 use super::qos::qos_class;
 use super::resources::{linux_resources, node_memory_bytes};
 use super::sandbox::{pod_labels, spec_of};
@@ -79,7 +80,8 @@ pub fn container_plan(
     let expand_all = |list: &Option<Vec<String>>| -> Vec<String> {
         list.iter().flatten().map(|s| expand(s, &lookup)).collect()
     };
-    let (mounts, sub_paths) = container_mounts(pod, container, init, &env, ctx)?;
+    let (mut mounts, sub_paths) = container_mounts(pod, container, init, &env, ctx)?;
+    mounts.extend(hosts_mount(container, ctx));
 
     let mut labels = pod_labels(pod, ctx);
     labels.insert(LABEL_CONTAINER_NAME.to_string(), container.name.clone());
@@ -464,6 +466,13 @@ spec:
                     api::MountPropagation::PropagationHostToContainer as i32
                 ),
                 ("/per-pod", &*format!("{points}/3"), false, private),
+                // The pod's managed hosts file, last, as kubelet adds it.
+                (
+                    "/etc/hosts",
+                    "/var/lib/petrel/pods/uid/etc-hosts",
+                    false,
+                    private
+                ),
             ]
         );
         let subs: Vec<_> = plan

@@ -63,8 +63,10 @@ pub(crate) fn container_field(container: &Container, init: bool) -> String {
 }
 
 /// The container's environment in declaration order (a repeated name keeps
-/// its first position and its last value). Each value may refer to the
-/// variables declared before it.
+/// its first position and its last value), then the pod's service
+/// variables (`ctx.service_env`) it does not set itself, as kubelet adds
+/// them. Each value may refer to the variables declared before it and to
+/// the service variables.
 pub(crate) fn environment(
     pod: &DesiredPod,
     container: &Container,
@@ -93,12 +95,19 @@ pub(crate) fn environment(
             order.push(var.name.clone());
         }
     }
+    let services: Vec<_> = ctx
+        .service_env
+        .iter()
+        .filter(|(k, _)| !values.contains_key(k))
+        .cloned()
+        .collect();
     Ok(order
         .into_iter()
         .map(|k| {
             let v = values.remove(&k).unwrap_or_default();
             (k, v)
         })
+        .chain(services)
         .collect())
 }
 
@@ -113,7 +122,15 @@ fn env_value(
 ) -> Result<Option<String>, ConvertError> {
     let Some(from) = &var.value_from else {
         let raw = var.value.as_deref().unwrap_or("");
-        return Ok(Some(expand(raw, &|n| earlier.get(n).cloned())));
+        // kubelet's mapping: declared variables first, then services'.
+        return Ok(Some(expand(raw, &|n| {
+            earlier.get(n).cloned().or_else(|| {
+                ctx.service_env
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .map(|(_, v)| v.clone())
+            })
+        })));
     };
     if let Some(f) = &from.field_ref {
         return field_ref(pod, f, &format!("{field}.valueFrom.fieldRef"), ctx).map(Some);

@@ -12,13 +12,16 @@
 mod api_volumes;
 mod atomic;
 mod container;
+mod dns;
 mod downward;
 mod env;
 mod hash;
+mod hosts;
 mod qos;
 mod resources;
 mod sandbox;
 mod security;
+mod service_env;
 mod volumes;
 
 use std::path::PathBuf;
@@ -32,15 +35,18 @@ pub use container::{
     container_config, container_plan, is_sidecar, ContainerPlan,
     ANNOTATION_TERMINATION_MESSAGE_PATH, DEFAULT_TERMINATION_GRACE_SECONDS,
 };
+pub use dns::DnsSettings;
 pub use downward::{
     format_map, go_quote, DEFAULT_MODE as DOWNWARD_API_DEFAULT_MODE,
     FIELD_PATHS as DOWNWARD_API_FIELD_PATHS,
 };
 pub use hash::{container_hash, sandbox_hash};
+pub use hosts::write_hosts_file;
 pub(crate) use qos::effective_request;
 pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;
+pub use service_env::service_env;
 pub use volumes::{
     image_volume_reference, prepare_volumes, refresh_volumes, remove_pod_dir, SubPathMount,
 };
@@ -82,6 +88,12 @@ pub struct ConvertContext {
     /// Whether secret and projected volumes get a tmpfs of their own (the
     /// agent as root; off in unit tests).
     pub memory_volumes: bool,
+    /// kubelet's DNS settings (`--cluster-dns`, `--cluster-domain`,
+    /// `--resolv-conf`).
+    pub dns: DnsSettings,
+    /// The pod's service variables ([`service_env`]; cluster mode), set
+    /// where containers are created: the container's own variables win.
+    pub service_env: Vec<(String, String)>,
 }
 
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
@@ -191,6 +203,8 @@ pub(crate) mod test_support {
             userns: None,
             objects: None,
             memory_volumes: false,
+            dns: super::DnsSettings::default(),
+            service_env: Vec::new(),
         }
     }
 

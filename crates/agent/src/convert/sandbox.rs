@@ -3,9 +3,10 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{PodDNSConfig, PodSpec};
+use k8s_openapi::api::core::v1::PodSpec;
 use petrel_cri::api;
 
+use super::dns::{dns_config, read_host_resolv_conf};
 use super::hash::sandbox_hash;
 use super::qos::{pod_cgroup_parent, qos_class};
 use super::security::{is_privileged, namespace_options, seccomp, supplemental_groups};
@@ -15,9 +16,6 @@ use crate::types::{
     LABEL_POD_UID,
 };
 
-/// resolv.conf limits glibc honours; more would be silently ignored.
-const MAX_DNS_SERVERS: usize = 3;
-const MAX_DNS_SEARCHES: usize = 32;
 /// The longest hostname the kernel accepts.
 const MAX_HOSTNAME: usize = 63;
 
@@ -65,8 +63,14 @@ pub fn sandbox_config(
         .flatten()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let dns = dns_config(spec, &host_resolv)?;
+    let host_resolv = read_host_resolv_conf(&ctx.dns.resolv_conf)?;
+    let dns = dns_config(
+        spec,
+        &pod.namespace,
+        &ctx.dns,
+        host_resolv.as_deref(),
+        &ctx.host_ip,
+    )?;
     let run_as = |f: fn(&k8s_openapi::api::core::v1::PodSecurityContext) -> Option<i64>| {
         spec.security_context
             .as_ref()
@@ -129,7 +133,7 @@ pub fn sandbox_config(
 }
 
 /// spec.hostname, else the pod's name, cut to what the kernel accepts.
-fn hostname(spec: &PodSpec, name: &str) -> String {
+pub(crate) fn hostname(spec: &PodSpec, name: &str) -> String {
     let h = spec
         .hostname
         .as_deref()
@@ -173,84 +177,6 @@ fn port_mappings(spec: &PodSpec) -> Result<Vec<api::PortMapping>, ConvertError> 
         }
     }
     Ok(out)
-}
-
-/// Servers, searches and options of a resolv.conf text.
-fn parse_resolv_conf(text: &str) -> api::DnsConfig {
-    let mut dns = api::DnsConfig::default();
-    for line in text.lines() {
-        let line = line.split(['#', ';']).next().unwrap_or("");
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("nameserver") => dns.servers.extend(words.next().map(str::to_string)),
-            // The last search or domain line wins, as in the resolver.
-            Some("search") | Some("domain") => {
-                dns.searches = words.map(str::to_string).collect();
-            }
-            Some("options") => dns.options.extend(words.map(str::to_string)),
-            _ => {}
-        }
-    }
-    dns
-}
-
-/// The pod's DNS config. Without cluster DNS, ClusterFirst (and
-/// ClusterFirstWithHostNet) fall back to Default: the host's resolv.conf.
-/// None starts empty. spec.dnsConfig is then merged in: servers and
-/// searches appended without duplicates, options overriding by name.
-pub(crate) fn dns_config(
-    spec: &PodSpec,
-    host_resolv: &str,
-) -> Result<api::DnsConfig, ConvertError> {
-    let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
-    let mut dns = match policy {
-        "Default" | "ClusterFirst" | "ClusterFirstWithHostNet" => parse_resolv_conf(host_resolv),
-        "None" => api::DnsConfig::default(),
-        other => {
-            return Err(ConvertError::invalid(
-                "spec.dnsPolicy",
-                format!("unknown policy {other:?}"),
-            ))
-        }
-    };
-    if let Some(extra) = &spec.dns_config {
-        merge_dns(&mut dns, extra);
-    } else if policy == "None" {
-        return Err(ConvertError::invalid(
-            "spec.dnsConfig",
-            "required with dnsPolicy None",
-        ));
-    }
-    dns.servers.truncate(MAX_DNS_SERVERS);
-    dns.searches.truncate(MAX_DNS_SEARCHES);
-    Ok(dns)
-}
-
-fn merge_dns(dns: &mut api::DnsConfig, extra: &PodDNSConfig) {
-    for s in extra.nameservers.iter().flatten() {
-        if !dns.servers.contains(s) {
-            dns.servers.push(s.clone());
-        }
-    }
-    for s in extra.searches.iter().flatten() {
-        if !dns.searches.contains(s) {
-            dns.searches.push(s.clone());
-        }
-    }
-    for o in extra.options.iter().flatten() {
-        let Some(name) = o.name.as_deref().filter(|n| !n.is_empty()) else {
-            continue;
-        };
-        let rendered = match o.value.as_deref() {
-            Some(v) if !v.is_empty() => format!("{name}:{v}"),
-            _ => name.to_string(),
-        };
-        let same = |existing: &String| existing.split(':').next() == Some(name);
-        match dns.options.iter_mut().find(|e| same(e)) {
-            Some(e) => *e = rendered,
-            None => dns.options.push(rendered),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -454,59 +380,5 @@ spec:
             "a".repeat(62),
             "cut to 63, no trailing dash"
         );
-    }
-
-    const RESOLV: &str = "# generated\nnameserver 10.0.0.2\nnameserver 10.0.0.3 ; second\nsearch corp.example example\noptions ndots:2 edns0\n";
-
-    fn spec(yaml: &str) -> PodSpec {
-        serde_yaml::from_str(yaml).unwrap()
-    }
-
-    #[test]
-    fn dns_config_should_use_the_hosts_resolv_conf_by_default() {
-        for policy in [
-            "",
-            "dnsPolicy: Default\n",
-            "dnsPolicy: ClusterFirst\n",
-            "dnsPolicy: ClusterFirstWithHostNet\n",
-        ] {
-            let dns = dns_config(&spec(&format!("{policy}containers: []\n")), RESOLV).unwrap();
-            assert_eq!(dns.servers, vec!["10.0.0.2", "10.0.0.3"], "{policy}");
-            assert_eq!(dns.searches, vec!["corp.example", "example"]);
-            assert_eq!(dns.options, vec!["ndots:2", "edns0"]);
-        }
-    }
-
-    #[test]
-    fn dns_config_should_merge_the_pods_dns_config() {
-        let s = spec(
-            "dnsPolicy: Default\ndnsConfig:\n  nameservers: [10.0.0.2, 1.1.1.1]\n  searches: [svc.local]\n  options: [{name: ndots, value: '5'}, {name: rotate}]\ncontainers: []\n",
-        );
-        let dns = dns_config(&s, RESOLV).unwrap();
-        assert_eq!(dns.servers, vec!["10.0.0.2", "10.0.0.3", "1.1.1.1"]);
-        assert_eq!(dns.searches, vec!["corp.example", "example", "svc.local"]);
-        assert_eq!(dns.options, vec!["ndots:5", "edns0", "rotate"]);
-    }
-
-    #[test]
-    fn dns_config_should_take_only_the_pods_config_with_policy_none() {
-        let s = spec("dnsPolicy: None\ndnsConfig:\n  nameservers: [9.9.9.9, 8.8.8.8, 1.1.1.1, 4.4.4.4]\ncontainers: []\n");
-        let dns = dns_config(&s, RESOLV).unwrap();
-        assert_eq!(
-            dns.servers,
-            vec!["9.9.9.9", "8.8.8.8", "1.1.1.1"],
-            "at most 3"
-        );
-        assert!(dns.searches.is_empty() && dns.options.is_empty());
-        let err = dns_config(&spec("dnsPolicy: None\ncontainers: []\n"), RESOLV).unwrap_err();
-        assert!(err.to_string().contains("spec.dnsConfig"), "{err}");
-        let err = dns_config(&spec("dnsPolicy: Bogus\ncontainers: []\n"), RESOLV).unwrap_err();
-        assert!(err.to_string().contains("spec.dnsPolicy"), "{err}");
-    }
-
-    #[test]
-    fn parse_resolv_conf_should_let_the_last_search_line_win() {
-        let dns = parse_resolv_conf("search a b\ndomain c\n");
-        assert_eq!(dns.searches, vec!["c"]);
     }
 }

@@ -96,6 +96,8 @@ pub struct WorkerConfig {
     /// Whether the runtime's default handler supports recursive read-only
     /// mounts (learnt from its Status when the agent connects).
     pub recursive_read_only: bool,
+    /// kubelet's DNS settings, for the pods' resolver config.
+    pub dns: crate::convert::DnsSettings,
 }
 
 /// What a worker remembers about a pod between syncs.
@@ -192,6 +194,9 @@ pub struct PodWorkers {
     /// Where pods' pull secrets are read (cluster mode; none: images are
     /// pulled without a pod's credentials).
     pull_secrets: std::sync::OnceLock<Arc<dyn SecretReader>>,
+    /// The pods' service variables (cluster mode); none set: no service
+    /// variables, as kubelet without an API server.
+    service_env: std::sync::OnceLock<ServiceEnvFn>,
 }
 
 /// The API objects pods read, made available before a pod's volumes and
@@ -215,6 +220,11 @@ struct Admission {
     /// Why it was refused; None: admitted.
     refusal: Option<Refusal>,
 }
+
+/// What [`PodWorkers::set_service_env`] is given: the service variables of
+/// a pod, or why they cannot be had yet.
+pub type ServiceEnvFn =
+    Arc<dyn Fn(&DesiredPod) -> Result<Vec<(String, String)>, String> + Send + Sync>;
 
 /// What [`PodWorkers::set_forget_hook`] calls with a forgotten pod's UID.
 pub type ForgetHook = Arc<dyn Fn(&str) + Send + Sync>;
@@ -251,6 +261,7 @@ impl PodWorkers {
             on_forget: std::sync::OnceLock::new(),
             objects: std::sync::OnceLock::new(),
             pull_secrets: std::sync::OnceLock::new(),
+            service_env: std::sync::OnceLock::new(),
         }
     }
 
@@ -351,6 +362,8 @@ impl PodWorkers {
             seccomp_root: self.config.seccomp_root.clone(),
             seccomp_default: self.config.seccomp_default,
             recursive_read_only: self.config.recursive_read_only,
+            dns: self.config.dns.clone(),
+            service_env: Vec::new(),
             userns: (pod.pod.spec.as_ref().and_then(|s| s.host_users) == Some(false)).then(|| {
                 self.userns
                     .host_id(&self.config.root.join("pods").join(&pod.uid))
@@ -469,6 +482,17 @@ impl PodWorkers {
                 self.terminate(&uid, &status).await
             }
         }
+    }
+
+    /// Gives containers created from now on their pod's service variables
+    /// from `f` (once set, it stays).
+    pub fn set_service_env(&self, f: ServiceEnvFn) {
+        let _ = self.service_env.set(f);
+    }
+
+    /// The service variables of `pod`: none without a source.
+    fn service_env_of(&self, pod: &DesiredPod) -> Result<Vec<(String, String)>, String> {
+        self.service_env.get().map_or(Ok(Vec::new()), |f| f(pod))
     }
 
     /// Calls `hook` with the UID of every pod the workers forget from now

@@ -13,7 +13,7 @@ use super::init::{self, InitStep};
 use super::{PodWorkers, WorkerError};
 use crate::convert::{
     container_hash, container_plan, image_volume_reference, is_sidecar, prepare_volumes,
-    sandbox_config, ConvertError, SubPathMount,
+    sandbox_config, write_hosts_file, ConvertError, SubPathMount,
 };
 use crate::source::defaults::pull_policy_for;
 use crate::subpath::Binds;
@@ -40,6 +40,8 @@ const OBJECTS_RETRY: Duration = Duration::from_secs(2);
 /// Exited instances kept per container name (the newest is the status's
 /// lastState; older ones are removed).
 const KEEP_EXITED: usize = 1;
+/// How soon a container waiting for the first list of services tries again.
+const SERVICES_RETRY: Duration = Duration::from_secs(1);
 
 /// The sandbox the containers run in.
 struct Sandbox {
@@ -523,7 +525,20 @@ impl PodWorkers {
                 return Ok(step);
             }
         }
-        let ctx = self.convert_context(pod, sandbox.ips.clone());
+        let mut ctx = self.convert_context(pod, sandbox.ips.clone());
+        ctx.service_env = match self.service_env_of(pod) {
+            Ok(env) => env,
+            Err(why) => {
+                // kubelet's rule: not before the services were listed once.
+                self.set_waiting(uid, &c.name, "CreateContainerConfigError", why);
+                return Ok(Step::RetryAfter(SERVICES_RETRY));
+            }
+        };
+        // The pod's /etc/hosts, as kubelet writes it before each container.
+        if let Err(e) = write_hosts_file(pod, &ctx) {
+            self.set_waiting(uid, &c.name, "CreateContainerConfigError", e.to_string());
+            return Err(e.into());
+        }
         let plan = match container_plan(pod, c, init, restart_count, &ctx) {
             Ok(plan) => plan,
             Err(ConvertError::Missing(m)) => {

@@ -201,6 +201,7 @@ async fn start_with(
             seccomp_root: root.join("seccomp"),
             seccomp_default: false,
             recursive_read_only: false,
+            dns: crate::convert::DnsSettings::default(),
         },
     );
     if let Some(facts) = facts {

@@ -104,6 +104,21 @@ pub struct AgentFlags {
     /// <root>/seccomp.
     #[arg(long)]
     pub seccomp_default: bool,
+    /// kubelet's --cluster-dns: the cluster's DNS servers, comma-separated
+    /// (e.g. 10.96.0.10), the nameservers of ClusterFirst pods. Without
+    /// it ClusterFirst pods get the host's resolver config.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_dns: Option<Vec<std::net::IpAddr>>,
+    /// kubelet's --cluster-domain, e.g. cluster.local: the search paths of
+    /// ClusterFirst pods.
+    #[arg(long)]
+    pub cluster_domain: Option<String>,
+    /// kubelet's --resolv-conf: the resolver config pods with dnsPolicy
+    /// Default get ("" for none) [default: /etc/resolv.conf].
+    // A string, not a path: clap refuses an empty path, and "" is
+    // kubelet's way of saying none.
+    #[arg(long)]
+    pub resolv_conf: Option<String>,
     #[command(flatten)]
     pub eviction: EvictionFlags,
 }
@@ -281,6 +296,15 @@ impl AgentFlags {
         }
         if self.seccomp_default {
             c.seccomp_default = true;
+        }
+        if let Some(v) = &self.cluster_dns {
+            c.cluster_dns = v.clone();
+        }
+        if let Some(v) = &self.cluster_domain {
+            c.cluster_domain = v.clone();
+        }
+        if let Some(v) = &self.resolv_conf {
+            c.resolv_conf = PathBuf::from(v);
         }
         self.eviction.apply(c);
     }
