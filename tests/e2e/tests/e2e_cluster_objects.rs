@@ -8,7 +8,8 @@
 //! A pod gets its files and variables; secrets and the token sit on tmpfs;
 //! the pod reads its own Pod object with its token; a ConfigMap change
 //! reaches the mounted file within seconds while a subPath copy stays as
-//! it was; a pod whose ConfigMap does not exist yet waits with kubelet's
+//! it was, and a label added to the pod reaches its downwardAPI file; a
+//! pod whose ConfigMap does not exist yet waits with kubelet's
 //! words and starts once it is created; a missing key is
 //! CreateContainerConfigError; a deleted pod leaves no mount behind, and
 //! the watch of the object only it read ends.
@@ -112,6 +113,7 @@ spec:
   - {{name: cfg, configMap: {{name: cfg}}}}
   - {{name: sec, secret: {{secretName: creds, defaultMode: 0400}}}}
   - {{name: kubectl, hostPath: {{path: "{kubectl}", type: File}}}}
+  - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}
   containers:
   - name: main
     image: {BUSYBOX}
@@ -126,6 +128,7 @@ spec:
     - {{name: sec, mountPath: /sec}}
     - {{name: cfg, mountPath: /sub/app.conf, subPath: app.conf}}
     - {{name: kubectl, mountPath: /kubectl, readOnly: true}}
+    - {{name: info, mountPath: /info}}
 "#
     ))
     .unwrap();
@@ -195,6 +198,24 @@ spec:
     .await;
     eprintln!("ConfigMap change in the pod after {:?}", changed.elapsed());
     assert_eq!(exec(&kc, "reader", "cat /sub/app.conf"), "v1");
+    // A label added to the pod reaches its downwardAPI file; the pod is
+    // the same pod (kubelet does not restart it for a label).
+    let container_id = |kc: &Kubectl| {
+        phase(kc, "reader").unwrap()["status"]["containerStatuses"][0]["containerID"].clone()
+    };
+    let before = container_id(&kc);
+    kc.ok(&["label", "pod", "reader", "tier=gold"]).unwrap();
+    wait_for(
+        "the label in the downwardAPI file",
+        Duration::from_secs(10),
+        || {
+            exec(&kc, "reader", "cat /info/labels")
+                .contains("tier=\"gold\"")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(container_id(&kc), before, "a label restarted the pod");
 
     // A pod whose ConfigMap does not exist yet waits, saying why, and
     // starts once it is there; a missing key is CreateContainerConfigError.

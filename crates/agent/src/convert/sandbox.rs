@@ -124,8 +124,20 @@ pub fn sandbox_config(
         }),
         ..Default::default()
     };
+    // An API pod's labels and annotations change while the pod stays the
+    // same (`kubectl label pod`): kubelet does not recreate a sandbox for
+    // them, so they do not count. A static pod's edited manifest is a new
+    // pod to kubelet: everything counts.
+    let hash = match pod.source {
+        crate::types::PodOrigin::Api => {
+            let mut identity = config.clone();
+            identity.labels = pod_labels(pod, ctx);
+            identity.annotations.clear();
+            sandbox_hash(&identity, spec)
+        }
+        crate::types::PodOrigin::File(_) => sandbox_hash(&config, spec),
+    };
     // Ours last, over any pod annotation of the same name.
-    let hash = sandbox_hash(&config, spec);
     config
         .annotations
         .insert(ANNOTATION_SANDBOX_HASH.to_string(), hash);
@@ -268,6 +280,22 @@ spec:
             sandbox_hash(&other, spec),
             "the host's resolv.conf does not count"
         );
+    }
+
+    #[test]
+    fn an_api_pod_s_labels_and_annotations_should_not_change_its_sandbox_hash() {
+        let hash = |yaml: &str| {
+            let mut pod = desired(yaml);
+            pod.source = crate::types::PodOrigin::Api;
+            sandbox_config(&pod, 0, &ctx()).unwrap().annotations[ANNOTATION_SANDBOX_HASH].clone()
+        };
+        let relabelled = POD
+            .replace("labels: {", "labels: {tier: gold, ")
+            .replace("annotations: {", "annotations: {seen: yes, ");
+        assert_ne!(POD, relabelled);
+        assert_eq!(hash(POD), hash(&relabelled));
+        // A static pod's edited labels still count.
+        assert_ne!(hash_of(POD, 0), hash_of(&relabelled, 0));
     }
 
     #[test]

@@ -1213,3 +1213,106 @@ async fn admission_should_follow_creation_order_and_spare_running_pods() {
     );
     assert_eq!(verdict(&pipeline.store, "old").unwrap().0, "Running");
 }
+
+/// API objects that cannot be had until `ready` is set; then a pod's
+/// ConfigMap `cfg` holds `v: 1`, and every release is counted.
+#[derive(Default)]
+struct GatedObjects {
+    ready: std::sync::atomic::AtomicBool,
+    prepared: std::sync::atomic::AtomicUsize,
+    released: std::sync::Mutex<Vec<String>>,
+}
+
+impl crate::convert::ObjectView for GatedObjects {
+    fn config_map(
+        &self,
+        _ns: &str,
+        _name: &str,
+    ) -> crate::convert::Lookup<k8s_openapi::api::core::v1::ConfigMap> {
+        crate::convert::Lookup::NotFound
+    }
+    fn secret(
+        &self,
+        _ns: &str,
+        _name: &str,
+    ) -> crate::convert::Lookup<k8s_openapi::api::core::v1::Secret> {
+        crate::convert::Lookup::NotFound
+    }
+    fn token(&self, _uid: &str, _key: &crate::convert::TokenKey) -> Option<String> {
+        None
+    }
+}
+
+#[async_trait::async_trait]
+impl super::PodObjects for GatedObjects {
+    async fn prepare(&self, _pod: &DesiredPod) -> Result<(), String> {
+        self.prepared
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.ready.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("failed to fetch token for service account \"runner\": forbidden".into())
+        }
+    }
+    fn release(&self, uid: &str) {
+        self.released.lock().unwrap().push(uid.to_string());
+    }
+}
+
+/// A pod whose API objects cannot be had (a token request refused) never
+/// gets a sandbox: it waits, saying why, is tried again, and runs once
+/// they can be had; when it goes, its objects are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_should_wait_for_its_api_objects_and_release_them_when_gone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    let rt = Arc::new(FakeRuntime::live(1));
+    let objects = Arc::new(GatedObjects::default());
+    put(&dir, "p.yaml", &manifest("p", "Always", &[], &["one"]));
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    pipeline.workers.set_objects(objects.clone());
+    // (The pod may have started before the objects were set: a fresh one
+    // comes after.)
+    put(&dir, "q.yaml", &manifest("q", "Always", &[], &["one"]));
+    wait_for("q waits, saying why", || {
+        let pod = pipeline.store.get("default", "q")?;
+        let msg = pod.status.as_ref()?.message.clone().unwrap_or_default();
+        (!msg.contains("failed to fetch token")).then(|| format!("message {msg:?}"))
+    })
+    .await;
+    let tried = objects.prepared.load(std::sync::atomic::Ordering::SeqCst);
+    wait_for("tried again", || {
+        let n = objects.prepared.load(std::sync::atomic::Ordering::SeqCst);
+        (n < tried + 2).then(|| format!("{n} preparations"))
+    })
+    .await;
+    let uid = pipeline
+        .store
+        .get("default", "q")
+        .unwrap()
+        .metadata
+        .uid
+        .clone()
+        .unwrap();
+    let q_sandboxes = rt.sandboxes().iter().filter(|s| s.uid == uid).count();
+    assert_eq!(q_sandboxes, 0, "a sandbox was made for a waiting pod");
+    objects
+        .ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_for("q running", || {
+        match published_state(&pipeline.store, "q", "one") {
+            Some((k, _)) if k == "running" => None,
+            other => Some(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(rt.sandboxes().iter().filter(|s| s.uid == uid).count(), 1);
+    delete(&dir, "q.yaml");
+    wait_for("q's objects released", || {
+        let r = objects.released.lock().unwrap();
+        (!r.contains(&uid)).then(|| format!("released {r:?}"))
+    })
+    .await;
+}
