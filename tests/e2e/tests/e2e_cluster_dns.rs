@@ -17,6 +17,7 @@ use petrel_testkit::cluster::{self, node_name, Cluster};
 use petrel_testkit::kubectl::Kubectl;
 use petrel_testkit::kubelet;
 use petrel_testkit::prelude::*;
+use petrel_testkit::wait::wait_for;
 use serde_json::Value;
 
 /// The cluster DNS address the node is given (in the test cluster's
@@ -29,21 +30,6 @@ fn skip() -> bool {
         return true;
     }
     false
-}
-
-/// Polls `f` until it gives a value, or panics naming `what`.
-async fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// A busybox pod bound to `node`, with `extra` spec lines (indented two

@@ -39,6 +39,7 @@ use petrel_testkit::cluster::{self, node_name, Cluster};
 use petrel_testkit::kubectl::{Kubectl, PortForward};
 use petrel_testkit::kubelet;
 use petrel_testkit::prelude::*;
+use petrel_testkit::wait::wait_for;
 use serde_json::Value;
 
 fn skip() -> bool {
@@ -57,21 +58,6 @@ async fn wait_node_ready(kc: &Kubectl, name: &str, within: Duration) -> Value {
             .filter(|n| condition(n, "Ready").as_deref() == Some("True"))
     })
     .await
-}
-
-/// Polls `f` until it gives a value, or panics naming `what`.
-async fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn condition(obj: &Value, kind: &str) -> Option<String> {

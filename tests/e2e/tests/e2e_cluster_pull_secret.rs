@@ -29,24 +29,10 @@ use petrel_testkit::kubectl::Kubectl;
 use petrel_testkit::kubelet;
 use petrel_testkit::prelude::*;
 use petrel_testkit::registry::LocalRegistry;
+use petrel_testkit::wait::wait_for;
 use serde_json::Value;
 
 const USER: &str = "petrel-puller";
-
-/// Polls `f` until it gives a value, or panics naming `what`.
-async fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// A pod bound to `node` running `image` (pulled every time), with the
 /// pod-level spec lines `extra`.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{
     BoundObjectReference, TokenRequest, TokenRequestSpec, TokenRequestStatus,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use petrel_controller::informer::{
@@ -56,59 +56,20 @@ pub fn references(pod: &DesiredPod) -> References {
     let Some(spec) = pod.pod.spec.as_ref() else {
         return r;
     };
-    let ns = &pod.namespace;
-    let mut cm = |n: &str| {
-        r.config_maps.insert((ns.clone(), n.to_string()));
-    };
-    for_each_config_map(spec, &mut cm);
-    let mut sec = |n: &str| {
-        r.secrets.insert((ns.clone(), n.to_string()));
-    };
-    for_each_secret(spec, &mut sec);
-    r
-}
-
-fn for_each_config_map(spec: &PodSpec, f: &mut dyn FnMut(&str)) {
+    let key = |n: &str| (pod.namespace.clone(), n.to_string());
     for v in spec.volumes.iter().flatten() {
         if let Some(c) = &v.config_map {
-            f(&c.name);
+            r.config_maps.insert(key(&c.name));
+        }
+        if let Some(name) = v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) {
+            r.secrets.insert(key(name));
         }
         for s in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             if let Some(c) = &s.config_map {
-                f(&c.name);
+                r.config_maps.insert(key(&c.name));
             }
-        }
-    }
-    let containers = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten());
-    for c in containers {
-        for e in c.env.iter().flatten() {
-            if let Some(r) = e
-                .value_from
-                .as_ref()
-                .and_then(|v| v.config_map_key_ref.as_ref())
-            {
-                f(&r.name);
-            }
-        }
-        for e in c.env_from.iter().flatten() {
-            if let Some(r) = &e.config_map_ref {
-                f(&r.name);
-            }
-        }
-    }
-}
-
-fn for_each_secret(spec: &PodSpec, f: &mut dyn FnMut(&str)) {
-    for v in spec.volumes.iter().flatten() {
-        if let Some(name) = v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) {
-            f(name);
-        }
-        for s in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             if let Some(c) = &s.secret {
-                f(&c.name);
+                r.secrets.insert(key(&c.name));
             }
         }
     }
@@ -117,21 +78,24 @@ fn for_each_secret(spec: &PodSpec, f: &mut dyn FnMut(&str)) {
         .iter()
         .chain(spec.init_containers.iter().flatten());
     for c in containers {
-        for e in c.env.iter().flatten() {
-            if let Some(r) = e
-                .value_from
-                .as_ref()
-                .and_then(|v| v.secret_key_ref.as_ref())
-            {
-                f(&r.name);
+        for e in c.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
+            if let Some(r2) = &e.config_map_key_ref {
+                r.config_maps.insert(key(&r2.name));
+            }
+            if let Some(r2) = &e.secret_key_ref {
+                r.secrets.insert(key(&r2.name));
             }
         }
         for e in c.env_from.iter().flatten() {
-            if let Some(r) = &e.secret_ref {
-                f(&r.name);
+            if let Some(r2) = &e.config_map_ref {
+                r.config_maps.insert(key(&r2.name));
+            }
+            if let Some(r2) = &e.secret_ref {
+                r.secrets.insert(key(&r2.name));
             }
         }
     }
+    r
 }
 
 /// Whether a token issued at `issued`, expiring at `expires`, is due for

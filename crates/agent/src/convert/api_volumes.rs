@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, KeyToPath, ProjectedVolumeSource,
-    Secret, SecretProjection, SecretVolumeSource, Volume,
+    ConfigMap, ConfigMapVolumeSource, KeyToPath, ProjectedVolumeSource, Secret, SecretVolumeSource,
+    Volume,
 };
 
 use super::atomic::{FileProjection, Payload};
@@ -126,6 +126,15 @@ pub fn api_volume_payload(
     ))
 }
 
+/// Which object a volume or projection source reads, and how.
+struct Keyed<'a> {
+    /// A ConfigMap (else a Secret).
+    config_map: bool,
+    name: &'a str,
+    items: Option<&'a [KeyToPath]>,
+    optional: bool,
+}
+
 fn config_map_volume(
     pod: &DesiredPod,
     src: &ConfigMapVolumeSource,
@@ -136,11 +145,15 @@ fn config_map_volume(
         src.default_mode.unwrap_or(DEFAULT_MODE),
         &format!("{field}.configMap.defaultMode"),
     )?;
-    config_map_files(
+    let keyed = Keyed {
+        config_map: true,
+        name: &src.name,
+        items: src.items.as_deref(),
+        optional: src.optional.unwrap_or(false),
+    };
+    keyed_files(
         pod,
-        &src.name,
-        src.items.as_deref(),
-        src.optional.unwrap_or(false),
+        &keyed,
         default_mode,
         view,
         &format!("{field}.configMap"),
@@ -157,15 +170,29 @@ fn secret_volume(
         src.default_mode.unwrap_or(DEFAULT_MODE),
         &format!("{field}.secret.defaultMode"),
     )?;
-    secret_files(
-        pod,
-        src.secret_name.as_deref().unwrap_or(""),
-        src.items.as_deref(),
-        src.optional.unwrap_or(false),
-        default_mode,
-        view,
-        &format!("{field}.secret"),
-    )
+    let keyed = Keyed {
+        config_map: false,
+        name: src.secret_name.as_deref().unwrap_or(""),
+        items: src.items.as_deref(),
+        optional: src.optional.unwrap_or(false),
+    };
+    keyed_files(pod, &keyed, default_mode, view, &format!("{field}.secret"))
+}
+
+/// What a lookup found, with kubelet's words for what it did not:
+/// `Ok(None)` for a missing object that is `optional`.
+pub(crate) fn found<T>(
+    lookup: Lookup<T>,
+    kind: &str,
+    name: &str,
+    optional: bool,
+) -> Result<Option<Arc<T>>, ConvertError> {
+    match lookup {
+        Lookup::Found(o) => Ok(Some(o)),
+        Lookup::NotFound if optional => Ok(None),
+        Lookup::NotFound => Err(ConvertError::Missing(format!("{kind} {name:?} not found"))),
+        Lookup::Unknown(why) => Err(ConvertError::Missing(why)),
+    }
 }
 
 /// A ConfigMap's data and binaryData as bytes by key.
@@ -191,48 +218,48 @@ pub(crate) fn secret_data(s: &Secret) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-fn config_map_files(
+/// The files of the object `keyed` names.
+fn keyed_files(
     pod: &DesiredPod,
-    name: &str,
-    items: Option<&[KeyToPath]>,
-    optional: bool,
+    keyed: &Keyed<'_>,
     default_mode: u32,
     view: &dyn ObjectView,
     field: &str,
 ) -> Result<Payload, ConvertError> {
-    let data = match view.config_map(&pod.namespace, name) {
-        Lookup::Found(cm) => config_map_data(&cm),
-        Lookup::NotFound if optional => return Ok(Payload::new()),
-        Lookup::NotFound => {
-            return Err(ConvertError::Missing(format!(
-                "configmap {name:?} not found"
-            )))
-        }
-        Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
+    let (data, missing) = if keyed.config_map {
+        let cm = found(
+            view.config_map(&pod.namespace, keyed.name),
+            "configmap",
+            keyed.name,
+            keyed.optional,
+        )?;
+        (
+            cm.map(|c| config_map_data(&c)),
+            "configmap references non-existent config key",
+        )
+    } else {
+        let s = found(
+            view.secret(&pod.namespace, keyed.name),
+            "secret",
+            keyed.name,
+            keyed.optional,
+        )?;
+        (
+            s.map(|s| secret_data(&s)),
+            "secret references non-existent secret key",
+        )
     };
-    let missing = "configmap references non-existent config key";
-    key_files(&data, items, optional, default_mode, missing, field)
-}
-
-fn secret_files(
-    pod: &DesiredPod,
-    name: &str,
-    items: Option<&[KeyToPath]>,
-    optional: bool,
-    default_mode: u32,
-    view: &dyn ObjectView,
-    field: &str,
-) -> Result<Payload, ConvertError> {
-    let data = match view.secret(&pod.namespace, name) {
-        Lookup::Found(s) => secret_data(&s),
-        Lookup::NotFound if optional => return Ok(Payload::new()),
-        Lookup::NotFound => {
-            return Err(ConvertError::Missing(format!("secret {name:?} not found")))
-        }
-        Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
-    };
-    let missing = "secret references non-existent secret key";
-    key_files(&data, items, optional, default_mode, missing, field)
+    match data {
+        Some(data) => key_files(
+            &data,
+            keyed.items,
+            keyed.optional,
+            default_mode,
+            missing,
+            field,
+        ),
+        None => Ok(Payload::new()),
+    }
 }
 
 /// An object's keys as files: every key under its own name, or the items'
@@ -331,9 +358,27 @@ fn projected_volume(
     for (i, s) in src.sources.iter().flatten().enumerate() {
         let sfield = format!("{field}.projected.sources[{i}]");
         let files = if let Some(cm) = &s.config_map {
-            projected_config_map(pod, cm, default_mode, view, &sfield)?
+            let keyed = Keyed {
+                config_map: true,
+                name: &cm.name,
+                items: cm.items.as_deref(),
+                optional: cm.optional.unwrap_or(false),
+            };
+            keyed_files(
+                pod,
+                &keyed,
+                default_mode,
+                view,
+                &format!("{sfield}.configMap"),
+            )?
         } else if let Some(sec) = &s.secret {
-            projected_secret(pod, sec, default_mode, view, &sfield)?
+            let keyed = Keyed {
+                config_map: false,
+                name: &sec.name,
+                items: sec.items.as_deref(),
+                optional: sec.optional.unwrap_or(false),
+            };
+            keyed_files(pod, &keyed, default_mode, view, &format!("{sfield}.secret"))?
         } else if let Some(d) = &s.downward_api {
             items_payload(
                 pod,
@@ -372,42 +417,6 @@ fn projected_volume(
         out.extend(files);
     }
     Ok(out)
-}
-
-fn projected_config_map(
-    pod: &DesiredPod,
-    cm: &ConfigMapProjection,
-    default_mode: u32,
-    view: &dyn ObjectView,
-    field: &str,
-) -> Result<Payload, ConvertError> {
-    config_map_files(
-        pod,
-        &cm.name,
-        cm.items.as_deref(),
-        cm.optional.unwrap_or(false),
-        default_mode,
-        view,
-        &format!("{field}.configMap"),
-    )
-}
-
-fn projected_secret(
-    pod: &DesiredPod,
-    s: &SecretProjection,
-    default_mode: u32,
-    view: &dyn ObjectView,
-    field: &str,
-) -> Result<Payload, ConvertError> {
-    secret_files(
-        pod,
-        &s.name,
-        s.items.as_deref(),
-        s.optional.unwrap_or(false),
-        default_mode,
-        view,
-        &format!("{field}.secret"),
-    )
 }
 
 /// Writes API volume `v` of `pod` (atomically; nothing when unchanged),

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     Container, EnvFromSource, EnvVar, ObjectFieldSelector, ResourceFieldSelector,
 };
 
-use super::api_volumes::{config_map_data, secret_data, Lookup, ObjectView};
+use super::api_volumes::{config_map_data, found, secret_data, Lookup, ObjectView};
 
 use super::qos::{effective_request, limit};
 use super::resources::node_memory_bytes;
@@ -192,7 +192,7 @@ fn objects<'a>(ctx: &'a ConvertContext, field: &str) -> Result<&'a dyn ObjectVie
 /// configuration unless `optional`, when the variable is left out
 /// (`Ok(None)`).
 fn key_value<T>(
-    found: Lookup<T>,
+    lookup: Lookup<T>,
     data: impl Fn(&T) -> BTreeMap<String, Vec<u8>>,
     kind: (&str, &str),
     namespace: &str,
@@ -200,16 +200,8 @@ fn key_value<T>(
     key: &str,
     optional: bool,
 ) -> Result<Option<String>, ConvertError> {
-    let obj = match found {
-        Lookup::Found(o) => o,
-        Lookup::NotFound if optional => return Ok(None),
-        Lookup::NotFound => {
-            return Err(ConvertError::Missing(format!(
-                "{} {name:?} not found",
-                kind.0
-            )))
-        }
-        Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
+    let Some(obj) = found(lookup, kind.0, name, optional)? else {
+        return Ok(None);
     };
     match data(&obj).remove(key) {
         Some(v) => Ok(Some(String::from_utf8_lossy(&v).into_owned())),
@@ -234,32 +226,27 @@ fn env_from(
     let data = if let Some(r) = &from.config_map_ref {
         let view = objects(ctx, &format!("{field}.configMapRef"))?;
         let optional = r.optional.unwrap_or(false);
-        match view.config_map(&pod.namespace, &r.name) {
-            Lookup::Found(cm) => config_map_data(&cm),
-            Lookup::NotFound if optional => return Ok(Vec::new()),
-            Lookup::NotFound => {
-                return Err(ConvertError::Missing(format!(
-                    "configmap {:?} not found",
-                    r.name
-                )))
-            }
-            Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
-        }
+        let cm = found(
+            view.config_map(&pod.namespace, &r.name),
+            "configmap",
+            &r.name,
+            optional,
+        )?;
+        cm.map(|c| config_map_data(&c))
     } else if let Some(r) = &from.secret_ref {
         let view = objects(ctx, &format!("{field}.secretRef"))?;
         let optional = r.optional.unwrap_or(false);
-        match view.secret(&pod.namespace, &r.name) {
-            Lookup::Found(s) => secret_data(&s),
-            Lookup::NotFound if optional => return Ok(Vec::new()),
-            Lookup::NotFound => {
-                return Err(ConvertError::Missing(format!(
-                    "secret {:?} not found",
-                    r.name
-                )))
-            }
-            Lookup::Unknown(why) => return Err(ConvertError::Missing(why)),
-        }
+        let s = found(
+            view.secret(&pod.namespace, &r.name),
+            "secret",
+            &r.name,
+            optional,
+        )?;
+        s.map(|s| secret_data(&s))
     } else {
+        None
+    };
+    let Some(data) = data else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
