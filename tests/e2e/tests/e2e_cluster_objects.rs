@@ -1,5 +1,5 @@
 //! What pods of a Petrel node read from the API (issue 32): configMap,
-//! secret and projected volumes, the default service-account token volume,
+//! secret and projected volumes (a ClusterTrustBundle's too), the default service-account token volume,
 //! environment from ConfigMaps and Secrets — against a real kube-apiserver
 //! (Node authorizer, NodeRestriction) and kube-controller-manager's
 //! `root-ca-cert-publisher`, the agent with a node's own credentials over
@@ -61,6 +61,10 @@ async fn pods_of_a_petrel_node_should_read_config_maps_secrets_and_tokens() {
     let api = cluster.server().to_string();
     let kubectl = petrel_testkit::peers::peer_binary("kubectl").unwrap();
     let kubectl = kubectl.display();
+    // The cluster's CA as a ClusterTrustBundle (GA in 1.37).
+    let ca = std::fs::read_to_string(cluster.ca_cert()).unwrap();
+    let anchors: String = ca.lines().map(|l| format!("    {l}\n")).collect();
+    let anchors = anchors.trim_end();
     kc.apply(&format!(
         r#"
 apiVersion: v1
@@ -88,6 +92,13 @@ metadata: {{name: pod-reader, namespace: default}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-reader}}
 subjects: [{{kind: ServiceAccount, name: default, namespace: default}}]
 ---
+apiVersion: certificates.k8s.io/v1
+kind: ClusterTrustBundle
+metadata: {{name: petrel-anchors}}
+spec:
+  trustBundle: |
+{anchors}
+---
 apiVersion: v1
 kind: Pod
 metadata: {{name: reader, namespace: default}}
@@ -100,6 +111,7 @@ spec:
   - {{name: sec, secret: {{secretName: creds, defaultMode: 0400}}}}
   - {{name: kubectl, hostPath: {{path: "{kubectl}", type: File}}}}
   - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}
+  - {{name: anchors, projected: {{sources: [{{clusterTrustBundle: {{name: petrel-anchors, path: ca.pem}}}}]}}}}
   containers:
   - name: main
     image: {BUSYBOX}
@@ -115,6 +127,7 @@ spec:
     - {{name: cfg, mountPath: /sub/app.conf, subPath: app.conf}}
     - {{name: kubectl, mountPath: /kubectl, readOnly: true}}
     - {{name: info, mountPath: /info}}
+    - {{name: anchors, mountPath: /anchors}}
 "#
     ))
     .unwrap();
@@ -163,6 +176,15 @@ spec:
     );
     let own: Value = serde_json::from_str(&own).unwrap_or_else(|e| panic!("{e}: {own}"));
     assert_eq!(own["metadata"]["uid"], uid.as_str());
+    // The ClusterTrustBundle projection holds the cluster's CA.
+    let projected = exec(&kc, "reader", "cat /anchors/ca.pem");
+    let der = |pem: &str| -> Vec<u8> {
+        pem.lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect::<String>()
+            .into_bytes()
+    };
+    assert_eq!(der(&projected), der(&ca), "{projected}");
     eprintln!("files, env and token checked after {:?}", t0.elapsed());
 
     // A ConfigMap change reaches the mounted file in place (the subPath

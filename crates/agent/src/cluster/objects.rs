@@ -20,7 +20,7 @@ use k8s_openapi::api::authentication::v1::{
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, PostParams};
 use petrel_controller::informer::{
     ApiLister, Event, Indexers, InformerConfig, Selectors, SharedInformer,
 };
@@ -40,6 +40,8 @@ const TOKEN_MAX_AGE_SECONDS: i64 = 24 * 3600;
 
 /// `(namespace, name)`.
 type ObjKey = (String, String);
+/// The informer name and `tell` kind of the ClusterTrustBundles' watch.
+const TRUST_BUNDLES: &str = "clustertrustbundle";
 
 /// What a pod references.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct References {
     pub config_maps: BTreeSet<ObjKey>,
     /// Secrets (the same).
     pub secrets: BTreeSet<ObjKey>,
+    /// Whether a projection reads ClusterTrustBundles.
+    pub trust_bundles: bool,
 }
 
 /// The ConfigMaps and Secrets `pod` reads, in its namespace.
@@ -71,6 +75,7 @@ pub fn references(pod: &DesiredPod) -> References {
             if let Some(c) = &s.secret {
                 r.secrets.insert(key(&c.name));
             }
+            r.trust_bundles |= s.cluster_trust_bundle.is_some();
         }
     }
     let containers = spec
@@ -128,6 +133,8 @@ struct State {
     secrets: BTreeMap<ObjKey, Watched<Secret>>,
     pods: BTreeMap<String, References>,
     tokens: BTreeMap<(String, TokenKey), Issued>,
+    /// The cluster's ClusterTrustBundles, watched while a pod reads them.
+    trust_bundles: Option<Watched<DynamicObject>>,
 }
 
 /// Told the UIDs of pods whose objects or tokens changed.
@@ -198,17 +205,14 @@ impl ObjectManager {
     fn tell(&self, kind: &str, key: &ObjKey) {
         let users: Vec<String> = {
             let s = self.state();
-            match kind {
-                "configmap" => s
-                    .config_maps
-                    .get(key)
-                    .map(|w| w.users.iter().cloned().collect()),
-                _ => s
-                    .secrets
-                    .get(key)
-                    .map(|w| w.users.iter().cloned().collect()),
-            }
-            .unwrap_or_default()
+            let watched = match kind {
+                "configmap" => s.config_maps.get(key).map(|w| &w.users),
+                "secret" => s.secrets.get(key).map(|w| &w.users),
+                _ => s.trust_bundles.as_ref().map(|w| &w.users),
+            };
+            watched
+                .map(|u| u.iter().cloned().collect())
+                .unwrap_or_default()
         };
         for uid in users {
             (self.changed)(&uid);
@@ -263,8 +267,50 @@ impl ObjectManager {
                 .cloned()
                 .collect(),
             secrets: old.secrets.difference(&refs.secrets).cloned().collect(),
+            trust_bundles: old.trust_bundles && !refs.trust_bundles,
         };
+        if refs.trust_bundles {
+            if s.trust_bundles.is_none() {
+                s.trust_bundles = Some(Watched {
+                    informer: self.watch_trust_bundles(),
+                    users: BTreeSet::new(),
+                });
+            }
+            if let Some(w) = s.trust_bundles.as_mut() {
+                w.users.insert(uid.to_string());
+            }
+        }
         drop_users(&mut s, uid, &gone);
+    }
+
+    /// The watch of every ClusterTrustBundle (`certificates.k8s.io/v1`,
+    /// cluster-scoped; the Node authorizer lets nodes read them), started.
+    fn watch_trust_bundles(&self) -> SharedInformer<DynamicObject> {
+        let resource = ApiResource {
+            group: "certificates.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "certificates.k8s.io/v1".into(),
+            kind: "ClusterTrustBundle".into(),
+            plural: "clustertrustbundles".into(),
+        };
+        let api: kube::Api<DynamicObject> = kube::Api::all_with(self.client.clone(), &resource);
+        let informer = SharedInformer::new(
+            Arc::new(ApiLister::new(api, Selectors::default())),
+            Indexers::standard(),
+            InformerConfig::default()
+                .name(TRUST_BUNDLES)
+                .strip_managed_fields(true)
+                .backoff(Duration::from_millis(200), Duration::from_secs(7)),
+        );
+        let me = self.me.clone();
+        let none = (String::new(), String::new());
+        let _ = informer.add_handler(move |_: &Event<DynamicObject>| {
+            if let Some(me) = me.upgrade() {
+                me.tell(TRUST_BUNDLES, &none);
+            }
+        });
+        informer.start();
+        informer
     }
 
     /// What of `refs` is not listed yet.
@@ -283,6 +329,13 @@ impl ObjectManager {
             if !s.secrets.get(key).is_some_and(|w| w.informer.has_synced()) {
                 return Some(format!("secret {:?} not yet listed", key.1));
             }
+        }
+        let bundles_listed = s
+            .trust_bundles
+            .as_ref()
+            .is_some_and(|w| w.informer.has_synced());
+        if refs.trust_bundles && !bundles_listed {
+            return Some("ClusterTrustBundle informer has not yet synced".to_string());
         }
         None
     }
@@ -388,6 +441,32 @@ impl ObjectManager {
 fn drop_users(s: &mut State, uid: &str, gone: &References) {
     drop_from(&mut s.config_maps, "configmap", uid, &gone.config_maps);
     drop_from(&mut s.secrets, "secret", uid, &gone.secrets);
+    if gone.trust_bundles {
+        if let Some(w) = s.trust_bundles.as_mut() {
+            w.users.remove(uid);
+            if w.users.is_empty() {
+                w.informer.stop();
+                s.trust_bundles = None;
+                tracing::info!(
+                    kind = TRUST_BUNDLES,
+                    "watch ended: no pod of this node reads it any more"
+                );
+            }
+        }
+    }
+}
+
+/// A ClusterTrustBundle as projections read it (`spec.signerName`,
+/// `spec.trustBundle`).
+fn trust_bundle(o: &DynamicObject) -> crate::convert::TrustBundle {
+    let spec = &o.data["spec"];
+    let text = |k: &str| spec[k].as_str().unwrap_or_default().to_string();
+    crate::convert::TrustBundle {
+        name: o.metadata.name.clone().unwrap_or_default(),
+        signer_name: text("signerName"),
+        labels: o.metadata.labels.clone().unwrap_or_default(),
+        pem: text("trustBundle"),
+    }
 }
 
 fn drop_from<K>(
@@ -442,6 +521,20 @@ impl ObjectView for ObjectManager {
             .tokens
             .get(&(uid.to_string(), key.clone()))
             .map(|t| t.token.clone())
+    }
+
+    fn trust_bundles(&self) -> Lookup<Vec<crate::convert::TrustBundle>> {
+        match self.state().trust_bundles.as_ref() {
+            Some(w) if w.informer.has_synced() => Lookup::Found(Arc::new(
+                w.informer
+                    .store()
+                    .list()
+                    .iter()
+                    .map(|o| trust_bundle(o))
+                    .collect(),
+            )),
+            _ => Lookup::Unknown("ClusterTrustBundle informer has not yet synced".to_string()),
+        }
     }
 }
 
@@ -571,6 +664,20 @@ spec:
         m.register(&b.uid, references(&none));
         assert_eq!(m.watched(), (0, 0));
         m.release(&b.uid);
+
+        // ClusterTrustBundles: one watch of them all while a pod reads them.
+        let c = desired("metadata: {name: c, namespace: ns}\nspec:\n  volumes: [{name: v, projected: {sources: [{clusterTrustBundle: {name: x, path: ca.pem}}]}}]\n  containers: [{name: c, image: x}]\n");
+        let refs = references(&c);
+        assert!(refs.trust_bundles);
+        m.register(&c.uid, refs.clone());
+        assert!(m.state().trust_bundles.is_some());
+        assert!(matches!(m.trust_bundles(), Lookup::Unknown(_)));
+        assert_eq!(
+            m.unsynced(&refs).as_deref(),
+            Some("ClusterTrustBundle informer has not yet synced")
+        );
+        m.release(&c.uid);
+        assert!(m.state().trust_bundles.is_none());
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub trait ObjectView: Send + Sync {
     fn secret(&self, namespace: &str, name: &str) -> Lookup<Secret>;
     /// The current token `key` of pod `uid`, if one was issued.
     fn token(&self, uid: &str, key: &TokenKey) -> Option<String>;
+    /// Every ClusterTrustBundle of the cluster.
+    fn trust_bundles(&self) -> Lookup<Vec<super::TrustBundle>>;
 }
 
 /// The objects' view in a [`ConvertContext`].
@@ -406,11 +408,17 @@ fn projected_volume(
                     mode: default_mode,
                 },
             )])
-        } else if s.cluster_trust_bundle.is_some() {
-            return Err(ConvertError::unsupported(
-                format!("{sfield}.clusterTrustBundle"),
-                "ClusterTrustBundle projections (a beta API this node does not read)",
-            ));
+        } else if let Some(ctb) = &s.cluster_trust_bundle {
+            let cfield = format!("{sfield}.clusterTrustBundle");
+            let path = check_item_path(&ctb.path, &format!("{cfield}.path"))?;
+            let data = super::trust_bundles::projection_file(ctb, view.trust_bundles(), &cfield)?;
+            Payload::from([(
+                path,
+                FileProjection {
+                    data,
+                    mode: default_mode,
+                },
+            )])
         } else {
             continue;
         };

@@ -22,6 +22,7 @@ mod resources;
 mod sandbox;
 mod security;
 mod service_env;
+mod trust_bundles;
 mod volumes;
 
 use std::path::PathBuf;
@@ -47,6 +48,7 @@ pub use qos::{pod_cgroup_parent, qos_class, QosClass};
 pub use resources::{linux_resources, node_memory_bytes, oom_score_adj};
 pub use sandbox::sandbox_config;
 pub use service_env::service_env;
+pub use trust_bundles::{selector_matches, TrustBundle};
 pub use volumes::{
     image_volume_reference, prepare_volumes, refresh_volumes, remove_pod_dir, SubPathMount,
 };

@@ -1241,6 +1241,9 @@ impl crate::convert::ObjectView for GatedObjects {
     fn token(&self, _uid: &str, _key: &crate::convert::TokenKey) -> Option<String> {
         None
     }
+    fn trust_bundles(&self) -> crate::convert::Lookup<Vec<crate::convert::TrustBundle>> {
+        crate::convert::Lookup::NotFound
+    }
 }
 
 #[async_trait::async_trait]

@@ -13,6 +13,7 @@ pub(crate) struct FakeObjects {
     pub secrets: BTreeMap<String, Secret>,
     pub tokens: BTreeMap<TokenKey, String>,
     pub unknown: Vec<String>,
+    pub bundles: Vec<crate::convert::TrustBundle>,
 }
 
 impl ObjectView for FakeObjects {
@@ -33,6 +34,9 @@ impl ObjectView for FakeObjects {
     }
     fn token(&self, _uid: &str, key: &TokenKey) -> Option<String> {
         self.tokens.get(key).cloned()
+    }
+    fn trust_bundles(&self) -> Lookup<Vec<crate::convert::TrustBundle>> {
+        Lookup::Found(Arc::new(self.bundles.clone()))
     }
 }
 
