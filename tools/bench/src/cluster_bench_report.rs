@@ -204,11 +204,10 @@ fn p36_cell(o: &ObjectsRun) -> String {
     )
 }
 
-/// P37: requests per minute per object pod beyond the node's P35 rate.
+/// P37: requests per minute per pod of the node (P35's and P36's).
 fn per_pod(x: &StackRun) -> Option<f64> {
     let o = x.objects.as_ref()?;
-    let base = x.idle.as_ref()?.requests_per_min();
-    Some(o.per_pod(base))
+    Some(o.per_pod(x.idle.as_ref().map_or(0, |i| i.pods)))
 }
 
 fn p36_row(n: &StackRun, c: &StackRun) -> Option<Vars> {
@@ -230,11 +229,13 @@ fn p37_row(n: &StackRun, c: &StackRun) -> Option<Vars> {
     let (np, cp) = (per_pod(n)?, per_pod(c)?);
     let (no, co) = (n.objects.as_ref()?, c.objects.as_ref()?);
     let mut v = Vars::new();
+    let on_node = no.pods + n.idle.as_ref().map_or(0, |i| i.pods);
     v.set("pods", no.pods)
-        .set("per_pod", format!("{np:.2}"))
+        .set("on_node", on_node)
+        .set("per_pod", format!("{np:.3}"))
         .set("total", format!("{:.1}", no.requests_per_min()))
         .set("reference", name(c))
-        .set("ref_per_pod", format!("{cp:.2}"))
+        .set("ref_per_pod", format!("{cp:.3}"))
         .set("ref_total", format!("{:.1}", co.requests_per_min()))
         .set("ratio", fratio(np, cp))
         .set("verdict", verdict(np <= cp));
@@ -283,7 +284,7 @@ fn stack_row(x: &StackRun) -> Vars {
         .set("objects", x.objects.as_ref().map_or_else(dash, p36_cell))
         .set(
             "per_pod",
-            per_pod(x).map_or_else(dash, |p| format!("{p:.2}")),
+            per_pod(x).map_or_else(dash, |p| format!("{p:.3}")),
         );
     match &x.idle {
         Some(i) => {

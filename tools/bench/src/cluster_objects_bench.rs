@@ -8,7 +8,7 @@
 //!   (`<pods dir>/<uid>/volumes/kubernetes.io~configmap|secret/...`, what
 //!   the container's bind mount shows) every 5 ms;
 //! - P37: the node idle with those pods beside P35's: API requests of
-//!   `system:node:<name>` per minute, less P35's, per object pod.
+//!   `system:node:<name>` per minute, per pod of the node.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -60,13 +60,14 @@ impl ObjectsRun {
         self.requests as f64 * 60.0 / s
     }
 
-    /// P37: requests per minute per object pod beyond `base` per minute
-    /// (the same node idle without them, P35).
-    pub fn per_pod(&self, base: f64) -> f64 {
-        if self.pods == 0 {
+    /// P37: requests per minute per pod of the node, `others` (P35's)
+    /// beside these.
+    pub fn per_pod(&self, others: usize) -> f64 {
+        let pods = self.pods + others;
+        if pods == 0 {
             return 0.0;
         }
-        (self.requests_per_min() - base).max(0.0) / self.pods as f64
+        self.requests_per_min() / pods as f64
     }
 }
 
@@ -235,7 +236,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn per_pod_should_take_the_base_away_and_share_the_rest() {
+    fn per_pod_should_share_the_rate_among_every_pod_of_the_node() {
         let r = ObjectsRun {
             pods: 10,
             requests: 30,
@@ -243,7 +244,7 @@ mod tests {
             ..ObjectsRun::default()
         };
         assert!((r.requests_per_min() - 30.0).abs() < 1e-9);
-        assert!((r.per_pod(10.0) - 2.0).abs() < 1e-9);
-        assert_eq!(r.per_pod(40.0), 0.0);
+        assert!((r.per_pod(90) - 0.3).abs() < 1e-9);
+        assert_eq!(ObjectsRun::default().per_pod(0), 0.0);
     }
 }
