@@ -445,7 +445,7 @@ pub(crate) fn write_api_volume(
     let dir = api_volume_path(ctx, v)
         .ok_or_else(|| ConvertError::invalid(&field, "not an API volume"))?;
     // Read first: nothing is made for a volume whose objects are missing.
-    let files = api_volume_payload(pod, v, view.0.as_ref()).map_err(|e| match e {
+    let mut files = api_volume_payload(pod, v, view.0.as_ref()).map_err(|e| match e {
         ConvertError::Missing(m) => ConvertError::Missing(format!(
             "MountVolume.SetUp failed for volume {:?} : {m}",
             v.name
@@ -463,8 +463,22 @@ pub(crate) fn write_api_volume(
     if ctx.memory_volumes && v.config_map.is_none() {
         mount_tmpfs(&dir).map_err(io("mount tmpfs on", &dir))?;
     }
-    super::atomic::write(&dir, &files).map_err(io("write volume", &dir))?;
+    // A pod's fsGroup owns the files, readable by the group, as kubelet's
+    // volume ownership makes them.
+    let gid = fs_group(pod);
+    if gid.is_some() {
+        for f in files.values_mut() {
+            f.mode |= 0o440;
+        }
+    }
+    super::atomic::write_owned(&dir, &files, gid).map_err(io("write volume", &dir))?;
     Ok(dir)
+}
+
+/// The pod's `securityContext.fsGroup`, if it is a group id.
+fn fs_group(pod: &DesiredPod) -> Option<u32> {
+    let g = pod.pod.spec.as_ref()?.security_context.as_ref()?.fs_group?;
+    u32::try_from(g).ok()
 }
 
 /// Makes `dir` a tmpfs (once: a directory already on another filesystem

@@ -123,6 +123,37 @@ fn new_ts_dir(dir: &Path) -> io::Result<String> {
     }
 }
 
+/// Gives `path` (not following a link) group `gid`, and a directory the
+/// setgid bit and read and search for the group, as kubelet's volume
+/// ownership does for read-only volumes (a file's mode was set already).
+fn own(path: &Path, gid: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|e| io_at("chown", path, e))?;
+    let md = fs::symlink_metadata(path).map_err(|e| io_at("stat", path, e))?;
+    if md.is_dir() {
+        let mode = md.permissions().mode() | 0o2550;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| io_at("chmod", path, e))?;
+    }
+    Ok(())
+}
+
+/// [`own`] of `dir` and everything under it (links not followed).
+fn own_tree(dir: &Path, gid: u32) -> io::Result<()> {
+    own(dir, gid)?;
+    for e in fs::read_dir(dir).map_err(|e| io_at("list", dir, e))? {
+        let e = e.map_err(|e| io_at("list", dir, e))?;
+        if e.file_type()
+            .map_err(|err| io_at("stat", &e.path(), err))?
+            .is_dir()
+        {
+            own_tree(&e.path(), gid)?;
+        } else {
+            own(&e.path(), gid)?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes the payload's files under `ts` (a new, empty directory).
 fn write_files(ts: &Path, payload: &Payload) -> io::Result<()> {
     for (rel, file) in payload {
@@ -154,6 +185,13 @@ fn write_files(ts: &Path, payload: &Payload) -> io::Result<()> {
 /// Makes `dir` (created 0755 if missing) show exactly `payload`, all at
 /// once. Returns whether anything was written (an equal payload is not).
 pub fn write(dir: &Path, payload: &Payload) -> io::Result<bool> {
+    write_owned(dir, payload, None)
+}
+
+/// [`write`], every file and directory of the new version (and `dir`) in
+/// group `gid` when given (a pod's `fsGroup`; the payload's modes carry
+/// the group's read bits already).
+pub fn write_owned(dir: &Path, payload: &Payload, gid: Option<u32>) -> io::Result<bool> {
     if !dir.is_dir() {
         fs::DirBuilder::new()
             .recursive(true)
@@ -186,7 +224,11 @@ pub fn write(dir: &Path, payload: &Payload) -> io::Result<bool> {
     };
 
     let ts = new_ts_dir(dir)?;
-    if let Err(e) = write_files(&dir.join(&ts), payload) {
+    let written = write_files(&dir.join(&ts), payload).and_then(|()| match gid {
+        Some(g) => own(dir, g).and_then(|()| own_tree(&dir.join(&ts), g)),
+        None => Ok(()),
+    });
+    if let Err(e) = written {
         if let Err(rm) = fs::remove_dir_all(dir.join(&ts)) {
             tracing::warn!(path = %dir.join(&ts).display(), error = %rm, "removing a half-written volume version failed");
         }

@@ -271,3 +271,28 @@ fn write_api_volume_should_write_atomically_and_update_in_place() {
     let err = write_api_volume(&pod, &volume(&pod, "all"), &none).unwrap_err();
     assert!(err.to_string().contains("need an API server"), "{err}");
 }
+
+#[test]
+fn a_pod_s_fs_group_should_own_its_files_readable_by_the_group() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let pod = desired(&POD.replace(
+        "  serviceAccountName: runner\n",
+        "  serviceAccountName: runner\n  securityContext: {fsGroup: 4321}\n",
+    ));
+    let c = ConvertContext {
+        pod_dir: tmp.path().join("pods/uid"),
+        objects: Some(Objects(Arc::new(objects()))),
+        ..ctx()
+    };
+    let dir = write_api_volume(&pod, &volume(&pod, "sec"), &c).unwrap();
+    let file = std::fs::metadata(dir.join("password")).unwrap();
+    assert_eq!(file.gid(), 4321);
+    assert_eq!(file.permissions().mode() & 0o7777, 0o644 | 0o440);
+    let data = std::fs::metadata(dir.join("..data")).unwrap();
+    assert_eq!(data.gid(), 4321);
+    assert_eq!(data.permissions().mode() & 0o2000, 0o2000, "setgid");
+    // Written again unchanged: nothing to do.
+    let again = crate::convert::refresh_volumes(&pod, &c).unwrap();
+    assert!(again > 0);
+}
