@@ -106,6 +106,7 @@ spec:
   nodeName: {name}
   hostNetwork: true
   terminationGracePeriodSeconds: 1
+  securityContext: {{fsGroup: 2345}}
   volumes:
   - {{name: cfg, configMap: {{name: cfg}}}}
   - {{name: sec, secret: {{secretName: creds, defaultMode: 0400}}}}
@@ -141,7 +142,11 @@ spec:
     // Files and variables.
     assert_eq!(exec(&kc, "reader", "cat /cfg/app.conf /cfg/mode"), "v1fast");
     assert_eq!(exec(&kc, "reader", "cat /sec/user"), "admin");
-    assert_eq!(exec(&kc, "reader", "stat -L -c %a /sec/pass"), "400\n");
+    // defaultMode 0400, and the fsGroup's read bit, its group.
+    assert_eq!(
+        exec(&kc, "reader", "stat -L -c '%a %g' /sec/pass"),
+        "440 2345\n"
+    );
     // (The container's own environment: a shell drops names with dots.)
     let env = exec(&kc, "reader", "tr '\\0' '\\n' < /proc/1/environ");
     for want in ["USER_NAME=admin", "CFG_app.conf=v1", "CFG_mode=fast"] {
