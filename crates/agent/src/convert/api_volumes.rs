@@ -476,7 +476,7 @@ pub(crate) fn write_api_volume(
 }
 
 /// The pod's `securityContext.fsGroup`, if it is a group id.
-fn fs_group(pod: &DesiredPod) -> Option<u32> {
+pub(crate) fn fs_group(pod: &DesiredPod) -> Option<u32> {
     let g = pod.pod.spec.as_ref()?.security_context.as_ref()?.fs_group?;
     u32::try_from(g).ok()
 }

@@ -264,7 +264,14 @@ pub(crate) fn write_volume(
     ctx: &ConvertContext,
 ) -> Result<PathBuf, ConvertError> {
     let field = format!("spec.volumes[{name}]");
-    let files = payload(pod, source, &field)?;
+    let mut files = payload(pod, source, &field)?;
+    // The pod's fsGroup owns the files, as kubelet's volume ownership.
+    let gid = super::api_volumes::fs_group(pod);
+    if gid.is_some() {
+        for f in files.values_mut() {
+            f.mode |= 0o440;
+        }
+    }
     let dir = downward_api_path(ctx, name);
     if let Some(parent) = dir.parent() {
         petrel_fs::create_private_dir_all(parent, petrel_fs::PRIVATE).map_err(|e| {
@@ -275,7 +282,7 @@ pub(crate) fn write_volume(
             }
         })?;
     }
-    super::atomic::write(&dir, &files).map_err(|source| ConvertError::Io {
+    super::atomic::write_owned(&dir, &files, gid).map_err(|source| ConvertError::Io {
         op: "write downwardAPI volume",
         path: dir.clone(),
         source,

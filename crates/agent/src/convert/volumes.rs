@@ -69,7 +69,17 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
                     .map_err(|e| io_err("create", parent)(std::io::Error::other(e)))?;
             }
             fs::create_dir_all(&dir).map_err(io_err("create emptyDir", &dir))?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
+            // The pod's fsGroup owns it, setgid so what is made in it
+            // keeps the group, as kubelet's volume ownership does.
+            let mode = match super::api_volumes::fs_group(pod) {
+                Some(gid) => {
+                    std::os::unix::fs::chown(&dir, None, Some(gid))
+                        .map_err(io_err("chown emptyDir", &dir))?;
+                    0o2777
+                }
+                None => 0o777,
+            };
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
                 .map_err(io_err("chmod emptyDir", &dir))?;
         } else if let Some(hp) = &v.host_path {
             check_host_path(&hp.path, hp.type_.as_deref().unwrap_or(""), &field)?;
@@ -573,6 +583,21 @@ mod tests {
             let e = recursive_read_only(&m, true, f).unwrap_err().to_string();
             assert!(e.contains(want) && e.contains(f), "{e}");
         }
+    }
+
+    #[test]
+    fn prepare_volumes_should_give_the_fs_group_empty_dirs_and_downward_files() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let pod = desired("metadata: {name: p, labels: {a: b}}\nspec:\n  securityContext: {fsGroup: 3456}\n  volumes: [{name: scratch, emptyDir: {}}, {name: info, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}}]\n  containers: [{name: a, image: x}]\n");
+        let c = ctx_in(tmp.path());
+        prepare_volumes(&pod, &c).unwrap();
+        let scratch = fs::metadata(empty_dir_path(&c, "scratch")).unwrap();
+        assert_eq!(scratch.gid(), 3456);
+        assert_eq!(scratch.permissions().mode() & 0o7777, 0o2777);
+        let labels = fs::metadata(downward_api_path(&c, "info").join("labels")).unwrap();
+        assert_eq!(labels.gid(), 3456);
+        assert_eq!(labels.permissions().mode() & 0o777, 0o644 | 0o440);
     }
 
     #[test]
