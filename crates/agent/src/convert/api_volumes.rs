@@ -471,7 +471,7 @@ pub(crate) fn write_api_volume(
             f.mode |= 0o440;
         }
     }
-    super::atomic::write_owned(&dir, &files, gid).map_err(io("write volume", &dir))?;
+    super::atomic::write(&dir, &files, gid).map_err(io("write volume", &dir))?;
     Ok(dir)
 }
 

@@ -183,15 +183,11 @@ fn write_files(ts: &Path, payload: &Payload) -> io::Result<()> {
 }
 
 /// Makes `dir` (created 0755 if missing) show exactly `payload`, all at
-/// once. Returns whether anything was written (an equal payload is not).
-pub fn write(dir: &Path, payload: &Payload) -> io::Result<bool> {
-    write_owned(dir, payload, None)
-}
-
-/// [`write`], every file and directory of the new version (and `dir`) in
-/// group `gid` when given (a pod's `fsGroup`; the payload's modes carry
-/// the group's read bits already).
-pub fn write_owned(dir: &Path, payload: &Payload, gid: Option<u32>) -> io::Result<bool> {
+/// once, every file and directory of the new version (and `dir`) in group
+/// `gid` when given (a pod's `fsGroup`; the payload's modes carry the
+/// group's read bits already). Returns whether anything was written (an
+/// equal payload is not).
+pub fn write(dir: &Path, payload: &Payload, gid: Option<u32>) -> io::Result<bool> {
     if !dir.is_dir() {
         fs::DirBuilder::new()
             .recursive(true)
@@ -309,7 +305,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("vol");
         let first = payload(&[("name", "web", 0o644), ("sub/dir/uid", "u1", 0o400)]);
-        assert!(write(&dir, &first).unwrap());
+        assert!(write(&dir, &first, None).unwrap());
         assert_eq!(fs::read_to_string(dir.join("name")).unwrap(), "web");
         assert_eq!(fs::read_to_string(dir.join("sub/dir/uid")).unwrap(), "u1");
         assert_eq!(
@@ -327,13 +323,13 @@ mod tests {
         assert_eq!(mode(&ts), 0o755);
 
         // The same again: nothing written.
-        assert!(!write(&dir, &first).unwrap());
+        assert!(!write(&dir, &first, None).unwrap());
         assert_eq!(ts_dirs(&dir), std::slice::from_ref(&ts));
 
         // A change: a new version, the old one and links of names gone
         // removed.
         let second = payload(&[("name", "web2", 0o600), ("labels", "a=\"b\"", 0o644)]);
-        assert!(write(&dir, &second).unwrap());
+        assert!(write(&dir, &second, None).unwrap());
         assert_eq!(fs::read_to_string(dir.join("name")).unwrap(), "web2");
         assert_eq!(mode("name"), 0o600);
         assert_eq!(fs::read_to_string(dir.join("labels")).unwrap(), "a=\"b\"");
@@ -345,7 +341,7 @@ mod tests {
 
         // A mode change alone is a change.
         let third = payload(&[("name", "web2", 0o644), ("labels", "a=\"b\"", 0o644)]);
-        assert!(write(&dir, &third).unwrap());
+        assert!(write(&dir, &third, None).unwrap());
         assert_eq!(mode("name"), 0o644);
     }
 
@@ -354,7 +350,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("vol");
         for bad in ["../x", "/etc/x", "a/../../x"] {
-            let err = write(&dir, &payload(&[(bad, "x", 0o644)])).unwrap_err();
+            let err = write(&dir, &payload(&[(bad, "x", 0o644)]), None).unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{bad}");
         }
         assert!(!tmp.path().join("x").exists());
@@ -370,9 +366,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("vol");
         let p = payload(&[("name", "web", 0o644)]);
-        write(&dir, &p).unwrap();
+        write(&dir, &p, None).unwrap();
         fs::remove_file(dir.join("name")).unwrap();
-        assert!(!write(&dir, &p).unwrap());
+        assert!(!write(&dir, &p, None).unwrap());
         assert_eq!(fs::read_to_string(dir.join("name")).unwrap(), "web");
     }
 }

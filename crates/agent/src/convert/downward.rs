@@ -282,7 +282,7 @@ pub(crate) fn write_volume(
             }
         })?;
     }
-    super::atomic::write_owned(&dir, &files, gid).map_err(|source| ConvertError::Io {
+    super::atomic::write(&dir, &files, gid).map_err(|source| ConvertError::Io {
         op: "write downwardAPI volume",
         path: dir.clone(),
         source,
