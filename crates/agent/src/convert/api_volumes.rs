@@ -465,7 +465,7 @@ pub(crate) fn write_api_volume(
     }
     // A pod's fsGroup owns the files, readable by the group, as kubelet's
     // volume ownership makes them.
-    let gid = fs_group(pod);
+    let gid = super::fs_group(pod);
     if gid.is_some() {
         for f in files.values_mut() {
             f.mode |= 0o440;
@@ -473,12 +473,6 @@ pub(crate) fn write_api_volume(
     }
     super::atomic::write(&dir, &files, gid).map_err(io("write volume", &dir))?;
     Ok(dir)
-}
-
-/// The pod's `securityContext.fsGroup`, if it is a group id.
-pub(crate) fn fs_group(pod: &DesiredPod) -> Option<u32> {
-    let g = pod.pod.spec.as_ref()?.security_context.as_ref()?.fs_group?;
-    u32::try_from(g).ok()
 }
 
 /// Makes `dir` a tmpfs (once: a directory already on another filesystem

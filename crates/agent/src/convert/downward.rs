@@ -266,7 +266,7 @@ pub(crate) fn write_volume(
     let field = format!("spec.volumes[{name}]");
     let mut files = payload(pod, source, &field)?;
     // The pod's fsGroup owns the files, as kubelet's volume ownership.
-    let gid = super::api_volumes::fs_group(pod);
+    let gid = super::fs_group(pod);
     if gid.is_some() {
         for f in files.values_mut() {
             f.mode |= 0o440;

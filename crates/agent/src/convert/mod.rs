@@ -98,6 +98,12 @@ pub struct ConvertContext {
     pub service_env: Vec<(String, String)>,
 }
 
+/// The pod's `securityContext.fsGroup`, if it is a group id.
+pub(crate) fn fs_group(pod: &crate::types::DesiredPod) -> Option<u32> {
+    let g = pod.pod.spec.as_ref()?.security_context.as_ref()?.fs_group?;
+    u32::try_from(g).ok()
+}
+
 /// Why a pod spec cannot be turned into CRI configs. Messages name the
 /// field concerned.
 #[derive(Debug, thiserror::Error)]

@@ -71,7 +71,7 @@ pub fn prepare_volumes(pod: &DesiredPod, ctx: &ConvertContext) -> Result<(), Con
             fs::create_dir_all(&dir).map_err(io_err("create emptyDir", &dir))?;
             // The pod's fsGroup owns it, setgid so what is made in it
             // keeps the group, as kubelet's volume ownership does.
-            let mode = match super::api_volumes::fs_group(pod) {
+            let mode = match super::fs_group(pod) {
                 Some(gid) => {
                     std::os::unix::fs::chown(&dir, None, Some(gid))
                         .map_err(io_err("chown emptyDir", &dir))?;
