@@ -438,14 +438,15 @@ async fn agent_should_bind_sub_paths_for_a_runtime_that_mounts_at_start() {
         running(p, "app")
     });
     let vol = empty_dir(&agent, &pod, "data");
+    // The shell creates x before cat fills it: wait for the content.
     let wrote = petrel_testkit::prelude::eventually(Duration::from_secs(10), || {
-        vol.join("made/x").exists()
+        std::fs::read_to_string(vol.join("made/x")).is_ok_and(|s| s == "hello\n")
     })
     .await;
-    assert!(wrote, "app did not write through its subPath");
-    assert_eq!(
-        std::fs::read_to_string(vol.join("made/x")).unwrap(),
-        "hello\n"
+    assert!(
+        wrote,
+        "app did not write through its subPath: {:?}",
+        std::fs::read_to_string(vol.join("made/x"))
     );
     assert_eq!(mounts_under(&agent.root), Vec::<String>::new());
     agent.remove_manifest("cd.yaml");
