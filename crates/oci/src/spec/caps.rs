@@ -214,6 +214,7 @@ mod tests {
             hugetlb: true,
             recursive_read_only: true,
             user_namespaces: false,
+            cgroup_namespaces: false,
         }
     }
 
@@ -332,6 +333,7 @@ mod tests {
             hugetlb: true,
             recursive_read_only: true,
             user_namespaces: false,
+            cgroup_namespaces: false,
         };
         let caps = capabilities(Some(&s), &small).expect("caps");
         assert_eq!(names(caps.effective()), ["CAP_CHOWN", "CAP_KILL"]);

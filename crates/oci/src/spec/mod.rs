@@ -232,6 +232,10 @@ pub struct HostLimits {
     /// and makes idmapped mounts, and overlayfs takes idmapped layers (see
     /// [`crate::features::user_namespaces`]).
     pub user_namespaces: bool,
+    /// Whether containers get a cgroup namespace of their own: on cgroup v2,
+    /// as containerd does there, so a container sees its own cgroup as the
+    /// root of `/sys/fs/cgroup`. Privileged containers keep the host's.
+    pub cgroup_namespaces: bool,
 }
 
 /// A soft and hard `RLIMIT_NOFILE`; `u64::MAX` is unlimited.
@@ -300,6 +304,7 @@ impl HostLimits {
             hugetlb: true,
             recursive_read_only: false,
             user_namespaces: false,
+            cgroup_namespaces: false,
         })
     }
 }
@@ -481,7 +486,12 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
         .set_readonly(Some(readonly_rootfs));
 
     // Linux.
-    let namespaces = namespaces(sc, sandbox)?;
+    let mut namespaces = namespaces(sc, sandbox)?;
+    if input.host.cgroup_namespaces && !privileged {
+        let mut ns = LinuxNamespace::default();
+        ns.set_typ(LinuxNamespaceType::Cgroup);
+        namespaces.push(ns);
+    }
     let resources = linux_cfg.and_then(|l| l.resources.as_ref());
     let mut res = match resources {
         Some(r) => linux_resources(r, input.host)?,

@@ -330,6 +330,7 @@ mod tests {
             hugetlb: true,
             recursive_read_only: false,
             user_namespaces: false,
+            cgroup_namespaces: false,
         }
     }
 

@@ -71,6 +71,7 @@ impl Fixture {
                 hugetlb: true,
                 recursive_read_only: true,
                 user_namespaces: false,
+                cgroup_namespaces: false,
             },
         }
     }
@@ -216,6 +217,27 @@ fn build_container_spec_should_omit_host_namespaces_and_hostname() {
         ]
     );
     assert_eq!(spec.hostname(), &None);
+}
+
+#[test]
+fn build_container_spec_should_give_a_cgroup_namespace_on_v2_except_when_privileged() {
+    let mut f = Fixture::new();
+    let has_cgroupns =
+        |spec: &Spec| ns(spec).contains(&(LinuxNamespaceType::Cgroup, None::<PathBuf>));
+    assert!(!has_cgroupns(&f.build().expect("spec")), "v1: none");
+    f.host.cgroup_namespaces = true;
+    assert!(has_cgroupns(&f.build().expect("spec")), "v2: its own");
+    f.sc().privileged = true;
+    f.sandbox_config
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .privileged = true;
+    assert!(
+        !has_cgroupns(&f.build().expect("spec")),
+        "privileged: the host's"
+    );
 }
 
 #[test]

@@ -295,6 +295,7 @@ impl FakeHost {
                 hugetlb: false,
                 recursive_read_only: true,
                 user_namespaces: true,
+                cgroup_namespaces: false,
             },
         }
     }

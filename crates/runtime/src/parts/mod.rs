@@ -93,6 +93,7 @@ impl Parts {
         let release = kernel_release();
         host.recursive_read_only = recursive_read_only(&release, features.as_ref());
         host.user_namespaces = user_namespaces(&release, features.as_ref());
+        host.cgroup_namespaces = cgroups.version() == petrel_oci::cgroups::CgroupVersion::V2;
         tracing::debug!(
             kernel = %release,
             runtime_features = features.is_some(),

@@ -79,6 +79,16 @@ pub struct KubeletConfig {
     pub max_restart_period: Option<Duration>,
     /// The most pods kubelet admits (`maxPods`); None: kubelet's 110.
     pub max_pods: Option<u32>,
+    /// Whether the host is cgroup v1 (this machine's hybrid layout):
+    /// kubelet must then be told to run anyway. On a v2 host kubelet keeps
+    /// its default, refusing v1 (`failCgroupV1: true`).
+    pub cgroup_v1_host: bool,
+}
+
+/// Whether this host's `/sys/fs/cgroup` is a cgroup v1 (or hybrid) layout:
+/// only a pure v2 mount has `cgroup.controllers` at its root.
+pub fn host_is_cgroup_v1() -> bool {
+    !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
 impl KubeletConfig {
@@ -89,9 +99,6 @@ impl KubeletConfig {
             "kind": "KubeletConfiguration",
 
             // --- this machine ---
-            // cgroup v1 hybrid host: kubelet >= 1.35 refuses cgroup v1
-            // unless told not to.
-            "failCgroupV1": false,
             // PID 1 is not systemd: cgroups are made by path. Petrel's
             // RuntimeConfig answers cgroupfs too (kubelet asks the runtime).
             "cgroupDriver": "cgroupfs",
@@ -190,6 +197,10 @@ impl KubeletConfig {
             }),
         };
         merge(&mut c, auth);
+        if self.cgroup_v1_host {
+            // kubelet >= 1.35 refuses cgroup v1 unless told not to.
+            merge(&mut c, json!({ "failCgroupV1": false }));
+        }
         if let Some(n) = self.max_pods {
             // A bench runs more than kubelet's default 110 pods; beyond
             // it kubelet rejects new ones (UnexpectedAdmissionError).
@@ -239,6 +250,7 @@ mod tests {
             max_open_files: 4096,
             max_restart_period: Some(Duration::from_secs(1)),
             max_pods: None,
+            cgroup_v1_host: true,
         }
     }
 
@@ -266,6 +278,13 @@ mod tests {
         assert_eq!(c["crashLoopBackOff"]["maxContainerRestartPeriod"], "1000ms");
         assert_eq!(c["authorization"]["mode"], "AlwaysAllow");
         assert!(c.get("maxPods").is_none(), "kubelet's default unless asked");
+    }
+
+    #[test]
+    fn render_should_keep_kubelets_refusal_of_v1_on_a_v2_host() {
+        let mut k = config(ServerAuth::Standalone, false);
+        k.cgroup_v1_host = false;
+        assert!(k.render().get("failCgroupV1").is_none(), "default: true");
     }
 
     #[test]

@@ -179,6 +179,7 @@ impl Kubelet {
                 .unwrap_or(1_000_000),
             max_restart_period: opts.max_restart_period,
             max_pods: opts.max_pods,
+            cgroup_v1_host: config::host_is_cgroup_v1(),
         };
         let mut args = vec![
             format!("--config={}", d.join("config.json").display()),
