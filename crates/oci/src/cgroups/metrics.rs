@@ -70,6 +70,22 @@ pub struct CgroupMetrics {
     pub memory_swap_limit: Option<u64>,
     /// Block I/O per device, in device order (empty without blkio/io).
     pub io: Vec<DeviceIo>,
+    /// CPU pressure (PSI), where the kernel reports it for the cgroup (v2).
+    pub cpu_pressure: Option<Pressure>,
+    /// Memory pressure (PSI).
+    pub memory_pressure: Option<Pressure>,
+    /// I/O pressure (PSI).
+    pub io_pressure: Option<Pressure>,
+}
+
+/// Cumulative stall times of one resource from a PSI file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pressure {
+    /// Time at least one task waited for the resource, µs (`some`).
+    pub waiting_us: u64,
+    /// Time every task stalled on it at once, µs (`full`; absent for CPU
+    /// on kernels before 5.13).
+    pub stalled_us: Option<u64>,
 }
 
 /// Block I/O of a cgroup on one device.
@@ -159,7 +175,17 @@ impl Cgroups {
                 read("blkio", "blkio.throttle.io_service_bytes_recursive").as_deref(),
                 read("blkio", "blkio.throttle.io_serviced_recursive").as_deref(),
             ),
+            // A hybrid host keeps PSI in its cgroup2 mount, where runc
+            // places the container too.
+            cpu_pressure: self.unified_pressure(path, "cpu.pressure"),
+            memory_pressure: self.unified_pressure(path, "memory.pressure"),
+            io_pressure: self.unified_pressure(path, "io.pressure"),
         })
+    }
+
+    fn unified_pressure(&self, path: &str, file: &str) -> Option<Pressure> {
+        let dir = self.unified_dir(path)?;
+        pressure(&std::fs::read_to_string(dir.join(file)).ok()?)
     }
 
     fn metrics_v2(&self, path: &str) -> Result<CgroupMetrics, CgroupError> {
@@ -213,6 +239,9 @@ impl Cgroups {
             memory_reservation: num("memory.low"),
             memory_swap_limit: limit("memory.swap.max"),
             io: read("io.stat").map(|t| v2_io(&t)).unwrap_or_default(),
+            cpu_pressure: read("cpu.pressure").and_then(|t| pressure(&t)),
+            memory_pressure: read("memory.pressure").and_then(|t| pressure(&t)),
+            io_pressure: read("io.pressure").and_then(|t| pressure(&t)),
         })
     }
 }
@@ -284,6 +313,14 @@ fn v2_io(text: &str) -> Vec<DeviceIo> {
     io
 }
 
+/// A PSI file's totals.
+fn pressure(text: &str) -> Option<Pressure> {
+    parse::psi_totals(text).map(|(waiting_us, stalled_us)| Pressure {
+        waiting_us,
+        stalled_us,
+    })
+}
+
 /// `cpu.max`: `"<quota|max> <period>"`.
 fn parse_cpu_max(text: &str) -> (Option<u64>, Option<u64>) {
     let mut f = text.split_whitespace();
@@ -328,6 +365,13 @@ mod tests {
                 dir.display()
             ));
         }
+        // A hybrid host's cgroup2 mount, where PSI lives.
+        let unified = root.join("unified");
+        std::fs::create_dir_all(&unified).unwrap();
+        mountinfo.push_str(&format!(
+            "50 1 0:70 / {} rw - cgroup2 cgroup2 rw\n",
+            unified.display()
+        ));
         Cgroups::v1_from_mountinfo(&mountinfo).unwrap()
     }
 
@@ -389,6 +433,14 @@ mod tests {
                 ("blkio.throttle.io_serviced_recursive", "254:0 Read 1\n254:0 Write 2\nTotal 3\n"),
             ],
         );
+        write(
+            &at("unified"),
+            &[(
+                "io.pressure",
+                "some avg10=0.00 avg60=0.00 avg300=0.00 total=40\n\
+                 full avg10=0.00 avg60=0.00 avg300=0.00 total=30\n",
+            )],
+        );
         let m = cg.metrics("/pod/ctr").unwrap();
         assert_eq!(
             m,
@@ -427,6 +479,12 @@ mod tests {
                     reads: 1,
                     writes: 2,
                 }],
+                cpu_pressure: None,
+                memory_pressure: None,
+                io_pressure: Some(Pressure {
+                    waiting_us: 40,
+                    stalled_us: Some(30),
+                }),
             }
         );
     }
@@ -493,6 +551,16 @@ mod tests {
                     "io.stat",
                     "254:0 rbytes=4096 wbytes=8192 rios=1 wios=2 dbytes=0 dios=0\n8:0 rbytes=1 wbytes=0 rios=1 wios=0\n",
                 ),
+                (
+                    "cpu.pressure",
+                    "some avg10=0.00 avg60=0.00 avg300=0.00 total=300\n\
+                     full avg10=0.00 avg60=0.00 avg300=0.00 total=100\n",
+                ),
+                (
+                    "memory.pressure",
+                    "some avg10=0.00 avg60=0.00 avg300=0.00 total=20\n\
+                     full avg10=0.00 avg60=0.00 avg300=0.00 total=10\n",
+                ),
             ],
         );
         let m = cg.metrics("/pod/ctr").unwrap();
@@ -543,6 +611,15 @@ mod tests {
                         ..DeviceIo::default()
                     },
                 ],
+                cpu_pressure: Some(Pressure {
+                    waiting_us: 300,
+                    stalled_us: Some(100),
+                }),
+                memory_pressure: Some(Pressure {
+                    waiting_us: 20,
+                    stalled_us: Some(10),
+                }),
+                io_pressure: None,
             }
         );
     }

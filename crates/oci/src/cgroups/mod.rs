@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use metrics::{CgroupMetrics, DeviceIo};
+pub use metrics::{CgroupMetrics, DeviceIo, Pressure};
 pub use parse::{cgroup_mounts, Mounted};
 
 /// `CGROUP2_SUPER_MAGIC` from `linux/magic.h`.

@@ -120,6 +120,23 @@ pub fn keyed(contents: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The cumulative stall times of a PSI file (`cpu.pressure`,
+/// `memory.pressure`, `io.pressure`), µs: `some` (at least one task
+/// waited) and `full` (all tasks stalled; absent for cpu on kernels before
+/// 5.13). Lines are `some avg10=.. avg60=.. avg300=.. total=N`.
+pub fn psi_totals(contents: &str) -> Option<(u64, Option<u64>)> {
+    let total = |kind: &str| {
+        contents.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next()? == kind).then(|| {
+                f.find_map(|kv| kv.strip_prefix("total="))
+                    .and_then(|v| v.parse().ok())
+            })?
+        })
+    };
+    Some((total("some")?, total("full")))
+}
+
 /// A single-number file (`memory.usage_in_bytes`, `cpuacct.usage`, `pids.current`).
 pub fn single(contents: &str) -> Option<u64> {
     contents.trim().parse().ok()
@@ -158,6 +175,17 @@ pub fn v1_memory_stat(contents: &str, key: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn psi_totals_should_read_some_and_full_totals() {
+        let text = "some avg10=0.00 avg60=0.12 avg300=0.00 total=1234\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=56\n";
+        assert_eq!(super::psi_totals(text), Some((1234, Some(56))));
+        let some_only = "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n";
+        assert_eq!(super::psi_totals(some_only), Some((7, None)));
+        assert_eq!(super::psi_totals(""), None);
+        assert_eq!(super::psi_totals("some avg10=1 total=x\n"), None);
+    }
+
     use super::*;
 
     const HYBRID: &str = "\

@@ -140,6 +140,30 @@ pub(crate) const OOM_EVENTS: Desc = counter(
     "container_oom_events_total",
     "Processes of the container the OOM killer killed.",
 );
+pub(crate) const PRESSURE_CPU_WAITING: Desc = counter(
+    "container_pressure_cpu_waiting_seconds_total",
+    "Time at least one task of the container waited for a CPU (PSI some), in whole seconds.",
+);
+pub(crate) const PRESSURE_CPU_STALLED: Desc = counter(
+    "container_pressure_cpu_stalled_seconds_total",
+    "Time no task of the container could run for want of a CPU (PSI full), in whole seconds.",
+);
+pub(crate) const PRESSURE_MEMORY_WAITING: Desc = counter(
+    "container_pressure_memory_waiting_seconds_total",
+    "Time at least one task of the container waited for memory (PSI some), in whole seconds.",
+);
+pub(crate) const PRESSURE_MEMORY_STALLED: Desc = counter(
+    "container_pressure_memory_stalled_seconds_total",
+    "Time every task of the container waited for memory (PSI full), in whole seconds.",
+);
+pub(crate) const PRESSURE_IO_WAITING: Desc = counter(
+    "container_pressure_io_waiting_seconds_total",
+    "Time at least one task of the container waited for I/O (PSI some), in whole seconds.",
+);
+pub(crate) const PRESSURE_IO_STALLED: Desc = counter(
+    "container_pressure_io_stalled_seconds_total",
+    "Time every task of the container waited for I/O (PSI full), in whole seconds.",
+);
 pub(crate) const PROCESSES: Desc =
     gauge("container_processes", "Processes running in the container.");
 pub(crate) const THREADS: Desc = gauge("container_threads", "Threads running in the container.");
@@ -324,6 +348,12 @@ pub(crate) const ALL: &[&Desc] = &[
     &MEMORY_FAILCNT,
     &MEMORY_FAILURES,
     &OOM_EVENTS,
+    &PRESSURE_CPU_WAITING,
+    &PRESSURE_CPU_STALLED,
+    &PRESSURE_MEMORY_WAITING,
+    &PRESSURE_MEMORY_STALLED,
+    &PRESSURE_IO_WAITING,
+    &PRESSURE_IO_STALLED,
     &PROCESSES,
     &THREADS,
     &THREADS_MAX,

@@ -137,6 +137,31 @@ fn cgroup_metrics(
         m.pgmajfault,
     );
     o.put(&d::OOM_EVENTS, &[], m.oom_kills);
+    for (p, waiting, stalled) in [
+        (
+            m.cpu_pressure,
+            &d::PRESSURE_CPU_WAITING,
+            &d::PRESSURE_CPU_STALLED,
+        ),
+        (
+            m.memory_pressure,
+            &d::PRESSURE_MEMORY_WAITING,
+            &d::PRESSURE_MEMORY_STALLED,
+        ),
+        (
+            m.io_pressure,
+            &d::PRESSURE_IO_WAITING,
+            &d::PRESSURE_IO_STALLED,
+        ),
+    ] {
+        let us_to_ns = |us: u64| us.saturating_mul(1000);
+        o.put(waiting, &[], seconds(p.map(|p| us_to_ns(p.waiting_us))));
+        o.put(
+            stalled,
+            &[],
+            seconds(p.and_then(|p| p.stalled_us).map(us_to_ns)),
+        );
+    }
     o.put(&d::PROCESSES, &[], Some(sample.procs.processes));
     o.put(&d::THREADS, &[], m.tasks.or(Some(sample.procs.threads)));
     o.put(&d::THREADS_MAX, &[], m.tasks_max);
@@ -367,7 +392,7 @@ impl Runtime {
 mod tests {
     use std::collections::HashMap;
 
-    use petrel_oci::cgroups::DeviceIo;
+    use petrel_oci::cgroups::{DeviceIo, Pressure};
     use petrel_oci::proc_usage::{InterfaceCounters, ProcCounts};
 
     use super::*;
@@ -418,6 +443,18 @@ mod tests {
                     reads: 1,
                     writes: 2,
                 }],
+                cpu_pressure: Some(Pressure {
+                    waiting_us: 2_500_000,
+                    stalled_us: Some(1_000_000),
+                }),
+                memory_pressure: Some(Pressure {
+                    waiting_us: 0,
+                    stalled_us: Some(0),
+                }),
+                io_pressure: Some(Pressure {
+                    waiting_us: 0,
+                    stalled_us: Some(0),
+                }),
             }),
             procs: ProcCounts {
                 processes: 2,
@@ -508,6 +545,8 @@ mod tests {
         assert_eq!(one("container_cpu_cfs_throttled_seconds_total", &[]), 4);
         assert_eq!(one("container_start_time_seconds", &[]), 5);
         assert_eq!(one("container_last_seen", &[]), 77);
+        assert_eq!(one("container_pressure_cpu_waiting_seconds_total", &[]), 2);
+        assert_eq!(one("container_pressure_cpu_stalled_seconds_total", &[]), 1);
         assert_eq!(
             one(
                 "container_memory_failures_total",
