@@ -332,9 +332,26 @@ impl Node {
         }
     }
 
-    /// The directory of cgroup `path` in the v1 `controller` hierarchy.
+    /// The directory of cgroup `path` in the v1 `controller` hierarchy,
+    /// or in the one cgroup v2 hierarchy on a v2 host.
     pub fn cgroup_dir(controller: &str, path: &str) -> PathBuf {
-        PathBuf::from(format!("/sys/fs/cgroup/{controller}{path}"))
+        if Self::cgroup_v2() {
+            PathBuf::from(format!("/sys/fs/cgroup{path}"))
+        } else {
+            PathBuf::from(format!("/sys/fs/cgroup/{controller}{path}"))
+        }
+    }
+
+    /// Whether this host is pure cgroup v2 (the test VM), not v1 or hybrid
+    /// (this machine): only a v2 root has `cgroup.controllers`.
+    pub fn cgroup_v2() -> bool {
+        std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    }
+
+    /// The `cpu.weight` runc (and kubelet) write on v2 for CPU `shares`.
+    pub fn cpu_weight(shares: u64) -> u64 {
+        let shares = shares.clamp(2, 262_144);
+        1 + (shares - 2) * 9999 / 262_142
     }
 
     /// Asserts that no pod or container of this node left anything: bundles,

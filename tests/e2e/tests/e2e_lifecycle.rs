@@ -222,12 +222,21 @@ async fn limits_should_be_visible_in_the_cgroup_and_update_live() {
             .trim()
             .to_string()
     };
-    assert_eq!(
-        read("memory", "memory.limit_in_bytes"),
-        (64u64 << 20).to_string()
-    );
-    assert_eq!(read("cpu", "cpu.shares"), "512");
-    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+    // The files the limits land in: v1's, or v2's (runc maps shares to
+    // cpu.weight and quota/period to cpu.max).
+    let v2 = Node::cgroup_v2();
+    let assert_limits = |memory: u64, shares: u64, quota: u64| {
+        if v2 {
+            assert_eq!(read("", "memory.max"), memory.to_string());
+            assert_eq!(read("", "cpu.weight"), Node::cpu_weight(shares).to_string());
+            assert_eq!(read("", "cpu.max"), format!("{quota} 100000"));
+        } else {
+            assert_eq!(read("memory", "memory.limit_in_bytes"), memory.to_string());
+            assert_eq!(read("cpu", "cpu.shares"), shares.to_string());
+            assert_eq!(read("cpu", "cpu.cfs_quota_us"), quota.to_string());
+        }
+    };
+    assert_limits(64 << 20, 512, 50_000);
 
     c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
         container_id: id.clone(),
@@ -242,12 +251,7 @@ async fn limits_should_be_visible_in_the_cgroup_and_update_live() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        read("memory", "memory.limit_in_bytes"),
-        (128u64 << 20).to_string()
-    );
-    assert_eq!(read("cpu", "cpu.shares"), "1024");
-    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "20000");
+    assert_limits(128 << 20, 1024, 20_000);
     let st = c.status(&id).await;
     assert_eq!(
         st.resources.unwrap().linux.unwrap().memory_limit_in_bytes,
@@ -285,6 +289,48 @@ async fn limits_should_be_visible_in_the_cgroup_and_update_live() {
         "{}",
         e.message()
     );
+}
+
+/// The kernel's OOM killer ends a container over its memory limit; the
+/// runtime tells it from the cgroup's counter (v1 memory.oom_control, v2
+/// memory.events) and reports reason OOMKilled, as kubelet expects.
+#[tokio::test]
+async fn a_container_over_its_memory_limit_should_exit_oom_killed() {
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("oom");
+    let pod = c.run_pod(pc.clone()).await;
+    // The shell (PID 1) doubles a string until the limit stops it.
+    let mut cfg = sh_container("hog", "a=x; while true; do a=$a$a; done");
+    cfg.linux = Some(api::LinuxContainerConfig {
+        resources: Some(api::LinuxContainerResources {
+            memory_limit_in_bytes: 32 << 20,
+            ..Default::default()
+        }),
+        security_context: None,
+    });
+    let id = c.run(&pod, &pc, cfg).await;
+    let st = c
+        .wait_state(
+            &id,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!((st.exit_code, st.reason.as_str()), (137, "OOMKilled"));
+    // A container that ends by itself is not.
+    let id = c.run(&pod, &pc, sh_container("fine", "exit 3")).await;
+    let st = c
+        .wait_state(
+            &id,
+            api::ContainerState::ContainerExited,
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!((st.exit_code, st.reason.as_str()), (3, "Error"));
+    c.remove_pod(&pod).await.unwrap();
+    node.assert_no_debris(&pod);
 }
 
 #[tokio::test]
