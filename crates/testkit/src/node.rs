@@ -348,6 +348,45 @@ impl Node {
         std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
     }
 
+    /// Makes cgroup `path` in the `controller` hierarchy (v1) or in the one
+    /// hierarchy with the controllers enabled on its way down (v2, where a
+    /// child has only the limit files its parent's `subtree_control`
+    /// gives it). Returns its directory.
+    pub fn make_cgroup(controller: &str, path: &str) -> std::io::Result<PathBuf> {
+        let dir = Self::cgroup_dir(controller, path);
+        if !Self::cgroup_v2() {
+            std::fs::create_dir_all(&dir)?;
+            return Ok(dir);
+        }
+        let mut at = PathBuf::from("/sys/fs/cgroup");
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            let available = std::fs::read_to_string(at.join("cgroup.controllers"))?;
+            let enable: Vec<String> = available
+                .split_whitespace()
+                .map(|c| format!("+{c}"))
+                .collect();
+            // Best effort: a controller the kernel will not enable here
+            // (say, cpuset with tasks in the parent) is left off.
+            for c in enable {
+                let _ = std::fs::write(at.join("cgroup.subtree_control"), c);
+            }
+            at.push(part);
+            if !at.is_dir() {
+                std::fs::create_dir(&at)?;
+            }
+        }
+        Ok(dir)
+    }
+
+    /// The file of a cgroup's memory limit: v1's or v2's.
+    pub fn memory_limit_file() -> &'static str {
+        if Self::cgroup_v2() {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        }
+    }
+
     /// The `cpu.weight` runc (and kubelet) write on v2 for CPU `shares`.
     pub fn cpu_weight(shares: u64) -> u64 {
         let shares = shares.clamp(2, 262_144);

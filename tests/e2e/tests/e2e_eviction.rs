@@ -17,10 +17,12 @@ const MI: u64 = 1 << 20;
 /// test's cgroup parent, which the node's cleanup removes.
 fn node_cgroup(node: &Node, memory_limit: u64) -> String {
     let path = format!("{}/node", node.cgroup_parent);
-    let dir = Node::cgroup_dir("memory", &path);
-    std::fs::create_dir_all(&dir).expect("create the node's memory cgroup");
-    std::fs::write(dir.join("memory.limit_in_bytes"), memory_limit.to_string())
-        .expect("limit the node's memory");
+    let dir = Node::make_cgroup("memory", &path).expect("create the node's memory cgroup");
+    std::fs::write(
+        dir.join(Node::memory_limit_file()),
+        memory_limit.to_string(),
+    )
+    .expect("limit the node's memory");
     path
 }
 
@@ -276,8 +278,7 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
 async fn pid_pressure_should_evict_the_forking_pod_and_refuse_new_pods() {
     let node = Node::start_with_busybox().await;
     let cgroup = format!("{}/node", node.cgroup_parent);
-    let pids = Node::cgroup_dir("pids", &cgroup);
-    std::fs::create_dir_all(&pids).expect("create the node's pids cgroup");
+    let pids = Node::make_cgroup("pids", &cgroup).expect("create the node's pids cgroup");
     std::fs::write(pids.join("pids.max"), "150").expect("limit the node's pids");
     let agent = Agent::for_node(
         &node,
@@ -854,7 +855,7 @@ async fn node_allocatable_should_follow_the_node_cgroups_limit() {
         ],
     );
     let pods_limit =
-        Node::cgroup_dir("memory", &format!("{cgroup}/kubepods")).join("memory.limit_in_bytes");
+        Node::cgroup_dir("memory", &format!("{cgroup}/kubepods")).join(Node::memory_limit_file());
     let wait_limit = |want: u64| {
         let start = Instant::now();
         loop {
@@ -881,7 +882,7 @@ async fn node_allocatable_should_follow_the_node_cgroups_limit() {
     };
     wait_limit(192 * MI);
     // The node grows: allocatable follows at the next pass.
-    let node_limit = Node::cgroup_dir("memory", &cgroup).join("memory.limit_in_bytes");
+    let node_limit = Node::cgroup_dir("memory", &cgroup).join(Node::memory_limit_file());
     std::fs::write(&node_limit, (320 * MI).to_string()).unwrap();
     wait_limit(256 * MI);
     let start = Instant::now();

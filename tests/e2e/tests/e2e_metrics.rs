@@ -190,7 +190,13 @@ async fn pod_sandbox_metrics_should_report_every_descriptor_and_move_with_work()
         value(&first, "container_spec_memory_limit_bytes", &[]),
         256 << 20
     );
-    assert_eq!(value(&first, "container_spec_cpu_shares", &[]), 512);
+    // v2 keeps cpu.weight: 512 shares come back as the shares it stands for.
+    let shares = if Node::cgroup_v2() {
+        2 + (Node::cpu_weight(512) - 1) * 262_142 / 9_999
+    } else {
+        512
+    };
+    assert_eq!(value(&first, "container_spec_cpu_shares", &[]), shares);
     assert_eq!(value(&first, "container_spec_cpu_quota", &[]), 150_000);
     assert_eq!(value(&first, "container_spec_cpu_period", &[]), 100_000);
     assert!(value(&first, "container_processes", &[]) >= 1);
