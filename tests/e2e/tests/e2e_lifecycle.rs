@@ -268,8 +268,21 @@ async fn limits_should_be_visible_in_the_cgroup_and_update_live() {
         .into_inner()
         .stats
         .unwrap();
-    assert!(s.memory.unwrap().usage_bytes.unwrap().value > 0);
-    assert!(s.cpu.unwrap().usage_core_nano_seconds.is_some());
+    let (memory, cpu) = (s.memory.unwrap(), s.cpu.unwrap());
+    assert!(memory.usage_bytes.unwrap().value > 0);
+    assert!(cpu.usage_core_nano_seconds.is_some());
+    // Pressure (PSI) where the kernel keeps it: the cgroup2 hierarchy,
+    // v2's only one or a hybrid host's `unified` mount.
+    if std::path::Path::new("/proc/pressure").exists() {
+        for (what, p) in [
+            ("cpu", &cpu.psi),
+            ("memory", &memory.psi),
+            ("io", &s.io.as_ref().and_then(|io| io.psi)),
+        ] {
+            let some = p.as_ref().and_then(|p| p.some.as_ref());
+            assert!(some.is_some(), "no {what} PSI: {p:?}");
+        }
+    }
 
     // Negative limits are refused, naming the field.
     let e =

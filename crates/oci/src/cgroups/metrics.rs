@@ -5,6 +5,7 @@
 //! kernel, a cgroup v2 controller not enabled), so a caller reports only
 //! what the host really has.
 
+use super::parse::Psi;
 use super::{parse, CgroupError, CgroupVersion, Cgroups};
 
 /// USER_HZ: `cpuacct.stat` counts in these ticks (100 on every Linux ABI).
@@ -70,22 +71,12 @@ pub struct CgroupMetrics {
     pub memory_swap_limit: Option<u64>,
     /// Block I/O per device, in device order (empty without blkio/io).
     pub io: Vec<DeviceIo>,
-    /// CPU pressure (PSI), where the kernel reports it for the cgroup (v2).
-    pub cpu_pressure: Option<Pressure>,
+    /// CPU pressure (PSI), where the kernel reports it for the cgroup.
+    pub cpu_pressure: Option<Psi>,
     /// Memory pressure (PSI).
-    pub memory_pressure: Option<Pressure>,
+    pub memory_pressure: Option<Psi>,
     /// I/O pressure (PSI).
-    pub io_pressure: Option<Pressure>,
-}
-
-/// Cumulative stall times of one resource from a PSI file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pressure {
-    /// Time at least one task waited for the resource, µs (`some`).
-    pub waiting_us: u64,
-    /// Time every task stalled on it at once, µs (`full`; absent for CPU
-    /// on kernels before 5.13).
-    pub stalled_us: Option<u64>,
+    pub io_pressure: Option<Psi>,
 }
 
 /// Block I/O of a cgroup on one device.
@@ -183,9 +174,11 @@ impl Cgroups {
         })
     }
 
-    fn unified_pressure(&self, path: &str, file: &str) -> Option<Pressure> {
+    /// A PSI file of cgroup `path` in the cgroup2 hierarchy (v2's only
+    /// one, a hybrid host's `unified` mount).
+    pub fn unified_pressure(&self, path: &str, file: &str) -> Option<Psi> {
         let dir = self.unified_dir(path)?;
-        pressure(&std::fs::read_to_string(dir.join(file)).ok()?)
+        parse::psi(&std::fs::read_to_string(dir.join(file)).ok()?)
     }
 
     fn metrics_v2(&self, path: &str) -> Result<CgroupMetrics, CgroupError> {
@@ -239,9 +232,9 @@ impl Cgroups {
             memory_reservation: num("memory.low"),
             memory_swap_limit: limit("memory.swap.max"),
             io: read("io.stat").map(|t| v2_io(&t)).unwrap_or_default(),
-            cpu_pressure: read("cpu.pressure").and_then(|t| pressure(&t)),
-            memory_pressure: read("memory.pressure").and_then(|t| pressure(&t)),
-            io_pressure: read("io.pressure").and_then(|t| pressure(&t)),
+            cpu_pressure: read("cpu.pressure").and_then(|t| parse::psi(&t)),
+            memory_pressure: read("memory.pressure").and_then(|t| parse::psi(&t)),
+            io_pressure: read("io.pressure").and_then(|t| parse::psi(&t)),
         })
     }
 }
@@ -313,14 +306,6 @@ fn v2_io(text: &str) -> Vec<DeviceIo> {
     io
 }
 
-/// A PSI file's totals.
-fn pressure(text: &str) -> Option<Pressure> {
-    parse::psi_totals(text).map(|(waiting_us, stalled_us)| Pressure {
-        waiting_us,
-        stalled_us,
-    })
-}
-
 /// `cpu.max`: `"<quota|max> <period>"`.
 fn parse_cpu_max(text: &str) -> (Option<u64>, Option<u64>) {
     let mut f = text.split_whitespace();
@@ -350,6 +335,18 @@ mod tests {
     }
 
     /// A v1 layout whose controllers are directories of `root`.
+    /// PSI with these totals (the averages zero, as the fixtures write).
+    fn psi(some_us: u64, full_us: Option<u64>) -> Psi {
+        let line = |total_us| parse::PsiLine {
+            total_us,
+            ..parse::PsiLine::default()
+        };
+        Psi {
+            some: line(some_us),
+            full: full_us.map(line),
+        }
+    }
+
     fn v1_tree(root: &Path) -> Cgroups {
         let mut mountinfo = String::new();
         for (i, c) in ["cpu", "cpuacct", "memory", "pids", "blkio"]
@@ -481,10 +478,7 @@ mod tests {
                 }],
                 cpu_pressure: None,
                 memory_pressure: None,
-                io_pressure: Some(Pressure {
-                    waiting_us: 40,
-                    stalled_us: Some(30),
-                }),
+                io_pressure: Some(psi(40, Some(30))),
             }
         );
     }
@@ -611,14 +605,8 @@ mod tests {
                         ..DeviceIo::default()
                     },
                 ],
-                cpu_pressure: Some(Pressure {
-                    waiting_us: 300,
-                    stalled_us: Some(100),
-                }),
-                memory_pressure: Some(Pressure {
-                    waiting_us: 20,
-                    stalled_us: Some(10),
-                }),
+                cpu_pressure: Some(psi(300, Some(100))),
+                memory_pressure: Some(psi(20, Some(10))),
                 io_pressure: None,
             }
         );

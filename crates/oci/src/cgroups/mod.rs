@@ -11,8 +11,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use metrics::{CgroupMetrics, DeviceIo, Pressure};
+pub use metrics::{CgroupMetrics, DeviceIo};
 pub use parse::{cgroup_mounts, Mounted};
+pub use parse::{Psi, PsiLine};
 
 /// `CGROUP2_SUPER_MAGIC` from `linux/magic.h`.
 const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
@@ -105,6 +106,16 @@ pub struct CgroupStats {
     pub memory_limit_bytes: Option<u64>,
     /// Number of tasks, `None` when the pids controller is missing.
     pub pids_current: Option<u64>,
+    /// Swap in use, bytes (`None` where the kernel does not account it).
+    pub swap_usage_bytes: Option<u64>,
+    /// The swap limit, bytes (`None` when unlimited or unknown).
+    pub swap_limit_bytes: Option<u64>,
+    /// CPU pressure (PSI), where the kernel reports it for the cgroup.
+    pub cpu_psi: Option<Psi>,
+    /// Memory pressure (PSI).
+    pub memory_psi: Option<Psi>,
+    /// I/O pressure (PSI).
+    pub io_psi: Option<Psi>,
 }
 
 /// One v1 hierarchy.
@@ -545,6 +556,16 @@ impl Cgroups {
                 .read("pids", path, "pids.current")
                 .ok()
                 .and_then(|t| parse::single(&t)),
+            // v1 accounts memory + swap together (with swap accounting on).
+            swap_usage_bytes: self
+                .read("memory", path, "memory.memsw.usage_in_bytes")
+                .ok()
+                .and_then(|t| parse::single(&t))
+                .map(|memsw| memsw.saturating_sub(usage)),
+            swap_limit_bytes: None,
+            cpu_psi: self.unified_pressure(path, "cpu.pressure"),
+            memory_psi: self.unified_pressure(path, "memory.pressure"),
+            io_psi: self.unified_pressure(path, "io.pressure"),
         })
     }
 
@@ -577,6 +598,17 @@ impl Cgroups {
                 .read("", path, "pids.current")
                 .ok()
                 .and_then(|t| parse::single(&t)),
+            swap_usage_bytes: self
+                .read("", path, "memory.swap.current")
+                .ok()
+                .and_then(|t| parse::single(&t)),
+            swap_limit_bytes: self
+                .read("", path, "memory.swap.max")
+                .ok()
+                .and_then(|t| parse::v2_limit(&t)),
+            cpu_psi: self.unified_pressure(path, "cpu.pressure"),
+            memory_psi: self.unified_pressure(path, "memory.pressure"),
+            io_psi: self.unified_pressure(path, "io.pressure"),
         })
     }
 
@@ -999,6 +1031,13 @@ mod tests {
         w("memory.max", "max\n");
         w("pids.current", "4\n");
         w("memory.events", "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n");
+        w("memory.swap.current", "4096\n");
+        w("memory.swap.max", "1048576\n");
+        w(
+            "memory.pressure",
+            "some avg10=2.50 avg60=0.00 avg300=0.00 total=700\n\
+             full avg10=0.00 avg60=0.00 avg300=0.00 total=300\n",
+        );
         let cg = Cgroups::v2_at(tmp.path());
         let s = cg.stats("/pod").expect("stats");
         assert_eq!(
@@ -1012,6 +1051,21 @@ mod tests {
                 major_page_faults: 3,
                 memory_limit_bytes: None,
                 pids_current: Some(4),
+                swap_usage_bytes: Some(4096),
+                swap_limit_bytes: Some(1_048_576),
+                cpu_psi: None,
+                memory_psi: Some(Psi {
+                    some: PsiLine {
+                        avg10_centi: 250,
+                        total_us: 700,
+                        ..PsiLine::default()
+                    },
+                    full: Some(PsiLine {
+                        total_us: 300,
+                        ..PsiLine::default()
+                    }),
+                }),
+                io_psi: None,
             }
         );
         assert_eq!(cg.oom_kill_count("/pod"), Some(1));

@@ -120,21 +120,72 @@ pub fn keyed(contents: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// The cumulative stall times of a PSI file (`cpu.pressure`,
-/// `memory.pressure`, `io.pressure`), µs: `some` (at least one task
-/// waited) and `full` (all tasks stalled; absent for cpu on kernels before
-/// 5.13). Lines are `some avg10=.. avg60=.. avg300=.. total=N`.
-pub fn psi_totals(contents: &str) -> Option<(u64, Option<u64>)> {
-    let total = |kind: &str| {
+/// One line of a PSI file: the share of time stalled over the last 10,
+/// 60 and 300 s (in hundredths of a percent, as the kernel prints them
+/// with two decimals) and the cumulative stall time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PsiLine {
+    /// `avg10`, hundredths of a percent.
+    pub avg10_centi: u32,
+    /// `avg60`, hundredths of a percent.
+    pub avg60_centi: u32,
+    /// `avg300`, hundredths of a percent.
+    pub avg300_centi: u32,
+    /// `total`, µs.
+    pub total_us: u64,
+}
+
+/// A PSI file (`cpu.pressure`, `memory.pressure`, `io.pressure`):
+/// `some` (at least one task stalled) and `full` (every task stalled at
+/// once; absent for cpu on kernels before 5.13).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Psi {
+    /// The `some` line.
+    pub some: PsiLine,
+    /// The `full` line.
+    pub full: Option<PsiLine>,
+}
+
+/// Parses a PSI file: lines `some|full avg10=A avg60=B avg300=C total=N`.
+pub fn psi(contents: &str) -> Option<Psi> {
+    let line = |kind: &str| {
         contents.lines().find_map(|l| {
             let mut f = l.split_whitespace();
-            (f.next()? == kind).then(|| {
-                f.find_map(|kv| kv.strip_prefix("total="))
-                    .and_then(|v| v.parse().ok())
-            })?
+            (f.next()? == kind).then(|| psi_line(f))?
         })
     };
-    Some((total("some")?, total("full")))
+    Some(Psi {
+        some: line("some")?,
+        full: line("full"),
+    })
+}
+
+fn psi_line<'a>(fields: impl Iterator<Item = &'a str>) -> Option<PsiLine> {
+    let mut out = PsiLine::default();
+    let mut total = None;
+    for kv in fields {
+        let (k, v) = kv.split_once('=')?;
+        match k {
+            "avg10" => out.avg10_centi = centi(v)?,
+            "avg60" => out.avg60_centi = centi(v)?,
+            "avg300" => out.avg300_centi = centi(v)?,
+            "total" => total = Some(v.parse().ok()?),
+            _ => {}
+        }
+    }
+    out.total_us = total?;
+    Some(out)
+}
+
+/// `12.34` → 1234.
+fn centi(v: &str) -> Option<u32> {
+    let (whole, frac) = v.split_once('.').unwrap_or((v, "0"));
+    let frac: String = frac.chars().chain("00".chars()).take(2).collect();
+    whole
+        .parse::<u32>()
+        .ok()?
+        .checked_mul(100)?
+        .checked_add(frac.parse().ok()?)
 }
 
 /// A single-number file (`memory.usage_in_bytes`, `cpuacct.usage`, `pids.current`).
@@ -176,14 +227,33 @@ pub fn v1_memory_stat(contents: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn psi_totals_should_read_some_and_full_totals() {
-        let text = "some avg10=0.00 avg60=0.12 avg300=0.00 total=1234\n\
+    fn psi_should_read_some_and_full_lines() {
+        use super::{psi, Psi, PsiLine};
+        let text = "some avg10=1.50 avg60=0.12 avg300=10.00 total=1234\n\
                     full avg10=0.00 avg60=0.00 avg300=0.00 total=56\n";
-        assert_eq!(super::psi_totals(text), Some((1234, Some(56))));
+        assert_eq!(
+            psi(text),
+            Some(Psi {
+                some: PsiLine {
+                    avg10_centi: 150,
+                    avg60_centi: 12,
+                    avg300_centi: 1000,
+                    total_us: 1234
+                },
+                full: Some(PsiLine {
+                    total_us: 56,
+                    ..PsiLine::default()
+                }),
+            })
+        );
         let some_only = "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n";
-        assert_eq!(super::psi_totals(some_only), Some((7, None)));
-        assert_eq!(super::psi_totals(""), None);
-        assert_eq!(super::psi_totals("some avg10=1 total=x\n"), None);
+        assert_eq!(
+            psi(some_only).map(|p| (p.some.total_us, p.full)),
+            Some((7, None))
+        );
+        assert_eq!(psi(""), None);
+        assert_eq!(psi("some avg10=1 total=x\n"), None);
+        assert_eq!(psi("some avg10=1.5\n"), None, "no total");
     }
 
     use super::*;

@@ -155,11 +155,11 @@ fn cgroup_metrics(
         ),
     ] {
         let us_to_ns = |us: u64| us.saturating_mul(1000);
-        o.put(waiting, &[], seconds(p.map(|p| us_to_ns(p.waiting_us))));
+        o.put(waiting, &[], seconds(p.map(|p| us_to_ns(p.some.total_us))));
         o.put(
             stalled,
             &[],
-            seconds(p.and_then(|p| p.stalled_us).map(us_to_ns)),
+            seconds(p.and_then(|p| p.full).map(|f| us_to_ns(f.total_us))),
         );
     }
     o.put(&d::PROCESSES, &[], Some(sample.procs.processes));
@@ -392,7 +392,7 @@ impl Runtime {
 mod tests {
     use std::collections::HashMap;
 
-    use petrel_oci::cgroups::{DeviceIo, Pressure};
+    use petrel_oci::cgroups::{DeviceIo, Psi, PsiLine};
     use petrel_oci::proc_usage::{InterfaceCounters, ProcCounts};
 
     use super::*;
@@ -403,6 +403,17 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect()
+    }
+
+    fn psi(some_us: u64, full_us: u64) -> Psi {
+        let line = |total_us| PsiLine {
+            total_us,
+            ..PsiLine::default()
+        };
+        Psi {
+            some: line(some_us),
+            full: Some(line(full_us)),
+        }
     }
 
     fn full_sample() -> ContainerSample {
@@ -443,18 +454,9 @@ mod tests {
                     reads: 1,
                     writes: 2,
                 }],
-                cpu_pressure: Some(Pressure {
-                    waiting_us: 2_500_000,
-                    stalled_us: Some(1_000_000),
-                }),
-                memory_pressure: Some(Pressure {
-                    waiting_us: 0,
-                    stalled_us: Some(0),
-                }),
-                io_pressure: Some(Pressure {
-                    waiting_us: 0,
-                    stalled_us: Some(0),
-                }),
+                cpu_pressure: Some(psi(2_500_000, 1_000_000)),
+                memory_pressure: Some(psi(0, 0)),
+                io_pressure: Some(psi(0, 0)),
             }),
             procs: ProcCounts {
                 processes: 2,

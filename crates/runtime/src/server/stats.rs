@@ -19,15 +19,41 @@ fn u64v(v: u64) -> Option<api::UInt64Value> {
     Some(api::UInt64Value { value: v })
 }
 
-/// CPU and memory usage of a cgroup, with the CPU rate since `prev`.
+/// What one cgroup reading gives the stats RPCs.
+#[derive(Default)]
+struct Usage {
+    cpu: Option<api::CpuUsage>,
+    memory: Option<api::MemoryUsage>,
+    /// I/O pressure (the CRI's IoUsage holds only PSI).
+    io: Option<api::IoUsage>,
+    swap: Option<api::SwapUsage>,
+    pids: Option<u64>,
+}
+
+/// The CRI's PSI from a PSI file's (µs totals, averages in hundredths).
+fn psi(p: Option<petrel_oci::cgroups::Psi>) -> Option<api::PsiStats> {
+    let data = |l: petrel_oci::cgroups::PsiLine| api::PsiData {
+        total: l.total_us.saturating_mul(1000),
+        avg10: f64::from(l.avg10_centi) / 100.0,
+        avg60: f64::from(l.avg60_centi) / 100.0,
+        avg300: f64::from(l.avg300_centi) / 100.0,
+    };
+    p.map(|p| api::PsiStats {
+        some: Some(data(p.some)),
+        full: p.full.map(data),
+    })
+}
+
+/// CPU, memory, I/O pressure and swap of a cgroup, with the CPU rate since
+/// `prev`.
 fn cgroup_usage(
     rt: &Runtime,
     path: &str,
     swap: impl FnOnce((i64, u64)) -> Option<(i64, u64)>,
-) -> (Option<api::CpuUsage>, Option<api::MemoryUsage>, Option<u64>) {
+) -> Usage {
     let ts = util::now_ns();
     let Ok(st) = rt.cgroups.stats(path) else {
-        return (None, None, None);
+        return Usage::default();
     };
     let prev = swap((ts, st.cpu_usage_ns));
     let rate = prev.and_then(|(pts, pusage)| {
@@ -39,8 +65,7 @@ fn cgroup_usage(
         timestamp: ts,
         usage_core_nano_seconds: u64v(st.cpu_usage_ns),
         usage_nano_cores: rate.and_then(u64v),
-        // Pressure (PSI) and IO usage are not read yet.
-        psi: None,
+        psi: psi(st.cpu_psi),
     };
     let memory = api::MemoryUsage {
         timestamp: ts,
@@ -53,9 +78,27 @@ fn cgroup_usage(
         rss_bytes: u64v(st.memory_rss_bytes),
         page_faults: u64v(st.page_faults),
         major_page_faults: u64v(st.major_page_faults),
-        psi: None,
+        psi: psi(st.memory_psi),
     };
-    (Some(cpu), Some(memory), st.pids_current)
+    let io = st.io_psi.map(|p| api::IoUsage {
+        timestamp: ts,
+        psi: psi(Some(p)),
+    });
+    let swap = st.swap_usage_bytes.map(|used| api::SwapUsage {
+        timestamp: ts,
+        swap_available_bytes: st
+            .swap_limit_bytes
+            .map(|l| l.saturating_sub(used))
+            .and_then(u64v),
+        swap_usage_bytes: u64v(used),
+    });
+    Usage {
+        cpu: Some(cpu),
+        memory: Some(memory),
+        io,
+        swap,
+        pids: st.pids_current,
+    }
 }
 
 impl Runtime {
@@ -75,20 +118,20 @@ impl Runtime {
                     || (r.state == ContainerState::Created && r.in_oci_runtime()),
             )
         });
-        let (cpu, memory, _) = if live {
+        let usage = if live {
             cgroup_usage(self, &cgroup, |s| c.swap_cpu_sample(s))
         } else {
-            (None, None, None)
+            Usage::default()
         };
-        let usage = dir_usage(&upper);
+        let layer = dir_usage(&upper);
         let walked_at = util::now_ns();
         // Kept for the metrics calls, which then need not walk again.
-        c.layer_usage.put((walked_at, usage));
-        let petrel_oci::dir_usage::DirUsage { bytes, inodes } = usage;
+        c.layer_usage.put((walked_at, layer));
+        let petrel_oci::dir_usage::DirUsage { bytes, inodes } = layer;
         api::ContainerStats {
             attributes: Some(attributes),
-            cpu,
-            memory,
+            cpu: usage.cpu,
+            memory: usage.memory,
             writable_layer: Some(api::FilesystemUsage {
                 timestamp: walked_at,
                 fs_id: Some(api::FilesystemIdentifier {
@@ -97,8 +140,8 @@ impl Runtime {
                 used_bytes: u64v(bytes),
                 inodes_used: u64v(inodes),
             }),
-            swap: None,
-            io: None,
+            swap: usage.swap,
+            io: usage.io,
         }
     }
 
@@ -114,7 +157,7 @@ impl Runtime {
                 r.cgroup_parent.clone(),
             )
         });
-        let (cpu, memory, pids) = cgroup_usage(self, &cgroup, |s| sb.swap_cpu_sample(s));
+        let usage = cgroup_usage(self, &cgroup, |s| sb.swap_cpu_sample(s));
         let containers = sb
             .container_ids()
             .iter()
@@ -125,13 +168,13 @@ impl Runtime {
         api::PodSandboxStats {
             attributes: Some(attributes),
             linux: Some(api::LinuxPodSandboxStats {
-                cpu,
-                memory,
+                cpu: usage.cpu,
+                memory: usage.memory,
                 network: None,
-                io: None,
+                io: usage.io,
                 process: Some(api::ProcessUsage {
                     timestamp: util::now_ns(),
-                    process_count: pids.and_then(u64v),
+                    process_count: usage.pids.and_then(u64v),
                 }),
                 containers,
             }),
