@@ -27,9 +27,9 @@ use super::observe::{NodeObserver, NodeStats};
 use super::rank::{rank, Candidate, SYSTEM_CRITICAL_PRIORITY};
 use super::signals::{Resource, Signal};
 use super::summary::{
-    cgroup_memory as summary_memory, fs_summary, node_memory, usage_summary,
-    ContainerSummary as SummaryContainer, CpuRates, NodeSummary, PodRef, PodSummary, ProcessStats,
-    Rlimit, RuntimeSummary, Summary, VolumeStats,
+    cgroup_memory as summary_memory, fs_summary, io as summary_io, node_memory, psi as summary_psi,
+    usage_summary, ContainerSummary as SummaryContainer, CpuRates, NodeSummary, PodRef, PodSummary,
+    ProcessStats, Rlimit, RuntimeSummary, Summary, VolumeStats,
 };
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
@@ -331,6 +331,20 @@ impl EvictionManager {
         (i, c)
     }
 
+    /// CPU statistics of cgroup `key` from its reading, pressure included.
+    fn cpu_with_psi(
+        &mut self,
+        key: &str,
+        s: &petrel_oci::cgroups::CgroupStats,
+        now: std::time::Instant,
+        at: std::time::SystemTime,
+    ) -> super::summary::CpuStats {
+        super::summary::CpuStats {
+            psi: summary_psi(s.cpu_psi),
+            ..self.cpu_rates.cpu(key, s.cpu_usage_ns, now, at)
+        }
+    }
+
     /// The summary of this pass: the node from `stats`, the pods and
     /// their running containers from their cgroups.
     fn summary(&mut self, stats: &NodeStats, layers: &Layers) -> Summary {
@@ -339,9 +353,10 @@ impl EvictionManager {
         let cgroups = self.observer.cgroups().clone();
         let node_cgroup = self.observer.node_cgroup().unwrap_or("/").to_string();
         let mut keys = std::collections::HashSet::new();
-        let node_cpu = cgroups.stats(&node_cgroup).ok().map(|s| {
+        let node_stats = cgroups.stats(&node_cgroup).ok();
+        let node_cpu = node_stats.as_ref().map(|s| {
             keys.insert(node_cgroup.clone());
-            self.cpu_rates.cpu(&node_cgroup, s.cpu_usage_ns, now, at)
+            self.cpu_with_psi(&node_cgroup, s, now, at)
         });
         let pods_cgroup = self.observer.pods_cgroup().to_string();
         let mut system_containers = Vec::new();
@@ -349,8 +364,9 @@ impl EvictionManager {
             keys.insert(pods_cgroup.clone());
             system_containers.push(SummaryContainer {
                 name: "pods".to_string(),
-                cpu: self.cpu_rates.cpu(&pods_cgroup, s.cpu_usage_ns, now, at),
+                cpu: self.cpu_with_psi(&pods_cgroup, &s, now, at),
                 memory: summary_memory(&s, Some(stats.allocatable_memory.capacity), at),
+                io: summary_io(&s, at),
                 rootfs: None,
                 logs: None,
             });
@@ -395,8 +411,9 @@ impl EvictionManager {
                     });
                     containers.push(SummaryContainer {
                         name,
-                        cpu: self.cpu_rates.cpu(&path, cs.cpu_usage_ns, now, at),
+                        cpu: self.cpu_with_psi(&path, &cs, now, at),
                         memory: summary_memory(&cs, None, at),
+                        io: summary_io(&cs, at),
                         rootfs,
                         logs,
                     });
@@ -434,8 +451,9 @@ impl EvictionManager {
                     uid: d.uid.clone(),
                 },
                 containers,
-                cpu: self.cpu_rates.cpu(&cgroup, ps.cpu_usage_ns, now, at),
+                cpu: self.cpu_with_psi(&cgroup, &ps, now, at),
                 memory: summary_memory(&ps, None, at),
+                io: summary_io(&ps, at),
                 volume,
                 ephemeral_storage: Some(usage_summary(
                     ephemeral.bytes,
@@ -452,7 +470,11 @@ impl EvictionManager {
                 node_name: self.parts.node_name.clone(),
                 system_containers,
                 cpu: node_cpu,
-                memory: node_memory(stats),
+                memory: super::summary::MemoryStats {
+                    psi: node_stats.as_ref().and_then(|s| summary_psi(s.memory_psi)),
+                    ..node_memory(stats)
+                },
+                io: node_stats.as_ref().and_then(|s| summary_io(s, at)),
                 fs: stats.nodefs.map(|f| fs_summary(&f, at)),
                 runtime: RuntimeSummary {
                     image_fs: stats.imagefs.or(stats.nodefs).map(|f| fs_summary(&f, at)),

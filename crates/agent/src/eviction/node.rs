@@ -263,7 +263,9 @@ mod tests {
                         rss_bytes: None,
                         page_faults: None,
                         major_page_faults: None,
+                        psi: None,
                     },
+                    io: None,
                     fs: None,
                     runtime: crate::eviction::summary::RuntimeSummary {
                         image_fs: None,

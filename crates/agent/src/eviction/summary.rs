@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use petrel_oci::cgroups::CgroupStats;
+use petrel_oci::cgroups::{CgroupStats, Psi, PsiLine};
 use serde::Serialize;
 
 use super::observe::{FsStats, NodeStats};
@@ -36,6 +36,9 @@ pub struct NodeSummary {
     pub cpu: Option<CpuStats>,
     /// Memory of the node.
     pub memory: MemoryStats,
+    /// I/O pressure of the node cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
     /// The agent root's filesystem.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fs: Option<FsSummary>,
@@ -81,6 +84,64 @@ pub struct CpuStats {
     pub usage_nano_cores: Option<u64>,
     /// Cumulative CPU time.
     pub usage_core_nano_seconds: u64,
+    /// CPU pressure (PSI), where the kernel keeps it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
+}
+
+/// kubelet's `PSIStats`: pressure of one resource.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct PsiStats {
+    /// Every task stalled at once (zero where the kernel has no `full`
+    /// line, as for CPU before 5.13).
+    pub full: PsiData,
+    /// At least one task stalled.
+    pub some: PsiData,
+}
+
+/// kubelet's `PSIData`.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct PsiData {
+    /// Cumulative stall time, ns.
+    pub total: u64,
+    /// Share of the last 10 s stalled, percent.
+    pub avg10: f64,
+    /// Share of the last 60 s stalled, percent.
+    pub avg60: f64,
+    /// Share of the last 300 s stalled, percent.
+    pub avg300: f64,
+}
+
+/// kubelet's `IOStats`: I/O pressure alone.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IoStats {
+    /// When observed.
+    pub time: Option<Time>,
+    /// I/O pressure (PSI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
+}
+
+/// A cgroup's PSI in kubelet's shape.
+pub fn psi(p: Option<Psi>) -> Option<PsiStats> {
+    let data = |l: PsiLine| PsiData {
+        total: l.total_us.saturating_mul(1000),
+        avg10: f64::from(l.avg10_centi) / 100.0,
+        avg60: f64::from(l.avg60_centi) / 100.0,
+        avg300: f64::from(l.avg300_centi) / 100.0,
+    };
+    p.map(|p| PsiStats {
+        full: p.full.map(data).unwrap_or_default(),
+        some: data(p.some),
+    })
+}
+
+/// A cgroup's I/O pressure as kubelet's `IOStats` (none without PSI).
+pub fn io(s: &CgroupStats, at: SystemTime) -> Option<IoStats> {
+    s.io_psi.map(|p| IoStats {
+        time: time(at),
+        psi: psi(Some(p)),
+    })
 }
 
 /// kubelet's `MemoryStats`.
@@ -105,6 +166,9 @@ pub struct MemoryStats {
     /// Major page faults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub major_page_faults: Option<u64>,
+    /// Memory pressure (PSI), where the kernel keeps it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
 }
 
 /// kubelet's `FsStats`: for a filesystem, its own figures; for what
@@ -154,6 +218,9 @@ pub struct ContainerSummary {
     pub cpu: CpuStats,
     /// Memory.
     pub memory: MemoryStats,
+    /// I/O pressure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
     /// The writable layer (pod containers only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<FsSummary>,
@@ -192,6 +259,9 @@ pub struct PodSummary {
     pub cpu: CpuStats,
     /// Memory of the pod cgroup.
     pub memory: MemoryStats,
+    /// I/O pressure of the pod cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
     /// The pod's volumes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volume: Vec<VolumeStats>,
@@ -253,6 +323,7 @@ impl CpuRates {
             time: time(at),
             usage_nano_cores: rate,
             usage_core_nano_seconds: total_ns,
+            psi: None,
         }
     }
 
@@ -276,6 +347,7 @@ pub fn cgroup_memory(s: &CgroupStats, limit: Option<i64>, at: SystemTime) -> Mem
         rss_bytes: Some(s.memory_rss_bytes),
         page_faults: Some(s.page_faults),
         major_page_faults: Some(s.major_page_faults),
+        psi: psi(s.memory_psi),
     }
 }
 
@@ -289,6 +361,7 @@ pub fn node_memory(stats: &NodeStats) -> MemoryStats {
         rss_bytes: None,
         page_faults: None,
         major_page_faults: None,
+        psi: None,
     }
 }
 
@@ -313,6 +386,25 @@ mod tests {
                 .usage_nano_cores,
             None
         );
+    }
+
+    #[test]
+    fn psi_should_be_in_nanoseconds_and_percent_with_a_zero_full_when_absent() {
+        let line = |total_us, avg10_centi| PsiLine {
+            total_us,
+            avg10_centi,
+            ..PsiLine::default()
+        };
+        let p = psi(Some(Psi {
+            some: line(7, 125),
+            full: None,
+        }))
+        .unwrap();
+        let v = serde_json::to_value(p).unwrap();
+        assert_eq!(v["some"]["total"], 7000);
+        assert_eq!(v["some"]["avg10"], 1.25);
+        assert_eq!(v["full"]["total"], 0);
+        assert_eq!(psi(None), None);
     }
 
     #[test]

@@ -128,6 +128,7 @@ mod tests {
             time: at(),
             usage_nano_cores: None,
             usage_core_nano_seconds: ns,
+            psi: None,
         }
     }
 
@@ -140,6 +141,7 @@ mod tests {
             rss_bytes: None,
             page_faults: None,
             major_page_faults: None,
+            psi: None,
         }
     }
 
@@ -151,6 +153,7 @@ mod tests {
                 system_containers: vec![],
                 cpu: Some(cpu(2_500_000_000)),
                 memory: mem(1000),
+                io: None,
                 fs: None,
                 runtime: RuntimeSummary {
                     image_fs: None,
@@ -172,11 +175,13 @@ mod tests {
                     name: "c".into(),
                     cpu: cpu(500_000_000),
                     memory: mem(42),
+                    io: None,
                     rootfs: None,
                     logs: None,
                 }],
                 cpu: cpu(600_000_000),
                 memory: mem(50),
+                io: None,
                 volume: vec![],
                 ephemeral_storage: None,
                 process_stats: None,
