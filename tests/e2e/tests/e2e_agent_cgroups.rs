@@ -68,6 +68,20 @@ impl Files {
         }
     }
 
+    /// [`Files::assert_shares`] once the agent has had up to 10 s to
+    /// write them: a pod leaves its tier just after its status goes.
+    fn eventually_shares(&self, path: &str, want: i64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = std::panic::catch_unwind(|| self.assert_shares(path, want));
+            match r {
+                Ok(()) => return,
+                Err(e) if std::time::Instant::now() > deadline => std::panic::resume_unwind(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
     /// The CFS quota (None: unlimited) over kubelet's 100 ms period.
     fn assert_quota(&self, path: &str, want: Option<i64>) {
         if self.v2() {
@@ -136,9 +150,10 @@ async fn agent_should_keep_kubelets_qos_and_pod_cgroups() {
     while !files.exists(&burstable) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    files.assert_shares(&kubepods, shares(online_cpus() * 1000 - 500));
-    files.assert_shares(&besteffort, 2);
-    files.assert_shares(&burstable, 2);
+    // (The directories are made before their values are written.)
+    files.eventually_shares(&kubepods, shares(online_cpus() * 1000 - 500));
+    files.eventually_shares(&besteffort, 2);
+    files.eventually_shares(&burstable, 2);
 
     let pods = [
         (
@@ -210,9 +225,9 @@ async fn agent_should_keep_kubelets_qos_and_pod_cgroups() {
         assert!(!files.exists(cg), "{cg} left\n{}", agent.log());
     }
     assert!(files.exists(&open));
-    files.assert_shares(&burstable, shares(200));
+    files.eventually_shares(&burstable, shares(200));
     agent.remove_manifest("burstable-open.yaml");
     agent.wait_gone("default", "burstable-open", T);
-    files.assert_shares(&burstable, 2);
+    files.eventually_shares(&burstable, 2);
     assert!(files.exists(&besteffort) && files.exists(&kubepods));
 }

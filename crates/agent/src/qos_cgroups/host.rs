@@ -134,8 +134,22 @@ impl CgroupHost for HostCgroups {
 
     fn remove(&self, path: &str) -> Result<(), CgroupError> {
         // Page cache charged to a removed memory cgroup keeps it alive as
-        // a dying cgroup: hand it back first (best effort).
-        let _ = self.cgroups.release_memory(path);
+        // a dying cgroup: hand it back first (best effort), but never
+        // reclaim from processes still there (the removal fails anyway).
+        let no_children = self
+            .cgroups
+            .dir("memory", path)
+            .and_then(|d| {
+                std::fs::read_dir(&d).map_err(|source| CgroupError::Io {
+                    op: "read",
+                    path: d,
+                    source,
+                })
+            })
+            .is_ok_and(|mut it| !it.any(|e| e.is_ok_and(|e| e.path().is_dir())));
+        if no_children && self.cgroups.procs(path).is_ok_and(|p| p.is_empty()) {
+            let _ = self.cgroups.release_memory(path);
+        }
         self.cgroups.remove(path)
     }
 }
