@@ -301,6 +301,7 @@ pub async fn run(
             crate::cluster::node_object::Reservations::from_settings(&config.eviction);
         let facts = node_facts(&node_name, &machine, &reservations, &node_flags);
         workers.set_node_facts(facts.clone());
+        start_qos_cgroups(&config, &machine, &workers, &mut tasks);
         start_eviction(
             &config,
             &runtime,
@@ -553,6 +554,58 @@ pub(crate) fn start_pipeline(p: Pipeline<'_>, tasks: &mut JoinSet<()>) -> Result
         move |uid: &String| k.is_known(uid),
     ));
     Ok(())
+}
+
+/// How often the QoS tiers are written again and busy pod cgroups tried
+/// again (kubelet's periodic QoS cgroup update).
+const QOS_CGROUP_RESYNC: Duration = Duration::from_secs(60);
+
+/// Makes the QoS cgroups (`kubepods`, its burstable and besteffort tiers)
+/// with their values and hands the workers the manager that makes each
+/// pod's cgroup; a task writes the tiers again each minute. Without
+/// cgroups the runtime makes pod cgroups alone, as before.
+fn start_qos_cgroups(
+    config: &AgentConfig,
+    machine: &crate::cluster::node_object::MachineFacts,
+    workers: &Arc<PodWorkers>,
+    tasks: &mut JoinSet<()>,
+) {
+    let cgroups = match petrel_oci::cgroups::Cgroups::detect() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "no cgroups: QoS and pod cgroups are left to the runtime");
+            return;
+        }
+    };
+    let host = Arc::new(crate::qos_cgroups::HostCgroups::new(cgroups));
+    let qos = Arc::new(crate::qos_cgroups::QosCgroups::new(
+        host,
+        config.pods_cgroup_root(),
+        config.pod_max_pids,
+        Some(config.root.join("pod-cgroups")),
+    ));
+    // Node allocatable cpu, as the Node shows it: capacity minus the kube
+    // and system reservations.
+    let reserved = config
+        .eviction
+        .kube_reserved
+        .plus(config.eviction.system_reserved)
+        .cpu_millis;
+    let cpus = i64::try_from(machine.cpus).unwrap_or(i64::MAX);
+    let allocatable_cpu = cpus.saturating_mul(1000).saturating_sub(reserved).max(0);
+    // (Errors were logged by the manager; pods run on without the values.)
+    if qos.start(allocatable_cpu).is_ok() {
+        tracing::info!(cgroup = %qos.pods_cgroup(), allocatable_cpu_millis = allocatable_cpu, "QoS cgroups ready");
+    }
+    workers.set_qos_cgroups(Arc::clone(&qos));
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(QOS_CGROUP_RESYNC);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            qos.resync();
+        }
+    });
 }
 
 /// Starts the eviction manager on `tasks`. Without cgroups (an unusual

@@ -112,6 +112,10 @@ pub struct AgentConfig {
     /// it instead of `cgroup_root`, and its memory and pids limits are the
     /// node's capacity for eviction. None: the whole machine.
     pub node_cgroup: Option<String>,
+    /// kubelet's `podPidsLimit` (`--pod-max-pids`): the most process ids
+    /// each pod's cgroup may hold (`pids.max`, written when the agent makes
+    /// the pod's cgroup). -1 (the default) or 0: no limit.
+    pub pod_max_pids: i64,
     /// kubelet's `seccompDefault` (`--seccomp-default`): containers and
     /// pods whose manifest sets no seccomp profile get `RuntimeDefault`
     /// instead of `Unconfined`. Off by default, as in kubelet.
@@ -183,6 +187,7 @@ impl Default for AgentConfig {
             eviction: crate::eviction::EvictionSettings::default(),
             drain_on_exit: false,
             node_cgroup: None,
+            pod_max_pids: -1,
             seccomp_default: false,
             kubeconfig: None,
             port: None,

@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod pleg;
 pub mod probe;
 pub mod pull_credentials;
+pub mod qos_cgroups;
 pub mod quantity;
 pub mod server;
 pub mod source;

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use petrel_oci::cgroups::{CgroupVersion, Cgroups};
 use petrel_testkit::agent::{container_state, container_status, phase, Agent};
 use petrel_testkit::local_containerd::{Containerd, Version};
 use petrel_testkit::prelude::BUSYBOX;
@@ -48,6 +49,19 @@ fn core_scenario(cd: &Containerd, expect_events: bool) {
         .unwrap()
         .to_string();
     assert!(id.starts_with("containerd://"), "{id}");
+    // The agent made the pod's cgroup, with its weight, before containerd
+    // made the sandbox inside it.
+    let cg = Cgroups::detect().unwrap();
+    let pod_cgroup = format!(
+        "{}/kubepods/besteffort/pod{}",
+        cd.cgroup_parent,
+        pod["metadata"]["uid"].as_str().unwrap()
+    );
+    let (file, minimum) = match cg.version() {
+        CgroupVersion::V1 => ("cpu.shares", "2"),
+        CgroupVersion::V2 => ("cpu.weight", "1"),
+    };
+    assert_eq!(cg.read("cpu", &pod_cgroup, file).unwrap().trim(), minimum);
     let pod = agent.wait_pod("default", "once", T, "Failed", |p| phase(p) == "Failed");
     let (_, t) = container_state(&pod, "c").unwrap();
     assert_eq!(t["exitCode"], 6);
@@ -74,6 +88,13 @@ fn core_scenario(cd: &Containerd, expect_events: bool) {
     for p in ["run", "once", "crash"] {
         agent.wait_gone("default", p, T);
     }
+    // Its cgroup went with it (containerd removed what it made inside).
+    let gone = || cg.dir("cpu", &pod_cgroup).is_ok_and(|d| !d.exists());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gone(), "{pod_cgroup} left\n{}", agent.log());
 }
 
 #[tokio::test(flavor = "multi_thread")]

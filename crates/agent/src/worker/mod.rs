@@ -197,6 +197,9 @@ pub struct PodWorkers {
     /// The pods' service variables (cluster mode); none set: no service
     /// variables, as kubelet without an API server.
     service_env: std::sync::OnceLock<ServiceEnvFn>,
+    /// The QoS and pod cgroups (none: the runtime makes pod cgroups
+    /// alone, with no values of their own).
+    qos_cgroups: std::sync::OnceLock<Arc<crate::qos_cgroups::QosCgroups>>,
 }
 
 /// The API objects pods read, made available before a pod's volumes and
@@ -262,6 +265,23 @@ impl PodWorkers {
             objects: std::sync::OnceLock::new(),
             pull_secrets: std::sync::OnceLock::new(),
             service_env: std::sync::OnceLock::new(),
+            qos_cgroups: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Has pods' cgroups made by `qos` before their sandboxes, and
+    /// removed after (once set, it stays).
+    pub fn set_qos_cgroups(&self, qos: Arc<crate::qos_cgroups::QosCgroups>) {
+        let _ = self.qos_cgroups.set(qos);
+    }
+
+    /// Counts `pod` in its QoS tier and makes its cgroup with its values
+    /// if missing, as kubelet does before a pod's sandbox. A failure is
+    /// logged (once per pod) by the manager and does not hold the pod: the
+    /// runtime still makes the cgroup.
+    fn ensure_pod_cgroup(&self, pod: &DesiredPod) {
+        if let Some(q) = self.qos_cgroups.get() {
+            let _ = q.ensure_pod(pod);
         }
     }
 
@@ -1045,6 +1065,11 @@ impl PodWorkers {
         self.pull_backoff.forget_pod(uid);
         if let Some(objects) = self.objects.get() {
             objects.release(uid);
+        }
+        // Its sandboxes are gone: the pod cgroup the agent made goes too
+        // (kubelet removes an orphaned pod's cgroup).
+        if let Some(q) = self.qos_cgroups.get() {
+            q.forget_pod(uid);
         }
         // Last: whoever hears it finds the pod forgotten everywhere.
         if let Some(hook) = self.on_forget.get() {

@@ -105,7 +105,10 @@ impl PodWorkers {
             }
         }
 
-        // 1. The sandbox: the newest, if it is ready; else a new one.
+        // 1. The sandbox: the newest, if it is ready; else a new one. The
+        // pod's cgroup comes first (made only if missing; a pod running
+        // already is still counted in its QoS tier).
+        self.ensure_pod_cgroup(pod);
         let latest = status.latest_sandbox();
         let ready = latest.filter(|s| s.state == PodSandboxState::SandboxReady as i32);
         let mut changed = false;

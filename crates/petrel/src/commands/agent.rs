@@ -98,6 +98,10 @@ pub struct AgentFlags {
     /// do, and the next agent adopts them.
     #[arg(long)]
     pub drain_on_exit: bool,
+    /// The most process ids each pod may hold (its cgroup's pids.max), as
+    /// kubelet's --pod-max-pids; -1: no limit [default: -1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub pod_max_pids: Option<i64>,
     /// kubelet's --seccomp-default: containers whose pod sets no seccomp
     /// profile run with the runtime's default profile (RuntimeDefault)
     /// instead of unconfined. Localhost profiles are read from
@@ -293,6 +297,9 @@ impl AgentFlags {
         }
         if self.drain_on_exit {
             c.drain_on_exit = true;
+        }
+        if let Some(v) = self.pod_max_pids {
+            c.pod_max_pids = v;
         }
         if self.seccomp_default {
             c.seccomp_default = true;
