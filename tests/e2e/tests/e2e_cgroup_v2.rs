@@ -53,6 +53,9 @@ fn a_cgroup_v2_guest_should_pass_its_checks_and_the_chosen_e2e_tests() {
     check("the guest is pure cgroup v2".into(), &mut || {
         guest_is_pure_v2(&mut vm)
     });
+    check("the guest's clock is sane".into(), &mut || {
+        guest_clock_is_sane(&mut vm)
+    });
     check(
         "runc runs busybox with a cgroup namespace and limits".into(),
         &mut || runc_runs_busybox(&mut vm),
@@ -202,6 +205,44 @@ fn guest_is_pure_v2(vm: &mut Vm) -> Result<(), String> {
         ],
         &[],
     )?;
+    Ok(())
+}
+
+/// The guest reads the TSC (the HPET it would fall back to is slow under
+/// emulation; see `vm.rs`) and its wall clock is the host's, to the
+/// second the RTC it booted from gives.
+fn guest_clock_is_sane(vm: &mut Vm) -> Result<(), String> {
+    let source = ok_in_guest(
+        vm,
+        &[
+            "cat",
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        ],
+        &[],
+    )?;
+    if source.stdout.trim() != "tsc" {
+        return Err(format!("clocksource {}", source.stdout.trim()));
+    }
+    let before = SystemTime::now();
+    let out = ok_in_guest(vm, &["date", "+%s.%N"], &[])?;
+    let after = SystemTime::now();
+    let guest: f64 = out
+        .stdout
+        .trim()
+        .parse()
+        .map_err(|e| format!("{e}: {}", out.stdout))?;
+    let secs = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    if guest < secs(before) - 1.5 || guest > secs(after) + 1.5 {
+        return Err(format!(
+            "guest time {guest} outside the host's [{}, {}] ± 1.5 s",
+            secs(before),
+            secs(after)
+        ));
+    }
     Ok(())
 }
 
