@@ -9,7 +9,8 @@ export CARGO_INCREMENTAL ?= 0
 IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
 	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
-	gcc libc6-dev binutils python3 pkg-config libseccomp-dev python3-venv
+	gcc libc6-dev binutils python3 pkg-config libseccomp-dev python3-venv \
+	qemu-system-x86 kmod xz-utils
 # critest's results against Petrel's runtime are held against this list.
 CONFORMANCE_EXPECTED := crates/testkit/conformance/petrel.expected
 # Where the tests find the peers (real Kubernetes components, `make peers`);
@@ -22,7 +23,7 @@ PYENV := build/pyenv
 GRPCIO_VERSION := 1.85.1
 
 .PHONY: all deps build release shim-release image test unit lint fmt doc demo bench clean ci containerd \
-	criu peers conformance-images conformance pyenv
+	criu peers conformance-images conformance pyenv vm
 
 all: build
 
@@ -75,6 +76,13 @@ containerd: deps
 criu: deps
 	scripts/criu.sh build
 
+## vm: the test VM's kernel (Debian bookworm's, unpacked, not installed) and
+## initramfs, cached in /var/cache/petrel/vm and linked into build/vm: a pure
+## cgroup v2 guest under QEMU for the tests of the cgroup v2 code paths
+## (crates/testkit/src/vm.rs; a second run does nothing)
+vm: deps
+	scripts/vm.sh build
+
 ## peers: kubelet, kube-apiserver, kubectl, etcd, critest, containerd 2, runc,
 ## podset-controller (controller-runtime) and leader-elect (client-go)
 ## built from Go modules at the versions in tools/peers/versions.env, cached
@@ -116,7 +124,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## test: install, build, lint, then every unit, integration and end-to-end test
-test: deps build shim-release image containerd criu peers conformance-images pyenv lint
+test: deps build shim-release image containerd criu peers conformance-images pyenv vm lint
 	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \

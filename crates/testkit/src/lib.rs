@@ -20,6 +20,10 @@
 //! - [`local_containerd`]: the containerd 1.7/1.6 `make containerd`
 //!   unpacks, as a CRI runtime the agent drives.
 //! - [`prelude`]: what most end-to-end tests use.
+//! - [`vm`]: a pure cgroup v2 guest under QEMU (kernel and initramfs of
+//!   `make vm`), seeing the host's root read-only; commands run in it
+//!   through its agent (`petrel-vm-agent`), for the tests of the cgroup v2
+//!   code paths this v1 host cannot run.
 //!
 //! Real peers:
 //!
@@ -85,6 +89,7 @@ pub mod process;
 pub mod registry;
 pub mod stale;
 pub mod test_images;
+pub mod vm;
 pub mod wait;
 
 pub use error::KitError;

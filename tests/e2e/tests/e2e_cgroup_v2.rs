@@ -1,0 +1,410 @@
+//! Petrel on a pure cgroup v2 node, for real: this host is cgroup v1
+//! hybrid, so one test VM (`petrel_testkit::vm`, `make vm`) is booted per
+//! run and reused by every check here. Checks of the guest itself (pure
+//! v2, runc with a cgroup namespace) run first, then a chosen subset of the
+//! end-to-end tests, host-built executables run inside the guest beside
+//! the same tests on the host's v1 ([`IN_GUEST`]). Each is reported on its
+//! own; the test fails at the end, naming every check that failed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use petrel_testkit::prelude::*;
+use petrel_testkit::vm::{Output, Vm, VmConfig};
+
+/// The end-to-end tests run in the guest: (test executable, test name).
+/// The executable is the newest `<name>-<hash>` beside this test's own in
+/// the cargo target directory (`cargo test --no-run` or `make test` builds
+/// them all).
+const IN_GUEST: &[(&str, &str)] = &[(
+    "e2e_lifecycle",
+    "containers_should_report_exit_codes_and_reasons",
+)];
+
+/// A test in the guest runs 8–10× slower than on the host.
+const TEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A short command in the guest.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[test]
+fn a_cgroup_v2_guest_should_pass_its_checks_and_the_chosen_e2e_tests() {
+    let mut vm = Vm::boot(&VmConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "vm: booted in {:.1?} (qemu pid {})",
+        vm.boot_time(),
+        vm.pid()
+    );
+    report_overhead(&mut vm);
+
+    let mut failed = vec![];
+    let mut check = |name: String, f: &mut dyn FnMut() -> Result<(), String>| {
+        let start = Instant::now();
+        match f() {
+            Ok(()) => eprintln!("vm: ok   {name} ({:.1?})", start.elapsed()),
+            Err(why) => {
+                eprintln!("vm: FAIL {name} ({:.1?})\n{why}", start.elapsed());
+                failed.push(name);
+            }
+        }
+    };
+    check("the guest is pure cgroup v2".into(), &mut || {
+        guest_is_pure_v2(&mut vm)
+    });
+    check("the guest's clock is sane".into(), &mut || {
+        guest_clock_is_sane(&mut vm)
+    });
+    check(
+        "runc runs busybox with a cgroup namespace and limits".into(),
+        &mut || runc_runs_busybox(&mut vm),
+    );
+    check(
+        "the agent ends a command at its timeout and serves the next".into(),
+        &mut || agent_times_out(&mut vm),
+    );
+    for (exe, test) in IN_GUEST {
+        check(format!("{exe} {test}"), &mut || run_e2e(&mut vm, exe, test));
+    }
+
+    // Dropped, the VM leaves neither QEMU nor its directory.
+    let (pid, dir) = (vm.pid(), vm.work_dir().parent().unwrap().to_path_buf());
+    drop(vm);
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "qemu {pid} is gone"
+    );
+    assert!(!dir.exists(), "{} is removed", dir.display());
+    assert!(
+        failed.is_empty(),
+        "failed in the cgroup v2 guest: {failed:?}"
+    );
+}
+
+/// A guest whose agent dies at once powers off: the boot fails at once,
+/// not at its timeout, and the error shows the console.
+#[test]
+fn boot_should_fail_with_the_console_when_the_agent_dies() {
+    let cfg = VmConfig {
+        agent: Some(PathBuf::from("/bin/false")),
+        ..VmConfig::default()
+    };
+    let start = Instant::now();
+    let err = Vm::boot(&cfg).unwrap_err().to_string();
+    assert!(start.elapsed() < cfg.boot_timeout, "{:?}", start.elapsed());
+    assert!(err.contains("qemu exited"), "{err}");
+    assert!(
+        err.contains("the agent exited (1)"),
+        "the console is shown: {err}"
+    );
+}
+
+/// A command past its timeout is killed with what it started in the
+/// background, and the guest goes on serving.
+fn agent_times_out(vm: &mut Vm) -> Result<(), String> {
+    let out = vm
+        .run(
+            &["sh", "-c", "echo started; sleep 60 & sleep 60"],
+            &[],
+            Duration::from_secs(2),
+        )
+        .map_err(|e| e.to_string())?;
+    if !out.timed_out || out.stdout != "started\n" || out.elapsed > Duration::from_secs(10) {
+        return Err(format!("not ended at its timeout: {out:?}"));
+    }
+    let left = ok_in_guest(vm, &["sh", "-c", "pgrep -x sleep || true"], &[])?;
+    if !left.stdout.trim().is_empty() {
+        return Err(format!("sleeps left behind: {}", left.stdout));
+    }
+    match vm.run(&["/no/such/program"], &[], COMMAND_TIMEOUT) {
+        Err(e) if e.to_string().contains("/no/such/program") => Ok(()),
+        other => Err(format!("a missing program: {other:?}")),
+    }
+}
+
+/// What the agent adds to a command's time, measured with `true`.
+fn report_overhead(vm: &mut Vm) {
+    let mut trips = vec![];
+    for _ in 0..5 {
+        let out = vm.run(&["true"], &[], COMMAND_TIMEOUT).unwrap();
+        assert!(out.success(), "{}", out.describe());
+        trips.push(out.round_trip);
+    }
+    trips.sort();
+    eprintln!(
+        "vm: `true` round trips {:?} (median {:.1?})",
+        trips,
+        trips[trips.len() / 2]
+    );
+}
+
+/// Runs `argv` and fails with its output unless it exits with 0.
+fn ok_in_guest(vm: &mut Vm, argv: &[&str], env: &[(&str, &str)]) -> Result<Output, String> {
+    let out = vm
+        .run(argv, env, COMMAND_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    if out.success() {
+        Ok(out)
+    } else {
+        Err(format!("{}: {}", argv.join(" "), out.describe()))
+    }
+}
+
+fn guest_is_pure_v2(vm: &mut Vm) -> Result<(), String> {
+    let controllers = ok_in_guest(vm, &["cat", "/sys/fs/cgroup/cgroup.controllers"], &[])?.stdout;
+    let enabled = ok_in_guest(vm, &["cat", "/sys/fs/cgroup/cgroup.subtree_control"], &[])?.stdout;
+    for c in ["cpu", "memory", "pids", "io", "cpuset"] {
+        if !controllers.split_whitespace().any(|x| x == c) {
+            return Err(format!("no {c} in cgroup.controllers: {controllers}"));
+        }
+        if !enabled.split_whitespace().any(|x| x == c) {
+            return Err(format!(
+                "{c} not enabled in cgroup.subtree_control: {enabled}"
+            ));
+        }
+    }
+    let mounts = ok_in_guest(vm, &["cat", "/proc/mounts"], &[])?.stdout;
+    let types: Vec<(&str, &str)> = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 2).then(|| (f[1], f[2]))
+        })
+        .collect();
+    if !types.contains(&("/sys/fs/cgroup", "cgroup2")) {
+        return Err(format!("/sys/fs/cgroup is not cgroup2:\n{mounts}"));
+    }
+    if let Some(v1) = types.iter().find(|(_, t)| *t == "cgroup") {
+        return Err(format!("a cgroup v1 hierarchy is mounted at {}", v1.0));
+    }
+    // The kernel refuses v1 outright (cgroup_no_v1=all), not merely
+    // leaves it unmounted.
+    let v1 = vm
+        .run(
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /tmp/v1 && mount -t cgroup -o memory none /tmp/v1",
+            ],
+            &[],
+            COMMAND_TIMEOUT,
+        )
+        .map_err(|e| e.to_string())?;
+    if v1.success() {
+        return Err("mounting a v1 memory hierarchy worked".into());
+    }
+    // The guest kernel's modules load (host's /lib/modules is not its own).
+    ok_in_guest(
+        vm,
+        &[
+            "sh",
+            "-c",
+            "modprobe -a overlay veth bridge br_netfilter nf_tables && \
+             ip link add pvm0 type veth peer name pvm1 && ip link del pvm0",
+        ],
+        &[],
+    )?;
+    Ok(())
+}
+
+/// The guest reads the TSC (the HPET it would fall back to is slow under
+/// emulation; see `vm.rs`) and its wall clock is the host's, to the
+/// second the RTC it booted from gives.
+fn guest_clock_is_sane(vm: &mut Vm) -> Result<(), String> {
+    let source = ok_in_guest(
+        vm,
+        &[
+            "cat",
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        ],
+        &[],
+    )?;
+    if source.stdout.trim() != "tsc" {
+        return Err(format!("clocksource {}", source.stdout.trim()));
+    }
+    let before = SystemTime::now();
+    let out = ok_in_guest(vm, &["date", "+%s.%N"], &[])?;
+    let after = SystemTime::now();
+    let guest: f64 = out
+        .stdout
+        .trim()
+        .parse()
+        .map_err(|e| format!("{e}: {}", out.stdout))?;
+    let secs = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    if guest < secs(before) - 1.5 || guest > secs(after) + 1.5 {
+        return Err(format!(
+            "guest time {guest} outside the host's [{}, {}] ± 1.5 s",
+            secs(before),
+            secs(after)
+        ));
+    }
+    Ok(())
+}
+
+/// `runc run` of the busybox test image in the guest, with a cgroup
+/// namespace, a memory and a pids limit: the container sees its own cgroup
+/// as the root, and the limits in its v2 files.
+fn runc_runs_busybox(vm: &mut Vm) -> Result<(), String> {
+    let work = vm.work_dir().to_path_buf();
+    let layer = work.join("busybox-layer.tar.gz");
+    std::fs::write(&layer, busybox_layer(&images_dir().join("busybox-oci.tar"))).unwrap();
+    let cgroup = format!("/petrel-test-{}", random_suffix());
+    std::fs::write(work.join("config.json"), runc_config(&cgroup).to_string()).unwrap();
+    let script = format!(
+        "set -e; b=/tmp/runc-busybox; mkdir -p $b/rootfs; \
+         tar -xzf {w}/busybox-layer.tar.gz -C $b/rootfs; cp {w}/config.json $b/; \
+         runc --root /run/runc-vm-test run --bundle $b petrel-vm-busybox",
+        w = work.display()
+    );
+    let out = ok_in_guest(vm, &["sh", "-c", &script], &[])?;
+    let expect = ["0::/", "memory.max=67108864", "pids.max=32", "controllers="];
+    for e in expect {
+        if !out.stdout.lines().any(|l| l.starts_with(e)) {
+            return Err(format!(
+                "no line {e:?} in the container's output:\n{}",
+                out.stdout
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The layer of the busybox image archive (one layer, gzip).
+fn busybox_layer(archive: &Path) -> Vec<u8> {
+    use std::collections::BTreeMap;
+    use std::io::Read as _;
+    let mut blobs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut a = tar::Archive::new(std::fs::File::open(archive).unwrap());
+    for e in a.entries().unwrap() {
+        let mut e = e.unwrap();
+        let path = e.path().unwrap().display().to_string();
+        let mut data = vec![];
+        e.read_to_end(&mut data).unwrap();
+        blobs.insert(path.trim_start_matches("./").to_string(), data);
+    }
+    let json = |path: &str| -> serde_json::Value {
+        serde_json::from_slice(&blobs[path]).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let blob = |digest: &str| format!("blobs/sha256/{}", digest.trim_start_matches("sha256:"));
+    let index = json("index.json");
+    let manifest = json(&blob(index["manifests"][0]["digest"].as_str().unwrap()));
+    let layer = blob(manifest["layers"][0]["digest"].as_str().unwrap());
+    blobs.remove(&layer).unwrap()
+}
+
+/// An OCI runtime spec for busybox printing what the test looks for.
+fn runc_config(cgroup: &str) -> serde_json::Value {
+    let script = "cat /proc/self/cgroup; \
+        echo memory.max=$(cat /sys/fs/cgroup/memory.max); \
+        echo pids.max=$(cat /sys/fs/cgroup/pids.max); \
+        echo controllers=$(cat /sys/fs/cgroup/cgroup.controllers)";
+    serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            "args": ["sh", "-c", script],
+            "env": ["PATH=/bin"],
+            "cwd": "/",
+            "noNewPrivileges": true
+        },
+        "root": { "path": "rootfs", "readonly": true },
+        "hostname": "petrel-vm-busybox",
+        "mounts": [
+            { "destination": "/proc", "type": "proc", "source": "proc" },
+            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
+              "options": ["nosuid", "noexec", "nodev", "ro"] },
+            { "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+              "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] }
+        ],
+        "linux": {
+            "cgroupsPath": cgroup,
+            "resources": {
+                "memory": { "limit": 64 << 20 },
+                "pids": { "limit": 32 }
+            },
+            "namespaces": [
+                { "type": "pid" }, { "type": "ipc" }, { "type": "uts" },
+                { "type": "mount" }, { "type": "network" }, { "type": "cgroup" }
+            ]
+        }
+    })
+}
+
+/// Runs one host-built end-to-end test in the guest.
+fn run_e2e(vm: &mut Vm, exe: &str, test: &str) -> Result<(), String> {
+    let bin = sibling_test_executable(exe)?;
+    let bin_s = bin.display().to_string();
+    let env = guest_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let argv = [
+        bin_s.as_str(),
+        "--exact",
+        test,
+        "--test-threads=1",
+        "--nocapture",
+    ];
+    let out = vm
+        .run(&argv, &env, TEST_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    // A filter that matched nothing passes too: one test must have run.
+    if out.success() && out.stdout.contains("test result: ok. 1 passed") {
+        Ok(())
+    } else {
+        Err(format!("{bin_s} --exact {test}: {}", out.describe()))
+    }
+}
+
+/// The newest `<name>-<hash>` executable beside this test's own.
+fn sibling_test_executable(name: &str) -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = me.parent().ok_or("no directory of the test executable")?;
+    let mut newest: Option<(SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(hash) = file.strip_prefix(name).and_then(|r| r.strip_prefix('-')) else {
+            continue;
+        };
+        if hash.is_empty() || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
+            continue; // `.d` files and other names
+        }
+        let Ok(meta) = e.metadata() else { continue };
+        use std::os::unix::fs::PermissionsExt as _;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            continue;
+        }
+        let mtime = meta.modified().map_err(|e| e.to_string())?;
+        if newest.as_ref().is_none_or(|(t, _)| mtime > *t) {
+            newest = Some((mtime, e.path()));
+        }
+    }
+    newest.map(|(_, p)| p).ok_or_else(|| {
+        format!(
+            "no {name} test executable in {}: build it (`cargo test -p petrel-e2e --no-run`; make test does)",
+            dir.display()
+        )
+    })
+}
+
+/// What the tests in the guest need of the host's environment: PATH, the
+/// test images, and the kit's PETREL_* settings (PETREL_PEERS_BIN, ...) but
+/// PETREL_KIT_TMPDIR, a host directory the guest's /tmp may hide.
+fn guest_env() -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| (k == "PATH" || k.starts_with("PETREL_")) && k != "PETREL_KIT_TMPDIR")
+        .collect();
+    env.retain(|(k, _)| k != "PETREL_TEST_IMAGES");
+    env.push((
+        "PETREL_TEST_IMAGES".into(),
+        images_dir().display().to_string(),
+    ));
+    env.push(("RUST_BACKTRACE".into(), "1".into()));
+    env
+}
