@@ -246,6 +246,12 @@ cat >$r/run/petrel-vm/init2 <<EOF
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root
 cd /
+# A node address on a dummy interface (TEST-NET-1, reaching nothing):
+# kubelet refuses a node with loopback alone, and nothing here needs more.
+modprobe dummy && ip link add petrel0 type dummy &&
+    ip addr add 192.0.2.10/24 dev petrel0 && ip link set petrel0 up &&
+    ip route add default via 192.0.2.1 dev petrel0 ||
+    echo "petrel-vm: no node address on petrel0" >/dev/console
 "$agent"
 echo "petrel-vm: the agent exited (\$?): powering off" >/dev/console
 /run/petrel-vm/busybox poweroff -f

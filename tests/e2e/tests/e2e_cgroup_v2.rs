@@ -18,10 +18,55 @@ use petrel_testkit::vm::{Output, Vm, VmConfig};
 /// The executable is the newest `<name>-<hash>` beside this test's own in
 /// the cargo target directory (`cargo test --no-run` or `make test` builds
 /// them all).
-const IN_GUEST: &[(&str, &str)] = &[(
-    "e2e_lifecycle",
-    "containers_should_report_exit_codes_and_reasons",
-)];
+const IN_GUEST: &[(&str, &str)] = &[
+    // Runtime: exits, limits (memory.max, cpu.weight, cpu.max) set and
+    // updated live, stats with PSI, OOM kills from memory.events, the
+    // metrics from v2 files (container_threads from pids.current).
+    (
+        "e2e_lifecycle",
+        "containers_should_report_exit_codes_and_reasons",
+    ),
+    (
+        "e2e_lifecycle",
+        "limits_should_be_visible_in_the_cgroup_and_update_live",
+    ),
+    (
+        "e2e_lifecycle",
+        "a_container_over_its_memory_limit_should_exit_oom_killed",
+    ),
+    (
+        "e2e_metrics",
+        "pod_sandbox_metrics_should_report_every_descriptor_and_move_with_work",
+    ),
+    // Agent: QoS and pod cgroups, node allocatable, eviction by PSI and by
+    // memory thresholds on v2's files, the summary.
+    (
+        "e2e_agent_cgroups",
+        "agent_should_keep_kubelets_qos_and_pod_cgroups",
+    ),
+    (
+        "e2e_eviction",
+        "node_allocatable_should_follow_the_node_cgroups_limit",
+    ),
+    (
+        "e2e_eviction",
+        "memory_stalls_in_the_node_should_run_a_pass_through_psi",
+    ),
+    (
+        "e2e_eviction",
+        "memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guaranteed_pod",
+    ),
+    // The real kubelet (failCgroupV1 left at its default, true) on
+    // Petrel's runtime, and critest's cgroup specs.
+    (
+        "e2e_kubelet",
+        "kubelet_standalone_should_run_static_pods_on_petrel_with_evented_pleg",
+    ),
+    (
+        "e2e_critest",
+        "critest_cgroup_specs_should_pass_on_cgroup_v2",
+    ),
+];
 
 /// A test in the guest runs 8–10× slower than on the host.
 const TEST_TIMEOUT: Duration = Duration::from_secs(600);
@@ -348,6 +393,8 @@ fn run_e2e(vm: &mut Vm, exe: &str, test: &str) -> Result<(), String> {
         bin_s.as_str(),
         "--exact",
         test,
+        // Some run only here (ignored on the v1 host).
+        "--include-ignored",
         "--test-threads=1",
         "--nocapture",
     ];

@@ -218,8 +218,9 @@ async fn memory_pressure_should_evict_the_best_effort_hog_and_spare_the_guarante
     );
     let log = agent.log();
     assert!(log.contains("memory threshold armed"), "{log}");
-    // The threshold crossing itself ran the pass that evicted (cgroup v1
-    // eventfd): from the notification to the eviction's decision took
+    // The threshold crossing itself ran the pass that evicted (v1: the
+    // kernel's eventfd; v2: the watch of memory.current near the
+    // threshold): from the notification to the eviction's decision took
     // little time (the benchmark measures this properly).
     let evict_at = log.find("evicting pod").expect("an eviction in the log");
     let notified_at = log[..evict_at]

@@ -19,7 +19,9 @@ use super::config::{EvictionConfigError, EvictionSettings, Threshold};
 use super::local::{dir_usage, remove_container_with_log, violation as local_violation};
 use super::local::{PodPaths, Usage};
 use super::node::NodeState;
-use super::notify::{events_watch, memcg_threshold, memcg_threshold_notifier, pressure_file};
+use super::notify::{
+    events_watch, memcg_threshold, memcg_threshold_notifier, memory_usage_watch, pressure_file,
+};
 use super::notify::{psi_trigger, EventsWatch, MemcgThreshold, PsiTrigger};
 use super::notify::{MEMORY_EVENTS, PSI_STALL_US, PSI_WINDOW_US};
 use super::observe::{fs_stats, observations, AllocatableLimits, FsStats, MemoryStats};
@@ -771,12 +773,11 @@ impl EvictionManager {
         tracing::warn!(uid, "evicted pod still running after 30s");
     }
 
-    /// Registers (v1) a memory threshold per memory signal's threshold at
-    /// the usage where it is met, again whenever that usage moves.
+    /// Registers a memory threshold per memory signal's threshold at the
+    /// usage where it is met (v1: the kernel's; v2, which has none: a
+    /// watch of `memory.current`), again whenever that usage moves.
     fn rearm_memcg(&mut self, stats: &NodeStats) {
-        if self.observer.version() != CgroupVersion::V1 {
-            return;
-        }
+        let v2 = self.observer.version() == CgroupVersion::V2;
         let node_cgroup = self.observer.node_cgroup().unwrap_or("/").to_string();
         let pods_cgroup = self.observer.pods_cgroup().to_string();
         for t in self.thresholds.clone() {
@@ -800,9 +801,15 @@ impl EvictionManager {
             let Ok(dir) = self.observer.cgroups().dir("memory", path) else {
                 continue;
             };
-            match memcg_threshold_notifier(&dir, bytes, self.notifier()) {
+            let armed = if v2 {
+                memory_usage_watch(&dir, bytes, self.notifier())
+            } else {
+                memcg_threshold_notifier(&dir, bytes, self.notifier())
+            };
+            match armed {
                 Ok(n) => {
-                    tracing::debug!(signal = %t.signal, bytes, cgroup = path, "memory threshold armed");
+                    let how = if v2 { "usage watch" } else { "eventfd" };
+                    tracing::debug!(signal = %t.signal, bytes, cgroup = path, how, "memory threshold armed");
                     self.memcg.insert(key, n);
                 }
                 Err(e) => {

@@ -14,6 +14,10 @@
 //!   when memory stalls pass the trigger's share of its window. Windows
 //!   must be multiples of 2 s when the caller lacks CAP_SYS_RESOURCE, so
 //!   the window is rounded up to one.
+//! - cgroup v2: no usage threshold exists, so `memory.current` is read
+//!   by a thread instead, every second while usage is far from the
+//!   threshold and every 100 ms within a quarter of it, waking a pass
+//!   when usage crosses it (either way, as v1's threshold does).
 //! - cgroup v2 with the memory controller: `memory.events`, whose `high`,
 //!   `max`, `oom` and `oom_kill` counters the kernel announces through
 //!   kernfs (POLLPRI on the open file); a counter that grows wakes a pass.
@@ -74,6 +78,25 @@ enum Kind {
     /// a change; the file is read again to re-arm, and `notify` is woken
     /// only when one of `keys` changed.
     Events { keys: &'static [&'static str] },
+    /// A v2 `memory.current`, read on a timer: the usage crossing
+    /// `bytes` (either way) wakes `notify`.
+    Usage { bytes: i64 },
+}
+
+/// How often a v2 usage watch reads `memory.current` far from its
+/// threshold...
+const USAGE_POLL_FAR: std::time::Duration = std::time::Duration::from_secs(1);
+/// ...and within a quarter of it, where a crossing may come at any time.
+const USAGE_POLL_NEAR: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The next read of a usage watch: soon when `usage` is within a quarter
+/// of `bytes` (or past it), else in a second.
+pub fn usage_poll_interval(usage: i64, bytes: i64) -> std::time::Duration {
+    if usage >= bytes - bytes / 4 {
+        USAGE_POLL_NEAR
+    } else {
+        USAGE_POLL_FAR
+    }
 }
 
 impl Watcher {
@@ -135,8 +158,11 @@ fn read_from_start(fd: &OwnedFd) -> Option<String> {
 
 fn watch(fd: OwnedFd, stop: OwnedFd, kind: Kind, notify: Arc<Notify>) {
     use rustix::event::{PollFd, PollFlags};
+    if let Kind::Usage { bytes } = kind {
+        return watch_usage(&fd, &stop, bytes, &notify);
+    }
     let flags = match kind {
-        Kind::EventFd => PollFlags::IN,
+        Kind::EventFd | Kind::Usage { .. } => PollFlags::IN,
         Kind::Psi | Kind::Events { .. } => PollFlags::PRI,
     };
     let mut last = match &kind {
@@ -189,8 +215,44 @@ fn watch(fd: OwnedFd, stop: OwnedFd, kind: Kind, notify: Arc<Notify>) {
     }
 }
 
-/// A registered v1 memory threshold; dropping it unregisters it (the
-/// kernel drops the event when its eventfd is closed).
+/// Reads `memory.current` (open as `fd`) until `stop` is readable, waking
+/// `notify` whenever the usage crosses `bytes`.
+fn watch_usage(fd: &OwnedFd, stop: &OwnedFd, bytes: i64, notify: &Notify) {
+    use rustix::event::{PollFd, PollFlags};
+    let read = || read_from_start(fd).and_then(|t| t.trim().parse::<i64>().ok());
+    let Some(mut usage) = read() else {
+        tracing::warn!("memory.current unreadable; polling only");
+        return;
+    };
+    loop {
+        let wait = usage_poll_interval(usage, bytes);
+        let timeout = rustix::event::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(stop, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => {}
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "memory usage watch failed; polling only");
+                return;
+            }
+        }
+        let Some(now) = read() else {
+            // The cgroup went: its watch is replaced at the next pass.
+            return;
+        };
+        if (usage < bytes) != (now < bytes) {
+            notify.notify_one();
+        }
+        usage = now;
+    }
+}
+
+/// A registered v1 memory threshold, or its v2 stand-in (a usage watch);
+/// dropping it unregisters it (the kernel drops the event when its eventfd
+/// is closed) or stops the watch.
 #[derive(Debug)]
 pub struct MemcgThreshold {
     /// The usage, bytes, it fires at.
@@ -224,6 +286,24 @@ pub fn memcg_threshold_notifier(
         bytes,
         _watcher: Watcher::start(efd, Kind::EventFd, notify, dir)?,
         _usage: usage,
+    })
+}
+
+/// Watches `memory.current` of the v2 cgroup directory `dir` for usage
+/// crossing `bytes` (v2 has no threshold notification); each crossing
+/// wakes `notify`.
+pub fn memory_usage_watch(
+    dir: &Path,
+    bytes: i64,
+    notify: Arc<Notify>,
+) -> Result<MemcgThreshold, NotifyError> {
+    let path = dir.join("memory.current");
+    let file = std::fs::File::open(&path).map_err(err("open", &path))?;
+    let fd = OwnedFd::from(file.try_clone().map_err(err("dup", &path))?);
+    Ok(MemcgThreshold {
+        bytes,
+        _watcher: Watcher::start(fd, Kind::Usage { bytes }, notify, dir)?,
+        _usage: file,
     })
 }
 
@@ -509,6 +589,38 @@ mod tests {
             .expect("populated 0 announced");
         drop(watch);
         assert!(events_watch(&dir.join("memory.no-such-file"), MEMORY_EVENTS, notify).is_err());
+    }
+
+    #[test]
+    fn a_usage_watch_should_read_often_only_near_its_threshold() {
+        assert_eq!(usage_poll_interval(100, 1000), USAGE_POLL_FAR);
+        assert_eq!(usage_poll_interval(749, 1000), USAGE_POLL_FAR);
+        assert_eq!(usage_poll_interval(750, 1000), USAGE_POLL_NEAR);
+        assert_eq!(usage_poll_interval(5000, 1000), USAGE_POLL_NEAR);
+    }
+
+    /// A plain file stands in for `memory.current`: the watch reads it
+    /// again from the start each time.
+    #[tokio::test]
+    async fn a_usage_watch_should_fire_when_usage_crosses_its_threshold_either_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let current = dir.path().join("memory.current");
+        std::fs::write(&current, "900\n").unwrap();
+        let notify = Arc::new(Notify::new());
+        let watch = memory_usage_watch(dir.path(), 1000, Arc::clone(&notify)).unwrap();
+        assert_eq!(watch.bytes, 1000);
+        let fired = |within| {
+            let n = Arc::clone(&notify);
+            async move { tokio::time::timeout(within, n.notified()).await.is_ok() }
+        };
+        assert!(!fired(Duration::from_millis(300)).await, "no crossing yet");
+        std::fs::write(&current, "1100\n").unwrap();
+        assert!(fired(Duration::from_secs(5)).await, "up across");
+        std::fs::write(&current, "1200\n").unwrap();
+        assert!(!fired(Duration::from_millis(300)).await, "still above");
+        std::fs::write(&current, "500\n").unwrap();
+        assert!(fired(Duration::from_secs(5)).await, "down across");
+        drop(watch);
     }
 
     #[test]
