@@ -123,14 +123,31 @@ lint: deps
 fmt:
 	$(CARGO) fmt --all
 
-## test: install, build, lint, then every unit, integration and end-to-end test
+# The cgroup v2 VM's tests (ignored by a plain cargo test) and their log.
+VM_TEST_LOG := build/e2e_cgroup_v2.log
+
+## test: install, build, lint, then every unit, integration and end-to-end
+## test; the cgroup v2 VM's (e2e_cgroup_v2: minutes of software emulation
+## on one core) run beside the others, their log in $(VM_TEST_LOG)
 test: deps build shim-release image containerd criu peers conformance-images pyenv vm lint
-	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python; \
+	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python PETREL_REQUIRE_CONTAINERD=1 \
+	  PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES); \
+	$(CARGO) test --workspace --no-run; \
+	vm_test=$$($(CARGO) test -p petrel-e2e --test e2e_cgroup_v2 --no-run --message-format=json | \
+	  python3 -c 'import json, sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")])'); \
+	[ -x "$$vm_test" ] || { echo "no e2e_cgroup_v2 executable ($$vm_test)" >&2; exit 1; }; \
+	mkdir -p build; \
+	( cd tests/e2e && exec "$$vm_test" --ignored --test-threads=1 --nocapture ) >$(VM_TEST_LOG) 2>&1 & vm=$$!; \
+	rc=0; \
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
-	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) nextest run --workspace --no-fail-fast; \
+	  $(CARGO) nextest run --workspace --no-fail-fast || rc=$$?; \
 	else \
-	  PETREL_REQUIRE_CONTAINERD=1 PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES) $(CARGO) test --workspace --no-fail-fast; \
-	fi
+	  $(CARGO) test --workspace --no-fail-fast || rc=$$?; \
+	fi; \
+	vmrc=0; wait $$vm || vmrc=$$?; \
+	echo "--- e2e_cgroup_v2 (the cgroup v2 VM, run beside the others): exit $$vmrc ---"; \
+	if [ $$vmrc -eq 0 ]; then grep -E '^vm:|test result' $(VM_TEST_LOG); else cat $(VM_TEST_LOG); fi; \
+	[ $$rc -eq 0 ] && [ $$vmrc -eq 0 ]
 	$(CARGO) test --workspace --doc
 
 unit: deps

@@ -304,6 +304,92 @@ async fn limits_should_be_visible_in_the_cgroup_and_update_live() {
     );
 }
 
+/// On cgroup v2, every CRI resource lands in its v2 file (runc maps
+/// them; the runtime passes `unified` through and takes `pids.max` from
+/// it), updates live, and the container sees its own cgroup as the root
+/// (a cgroup namespace).
+#[tokio::test]
+#[ignore = "cgroup v2 only: runs inside the VM (e2e_cgroup_v2)"]
+async fn v2_resources_should_land_in_their_files_and_update_live() {
+    assert!(Node::cgroup_v2(), "not a cgroup v2 host");
+    let node = Node::start();
+    let mut c = node.clients().await;
+    node.import_busybox(&mut c).await;
+    let pc = node.pod_config("v2res");
+    let pod = c.run_pod(pc.clone()).await;
+    let resources = |memory_high: &str, cpus: &str| api::LinuxContainerResources {
+        memory_limit_in_bytes: 64 << 20,
+        // Memory plus swap: 32 MiB of swap on v2.
+        memory_swap_limit_in_bytes: 96 << 20,
+        cpu_shares: 2048,
+        cpu_period: 100_000,
+        cpu_quota: 150_000,
+        cpuset_cpus: cpus.into(),
+        cpuset_mems: "0".into(),
+        hugepage_limits: vec![api::HugepageLimit {
+            page_size: "2MB".into(),
+            limit: 0,
+        }],
+        unified: [
+            ("memory.high".to_string(), memory_high.to_string()),
+            ("pids.max".to_string(), "64".to_string()),
+            ("io.weight".to_string(), "default 200".to_string()),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    let mut cfg = sh_container("v2", "sleep 1000");
+    cfg.linux = Some(api::LinuxContainerConfig {
+        resources: Some(resources("50331648", "0")),
+        security_context: None,
+    });
+    let id = c.run(&pod, &pc, cfg).await;
+    let dir = Node::cgroup_dir("", &format!("{}/v2res/{id}", node.cgroup_parent));
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(f).display()))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(read("memory.max"), (64u64 << 20).to_string());
+    assert_eq!(read("memory.swap.max"), (32u64 << 20).to_string());
+    assert_eq!(read("memory.high"), "50331648");
+    assert_eq!(read("cpu.weight"), Node::cpu_weight(2048).to_string());
+    assert_eq!(read("cpu.max"), "150000 100000");
+    assert_eq!(read("cpuset.cpus"), "0");
+    assert_eq!(read("cpuset.mems"), "0");
+    assert_eq!(read("pids.max"), "64");
+    assert_eq!(read("hugetlb.2MB.max"), "0");
+    assert_eq!(read("io.weight"), "default 200");
+
+    // The container's view: its own cgroup is its root.
+    let r =
+        c.rt.exec_sync(api::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["cat".into(), "/proc/self/cgroup".into()],
+            timeout: 30,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "0::/\n");
+
+    // Live: memory.high and the cpuset move with UpdateContainerResources.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let cpus = online.trim().to_string();
+    c.rt.update_container_resources(api::UpdateContainerResourcesRequest {
+        container_id: id.clone(),
+        linux: Some(resources("41943040", &cpus)),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(read("memory.high"), "41943040");
+    assert_eq!(read("cpuset.cpus"), cpus);
+    c.remove_pod(&pod).await.unwrap();
+    node.assert_no_debris(&pod);
+}
+
 /// The kernel's OOM killer ends a container over its memory limit; the
 /// runtime tells it from the cgroup's counter (v1 memory.oom_control, v2
 /// memory.events) and reports reason OOMKilled, as kubelet expects.

@@ -591,6 +591,54 @@ mod tests {
         assert!(events_watch(&dir.join("memory.no-such-file"), MEMORY_EVENTS, notify).is_err());
     }
 
+    /// On cgroup v2 with the memory controller: a task over its cgroup's
+    /// `memory.max` moves `max` (and the OOM counters) in `memory.events`,
+    /// which the watch announces.
+    #[tokio::test(flavor = "multi_thread")]
+    #[ignore = "cgroup v2 with the memory controller: runs inside the VM (e2e_cgroup_v2)"]
+    async fn a_memory_events_watch_should_fire_when_a_task_hits_memory_max() {
+        let cgroups = petrel_oci::cgroups::Cgroups::detect().unwrap();
+        assert_eq!(
+            cgroups.version(),
+            petrel_oci::cgroups::CgroupVersion::V2,
+            "not a cgroup v2 host"
+        );
+        let mut cg = TestCgroup::new("memevents");
+        let dir = cg.make(cgroups.unified_dir(&cg.name.clone()).expect("cgroup2"));
+        std::fs::write(dir.join("memory.max"), (16u64 << 20).to_string()).unwrap();
+        std::fs::write(dir.join("memory.swap.max"), "0").unwrap();
+        let notify = Arc::new(Notify::new());
+        let watch = events_watch(
+            &dir.join("memory.events"),
+            MEMORY_EVENTS,
+            Arc::clone(&notify),
+        )
+        .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), notify.notified())
+                .await
+                .is_err(),
+            "nothing happened yet"
+        );
+        // A shell that joins the cgroup, then grows a string past the limit.
+        let child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && a=x && while true; do a=$a$a; done",
+                dir.display()
+            ))
+            .spawn()
+            .unwrap();
+        cg.children.push(child);
+        tokio::time::timeout(Duration::from_secs(30), notify.notified())
+            .await
+            .expect("memory.events announced a limit event");
+        let text = std::fs::read_to_string(dir.join("memory.events")).unwrap();
+        let counts = parse_events(&text, MEMORY_EVENTS);
+        assert!(counts.get("max").is_some_and(|n| *n > 0), "{text}");
+        drop(watch);
+    }
+
     #[test]
     fn a_usage_watch_should_read_often_only_near_its_threshold() {
         assert_eq!(usage_poll_interval(100, 1000), USAGE_POLL_FAR);

@@ -310,7 +310,9 @@ impl QosCgroups {
         };
         let write = || -> std::io::Result<()> {
             if let Some(dir) = file.parent() {
-                std::fs::create_dir_all(dir)?;
+                // Private, as every directory the agent makes.
+                petrel_fs::create_private_dir_all(dir, petrel_fs::PRIVATE)
+                    .map_err(std::io::Error::other)?;
             }
             std::fs::write(&file, paths.join("\n"))
         };
@@ -561,6 +563,9 @@ mod tests {
         m.start(2000).unwrap();
         m.ensure_pod(&pod("g", GUARANTEED)).unwrap();
         assert!(records.join("g").exists());
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&records).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "records are private");
         // A damaged record names nothing the agent would remove.
         std::fs::write(records.join("x"), "/petrel/kubepods\n/etc").unwrap();
         let again = QosCgroups::new(f.clone(), "/petrel", -1, Some(records.clone()));
