@@ -161,7 +161,7 @@ demo: build image
 	scripts/demo.sh
 
 ## bench: measure and write docs/PERFORMANCE.md
-bench: release image peers conformance-images
+bench: release image peers conformance-images vm
 	scripts/bench.sh
 
 ci: test

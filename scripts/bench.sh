@@ -12,14 +12,16 @@
 #   scripts/bench.sh --only kubelet --out /tmp/K.md             # the real kubelet beside Petrel (P23-P27, critest counts)
 #   scripts/bench.sh --only critest --out /tmp/C.md             # critest's benchmarks, Petrel vs containerd 2.x (P28)
 #   scripts/bench.sh --only controller --out /tmp/S.md          # the controller kit vs controller-runtime (P29-P32)
-#   scripts/bench.sh --only cluster --out /tmp/N.md             # nodes of a real cluster: petrel node vs kubelet (P33-P35)
+#   scripts/bench.sh --only cluster --out /tmp/N.md             # nodes of a real cluster: petrel node vs kubelet (P33-P37)
+#   scripts/bench.sh --only vm --out /tmp/V.md                  # cgroup v2 vs v1 in test VM guests (P38-P39; make vm)
 #
 # Needs root, runc, target/release/petrel (make release; under
 # $CARGO_TARGET_DIR/release when that is set, as cargo puts it) and the busybox test
 # image (make image; IMAGES=dir overrides build/images); the pull figures also
 # docker-registry, skopeo and umoci (make deps); the kubelet figures the
 # peers (make peers: kubelet, containerd 2.x) and the conformance kit's
-# images (make conformance-images). Everything the bench
+# images (make conformance-images); the VM figures the test VM's kernel
+# (make vm). Everything the bench
 # creates lives in one temporary directory and the cgroup /petrel-bench-<id>;
 # the bench removes them itself, and the trap below sweeps them if the bench
 # died too hard to do so.
@@ -61,6 +63,13 @@ if [[ $only =~ ^(all|kubelet|cluster)$ ]]; then
         echo "bench: scripts/conformance-images.sh failed (the bench names what is missing)" >&2
 fi
 
+# The test VM's kernel and initramfs for the cgroup v2 against v1 figures
+# (cached: a second run does nothing).
+if [[ $only =~ ^(all|vm)$ ]]; then
+    scripts/vm.sh build >/dev/null ||
+        echo "bench: scripts/vm.sh failed (the VM figures say what is missing)" >&2
+fi
+
 id=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 work=$(mktemp -d /tmp/petrel-bench.XXXXXX)
 cgroup=petrel-bench-$id
@@ -76,12 +85,12 @@ sweep() {
     set +e
     if [[ -d $work ]]; then
         echo "bench: sweeping what the bench left in $work" >&2
-        # The agents, kubelets, runtimes, containerd and registries the
+        # The agents, kubelets, runtimes, containerd, registries and test VMs the
         # bench started: every pid file under the work directory (agents
         # first, so none restarts what the sweep stops), each process
         # checked to name the work directory on its command line.
         local name f pid
-        for name in agent.pid kubelet.pid runtime.pid containerd.pid registry.pid; do
+        for name in agent.pid kubelet.pid runtime.pid containerd.pid registry.pid qemu.pid; do
             while IFS= read -r f; do
                 pid=$(<"$f")
                 [[ $pid =~ ^[0-9]+$ ]] || continue

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test VM's kernel and initramfs: a pure cgroup v2 guest for the tests
 # of Petrel's cgroup v2 code paths (this machine is cgroup v1 hybrid; see
-# crates/testkit/src/vm.rs for how a guest is booted and used).
+# crates/testkit/src/vm.rs for how a guest is booted and used), or a v1
+# hybrid one for the bench's comparison of the two (petrel.cgroup=v1).
 #
 # Nothing is installed: Debian bookworm's kernel package is downloaded with
 # a private apt sources list (as scripts/containerd.sh does), unpacked with
@@ -173,11 +174,14 @@ exit 0
 # Petrel's test VM, stage 1 (PID 1 in the initramfs; scripts/vm.sh): mounts
 # the host's root read-only over virtio-9p with a tmpfs overlay on top,
 # the run's work directory read-write at its host path, cgroup2 with its
-# controllers enabled, then switches root (runc cannot pivot_root out of an
-# initramfs) and runs the agent; powers off when the agent ends.
+# controllers enabled (or the v1 hybrid layout with petrel.cgroup=v1),
+# then switches root (runc cannot pivot_root out of an initramfs) and runs
+# the agent; powers off when the agent ends.
 # Parameters come on the kernel command line: petrel.work=DIR
 # petrel.agent=PATH petrel.modules=DIR (the guest kernel's unpacked modules,
-# a path on the host's root).
+# a path on the host's root), petrel.cgroup=v2|v1 (v2 by default; v1: this
+# host's hybrid layout, for the bench's comparison, on a kernel booted
+# without cgroup_no_v1=all).
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -193,9 +197,10 @@ while read -r ko; do
     insmod "/modules/$ko" || fail "insmod $ko"
 done </modules/order
 
-work= agent= modules=
+work= agent= modules= cgroup=v2
 for arg in $(cat /proc/cmdline); do
     case $arg in
+    petrel.cgroup=*) cgroup=${arg#*=} ;;
     petrel.work=*) work=${arg#*=} ;;
     petrel.agent=*) agent=${arg#*=} ;;
     petrel.modules=*) modules=${arg#*=} ;;
@@ -224,10 +229,29 @@ mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts $r/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs $r/dev/shm
 mount -t tmpfs -o mode=1777 tmpfs $r/tmp
 mount -t tmpfs -o mode=0755 tmpfs $r/run
-mount -t cgroup2 -o nsdelegate cgroup2 $r/sys/fs/cgroup || fail "mount cgroup2"
-for c in cpu cpuset io memory pids hugetlb; do
-    echo "+$c" >$r/sys/fs/cgroup/cgroup.subtree_control || fail "enable the $c controller"
-done
+if [ "$cgroup" = v1 ]; then
+    # This host's hybrid layout (systemd's "hybrid"): one v1 hierarchy per
+    # controller, cpu and cpuacct together and net_cls and net_prio
+    # together as distributions mount them, and a cgroup2 without
+    # controllers at unified/ (PSI per cgroup lives there).
+    cg=$r/sys/fs/cgroup
+    mount -t tmpfs -o mode=0755,nosuid,nodev,noexec cgroup $cg || fail "mount a tmpfs at /sys/fs/cgroup"
+    for c in cpu,cpuacct cpuset memory pids blkio devices freezer hugetlb net_cls,net_prio perf_event; do
+        mkdir -p $cg/$c
+        mount -t cgroup -o nosuid,nodev,noexec,$c cgroup $cg/$c || fail "mount the v1 $c hierarchy"
+    done
+    ln -s cpu,cpuacct $cg/cpu
+    ln -s cpu,cpuacct $cg/cpuacct
+    ln -s net_cls,net_prio $cg/net_cls
+    ln -s net_cls,net_prio $cg/net_prio
+    mkdir -p $cg/unified
+    mount -t cgroup2 -o nosuid,nodev,noexec,nsdelegate cgroup2 $cg/unified || fail "mount cgroup2 at unified"
+else
+    mount -t cgroup2 -o nsdelegate cgroup2 $r/sys/fs/cgroup || fail "mount cgroup2"
+    for c in cpu cpuset io memory pids hugetlb; do
+        echo "+$c" >$r/sys/fs/cgroup/cgroup.subtree_control || fail "enable the $c controller"
+    done
+fi
 mkdir -p "$r$work"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=none work "$r$work" ||
     fail "mount the work directory $work (9p tag work)"

@@ -11,7 +11,10 @@
 //! work directory ([`Vm::work_dir`]) is shared read-write at the same path
 //! on both sides: the only place under `/tmp` both see. cgroup2 is mounted
 //! at `/sys/fs/cgroup` with cpu, cpuset, io, memory, pids and hugetlb
-//! enabled for its children; the guest kernel's modules are at
+//! enabled for its children (the default, [`CgroupMode::V2`]); with
+//! [`CgroupMode::V1`] the same kernel boots into this host's v1 hybrid
+//! layout instead, so that a bench compares both in one run on one
+//! kernel. The guest kernel's modules are at
 //! `/lib/modules/<release>` (overlay, veth, bridge, br_netfilter,
 //! nf_tables load on demand); only loopback is up.
 //!
@@ -69,6 +72,35 @@ pub struct VmConfig {
     /// How long past a command's own timeout (which the agent enforces)
     /// the host waits before it calls the guest hung.
     pub hang_margin: Duration,
+    /// The guest's cgroup layout: pure v2 (the default) or this host's
+    /// v1 hybrid, for figures that compare the two in one run.
+    pub cgroup: CgroupMode,
+}
+
+/// The cgroup layout the guest's init mounts (`petrel.cgroup=` on the
+/// kernel command line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// Pure cgroup v2: v1 refused by the kernel (`cgroup_no_v1=all`),
+    /// cgroup2 at `/sys/fs/cgroup` with its controllers enabled.
+    #[default]
+    V2,
+    /// v1 hybrid, as this host and systemd's "hybrid" distributions: a
+    /// tmpfs at `/sys/fs/cgroup` with one v1 hierarchy per controller
+    /// (cpu and cpuacct together, net_cls and net_prio together) and a
+    /// controller-less cgroup2 at `/sys/fs/cgroup/unified` (where PSI is
+    /// accounted per cgroup).
+    V1,
+}
+
+impl CgroupMode {
+    /// The value of `petrel.cgroup=` the guest's init reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            CgroupMode::V2 => "v2",
+            CgroupMode::V1 => "v1",
+        }
+    }
 }
 
 impl Default for VmConfig {
@@ -84,6 +116,7 @@ impl Default for VmConfig {
             cpus: 2,
             boot_timeout: Duration::from_secs(90),
             hang_margin: Duration::from_secs(30),
+            cgroup: CgroupMode::V2,
         }
     }
 }
@@ -251,12 +284,20 @@ impl Vm {
         std::fs::copy(&parts.agent, &agent).map_err(|e| KitError::io("copy", &parts.agent, e))?;
         let console = dir.path().join("console.log");
         let socket = dir.path().join("agent.sock");
+        // v1 needs its controllers left to v1: without `cgroup_no_v1=all`
+        // a controller is bound to whichever hierarchy mounts it first, and
+        // the init mounts the v1 ones (petrel.cgroup=v1).
+        let no_v1 = match cfg.cgroup {
+            CgroupMode::V2 => "cgroup_no_v1=all ",
+            CgroupMode::V1 => "",
+        };
         let append = format!(
             // tsc=reliable: the emulated CPUs' TSCs fail the kernel's sync
             // check, which would leave it on the HPET, slow to read under
             // emulation; QEMU's TSC is one clock for all vCPUs.
-            "console=ttyS0 loglevel=4 cgroup_no_v1=all softlockup_panic=1 panic=-1 \
-             tsc=reliable petrel.work={} petrel.agent={} petrel.modules={}",
+            "console=ttyS0 loglevel=4 {no_v1}softlockup_panic=1 panic=-1 \
+             tsc=reliable petrel.cgroup={} petrel.work={} petrel.agent={} petrel.modules={}",
+            cfg.cgroup.name(),
             plain(&work)?,
             plain(&agent)?,
             plain(&parts.modules)?,

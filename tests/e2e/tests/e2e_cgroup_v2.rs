@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use petrel_testkit::prelude::*;
-use petrel_testkit::vm::{Output, Vm, VmConfig};
+use petrel_testkit::vm::{CgroupMode, Output, Vm, VmConfig};
 
 /// The end-to-end tests run in the guest: (test executable, test name).
 /// The executable is the newest `<name>-<hash>` beside this test's own in
@@ -142,6 +142,61 @@ fn a_cgroup_v2_guest_should_pass_its_checks_and_the_chosen_e2e_tests() {
         failed.is_empty(),
         "failed in the cgroup v2 guest: {failed:?}"
     );
+}
+
+/// The same kernel booted with `CgroupMode::V1` has this host's hybrid
+/// layout (the bench's v1 guest, P38-P39): a v1 hierarchy per controller,
+/// cpu and cpuacct joined, a controller-less cgroup2 at `unified`.
+#[test]
+fn a_v1_guest_should_have_the_hybrid_layout() {
+    let cfg = VmConfig {
+        cgroup: CgroupMode::V1,
+        ..VmConfig::default()
+    };
+    let mut vm = Vm::boot(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let mounts =
+        ok_in_guest(&mut vm, &["cat", "/proc/mounts"], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let has = |dir: &str, kind: &str, opt: &str| {
+        mounts.stdout.lines().any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.len() > 3 && f[1] == dir && f[2] == kind && f[3].split(',').any(|o| o == opt)
+        })
+    };
+    for (dir, opt) in [
+        ("/sys/fs/cgroup/cpu,cpuacct", "cpuacct"),
+        ("/sys/fs/cgroup/memory", "memory"),
+        ("/sys/fs/cgroup/pids", "pids"),
+        ("/sys/fs/cgroup/cpuset", "cpuset"),
+        ("/sys/fs/cgroup/blkio", "blkio"),
+        ("/sys/fs/cgroup/devices", "devices"),
+        ("/sys/fs/cgroup/freezer", "freezer"),
+        ("/sys/fs/cgroup/hugetlb", "hugetlb"),
+    ] {
+        assert!(
+            has(dir, "cgroup", opt),
+            "no v1 {opt} at {dir}:\n{}",
+            mounts.stdout
+        );
+    }
+    assert!(
+        has("/sys/fs/cgroup/unified", "cgroup2", "nsdelegate"),
+        "no cgroup2 at unified:\n{}",
+        mounts.stdout
+    );
+    // The v1 files Petrel reads are there, through the distributions' links.
+    ok_in_guest(
+        &mut vm,
+        &[
+            "sh",
+            "-c",
+            "test -f /sys/fs/cgroup/memory/cgroup.event_control && \
+             test -f /sys/fs/cgroup/cpu/cpu.shares && \
+             test -f /sys/fs/cgroup/cpuacct/cpuacct.usage && \
+             test ! -s /sys/fs/cgroup/unified/cgroup.controllers",
+        ],
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A guest whose agent dies at once powers off: the boot fails at once,

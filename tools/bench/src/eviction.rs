@@ -150,6 +150,42 @@ fn memory_dir(path: &str) -> PathBuf {
     PathBuf::from("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'))
 }
 
+/// The node's memory cgroup and the names of its files, which differ
+/// between cgroup v1 and v2 (the test VM's guests: P39).
+#[derive(Debug, Clone)]
+pub struct NodeMemcg {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Whether it is in a cgroup v2 hierarchy.
+    pub v2: bool,
+}
+
+impl NodeMemcg {
+    fn usage(&self) -> PathBuf {
+        self.dir.join(if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        })
+    }
+
+    fn limit(&self) -> PathBuf {
+        self.dir.join(if self.v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        })
+    }
+
+    fn peak(&self) -> PathBuf {
+        self.dir.join(if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        })
+    }
+}
+
 async fn measure_into(
     args: &Args,
     work: &Work,
@@ -166,6 +202,10 @@ async fn measure_into(
     let node_cgroup = format!("{cgroup}/node");
     let node_dir = memory_dir(&node_cgroup);
     std::fs::create_dir_all(&node_dir).with_context(|| format!("create {}", node_dir.display()))?;
+    let memcg = NodeMemcg {
+        dir: node_dir.clone(),
+        v2: false,
+    };
     std::fs::write(
         node_dir.join("memory.limit_in_bytes"),
         NODE_MEMORY.to_string(),
@@ -205,7 +245,7 @@ async fn measure_into(
             args.eviction_rounds
         ));
         for i in 0..args.eviction_rounds {
-            let r = round(&mut c, &agent, &node_dir, &format!("hog-n{i:02}"), GAP).await?;
+            let r = round(&mut c, &agent, &memcg, &format!("hog-n{i:02}"), GAP).await?;
             res.notified.push(r.stop);
             res.notified_decision.push(r.decision);
             res.count(&r);
@@ -221,7 +261,7 @@ async fn measure_into(
         for i in 0..args.eviction_polling_rounds {
             // The crossing falls at a random phase of the pass period.
             let gap = Duration::from_micros(rng.gen_range(0..POLL_PERIOD.as_micros() as u64));
-            let r = round(&mut c, &agent, &node_dir, &format!("hog-p{i:02}"), gap).await?;
+            let r = round(&mut c, &agent, &memcg, &format!("hog-p{i:02}"), gap).await?;
             res.polled.push(r.stop);
             res.polled_decision.push(r.decision);
             res.count(&r);
@@ -278,32 +318,126 @@ async fn measure_into(
     out
 }
 
-/// One round's figures.
-struct Round {
+/// P39: [`round`]s with notifications in one test VM guest, on the
+/// cgroup version it runs (what P21 does on the host, without the
+/// polling rounds and P22).
+#[derive(Debug, Default)]
+pub struct GuestReaction {
     /// Crossing → the stop call.
-    stop: Duration,
+    pub stop: Samples,
     /// Crossing → the eviction decision.
-    decision: Duration,
+    pub decision: Samples,
+    /// v2: each round's stamp uncertainty ([`Round::window`]).
+    pub windows: Samples,
+    /// Rounds whose stop call was logged before the bench's stamp.
+    pub early_stops: usize,
+    /// Rounds whose crossing was stamped by a watcher at SCHED_FIFO.
+    pub realtime_stamps: usize,
+    /// The node cgroup's highest usage, bytes.
+    pub hog_peak: Option<i64>,
+}
+
+/// Measures P39 in this guest into `res` (kept when a round fails).
+pub async fn guest_reaction(
+    args: &Args,
+    work: &Work,
+    rounds: usize,
+    res: &mut GuestReaction,
+    progress: &dyn Fn(&str),
+) -> Result<()> {
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let dir = work.dir.join("eviction");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let cgroup = format!("{}/eviction", work.cgroup_parent);
+    let node_cgroup = format!("{cgroup}/node");
+    // On v2 a child has the memory files only when every parent enables
+    // the controller for its children: the kit's helper does that.
+    use petrel_testkit::node::Node as KitNode;
+    let node_dir = KitNode::make_cgroup("memory", &node_cgroup)
+        .with_context(|| format!("create the node cgroup {node_cgroup}"))?;
+    let memcg = NodeMemcg { dir: node_dir, v2 };
+    std::fs::write(memcg.limit(), NODE_MEMORY.to_string())
+        .with_context(|| format!("limit {}", memcg.dir.display()))?;
+
+    progress("P39: a runtime and an agent on a 256 MiB node cgroup");
+    let mut node = Node::start(
+        &args.petrel,
+        args.shim.as_deref(),
+        &format!("{cgroup}/direct"),
+    )?;
+    let mut c = node.connect().await?;
+    c.import(&args.image).await?;
+    let mut agent = AgentProc::new(
+        &args.petrel,
+        &node.endpoint(),
+        &dir,
+        &format!("bench-vm-{}", work.id()),
+        &format!("{cgroup}/agent"),
+    )?;
+    agent.eviction_hard = format!("memory.available<{}Mi", THRESHOLD / MI);
+    agent.extra_args = vec!["--node-cgroup".to_string(), node_cgroup.clone()];
+    let out = async {
+        agent.start(Mode::Events).await?;
+        let steady: Vec<String> = (0..STEADY_PODS).map(|i| format!("steady-{i}")).collect();
+        for n in &steady {
+            agent.write_manifest(n, &steady_manifest(n))?;
+        }
+        wait_pods_running(&agent, &steady, 1, Duration::from_secs(600)).await?;
+        for i in 0..rounds {
+            progress(&format!("P39 round {}/{rounds}", i + 1));
+            let r = round(&mut c, &agent, &memcg, &format!("hog-v{i:02}"), GAP).await?;
+            res.stop.push(r.stop);
+            res.decision.push(r.decision);
+            if let Some(w) = r.window {
+                res.windows.push(w);
+            }
+            res.early_stops += usize::from(r.early);
+            res.realtime_stamps += usize::from(r.realtime);
+            res.hog_peak = res.hog_peak.max(Some(r.peak));
+        }
+        Ok(())
+    }
+    .await;
+    agent.stop();
+    drop(c);
+    node.shutdown();
+    out
+}
+
+/// One round's figures.
+pub(crate) struct Round {
+    /// Crossing → the stop call.
+    pub stop: Duration,
+    /// Crossing → the eviction decision.
+    pub decision: Duration,
     /// The stop call was logged before the bench's stamp.
-    early: bool,
+    pub early: bool,
     /// The crossing was stamped at SCHED_FIFO.
-    realtime: bool,
-    /// The node cgroup's peak usage in the round.
-    peak: i64,
+    pub realtime: bool,
+    /// The node cgroup's peak usage in the round (v2: since the cgroup
+    /// was made; 6.1's `memory.peak` cannot be reset).
+    pub peak: i64,
+    /// v2: the stamp's uncertainty, from the last read of
+    /// `memory.current` below the crossing to the first above it.
+    pub window: Option<Duration>,
 }
 
 /// One hog: the crossing armed, the hog's manifest written after `gap`,
 /// its eviction awaited and read from the agent's log, the hog deleted.
-async fn round(
+pub(crate) async fn round(
     c: &mut Clients,
     agent: &AgentProc,
-    node_dir: &Path,
+    node: &NodeMemcg,
     name: &str,
     gap: Duration,
 ) -> Result<Round> {
-    let at = wait_quiet(node_dir).await?;
-    reset_peak(node_dir);
-    let mut crossing = Crossing::arm(node_dir, at)?;
+    let at = wait_quiet(node).await?;
+    reset_peak(node);
+    let mut crossing = if node.v2 {
+        Crossing::poll(&node.usage(), at)?
+    } else {
+        Crossing::arm(&node.dir, at)?
+    };
     tokio::time::sleep(gap).await;
     agent.write_manifest(name, &hog_manifest(name))?;
     let crossed = crossing
@@ -317,6 +451,7 @@ async fn round(
             )
         })?;
     let realtime = crossing.realtime;
+    let window = crossing.window();
     drop(crossing);
     let pod = wait_evicted(agent, name, Duration::from_secs(60)).await?;
     let uid = pod
@@ -325,7 +460,7 @@ async fn round(
         .with_context(|| format!("pod {name}: no uid"))?
         .to_string();
     let (decided, stopped) = eviction_stamps(agent, &uid).await?;
-    let peak = read_i64(&node_dir.join("memory.max_usage_in_bytes")).unwrap_or(0);
+    let peak = read_i64(&node.peak()).unwrap_or(0);
     delete_pods(c, agent, &[name.to_string()], Duration::from_secs(60)).await?;
     let since = |t: i64| ns_duration(t - crossed);
     Ok(Round {
@@ -334,6 +469,7 @@ async fn round(
         early: stopped < crossed,
         realtime,
         peak,
+        window,
     })
 }
 
@@ -346,12 +482,17 @@ fn read_i64(p: &Path) -> Option<i64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-/// `total_inactive_file` of a v1 memory cgroup's `memory.stat`.
-fn inactive_file(stat: &str) -> Option<i64> {
-    stat.lines().find_map(|l| {
-        let v = l.strip_prefix("total_inactive_file ")?;
-        v.trim().parse().ok()
-    })
+/// The inactive file pages of a memory cgroup and its descendants from
+/// its `memory.stat`: v1's `total_inactive_file`, v2's `inactive_file`
+/// (hierarchical there).
+fn inactive_file(stat: &str, v2: bool) -> Option<i64> {
+    let key = if v2 {
+        "inactive_file "
+    } else {
+        "total_inactive_file "
+    };
+    stat.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
 }
 
 /// The usage at which the node's memory.available falls below the
@@ -363,13 +504,15 @@ pub fn crossing_usage(capacity: i64, threshold: i64, inactive: i64) -> i64 {
 
 /// Waits until the node's usage is well below the crossing (the last
 /// hog's memory freed); returns the crossing's usage.
-async fn wait_quiet(node_dir: &Path) -> Result<i64> {
+async fn wait_quiet(node: &NodeMemcg) -> Result<i64> {
     let t0 = Instant::now();
     loop {
-        let usage = read_i64(&node_dir.join("memory.usage_in_bytes"));
-        let limit = read_i64(&node_dir.join("memory.limit_in_bytes"));
-        let stat = std::fs::read_to_string(node_dir.join("memory.stat")).unwrap_or_default();
-        if let (Some(usage), Some(limit), Some(inactive)) = (usage, limit, inactive_file(&stat)) {
+        let usage = read_i64(&node.usage());
+        let limit = read_i64(&node.limit());
+        let stat = std::fs::read_to_string(node.dir.join("memory.stat")).unwrap_or_default();
+        if let (Some(usage), Some(limit), Some(inactive)) =
+            (usage, limit, inactive_file(&stat, node.v2))
+        {
             let at = crossing_usage(limit, THRESHOLD, inactive);
             if usage < at - HOG / 2 {
                 return Ok(at);
@@ -384,16 +527,19 @@ async fn wait_quiet(node_dir: &Path) -> Result<i64> {
         } else if t0.elapsed() > Duration::from_secs(30) {
             bail!(
                 "cannot read the node's memory cgroup {}",
-                node_dir.display()
+                node.dir.display()
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-fn reset_peak(node_dir: &Path) {
+fn reset_peak(node: &NodeMemcg) {
     // Writing 0 resets the v1 peak; a failure leaves the previous peak.
-    let _ = std::fs::write(node_dir.join("memory.max_usage_in_bytes"), "0");
+    // (6.1's v2 `memory.peak` has no reset: it stays the run's peak.)
+    if !node.v2 {
+        let _ = std::fs::write(node.peak(), "0");
+    }
 }
 
 /// Waits until pod `name` is Failed with reason Evicted at `/pods`.
@@ -518,12 +664,16 @@ fn now_ns() -> i64 {
 /// threshold on `memory.usage_in_bytes` through `cgroup.event_control`,
 /// and a thread blocked in poll(2) on its eventfd that stamps the first
 /// crossing with the wall clock (which the agent's log also uses).
+///
+/// On cgroup v2 there is no usage threshold to register ([`Crossing::poll`]).
 struct Crossing {
-    rx: Option<tokio::sync::oneshot::Receiver<i64>>,
+    rx: Option<tokio::sync::oneshot::Receiver<(i64, Option<Duration>)>>,
     stop: OwnedFd,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Whether the watcher runs at SCHED_FIFO.
     realtime: bool,
+    /// [`Crossing::poll`]: the stamp's uncertainty (see [`Round::window`]).
+    window: Option<Duration>,
     // Open as long as the registration.
     _usage: File,
 }
@@ -562,44 +712,130 @@ impl Crossing {
                     }
                     let at = now_ns();
                     if !fds[0].revents().is_empty() {
-                        let _ = tx.send(at);
+                        let _ = tx.send((at, None));
                     }
                     return;
                 }
             })
             .context("spawn the crossing watcher")?;
-        let mut c = Crossing {
-            rx: Some(rx),
-            stop,
-            thread: Some(thread),
-            realtime: false,
-            _usage: usage,
-        };
         // The kernel wakes every waiter of the threshold together; at
         // SCHED_FIFO the watcher runs at once (before the hog and the
         // agent, on a busy 2-core machine), so its stamp is the crossing's
-        // to within its wake-up. rustix has no sched_setscheduler and the
-        // workspace has no unsafe code: chrt(1) sets it by thread id.
-        if let Ok(tid) = tid_rx.recv_timeout(Duration::from_secs(5)) {
-            c.realtime = std::process::Command::new("chrt")
-                .args(["--fifo", "--pid", "50", &tid.to_string()])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-        }
-        Ok(c)
+        // to within its wake-up.
+        let realtime = make_realtime(&tid_rx);
+        Ok(Crossing {
+            rx: Some(rx),
+            stop,
+            thread: Some(thread),
+            realtime,
+            window: None,
+            _usage: usage,
+        })
+    }
+
+    /// cgroup v2, which has no usage threshold: a thread at SCHED_FIFO
+    /// reads `usage` (`memory.current`) every [`POLL_USAGE`] until it
+    /// reaches `bytes`. The stamp is the start of the last read that was
+    /// still below: the crossing came after it, so the reaction measured
+    /// from it is an upper bound, too long by at most the window to the
+    /// first read above ([`Crossing::window`]).
+    fn poll(usage: &Path, bytes: i64) -> Result<Crossing> {
+        let file = File::open(usage).with_context(|| format!("open {}", usage.display()))?;
+        let fd = file.try_clone().context("dup memory.current")?;
+        let stop = rustix::event::eventfd(0, EventfdFlags::CLOEXEC).context("eventfd")?;
+        let stop_wait = stop.try_clone().context("dup eventfd")?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let path = usage.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("bench-usage-poll".into())
+            .spawn(move || {
+                let _ = tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get());
+                let period = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: POLL_USAGE.as_nanos() as _,
+                };
+                let mut below: Option<i64> = None;
+                let mut buf = [0u8; 32];
+                loop {
+                    let started = now_ns();
+                    let value = rustix::io::pread(&fd, &mut buf, 0).ok().and_then(|n| {
+                        std::str::from_utf8(&buf[..n])
+                            .ok()?
+                            .trim()
+                            .parse::<i64>()
+                            .ok()
+                    });
+                    match value {
+                        Some(v) if v >= bytes => {
+                            // Above at the first read: no stamp to give.
+                            if let Some(b) = below {
+                                let _ = tx.send((b, Some(ns_duration(started - b))));
+                            }
+                            return;
+                        }
+                        Some(_) => below = Some(started),
+                        None => {
+                            eprintln!("petrel-bench: cannot read {}", path.display());
+                            return;
+                        }
+                    }
+                    let mut fds = [PollFd::new(&stop_wait, PollFlags::IN)];
+                    match rustix::event::poll(&mut fds, Some(&period)) {
+                        Ok(0) | Err(rustix::io::Errno::INTR) => {}
+                        _ => return,
+                    }
+                }
+            })
+            .context("spawn the usage poller")?;
+        // At SCHED_FIFO its reads keep their period while the hog and the
+        // agent keep the (emulated) CPUs busy.
+        let realtime = make_realtime(&tid_rx);
+        Ok(Crossing {
+            rx: Some(rx),
+            stop,
+            thread: Some(thread),
+            realtime,
+            window: None,
+            _usage: file,
+        })
+    }
+
+    /// [`Crossing::poll`]'s uncertainty of the last crossing waited for.
+    fn window(&self) -> Option<Duration> {
+        self.window
     }
 
     /// The wall-clock nanoseconds of the first crossing.
     async fn wait(&mut self, timeout: Duration) -> Result<i64> {
         let rx = self.rx.take().context("waited twice")?;
         match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(at)) => Ok(at),
+            Ok(Ok((at, window))) => {
+                self.window = window;
+                Ok(at)
+            }
             Ok(Err(_)) => bail!("the crossing watcher ended"),
             Err(_) => bail!("no crossing within {timeout:?}"),
         }
     }
+}
+
+/// How often [`Crossing::poll`] reads `memory.current`.
+pub const POLL_USAGE: Duration = Duration::from_millis(1);
+
+/// Raises the thread whose id comes on `tid` to SCHED_FIFO 50; whether it
+/// worked. rustix has no sched_setscheduler and the workspace has no
+/// unsafe code: chrt(1) sets it by thread id.
+fn make_realtime(tid: &std::sync::mpsc::Receiver<i32>) -> bool {
+    let Ok(tid) = tid.recv_timeout(Duration::from_secs(5)) else {
+        return false;
+    };
+    std::process::Command::new("chrt")
+        .args(["--fifo", "--pid", "50", &tid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 impl Drop for Crossing {
@@ -701,7 +937,8 @@ mod tests {
             NODE_MEMORY - THRESHOLD + 3 * MI
         );
         let stat = "cache 10\ninactive_file 5\ntotal_inactive_file 4096\n";
-        assert_eq!(inactive_file(stat), Some(4096));
+        assert_eq!(inactive_file(stat, false), Some(4096));
+        assert_eq!(inactive_file(stat, true), Some(5));
     }
 
     #[test]

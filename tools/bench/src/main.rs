@@ -49,6 +49,8 @@ mod stats;
 mod stream;
 mod sweep;
 mod template;
+mod vm_bench;
+mod vm_bench_report;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -258,6 +260,16 @@ pub struct Args {
         default_value = "petrel-node,kubelet-containerd,kubelet-petrel"
     )]
     pub cluster_setups: Vec<kubelet::Setup>,
+    /// P38: pods brought up and down (and as many raw runc containers) in
+    /// each test VM guest.
+    #[arg(long, default_value_t = 24)]
+    pub vm_pods: usize,
+    /// P39: eviction rounds in each test VM guest.
+    #[arg(long, default_value_t = 10)]
+    pub vm_eviction_rounds: usize,
+    /// Where `--only vm-guest` writes its figures (set by the host side).
+    #[arg(long, hide = true)]
+    pub vm_guest_out: Option<PathBuf>,
     /// Do not run the agent against containerd 1.7.
     #[arg(long)]
     pub agent_skip_containerd: bool,
@@ -274,9 +286,10 @@ pub struct Args {
     /// needs neither root nor runc; prints its partial report unless --out
     /// is given), `agent` (P10-P13), `pull` (P14-P15), `net` (P16-P18),
     /// `nri` (P19-P20), `eviction` (P21-P22), `kubelet` (P23-P27 and
-    /// the critest counts), `critest` (P28), `controller` (P29-P32) or
-    /// `cluster` (P33-P35; these nine print their partial report to
-    /// standard output unless --out is given).
+    /// the critest counts), `critest` (P28), `controller` (P29-P32),
+    /// `cluster` (P33-P37) or `vm` (P38-P39, in test VM guests: `make
+    /// vm`; these ten print their partial report to standard output
+    /// unless --out is given).
     #[arg(long, value_enum, default_value_t = Part::All)]
     pub only: Part,
     /// Where to write the report [default: docs/PERFORMANCE.md; standard
@@ -324,6 +337,12 @@ pub enum Part {
     /// API, a burst of pods, the idle node's requests, CPU and memory
     /// (P33-P35).
     Cluster,
+    /// cgroup v2 against v1 in test VM guests of one kernel: pod up and
+    /// down against raw runc, the eviction reaction (P38-P39).
+    Vm,
+    /// The guest side of `vm`, run by it inside each guest.
+    #[value(hide = true)]
+    VmGuest,
 }
 
 /// The default report.
@@ -381,6 +400,12 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.only == Part::Cluster {
         return run_cluster_only(args);
+    }
+    if args.only == Part::Vm {
+        return run_vm_only(args);
+    }
+    if args.only == Part::VmGuest {
+        return vm_bench::run_guest(args);
     }
     if args.only == Part::All {
         // A missing peer fails the whole run now, not after an hour.
@@ -580,6 +605,30 @@ fn run_cluster_only(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only vm`: the cgroup v2 against v1 figures alone.
+fn run_vm_only(args: &Args) -> Result<()> {
+    let results = run_one_section(
+        args,
+        async |work: &Work| vm_bench::measure(args, work, &progress).await,
+        report::render_vm_only,
+    )?;
+    if let Some(e) = &results.error {
+        bail!("the VM figures were not measured: {e}");
+    }
+    let failed: Vec<&str> = results
+        .runs
+        .iter()
+        .filter(|r| r.error.is_some())
+        .map(|r| r.cgroup.as_str())
+        .collect();
+    ensure!(
+        failed.is_empty(),
+        "the VM figures are incomplete in the {} guest (see the report)",
+        failed.join(" and ")
+    );
+    Ok(())
+}
+
 /// `--only kubelet`: the kubelet figures alone.
 fn run_kubelet_only(args: &Args) -> Result<()> {
     kubelet::preflight(args)?;
@@ -706,7 +755,9 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         | Part::Kubelet
         | Part::Critest
         | Part::Controller
-        | Part::Cluster => None,
+        | Part::Cluster
+        | Part::Vm
+        | Part::VmGuest => None,
     };
     let fsync = probe_fsync(&work.dir, 100)?;
 
@@ -834,7 +885,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
     raw.sweep();
 
     // The other sections run after the runtime's only in a whole run.
-    let (pull, net, nri, eviction, agent, kubelet, critest, controller, cluster) =
+    let (pull, net, nri, eviction, agent, kubelet, critest, controller, cluster, vm) =
         if args.only == Part::All {
             // In this order: the tuple's elements are awaited one after another.
             (
@@ -847,9 +898,10 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
                 Some(critest_bench::measure(args, work, &progress).await),
                 Some(controller_bench::measure(args, work, &progress).await),
                 Some(cluster_bench::measure(args, work, &progress).await),
+                Some(vm_bench::measure(args, work, &progress).await),
             )
         } else {
-            (None, None, None, None, None, None, None, None, None)
+            (None, None, None, None, None, None, None, None, None, None)
         };
     Ok(Results {
         fsync,
@@ -873,6 +925,7 @@ async fn bench(args: &Args, work: &Work) -> Result<Results> {
         critest,
         controller,
         cluster,
+        vm,
     })
 }
 

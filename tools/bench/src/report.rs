@@ -27,6 +27,8 @@ use crate::queue::QueueResults;
 use crate::queue_report;
 use crate::stats::{ms, ratio, verdict, within, Samples};
 use crate::template::{render as render_template, TemplateError, Vars};
+use crate::vm_bench::VmResults;
+use crate::vm_bench_report;
 use crate::Args;
 
 /// Goal of P1: Petrel's latency over raw runc's.
@@ -60,6 +62,11 @@ impl Steps {
                 self.steps.push((name, s));
             }
         }
+    }
+
+    /// Each step's name and samples, in the order the steps run.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &Samples)> {
+        self.steps.iter().map(|(n, s)| (*n, s))
     }
 }
 
@@ -237,6 +244,9 @@ pub struct Results {
     pub controller: Option<ControllerResults>,
     /// P33-P35, nodes of a real cluster (absent with `--only runtime`).
     pub cluster: Option<ClusterResults>,
+    /// P38-P39, cgroup v2 against v1 in test VM guests (absent with
+    /// `--only runtime`).
+    pub vm: Option<VmResults>,
 }
 
 fn kib(k: u64) -> String {
@@ -381,6 +391,17 @@ pub fn render_cluster_only(m: &Machine, c: &ClusterResults) -> Result<String, Te
         "nodes of a real cluster, `petrel node` beside kubelet, only",
         cluster_bench_report::summary_rows(c)?,
         cluster_bench_report::sections(c)?,
+    )
+}
+
+/// Renders the cgroup v2 against v1 figures alone (`--only vm`).
+pub fn render_vm_only(m: &Machine, r: &VmResults) -> Result<String, TemplateError> {
+    render_part(
+        m,
+        &m.command,
+        "cgroup v2 against v1 in test VM guests only",
+        vm_bench_report::summary_rows(r)?,
+        vm_bench_report::sections(r)?,
     )
 }
 
@@ -580,6 +601,10 @@ fn other_parts(r: &Results) -> Result<(String, String), TemplateError> {
     if let Some(c) = &r.cluster {
         rows += &cluster_bench_report::summary_rows(c)?;
         sections += &cluster_bench_report::sections(c)?;
+    }
+    if let Some(v) = &r.vm {
+        rows += &vm_bench_report::summary_rows(v)?;
+        sections += &vm_bench_report::sections(v)?;
     }
     Ok((rows, sections))
 }
@@ -1012,6 +1037,33 @@ mod tests {
         let text = render_controller_only(&m, &none).unwrap();
         assert_tables_square(&text);
         golden("sample-controller-none.md", &text);
+    }
+
+    #[test]
+    fn render_vm_only_should_match_the_stored_samples() {
+        let m = report_sample::machine();
+        let full = render_vm_only(&m, &report_sample::vm()).unwrap();
+        assert_tables_square(&full);
+        golden("sample-vm.md", &full);
+        // The v1 guest stopped before its figures: nothing is judged.
+        let mut partial = report_sample::vm();
+        partial.runs[1] = crate::vm_bench::GuestRun {
+            cgroup: "v1".into(),
+            error: Some("boot the v1 guest: no answer from the agent | boot timeout".into()),
+            ..Default::default()
+        };
+        let text = render_vm_only(&m, &partial).unwrap();
+        assert_tables_square(&text);
+        golden("sample-vm-partial.md", &text);
+        let none = crate::vm_bench::VmResults {
+            error: Some("test VM kernel missing: run `make vm`\nmore".into()),
+            pods: 24,
+            rounds: 10,
+            ..Default::default()
+        };
+        let text = render_vm_only(&m, &none).unwrap();
+        assert_tables_square(&text);
+        golden("sample-vm-none.md", &text);
     }
 
     #[test]

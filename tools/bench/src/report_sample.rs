@@ -607,7 +607,64 @@ pub fn results() -> Results {
     r.kubelet = Some(Default::default());
     r.critest = Some(critest());
     r.controller = Some(controller());
+    r.vm = Some(vm());
     r
+}
+
+/// One guest's P38-P39: Petrel's up `up` ms against raw runc's 100 ms,
+/// its down 60 ms against 40, the stop call `reaction` ms after the
+/// crossing.
+fn vm_run(cgroup: &str, up: f64, reaction: f64) -> crate::vm_bench::GuestRun {
+    use crate::vm_bench::{Direction, GuestRun};
+    let steps = |names: &[&str], base: f64| {
+        names
+            .iter()
+            .map(|n| (n.to_string(), ramp(24, base, 0.5)))
+            .collect()
+    };
+    let mut reaction_figures = crate::eviction::GuestReaction {
+        stop: ramp(10, reaction, 5.0),
+        decision: ramp(10, reaction - 1.0, 5.0),
+        early_stops: 0,
+        realtime_stamps: 10,
+        hog_peak: Some(230 << 20),
+        ..Default::default()
+    };
+    if cgroup == "v2" {
+        reaction_figures.windows = ramp(10, 1.1, 0.01);
+    }
+    GuestRun {
+        cgroup: cgroup.into(),
+        boot: Some(Duration::from_millis(6_500)),
+        kernel: "6.1.0-50-amd64".into(),
+        host_load: ("1.00 0.80 0.70".into(), "1.10 0.90 0.75".into()),
+        guest_load: ("0.20 0.05 0.01".into(), "2.50 1.20 0.40".into()),
+        up: Direction {
+            petrel: ramp(24, up, 1.0),
+            raw: ramp(24, 100.0, 1.0),
+            steps: steps(
+                &["RunPodSandbox", "CreateContainer", "StartContainer"],
+                up / 3.0,
+            ),
+        },
+        down: Direction {
+            petrel: ramp(24, 60.0, 1.0),
+            raw: ramp(24, 40.0, 1.0),
+            steps: steps(&["StopContainer", "RemoveContainer"], 30.0),
+        },
+        reaction: reaction_figures,
+        error: None,
+    }
+}
+
+/// P38-P39 in both guests, v2 within its goals.
+pub fn vm() -> crate::vm_bench::VmResults {
+    crate::vm_bench::VmResults {
+        pods: 24,
+        rounds: 10,
+        runs: vec![vm_run("v2", 110.0, 150.0), vm_run("v1", 108.0, 20.0)],
+        error: None,
+    }
 }
 
 /// `n` samples from `base` ms, 0.5 ms apart.

@@ -19,6 +19,11 @@ impl Samples {
         self.values.extend_from_slice(&other.values);
     }
 
+    /// The samples in the order taken.
+    pub fn values(&self) -> &[Duration] {
+        &self.values
+    }
+
     /// How many samples were taken.
     pub fn len(&self) -> usize {
         self.values.len()
