@@ -124,6 +124,8 @@ fmt:
 	$(CARGO) fmt --all
 
 # The cgroup v2 VM's tests (ignored by a plain cargo test) and their log.
+# Their executable is found in the workspace's build (the same features as
+# the run of the others: `-p petrel-e2e` alone would build a second set).
 VM_TEST_LOG := build/e2e_cgroup_v2.log
 
 ## test: install, build, lint, then every unit, integration and end-to-end
@@ -132,9 +134,8 @@ VM_TEST_LOG := build/e2e_cgroup_v2.log
 test: deps build shim-release image containerd criu peers conformance-images pyenv vm lint
 	@export PETREL_PYTHON=$(CURDIR)/$(PYENV)/bin/python PETREL_REQUIRE_CONTAINERD=1 \
 	  PETREL_TEST_IMAGES=$(CURDIR)/$(IMAGES); \
-	$(CARGO) test --workspace --no-run; \
-	vm_test=$$($(CARGO) test -p petrel-e2e --test e2e_cgroup_v2 --no-run --message-format=json | \
-	  python3 -c 'import json, sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")])'); \
+	vm_test=$$($(CARGO) test --workspace --no-run --message-format=json | \
+	  python3 -c 'import json, sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "e2e_cgroup_v2"])'); \
 	[ -x "$$vm_test" ] || { echo "no e2e_cgroup_v2 executable ($$vm_test)" >&2; exit 1; }; \
 	mkdir -p build; \
 	( cd tests/e2e && exec "$$vm_test" --ignored --test-threads=1 --nocapture ) >$(VM_TEST_LOG) 2>&1 & vm=$$!; \

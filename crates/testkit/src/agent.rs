@@ -413,6 +413,7 @@ impl Agent {
         what: &str,
         f: impl Fn(&Value) -> bool,
     ) -> Value {
+        let within = crate::wait::scaled(within);
         let start = Instant::now();
         let mut last = None;
         while start.elapsed() < within {
@@ -433,6 +434,7 @@ impl Agent {
 
     /// Polls until the pod is gone from /pods.
     pub fn wait_gone(&self, ns: &str, name: &str, within: Duration) {
+        let within = crate::wait::scaled(within);
         let start = Instant::now();
         while start.elapsed() < within {
             if self.pod(ns, name).is_none() {

@@ -177,6 +177,7 @@ impl Clients {
         state: api::ContainerState,
         within: Duration,
     ) -> api::ContainerStatus {
+        let within = crate::wait::scaled(within);
         let start = Instant::now();
         loop {
             let s = self.status(id).await;

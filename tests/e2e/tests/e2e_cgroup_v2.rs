@@ -84,6 +84,9 @@ const IN_GUEST: &[(&str, &str)] = &[
     ),
 ];
 
+/// How much longer the kit's waits are in the guest.
+const GUEST_TIME_SCALE: &str = "4";
+
 /// A test in the guest runs 8–10× slower than on the host.
 const TEST_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -527,5 +530,11 @@ fn guest_env() -> Vec<(String, String)> {
         images_dir().display().to_string(),
     ));
     env.push(("RUST_BACKTRACE".into(), "1".into()));
+    // The guest runs 5-10× slower than the host, more while the host's own
+    // tests run beside it (make test): the kit's waits stretch.
+    env.push((
+        petrel_testkit::wait::TIME_SCALE_ENV.into(),
+        GUEST_TIME_SCALE.into(),
+    ));
     env
 }
