@@ -649,12 +649,20 @@ mod tests {
     }
 
     /// A plain file stands in for `memory.current`: the watch reads it
-    /// again from the start each time.
+    /// again from the start each time. Values are overwritten in place at
+    /// one width, as the kernel's file never reads empty (a truncating
+    /// write could be read between its truncation and its bytes).
     #[tokio::test]
     async fn a_usage_watch_should_fire_when_usage_crosses_its_threshold_either_way() {
+        use std::os::unix::fs::FileExt as _;
         let dir = tempfile::tempdir().unwrap();
         let current = dir.path().join("memory.current");
-        std::fs::write(&current, "900\n").unwrap();
+        std::fs::write(&current, "0900\n").unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&current)
+            .unwrap();
+        let set = |v: &str| file.write_all_at(v.as_bytes(), 0).unwrap();
         let notify = Arc::new(Notify::new());
         let watch = memory_usage_watch(dir.path(), 1000, Arc::clone(&notify)).unwrap();
         assert_eq!(watch.bytes, 1000);
@@ -663,11 +671,11 @@ mod tests {
             async move { tokio::time::timeout(within, n.notified()).await.is_ok() }
         };
         assert!(!fired(Duration::from_millis(300)).await, "no crossing yet");
-        std::fs::write(&current, "1100\n").unwrap();
+        set("1100\n");
         assert!(fired(Duration::from_secs(5)).await, "up across");
-        std::fs::write(&current, "1200\n").unwrap();
+        set("1200\n");
         assert!(!fired(Duration::from_millis(300)).await, "still above");
-        std::fs::write(&current, "500\n").unwrap();
+        set("0500\n");
         assert!(fired(Duration::from_secs(5)).await, "down across");
         drop(watch);
     }
