@@ -84,6 +84,17 @@ impl Fixture {
             .get_or_insert_with(Default::default)
     }
 
+    /// A privileged container in a privileged sandbox.
+    fn privileged(&mut self) {
+        self.sc().privileged = true;
+        self.sandbox_config
+            .linux
+            .get_or_insert_with(Default::default)
+            .security_context
+            .get_or_insert_with(Default::default)
+            .privileged = true;
+    }
+
     fn resources(&mut self) -> &mut api::LinuxContainerResources {
         self.config
             .linux
@@ -227,13 +238,7 @@ fn build_container_spec_should_give_a_cgroup_namespace_on_v2_except_when_privile
     assert!(!has_cgroupns(&f.build().expect("spec")), "v1: none");
     f.host.cgroup_namespaces = true;
     assert!(has_cgroupns(&f.build().expect("spec")), "v2: its own");
-    f.sc().privileged = true;
-    f.sandbox_config
-        .linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .privileged = true;
+    f.privileged();
     assert!(
         !has_cgroupns(&f.build().expect("spec")),
         "privileged: the host's"
@@ -497,13 +502,7 @@ fn build_container_spec_should_apply_a_localhost_profile_unless_privileged() {
         oci_spec::runtime::LinuxSeccompAction::ScmpActAllow
     );
     assert_eq!(s.syscalls().as_ref().map(Vec::len), Some(1));
-    f.sc().privileged = true;
-    f.sandbox_config
-        .linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .privileged = true;
+    f.privileged();
     let spec = f.build().expect("spec");
     assert_eq!(linux(&spec).seccomp(), &None);
 }
