@@ -10,7 +10,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use kube::{Api, Resource};
@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 
 use super::handler::{
     spawn_listener, Event, EventHandler, EventKind, Listener, ListenerState, Msg, QueueHandler,
-    Registration,
+    Registration, Replay, Replayed,
 };
 use super::index::Indexers;
 use super::lister_watcher::{ApiLister, ListerWatcher, Selectors};
@@ -198,30 +198,29 @@ impl<K: Resource + PartialEq + Send + Sync + 'static> Shared<K> {
         }
     }
 
-    /// Replays every cached object to the handlers as a no-op update.
+    /// Starts a resync round: every handler replays each cached key as a
+    /// no-op update, between its events (see [`spawn_listener`]).
     pub(crate) fn resync(&self) {
         let mut d = self.lock();
         if !d.synced {
             return;
         }
-        for key in self.store.keys() {
-            if let Some(obj) = self.store.get(&key) {
-                let class = EventClass::of(
-                    EventSource::Resync,
-                    Some(obj.as_ref()),
-                    Some(obj.as_ref()),
-                    true,
-                );
-                let ev = Event {
-                    kind: EventKind::Update,
-                    key,
-                    old: Some(obj.clone()),
-                    new: Some(obj),
-                    class,
-                    final_state_unknown: false,
-                };
-                send(&mut d, Msg::Event(Arc::new(ev)));
-            }
+        let keys: Arc<[String]> = self.store.keys().into();
+        send(&mut d, Msg::Resync(keys));
+    }
+}
+
+impl<K: Resource + PartialEq + Send + Sync + 'static> Replay<K> for Shared<K> {
+    fn replay(&self, key: &str, caught_up: &dyn Fn() -> bool) -> Replayed<K> {
+        // Under the dispatch lock no change is half-applied: the cache and
+        // what was sent to the listener agree once its channel is empty.
+        let _d = self.lock();
+        if !caught_up() {
+            return Replayed::Behind;
+        }
+        match self.store.get(key) {
+            Some(obj) => Replayed::Object(obj),
+            None => Replayed::Gone,
         }
     }
 }
@@ -232,6 +231,10 @@ fn send<K>(d: &mut Dispatch<K>, msg: Msg<K>) {
             // A listener whose task has gone (its runtime stopped) is dropped.
             d.listeners
                 .retain(|l| l.tx.send(Msg::Event(ev.clone())).is_ok());
+        }
+        Msg::Resync(keys) => {
+            d.listeners
+                .retain(|l| l.tx.send(Msg::Resync(keys.clone())).is_ok());
         }
         Msg::Synced => send_synced(d),
     }
@@ -342,7 +345,13 @@ where
     /// first gets every cached object as an initial-list add.
     pub fn add_handler<H: EventHandler<K>>(&self, handler: H) -> Registration {
         let state = Arc::new(ListenerState::default());
-        let tx = spawn_listener(handler, state.clone(), self.shared.config.name.clone());
+        let replay: Weak<dyn Replay<K>> = Arc::downgrade(&self.shared) as Weak<Shared<K>>;
+        let tx = spawn_listener(
+            handler,
+            state.clone(),
+            self.shared.config.name.clone(),
+            replay,
+        );
         let mut d = self.shared.lock();
         for obj in self.shared.store.list() {
             let ev = Event {

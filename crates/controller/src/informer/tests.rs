@@ -205,6 +205,19 @@ fn recorder() -> (impl EventHandler<ConfigMap>, mpsc::UnboundedReceiver<Seen>) {
     (h, rx)
 }
 
+/// The next `n` events, in the order handled.
+async fn take_in_order(rx: &mut mpsc::UnboundedReceiver<Seen>, n: usize) -> Vec<Seen> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let e = timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("an event within 60 s")
+            .expect("handler alive");
+        v.push(e);
+    }
+    v
+}
+
 /// The next `n` events, sorted by key (a list's order is the map's).
 async fn take(rx: &mut mpsc::UnboundedReceiver<Seen>, n: usize) -> Vec<Seen> {
     let mut v = Vec::new();
@@ -477,6 +490,63 @@ async fn informer_should_resync_as_no_op_updates_every_period() {
             assert_eq!(at - t0, period * round, "round {round}");
         }
     }
+    inf.stop();
+}
+
+#[tokio::test(start_paused = true)]
+async fn informer_should_hand_a_watch_event_over_before_the_rest_of_a_resync_round() {
+    const N: usize = 200;
+    let lw = FakeLw::default();
+    for i in 0..N {
+        lw.put(&format!("k{i:03}"), "1");
+    }
+    let w = lw.next_watch();
+    let period = Duration::from_secs(30);
+    let inf = informer(&lw, InformerConfig::default().resync_period(Some(period)));
+    let (h, mut rx) = recorder();
+    inf.add_handler(h);
+    inf.start();
+    assert_eq!(take(&mut rx, N).await.len(), N, "the initial list");
+    lw.watches_opened(1).await;
+    tokio::time::sleep(period).await;
+    // The round has begun: a few replays are in.
+    let first = take_in_order(&mut rx, 3).await;
+    assert!(first.iter().all(|s| s.class == NoOpResync), "{first:?}");
+    // The round replays the cache's keys in their order (unchanged since):
+    // the last two are far from replayed yet. One changes, one goes.
+    let order = inf.store().keys();
+    let (changed, deleted) = (&order[N - 2], &order[N - 1]);
+    let name = |key: &str| key.trim_start_matches("ns/").to_string();
+    w.send(Ok(WatchEvent::Modified(lw.put(&name(changed), "2"))))
+        .expect("feed");
+    let gone = lw.delete(&name(deleted)).expect("deleted");
+    w.send(Ok(WatchEvent::Deleted(gone))).expect("feed");
+    // The rest: N - 3 replays but the deleted key's, the change, the delete.
+    let rest = take_in_order(&mut rx, N - 2).await;
+    let change = rest
+        .iter()
+        .position(|s| s.class == UserChange && &s.key == changed)
+        .expect("the change");
+    assert!(
+        change < 10,
+        "the change waited for {change} replays of the round"
+    );
+    assert_eq!(
+        (rest[change + 1].kind, &rest[change + 1].key),
+        (Delete, deleted),
+        "then the delete"
+    );
+    // The changed key's replay shows its state after the change; the
+    // deleted key is not replayed.
+    let replay = rest
+        .iter()
+        .find(|s| s.class == NoOpResync && &s.key == changed)
+        .expect("the changed key replayed");
+    assert_eq!(replay.new.as_deref(), Some("2"));
+    assert!(!rest
+        .iter()
+        .any(|s| s.class == NoOpResync && &s.key == deleted));
+    nothing_more(&mut rx).await;
     inf.stop();
 }
 
