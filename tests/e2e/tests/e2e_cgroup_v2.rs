@@ -541,7 +541,20 @@ fn guest_env() -> Vec<(String, String)> {
 
 /// The end-to-end tests run in the systemd guest (`GuestInit::Systemd`):
 /// (test executable, test name).
-const IN_SYSTEMD_GUEST: &[(&str, &str)] = &[];
+const IN_SYSTEMD_GUEST: &[(&str, &str)] = &[
+    // The runtime on the systemd cgroup driver: scopes in the pod's
+    // slice, limits set and updated through systemd, stats and metrics
+    // from the expanded paths, OOMKilled, no unit left.
+    (
+        "e2e_systemd_driver",
+        "systemd_driver_should_run_containers_as_scopes_in_the_pods_slice",
+    ),
+    // The real kubelet with cgroupDriver: systemd on that runtime.
+    (
+        "e2e_systemd_driver",
+        "kubelet_on_the_systemd_driver_should_run_a_pod_with_limits_in_kubepods_slice",
+    ),
+];
 
 /// A guest with systemd as PID 1 on pure v2: systemd and the system bus
 /// run, the agent's commands run in its delegated service, systemd makes

@@ -212,7 +212,9 @@ pub fn cgroup_of_spec_path(spec_path: &str) -> Option<String> {
 /// checked against the driver; `None` when none was given.
 ///
 /// cgroupfs: the absolute path itself (a bare slice name is refused);
-/// systemd: the slice's expanded path (a path with `/` is refused).
+/// systemd: the slice's expanded path, from its name
+/// (`kubepods-pod1.slice`) or that path itself (kubelet sends
+/// `/kubepods.slice/kubepods-pod1.slice`); any other path is refused.
 pub fn pod_cgroup(driver: CgroupDriver, parent: &str) -> Result<Option<String>, NameError> {
     let parent = parent.trim_end_matches('/');
     if parent.is_empty() {
@@ -228,12 +230,16 @@ pub fn pod_cgroup(driver: CgroupDriver, parent: &str) -> Result<Option<String>, 
             Ok(Some(parent.to_string()))
         }
         CgroupDriver::Systemd => {
-            if parent.contains('/') {
-                return Err(NameError::CgroupfsParent {
-                    parent: parent.to_string(),
-                });
+            if !parent.contains('/') {
+                return expand_slice(parent).map(Some);
             }
-            expand_slice(parent).map(Some)
+            let expanded = expand_slice(slice_of(parent)).ok();
+            if expanded.as_deref() == Some(parent) {
+                return Ok(Some(parent.to_string()));
+            }
+            Err(NameError::CgroupfsParent {
+                parent: parent.to_string(),
+            })
         }
     }
 }
@@ -320,6 +326,14 @@ mod tests {
             pod_cgroup(sd, "kubepods-pod1.slice").unwrap().as_deref(),
             Some("/kubepods.slice/kubepods-pod1.slice")
         );
+        assert_eq!(
+            pod_cgroup(sd, "/kubepods.slice/kubepods-pod1.slice")
+                .unwrap()
+                .as_deref(),
+            Some("/kubepods.slice/kubepods-pod1.slice")
+        );
+        assert!(pod_cgroup(sd, "/kubepods.slice/other-pod1.slice").is_err());
+        assert!(pod_cgroup(sd, "/x/kubepods-pod1.slice").is_err());
         let e = pod_cgroup(sd, "/kubepods/pod1").unwrap_err().to_string();
         assert!(
             e.contains("cgroupfs path") && e.contains("/kubepods/pod1"),

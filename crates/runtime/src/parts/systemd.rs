@@ -7,9 +7,10 @@
 //! making and removing go to systemd. runc makes and removes a container's
 //! scope itself (`--systemd-cgroup`).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use petrel_oci::cgroups::{CgroupError, CgroupMetrics, CgroupStats, CgroupVersion};
 
@@ -86,13 +87,18 @@ impl SystemdUnits for Systemctl {
     }
 
     fn unit_result(&self, name: &str) -> Option<String> {
-        match self.run(&["show", "-P", "LoadState,Result"], name) {
-            // Two lines, in systemd's own order of properties.
-            Ok((0, out, _)) if !out.lines().any(|l| l == "not-found") => {
-                out.lines().find(|l| *l != "loaded").map(str::to_string)
-            }
-            _ => None,
+        let (code, out, _) = self
+            .run(&["show", "-p", "LoadState", "-p", "Result"], name)
+            .ok()?;
+        let value = |key: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                .map(str::to_string)
+        };
+        if code != 0 || value("LoadState").as_deref() != Some("loaded") {
+            return None;
         }
+        value("Result").filter(|r| !r.is_empty())
     }
 }
 
@@ -102,17 +108,40 @@ pub struct SystemdCgroups {
     inner: Arc<dyn CgroupOps>,
     units: Arc<dyn SystemdUnits>,
     root: PathBuf,
+    /// By container cgroup: its pod's `oom_kill` count (hierarchical)
+    /// when it was started.
+    oom_baselines: Mutex<HashMap<String, u64>>,
 }
 
 impl SystemdCgroups {
     /// Reads through `inner`, units through `units`; `root` is the cgroup2
     /// mount (`/sys/fs/cgroup`).
     pub fn new(inner: Arc<dyn CgroupOps>, units: Arc<dyn SystemdUnits>, root: PathBuf) -> Self {
-        Self { inner, units, root }
+        Self {
+            inner,
+            units,
+            root,
+            oom_baselines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn baselines(&self) -> MutexGuard<'_, HashMap<String, u64>> {
+        // A map of counts stays valid after a panic elsewhere.
+        self.oom_baselines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn dir(&self, path: &str) -> PathBuf {
         self.root.join(path.trim_start_matches('/'))
+    }
+}
+
+/// The parent of cgroup `path`.
+fn parent_of(path: &str) -> &str {
+    match path.trim_end_matches('/').rsplit_once('/') {
+        Some(("", _)) | None => "/",
+        Some((parent, _)) => parent,
     }
 }
 
@@ -199,6 +228,7 @@ impl CgroupOps for SystemdCgroups {
                 .stop_unit(unit)
                 .map_err(|e| systemd_error(&dir, "stop the unit of", e))?;
         }
+        self.baselines().remove(path);
         self.inner.remove(path)
     }
 
@@ -206,16 +236,29 @@ impl CgroupOps for SystemdCgroups {
         self.inner.release_memory(path)
     }
 
-    /// From `memory.events` while the cgroup is there; systemd removes a
-    /// scope's cgroup once its last process is gone, and then the scope's
-    /// `Result` tells (`oom-kill`).
+    /// From `memory.events` while the cgroup is there. systemd removes a
+    /// scope's cgroup, and forgets the scope, as soon as its last process
+    /// is gone, which an OOM-killed init is: then the scope's `Result`
+    /// (`oom-kill`) if systemd still has it, else whether the pod's
+    /// hierarchical `oom_kill` grew since the container was started (an
+    /// OOM kill in the pod, most likely this container's; unknown for a
+    /// container started before the runtime's last restart).
     fn oom_kill_count(&self, path: &str) -> Option<u64> {
         if let Some(n) = self.inner.oom_kill_count(path) {
             return Some(n);
         }
         let dir = self.dir(path);
-        let result = self.units.unit_result(unit_of(&dir)?)?;
-        Some(u64::from(result == "oom-kill"))
+        if let Some(result) = unit_of(&dir).and_then(|u| self.units.unit_result(u)) {
+            return Some(u64::from(result == "oom-kill"));
+        }
+        let before = *self.baselines().get(path)?;
+        let now = self.inner.oom_kill_count(parent_of(path))?;
+        Some(u64::from(now > before))
+    }
+
+    fn container_starting(&self, path: &str) {
+        let count = self.inner.oom_kill_count(parent_of(path)).unwrap_or(0);
+        self.baselines().insert(path.to_string(), count);
     }
 
     fn stats(&self, path: &str) -> Result<CgroupStats, CgroupError> {
@@ -375,6 +418,25 @@ mod tests {
         // The file wins while the cgroup is there.
         host.set_oom_kills(scope, 2);
         assert_eq!(cg.oom_kill_count(scope), Some(2));
+    }
+
+    #[test]
+    fn oom_kills_should_come_from_the_pods_count_once_systemd_forgot_the_scope() {
+        let (_dir, _units, host, cg) = setup();
+        let pod = "/petrel.slice/petrel-ab.slice";
+        let scope = "/petrel.slice/petrel-ab.slice/petrel-c1.scope";
+        host.set_oom_kills(pod, 3);
+        cg.container_starting(scope);
+        // Started, then gone without an OOM kill in the pod.
+        assert_eq!(cg.oom_kill_count(scope), Some(0));
+        host.set_oom_kills(pod, 4);
+        assert_eq!(cg.oom_kill_count(scope), Some(1));
+        // Unknown for a container this runtime did not start.
+        assert_eq!(
+            cg.oom_kill_count("/petrel.slice/petrel-ab.slice/petrel-c2.scope"),
+            None
+        );
+        assert_eq!(parent_of("/a.slice"), "/");
     }
 }
 
