@@ -18,6 +18,11 @@
 //! `/lib/modules/<release>` (overlay, veth, bridge, br_netfilter,
 //! nf_tables load on demand); only loopback is up.
 //!
+//! With [`GuestInit::Systemd`] the guest's PID 1 is the host's systemd,
+//! booted into a target that starts only the system bus and the agent (a
+//! delegated service): systemd owns the cgroup2 tree, for the tests of the
+//! systemd cgroup driver.
+//!
 //! [`Vm::run`] runs one command in the guest through the agent
 //! (`petrel-vm-agent`, a binary of this crate that the guest's init starts,
 //! speaking [`protocol`] over a virtio-serial port) and returns its exit
