@@ -101,12 +101,52 @@ impl Node {
         Self::prepare(None, extra_cri, extra_nri)
     }
 
+    /// Starts a runtime on the systemd cgroup driver (`cgroup_driver =
+    /// "systemd"`: a host with systemd as PID 1 on cgroup v2, the systemd
+    /// test VM). Its default slice, `petrele2e<random>.slice`, is
+    /// [`PetrelRuntime::cgroup_parent`]; a pod's slice under it is
+    /// `petrele2e<random>-<name>.slice` ([`Node::systemd_pod_config`]).
+    pub fn start_systemd() -> Node {
+        let parent = format!("petrele2e{}.slice", random_suffix());
+        let mut node = Self::prepare_as(None, parent, "cgroup_driver = \"systemd\"", "");
+        node.spawn();
+        node
+    }
+
+    /// A pod config unique to this test whose parent is its own slice
+    /// under the runtime's default one (systemd driver).
+    pub fn systemd_pod_config(&self, name: &str) -> api::PodSandboxConfig {
+        let mut pc = self.pod_config(name);
+        if let Some(l) = pc.linux.as_mut() {
+            l.cgroup_parent = self.systemd_pod_slice(name);
+        }
+        pc
+    }
+
+    /// The slice of [`Node::systemd_pod_config`]`(name)`.
+    pub fn systemd_pod_slice(&self, name: &str) -> String {
+        format!(
+            "{}-{name}.slice",
+            self.cgroup_parent.trim_end_matches(".slice")
+        )
+    }
+
     fn prepare(runc: Option<PathBuf>, extra_cri: &str, extra_nri: &str) -> Node {
+        let parent = format!("/petrel-test-{}", random_suffix());
+        Self::prepare_as(runc, parent, extra_cri, extra_nri)
+    }
+
+    fn prepare_as(
+        runc: Option<PathBuf>,
+        cgroup_parent: String,
+        extra_cri: &str,
+        extra_nri: &str,
+    ) -> Node {
         let config = PetrelConfig {
             dir_prefix: "petrel-e2e.",
             runc,
             shim: None,
-            cgroup_parent: format!("/petrel-test-{}", random_suffix()),
+            cgroup_parent,
             cni: None,
             mirrors: None,
             extra_cri: extra_cri.to_string(),

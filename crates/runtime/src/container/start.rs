@@ -169,6 +169,7 @@ impl Runtime {
         }
         // runc's move of the init into its cgroup is seconds away at most.
         self.cgroups.warm_up_migration();
+        self.cgroups.container_starting(&rec.cgroup_path);
         let started = self.shims.start(&self.shim_options(rec, None)).await?;
         let mut rec = rec.clone();
         rec.pid = started.init.pid;

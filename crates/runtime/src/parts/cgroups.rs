@@ -42,6 +42,11 @@ pub trait CgroupOps: Send + Sync + std::fmt::Debug {
     /// The processes in a cgroup.
     fn procs(&self, path: &str) -> Result<Vec<u32>, CgroupError>;
 
+    /// A container whose cgroup will be `path` is about to be made: a
+    /// driver whose cgroups vanish with their last process notes what it
+    /// needs to tell an OOM kill afterwards.
+    fn container_starting(&self, _path: &str) {}
+
     /// Starts warming the kernel's cgroup migration lock ahead of a create
     /// (see `container::migration_warmup`); returns at once.
     fn warm_up_migration(&self) {}

@@ -83,6 +83,9 @@ pub struct KubeletConfig {
     /// kubelet must then be told to run anyway. On a v2 host kubelet keeps
     /// its default, refusing v1 (`failCgroupV1: true`).
     pub cgroup_v1_host: bool,
+    /// `cgroupDriver: systemd` (slices through systemd) instead of
+    /// cgroupfs; the runtime must use the same driver.
+    pub systemd_cgroups: bool,
 }
 
 /// Whether this host's `/sys/fs/cgroup` is a cgroup v1 (or hybrid) layout:
@@ -101,7 +104,7 @@ impl KubeletConfig {
             // --- this machine ---
             // PID 1 is not systemd: cgroups are made by path. Petrel's
             // RuntimeConfig answers cgroupfs too (kubelet asks the runtime).
-            "cgroupDriver": "cgroupfs",
+            "cgroupDriver": if self.systemd_cgroups { "systemd" } else { "cgroupfs" },
             // kubepods/{burstable,besteffort}/pod<uid> go under a cgroup of
             // this kubelet only (never the host's shared /kubepods). kubelet
             // refuses a root that does not exist: the kit makes it first
@@ -251,6 +254,7 @@ mod tests {
             max_restart_period: Some(Duration::from_secs(1)),
             max_pods: None,
             cgroup_v1_host: true,
+            systemd_cgroups: false,
         }
     }
 

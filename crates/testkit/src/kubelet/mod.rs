@@ -64,6 +64,11 @@ pub struct KubeletOptions {
     /// The cgroup kubelet puts `kubepods` in (made, and removed with
     /// everything below it on drop); None: `/petrel-kubelet-<random>`.
     pub cgroup_root: Option<String>,
+    /// kubelet's `cgroupDriver: systemd` (a host with systemd as PID 1 on
+    /// v2, the systemd test VM): its cgroup root is `/`, pods go in
+    /// `kubepods.slice`, which is stopped on drop; `cgroup_root` is
+    /// ignored.
+    pub systemd_cgroups: bool,
 }
 
 impl KubeletOptions {
@@ -79,6 +84,7 @@ impl KubeletOptions {
             max_pods: None,
             verbosity: 2,
             cgroup_root: None,
+            systemd_cgroups: false,
         }
     }
 
@@ -99,6 +105,13 @@ impl KubeletOptions {
         self
     }
 
+    /// With `cgroupDriver: systemd` (see [`KubeletOptions::systemd_cgroups`]).
+    #[must_use]
+    pub fn systemd_cgroups(mut self, on: bool) -> KubeletOptions {
+        self.systemd_cgroups = on;
+        self
+    }
+
     /// With crashed containers restarted after at most `max`.
     #[must_use]
     pub fn max_restart_period(mut self, max: Duration) -> KubeletOptions {
@@ -113,6 +126,7 @@ pub struct Kubelet {
     node_name: String,
     root_dir: PathBuf,
     cgroup_root: String,
+    systemd_cgroups: bool,
     address: IpAddr,
     ports: KubeletPorts,
     runtime_endpoint: String,
@@ -144,10 +158,11 @@ impl Kubelet {
             Some(_) => node_ip,
             None => IpAddr::V4(Ipv4Addr::LOCALHOST),
         };
-        let cgroup_root = opts
-            .cgroup_root
-            .clone()
-            .unwrap_or_else(|| format!("/petrel-kubelet-{}", random_suffix()));
+        let cgroup_root = match (&opts.cgroup_root, opts.systemd_cgroups) {
+            (_, true) => "/".to_string(),
+            (Some(r), false) => r.clone(),
+            (None, false) => format!("/petrel-kubelet-{}", random_suffix()),
+        };
         let ports = KubeletPorts {
             api: free_port()?,
             // Unauthenticated: never on the node's IP.
@@ -180,6 +195,7 @@ impl Kubelet {
             max_restart_period: opts.max_restart_period,
             max_pods: opts.max_pods,
             cgroup_v1_host: config::host_is_cgroup_v1(),
+            systemd_cgroups: opts.systemd_cgroups,
         };
         let mut args = vec![
             format!("--config={}", d.join("config.json").display()),
@@ -195,6 +211,7 @@ impl Kubelet {
             args.push(format!("--kubeconfig={}", c.kubeconfig.display()));
         }
         let mut kubelet = Kubelet {
+            systemd_cgroups: opts.systemd_cgroups,
             node_name: opts.node_name.clone(),
             root_dir,
             cgroup_root,
@@ -207,11 +224,13 @@ impl Kubelet {
             child: None,
             dir,
         };
-        if opts.cgroup_root.is_none() {
-            // Ours: swept after a hard death of this process too.
-            crate::stale::record_cgroup(kubelet.dir.path(), &kubelet.cgroup_root);
+        if !opts.systemd_cgroups {
+            if opts.cgroup_root.is_none() {
+                // Ours: swept after a hard death of this process too.
+                crate::stale::record_cgroup(kubelet.dir.path(), &kubelet.cgroup_root);
+            }
+            create_cgroup_root(&kubelet.cgroup_root)?;
         }
-        create_cgroup_root(&kubelet.cgroup_root)?;
         share_root_dir(&kubelet.root_dir)?;
         mountns::prepare(&kubelet.dir.path().join("mountns"))?;
         kubelet.spawn()?;
@@ -530,6 +549,13 @@ impl Drop for Kubelet {
         // kubelet leaves its pods running when it exits.
         let _ = crate::cri::remove_all_pods(&self.runtime_endpoint);
         crate::process::unmount_under(&self.root_dir);
+        if self.systemd_cgroups {
+            // systemd's: kubepods.slice and everything in it, stopped.
+            let _ = std::process::Command::new("systemctl")
+                .args(["stop", "--", "kubepods.slice"])
+                .status();
+            return;
+        }
         // A cgroup whose last process just exited may be busy a moment.
         let start = Instant::now();
         loop {
