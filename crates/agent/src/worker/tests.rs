@@ -194,7 +194,11 @@ async fn start_with(
             node_name: NODE.into(),
             host_ip: "127.0.0.1".into(),
             runtime_name: "fake".into(),
-            cgroup_root: "/petrel-test".into(),
+            cgroups: crate::qos_cgroups::CgroupLayout::new(
+                crate::qos_cgroups::CgroupDriver::Cgroupfs,
+                "/petrel-test",
+            )
+            .unwrap(),
             root: root.to_path_buf(),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(160),
