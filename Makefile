@@ -10,7 +10,7 @@ IMAGES := build/images
 DEB_PACKAGES := runc busybox-static protobuf-compiler iproute2 util-linux procps curl \
 	docker-registry skopeo apache2-utils openssl umoci containernetworking-plugins iptables \
 	gcc libc6-dev binutils python3 pkg-config libseccomp-dev python3-venv \
-	qemu-system-x86 kmod xz-utils
+	qemu-system-x86 kmod xz-utils systemd dbus
 # critest's results against Petrel's runtime are held against this list.
 CONFORMANCE_EXPECTED := crates/testkit/conformance/petrel.expected
 # Where the tests find the peers (real Kubernetes components, `make peers`);

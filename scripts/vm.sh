@@ -181,7 +181,9 @@ exit 0
 # petrel.agent=PATH petrel.modules=DIR (the guest kernel's unpacked modules,
 # a path on the host's root), petrel.cgroup=v2|v1 (v2 by default; v1: this
 # host's hybrid layout, for the bench's comparison, on a kernel booted
-# without cgroup_no_v1=all).
+# without cgroup_no_v1=all), petrel.init=agent|systemd (agent by default;
+# systemd: the host's systemd becomes PID 1 on v2 and starts only the
+# agent and the system bus, see below).
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -197,10 +199,11 @@ while read -r ko; do
     insmod "/modules/$ko" || fail "insmod $ko"
 done </modules/order
 
-work= agent= modules= cgroup=v2
+work= agent= modules= cgroup=v2 init=agent
 for arg in $(cat /proc/cmdline); do
     case $arg in
     petrel.cgroup=*) cgroup=${arg#*=} ;;
+    petrel.init=*) init=${arg#*=} ;;
     petrel.work=*) work=${arg#*=} ;;
     petrel.agent=*) agent=${arg#*=} ;;
     petrel.modules=*) modules=${arg#*=} ;;
@@ -246,6 +249,8 @@ if [ "$cgroup" = v1 ]; then
     ln -s net_cls,net_prio $cg/net_prio
     mkdir -p $cg/unified
     mount -t cgroup2 -o nosuid,nodev,noexec,nsdelegate cgroup2 $cg/unified || fail "mount cgroup2 at unified"
+elif [ "$init" = systemd ]; then
+    : # systemd mounts cgroup2 itself and enables controllers as units ask
 else
     mount -t cgroup2 -o nsdelegate cgroup2 $r/sys/fs/cgroup || fail "mount cgroup2"
     for c in cpu cpuset io memory pids hugetlb; do
@@ -260,6 +265,81 @@ mkdir -p "$r/lib/modules/$release"
 mount --bind "$r$modules" "$r/lib/modules/$release" || fail "bind the modules $modules"
 hostname petrel-vm
 ip link set lo up
+
+if [ "$init" = systemd ]; then
+    # systemd as PID 1 with a target of its own (systemd.unit= on the
+    # kernel command line): the agent as a service and the system bus
+    # (runc's systemd driver and D-Bus clients talk to it), nothing the
+    # host enables. DefaultDependencies=no everywhere: the defaults pull
+    # in sysinit.target, and with it the host's fstab, udev and the rest.
+    u=$r/etc/systemd/system
+    mkdir -p $u
+    rm -rf $u/petrel-vm.target $u/petrel-vm-agent.service $u/dbus.service $u/dbus.socket \
+        $u/dbus.service.d $u/dbus.socket.d
+    cat >$u/petrel-vm.target <<EOF
+[Unit]
+Description=Petrel test VM: the agent and the system bus
+DefaultDependencies=no
+Requires=petrel-vm-agent.service dbus.socket dbus.service
+After=petrel-vm-agent.service dbus.service
+EOF
+    cat >$u/dbus.socket <<EOF
+[Unit]
+Description=D-Bus system bus socket (Petrel test VM)
+DefaultDependencies=no
+[Socket]
+ListenStream=/run/dbus/system_bus_socket
+EOF
+    cat >$u/dbus.service <<EOF
+[Unit]
+Description=D-Bus system bus (Petrel test VM)
+DefaultDependencies=no
+Requires=dbus.socket
+After=dbus.socket
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart=/usr/bin/dbus-daemon --system --address=systemd: --nofork --nopidfile --systemd-activation --syslog-only
+EOF
+    # The agent runs as root with its cgroup delegated, as a node's kubelet
+    # and runtime services do: what it starts may make cgroups below it,
+    # and through systemd (slices, scopes) anywhere. Nothing stops it while
+    # the guest lives; the guest powers off when it ends.
+    cat >$u/petrel-vm-agent.service <<EOF
+[Unit]
+Description=Petrel test VM agent
+DefaultDependencies=no
+After=dbus.service
+[Service]
+Type=simple
+Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+WorkingDirectory=/
+ExecStartPre=-/bin/sh -c 'modprobe dummy && ip link add petrel0 type dummy && ip addr add 192.0.2.10/24 dev petrel0 && ip link set petrel0 up && ip route add default via 192.0.2.1 dev petrel0 || echo "petrel-vm: no node address on petrel0" >/dev/console'
+ExecStart=$agent
+ExecStopPost=/bin/sh -c 'echo "petrel-vm: the agent exited (\$\$EXIT_STATUS): powering off" >/dev/console'
+StandardInput=null
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/console
+Delegate=yes
+TasksMax=infinity
+LimitNOFILE=1048576
+LimitNPROC=infinity
+LimitCORE=infinity
+OOMScoreAdjust=-999
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+EOF
+    # Not the host's identity: a machine id and a name of the guest's own.
+    rm -f $r/etc/machine-id
+    tr -d '-' <$r/proc/sys/kernel/random/uuid >$r/etc/machine-id
+    echo petrel-vm >$r/etc/hostname
+    # A host that is a container marks its root so (/.dockerenv): systemd
+    # would believe it runs in one and ignore the kernel's command line.
+    rm -f $r/.dockerenv $r/run/.containerenv
+    exec switch_root $r /lib/systemd/systemd --unit=petrel-vm.target
+    fail "switch_root to systemd"
+fi
 
 # Stage 2 lives on the new root's /run: busybox's poweroff needs no init.
 mkdir -p $r/run/petrel-vm

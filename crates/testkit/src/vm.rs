@@ -75,6 +75,36 @@ pub struct VmConfig {
     /// The guest's cgroup layout: pure v2 (the default) or this host's
     /// v1 hybrid, for figures that compare the two in one run.
     pub cgroup: CgroupMode,
+    /// What runs as the guest's PID 1: the agent under a shell (the
+    /// default) or systemd (v2 only).
+    pub init: GuestInit,
+}
+
+/// The guest's PID 1 (`petrel.init=` on the kernel command line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GuestInit {
+    /// A busybox shell runs the agent and reaps orphans; no service
+    /// manager, no system bus.
+    #[default]
+    Agent,
+    /// The host's systemd, booted into a target of the init's own
+    /// (`petrel-vm.target`) that starts only the system bus (`dbus.socket`,
+    /// `dbus.service`) and the agent as `petrel-vm-agent.service` (root,
+    /// `Delegate=yes`): what the agent runs is in a delegated service
+    /// cgroup, as a node's kubelet and runtime are, and systemd manages
+    /// the cgroup2 tree (slices, scopes). The guest powers off when the
+    /// agent ends. Needs [`CgroupMode::V2`].
+    Systemd,
+}
+
+impl GuestInit {
+    /// The value of `petrel.init=` the guest's init reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            GuestInit::Agent => "agent",
+            GuestInit::Systemd => "systemd",
+        }
+    }
 }
 
 /// The cgroup layout the guest's init mounts (`petrel.cgroup=` on the
@@ -117,6 +147,7 @@ impl Default for VmConfig {
             boot_timeout: Duration::from_secs(90),
             hang_margin: Duration::from_secs(30),
             cgroup: CgroupMode::V2,
+            init: GuestInit::Agent,
         }
     }
 }
@@ -274,6 +305,13 @@ impl Vm {
     /// answer. Fails naming what is missing (no kernel: run `make vm`), or
     /// with the console's last lines when the guest does not come up.
     pub fn boot(cfg: &VmConfig) -> Result<Vm, KitError> {
+        if cfg.init == GuestInit::Systemd && cfg.cgroup != CgroupMode::V2 {
+            return Err(KitError::Missing {
+                component: "a cgroup v2 guest for systemd".into(),
+                path: cfg.vm_dir.clone(),
+                hint: "GuestInit::Systemd boots only with CgroupMode::V2".into(),
+            });
+        }
         let parts = Parts::find(cfg)?;
         let dir = kit_tempdir("petrel-vm.")?;
         let work = dir.path().join("work");
@@ -291,13 +329,25 @@ impl Vm {
             CgroupMode::V2 => "cgroup_no_v1=all ",
             CgroupMode::V1 => "",
         };
+        // systemd reads its own settings from the same command line: the
+        // init's target instead of the host's default, and v2 even where
+        // the build defaults to hybrid.
+        let systemd = match cfg.init {
+            GuestInit::Agent => "",
+            GuestInit::Systemd => {
+                " systemd.unit=petrel-vm.target systemd.unified_cgroup_hierarchy=1 \
+                 systemd.show_status=error"
+            }
+        };
         let append = format!(
             // tsc=reliable: the emulated CPUs' TSCs fail the kernel's sync
             // check, which would leave it on the HPET, slow to read under
             // emulation; QEMU's TSC is one clock for all vCPUs.
             "console=ttyS0 loglevel=4 {no_v1}softlockup_panic=1 panic=-1 \
-             tsc=reliable petrel.cgroup={} petrel.work={} petrel.agent={} petrel.modules={}",
+             tsc=reliable petrel.cgroup={} petrel.init={} petrel.work={} petrel.agent={} \
+             petrel.modules={}{systemd}",
             cfg.cgroup.name(),
+            cfg.init.name(),
             plain(&work)?,
             plain(&agent)?,
             plain(&parts.modules)?,

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use petrel_testkit::prelude::*;
-use petrel_testkit::vm::{CgroupMode, Output, Vm, VmConfig};
+use petrel_testkit::vm::{CgroupMode, GuestInit, Output, Vm, VmConfig};
 
 /// The end-to-end tests run in the guest: (test executable, test name).
 /// The executable is the newest `<name>-<hash>` beside this test's own in
@@ -537,4 +537,123 @@ fn guest_env() -> Vec<(String, String)> {
         GUEST_TIME_SCALE.into(),
     ));
     env
+}
+
+/// The end-to-end tests run in the systemd guest (`GuestInit::Systemd`):
+/// (test executable, test name).
+const IN_SYSTEMD_GUEST: &[(&str, &str)] = &[];
+
+/// A guest with systemd as PID 1 on pure v2: systemd and the system bus
+/// run, the agent's commands run in its delegated service, systemd makes
+/// scopes on request; then Petrel's runtime on the systemd cgroup driver,
+/// alone and under the real kubelet ([`IN_SYSTEMD_GUEST`]).
+#[test]
+#[ignore = "minutes of software emulation: make test runs it beside the others"]
+fn a_systemd_guest_should_run_petrel_on_the_systemd_cgroup_driver() {
+    let cfg = VmConfig {
+        init: GuestInit::Systemd,
+        ..VmConfig::default()
+    };
+    let mut vm = Vm::boot(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "vm: systemd guest booted in {:.1?} (qemu pid {})",
+        vm.boot_time(),
+        vm.pid()
+    );
+    let mut failed = vec![];
+    let mut check = |name: String, f: &mut dyn FnMut() -> Result<(), String>| {
+        let start = Instant::now();
+        match f() {
+            Ok(()) => eprintln!("vm: ok   {name} ({:.1?})", start.elapsed()),
+            Err(why) => {
+                eprintln!("vm: FAIL {name} ({:.1?})\n{why}", start.elapsed());
+                failed.push(name);
+            }
+        }
+    };
+    check(
+        "systemd is PID 1 with the system bus, on pure v2".into(),
+        &mut || guest_runs_systemd(&mut vm),
+    );
+    for (exe, test) in IN_SYSTEMD_GUEST {
+        check(format!("{exe} {test}"), &mut || run_e2e(&mut vm, exe, test));
+    }
+    drop(vm);
+    assert!(failed.is_empty(), "failed in the systemd guest: {failed:?}");
+}
+
+/// systemd is PID 1 and running, the bus answers, the agent's commands
+/// are in its delegated service on cgroup2, and a transient scope in a
+/// new slice lands where systemd's naming says.
+fn guest_runs_systemd(vm: &mut Vm) -> Result<(), String> {
+    let comm = ok_in_guest(vm, &["cat", "/proc/1/comm"], &[])?.stdout;
+    if comm.trim() != "systemd" {
+        return Err(format!("PID 1 is {comm:?}"));
+    }
+    let state = vm
+        .run(&["systemctl", "is-system-running"], &[], COMMAND_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    if !matches!(state.stdout.trim(), "running" | "degraded") {
+        return Err(format!("systemctl is-system-running: {}", state.describe()));
+    }
+    ok_in_guest(
+        vm,
+        &[
+            "busctl",
+            "--system",
+            "call",
+            "org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            "GetId",
+        ],
+        &[],
+    )?;
+    let own = ok_in_guest(vm, &["cat", "/proc/self/cgroup"], &[])?.stdout;
+    if own.trim() != "0::/system.slice/petrel-vm-agent.service" {
+        return Err(format!("the agent's command is in {own:?}"));
+    }
+    let delegate = ok_in_guest(
+        vm,
+        &[
+            "systemctl",
+            "show",
+            "-P",
+            "Delegate",
+            "petrel-vm-agent.service",
+        ],
+        &[],
+    )?
+    .stdout;
+    if delegate.trim() != "yes" {
+        return Err(format!("petrel-vm-agent.service Delegate={delegate}"));
+    }
+    let fs = ok_in_guest(vm, &["stat", "-f", "-c", "%T", "/sys/fs/cgroup"], &[])?.stdout;
+    if fs.trim() != "cgroup2fs" {
+        return Err(format!("/sys/fs/cgroup is {fs}"));
+    }
+    let unit = format!("petrel-vm-check-{}", random_suffix());
+    let out = ok_in_guest(
+        vm,
+        &[
+            "systemd-run",
+            "--scope",
+            "--quiet",
+            &format!("--unit={unit}"),
+            "--slice=petrel-vm-check.slice",
+            "-p",
+            "MemoryMax=64M",
+            "sh",
+            "-c",
+            "cat /proc/self/cgroup; cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max",
+        ],
+        &[],
+    )?
+    .stdout;
+    let want =
+        format!("0::/petrel.slice/petrel-vm.slice/petrel-vm-check.slice/{unit}.scope\n67108864\n");
+    if out != want {
+        return Err(format!("systemd-run --scope printed {out:?}, not {want:?}"));
+    }
+    Ok(())
 }
