@@ -299,6 +299,77 @@ mod tests {
         assert!(text.contains(&address), "{text}");
     }
 
+    /// For real: systemd makes, sets and stops the QoS and pod slices the
+    /// manager asks for, and the values land in the slices' files.
+    #[test]
+    #[ignore = "needs systemd as PID 1 on cgroup v2: runs in the systemd guest (e2e_cgroup_v2)"]
+    fn slices_should_be_made_set_and_stopped_through_systemd() {
+        use crate::qos_cgroups::{CgroupDriver, CgroupLayout, QosCgroups, SystemdCgroups};
+        use petrel_oci::cgroups::{CgroupVersion, Cgroups};
+        use std::sync::Arc;
+        let init = std::fs::read_to_string("/proc/1/comm").unwrap();
+        assert_eq!(init.trim(), "systemd", "needs systemd as PID 1");
+        let cg = Cgroups::detect().unwrap();
+        assert_eq!(cg.version(), CgroupVersion::V2, "needs cgroup v2");
+        let bus = Arc::new(ZbusSystemd::connect(None).unwrap());
+
+        // The test's own root slice, stopped (with all under it) at the end.
+        let stem = format!("petrel_unit_{}", std::process::id());
+        struct Stop(Arc<ZbusSystemd>, String);
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                let _ = self.0.stop_unit(&self.1);
+            }
+        }
+        let _stop = Stop(bus.clone(), format!("{stem}.slice"));
+        let layout = CgroupLayout::new(CgroupDriver::Systemd, &format!("/{stem}")).unwrap();
+        let host = Arc::new(SystemdCgroups::new(bus.clone(), cg.clone()));
+        let qos = QosCgroups::new(host, layout.clone(), 64, None);
+        let read = |path: &str, file: &str| cg.read("cpu", path, file).unwrap().trim().to_string();
+
+        qos.start(2000).unwrap();
+        let kubepods = format!("/{stem}.slice/{stem}-kubepods.slice");
+        assert_eq!(layout.pods_cgroup(), kubepods);
+        assert_eq!(read(&kubepods, "cpu.weight"), "79");
+        let besteffort = format!("{kubepods}/{stem}-kubepods-besteffort.slice");
+        assert_eq!(read(&besteffort, "cpu.weight"), "1");
+
+        let mut pod = crate::convert::test_support::desired(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default}\nspec:\n  containers:\n  - name: c\n    image: busybox\n    resources: {limits: {cpu: 500m, memory: 64Mi}}\n",
+        );
+        pod.uid = "a-b".into();
+        qos.ensure_pod(&pod).unwrap();
+        let slice = format!("{kubepods}/{stem}-kubepods-poda_b.slice");
+        assert_eq!(read(&slice, "memory.max"), (64u64 << 20).to_string());
+        assert_eq!(read(&slice, "cpu.max"), "50000 100000");
+        assert_eq!(read(&slice, "pids.max"), "64");
+        assert_eq!(read(&slice, "cpu.weight"), "20");
+
+        // A child cgroup (as the runtime's scope): the slice is kept.
+        let child = cg.dir("cpu", &slice).unwrap().join("busy");
+        std::fs::create_dir(&child).unwrap();
+        qos.forget_pod("a-b");
+        assert!(
+            cg.dir("cpu", &slice).unwrap().is_dir(),
+            "a busy slice stays"
+        );
+        std::fs::remove_dir(&child).unwrap();
+        qos.resync();
+        assert!(
+            !cg.dir("cpu", &slice).unwrap().exists(),
+            "stopped when empty"
+        );
+        assert!(qos.owned().is_empty());
+
+        // systemd's refusal names the unit and carries the D-Bus error.
+        let err = bus
+            .start_unit("petrel bad name.slice", Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("petrel bad name.slice"), "{err}");
+        assert!(err.contains("org.freedesktop"), "{err}");
+    }
+
     #[test]
     fn properties_should_become_dbus_values_of_systemds_types() {
         let props = vec![
