@@ -118,6 +118,7 @@ pub struct CheckpointOptions<'a> {
 pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
+    systemd_cgroup: bool,
 }
 
 /// How long a start waits for the init to take it, through the exec FIFO
@@ -131,7 +132,15 @@ impl Runc {
         Self {
             binary: binary.into(),
             root: root.into(),
+            systemd_cgroup: false,
         }
+    }
+
+    /// The same, with runc managing cgroups through systemd
+    /// (`--systemd-cgroup` on every call) when `on`.
+    pub fn with_systemd_cgroup(mut self, on: bool) -> Self {
+        self.systemd_cgroup = on;
+        self
     }
 
     /// The runc binary.
@@ -147,6 +156,9 @@ impl Runc {
     fn command(&self) -> Command {
         let mut c = Command::new(&self.binary);
         c.arg("--root").arg(&self.root);
+        if self.systemd_cgroup {
+            c.arg("--systemd-cgroup");
+        }
         c.stdin(Stdio::null()).kill_on_drop(true);
         c
     }

@@ -117,6 +117,7 @@ fn sandbox(b: &Bundle, cgroup_parent: &str) -> SandboxContext {
         resolv_conf: None,
         shm: None,
         cgroup_parent: cgroup_parent.into(),
+        cgroup_driver: Default::default(),
         user: None,
     }
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use petrel_oci::cgroups::systemd::CgroupDriver;
+
 /// Configuration of `petrel runtime`. Every field has a default; the file
 /// and the command line override them in that order.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -33,7 +35,16 @@ pub struct RuntimeConfig {
     pub criu_binary: PathBuf,
     /// Runtime handlers accepted in RunPodSandbox besides the default ("").
     pub runtime_handlers: Vec<String>,
-    /// The cgroup under which pods without a `cgroup_parent` are placed.
+    /// Who manages pod and container cgroups: `cgroupfs` (the default:
+    /// the runtime and runc make the directories) or `systemd` (slices
+    /// and scopes through systemd, runc `--systemd-cgroup`; needs cgroup
+    /// v2 and systemd as the host's init). The kubelet's `cgroupDriver`
+    /// must agree: RuntimeConfig tells it.
+    pub cgroup_driver: petrel_oci::cgroups::systemd::CgroupDriver,
+    /// The cgroup under which pods without a `cgroup_parent` are placed
+    /// (`<it>/<sandbox id>`). With the systemd driver a slice, and the
+    /// cgroupfs default `/petrel` means `petrel.slice` (pods in
+    /// `petrel-<sandbox id>.slice`).
     pub default_cgroup_parent: String,
     /// Events each `GetContainerEvents` subscriber may have queued before it
     /// is considered stalled and cut off (kubelet's channel holds 1000).
@@ -149,6 +160,61 @@ impl std::fmt::Debug for RegistryAuth {
     }
 }
 
+/// The default `default_cgroup_parent` of the cgroupfs driver.
+pub const DEFAULT_CGROUP_PARENT: &str = "/petrel";
+
+/// The default `default_cgroup_parent` of the systemd driver.
+pub const DEFAULT_SYSTEMD_SLICE: &str = "petrel.slice";
+
+impl RuntimeConfig {
+    /// The default parent in the driver's form: `default_cgroup_parent`,
+    /// or with systemd [`DEFAULT_SYSTEMD_SLICE`] in place of the cgroupfs
+    /// default.
+    pub fn default_parent(&self) -> &str {
+        use petrel_oci::cgroups::systemd::CgroupDriver;
+        match self.cgroup_driver {
+            CgroupDriver::Systemd if self.default_cgroup_parent == DEFAULT_CGROUP_PARENT => {
+                DEFAULT_SYSTEMD_SLICE
+            }
+            _ => &self.default_cgroup_parent,
+        }
+    }
+
+    /// Checks the cgroup settings together: the default parent in the
+    /// driver's form.
+    pub fn check_cgroups(&self) -> Result<(), petrel_oci::cgroups::systemd::NameError> {
+        use petrel_oci::cgroups::systemd::{self, CgroupDriver};
+        match self.cgroup_driver {
+            CgroupDriver::Systemd => {
+                systemd::default_pod_slice(self.default_parent(), "x").map(drop)
+            }
+            CgroupDriver::Cgroupfs => {
+                systemd::pod_cgroup(CgroupDriver::Cgroupfs, self.default_parent()).map(drop)
+            }
+        }
+    }
+
+    /// The cgroup path of a pod that names no parent: `<default>/<id>`
+    /// with cgroupfs, the expanded path of `<default stem>-<id>.slice`
+    /// with systemd.
+    pub fn default_pod_cgroup(
+        &self,
+        sandbox_id: &str,
+    ) -> Result<String, petrel_oci::cgroups::systemd::NameError> {
+        use petrel_oci::cgroups::systemd::{self, CgroupDriver};
+        match self.cgroup_driver {
+            CgroupDriver::Cgroupfs => Ok(format!(
+                "{}/{sandbox_id}",
+                self.default_cgroup_parent.trim_end_matches('/')
+            )),
+            CgroupDriver::Systemd => systemd::expand_slice(&systemd::default_pod_slice(
+                self.default_parent(),
+                sandbox_id,
+            )?),
+        }
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
@@ -160,7 +226,8 @@ impl Default for RuntimeConfig {
             shim_binary: None,
             criu_binary: PathBuf::from("criu"),
             runtime_handlers: vec!["runc".to_string()],
-            default_cgroup_parent: "/petrel".to_string(),
+            cgroup_driver: Default::default(),
+            default_cgroup_parent: DEFAULT_CGROUP_PARENT.to_string(),
             event_queue_capacity: 1000,
             shm_size: 64 * 1024 * 1024,
             max_layer_bytes: petrel_image::DEFAULT_MAX_LAYER_BYTES,

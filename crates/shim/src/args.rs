@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Usage line printed with argument errors.
 pub const USAGE: &str = "usage: petrel-shim --id ID --bundle DIR --runc PATH --runc-root DIR \
-                         --log-path PATH [--tty] [--stdin [--stdin-once]] \
+                         --log-path PATH [--systemd-cgroup] [--tty] [--stdin [--stdin-once]] \
                          [--restore-from DIR [--criu PATH]]";
 
 /// What the runtime asked the shim to do.
@@ -24,6 +24,9 @@ pub struct Args {
     /// The CRI log file; `None` when given as the empty string (output is
     /// drained and discarded).
     pub log_path: Option<PathBuf>,
+    /// runc manages the container's cgroup through systemd (runc's global
+    /// `--systemd-cgroup`).
+    pub systemd_cgroup: bool,
     /// Give the container a pseudo-terminal.
     pub tty: bool,
     /// Keep the container's stdin open for a later attach.
@@ -84,6 +87,7 @@ where
 {
     let mut values: [Option<OsString>; VALUE_OPTIONS.len()] = Default::default();
     let (mut tty, mut stdin, mut stdin_once) = (false, false, false);
+    let mut systemd_cgroup = false;
     let mut args = args.into_iter();
 
     while let Some(arg) = args.next() {
@@ -97,6 +101,7 @@ where
         };
         let flag = match name {
             b"tty" => Some(&mut tty),
+            b"systemd-cgroup" => Some(&mut systemd_cgroup),
             b"stdin" => Some(&mut stdin),
             b"stdin-once" => Some(&mut stdin_once),
             _ => None,
@@ -146,6 +151,7 @@ where
         runc,
         runc_root,
         log_path,
+        systemd_cgroup,
         tty,
         stdin,
         stdin_once,
@@ -178,7 +184,7 @@ mod tests {
     #[test]
     fn parse_should_read_all_options() {
         let mut argv = FULL.to_vec();
-        argv.extend(["--tty", "--stdin", "--stdin-once"]);
+        argv.extend(["--tty", "--stdin", "--stdin-once", "--systemd-cgroup"]);
         let args = parse_strs(&argv).expect("valid command line");
         assert_eq!(
             args,
@@ -188,6 +194,7 @@ mod tests {
                 runc: "/usr/sbin/runc".into(),
                 runc_root: "/r".into(),
                 log_path: Some("/l/0.log".into()),
+                systemd_cgroup: true,
                 tty: true,
                 stdin: true,
                 stdin_once: true,
@@ -212,7 +219,7 @@ mod tests {
     #[test]
     fn parse_should_default_flags_to_off() {
         let args = parse_strs(&FULL).expect("valid command line");
-        assert!(!args.tty && !args.stdin && !args.stdin_once);
+        assert!(!args.tty && !args.stdin && !args.stdin_once && !args.systemd_cgroup);
     }
 
     #[test]

@@ -234,6 +234,7 @@ impl Input {
 struct CreatedBy {
     runc_bin: PathBuf,
     runc_root: PathBuf,
+    systemd_cgroup: bool,
     log: PathBuf,
     id: std::ffi::OsString,
 }
@@ -395,6 +396,7 @@ fn start(args: Args) -> Result<Shim, String> {
         bin: &runc_bin,
         root: &runc_root,
         log: bundle.join(SHIM_LOG),
+        systemd_cgroup: args.systemd_cgroup,
     };
     let log_offset = std::fs::metadata(SHIM_LOG).map(|m| m.len()).unwrap_or(0);
     let restore_work = bundle.join(RESTORE_WORK_DIR);
@@ -497,6 +499,7 @@ fn start(args: Args) -> Result<Shim, String> {
         created_by: CreatedBy {
             runc_bin: runc_bin.clone(),
             runc_root: runc_root.clone(),
+            systemd_cgroup: args.systemd_cgroup,
             log: runc.log.clone(),
             id: args.id.clone(),
         },
@@ -554,6 +557,7 @@ impl Shim {
             bin: &by.runc_bin,
             root: &by.runc_root,
             log: by.log.clone(),
+            systemd_cgroup: by.systemd_cgroup,
         };
         undo_create(&runc, &by.id, String::new());
     }

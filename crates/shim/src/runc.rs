@@ -23,6 +23,8 @@ pub struct Runc<'a> {
     pub root: &'a Path,
     /// The file runc appends its JSON log lines to.
     pub log: PathBuf,
+    /// runc manages the cgroup through systemd (`--systemd-cgroup`).
+    pub systemd_cgroup: bool,
 }
 
 /// The standard streams given to `runc create` (and so to the container).
@@ -44,6 +46,9 @@ impl Runc<'_> {
             .arg("--log")
             .arg(&self.log)
             .args(["--log-format", "json"]);
+        if self.systemd_cgroup {
+            cmd.arg("--systemd-cgroup");
+        }
         // SAFETY: the hook runs in the forked child before exec and makes
         // only raw rt_sigaction system calls, which are async-signal-safe.
         unsafe { cmd.pre_exec(reset_signal_dispositions) };

@@ -6,6 +6,7 @@
 
 mod metrics;
 mod parse;
+pub mod systemd;
 
 use std::io;
 use std::path::{Path, PathBuf};

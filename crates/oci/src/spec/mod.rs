@@ -155,8 +155,13 @@ pub struct SandboxContext {
     pub resolv_conf: Option<PathBuf>,
     /// Bind-mounted at `/dev/shm` when set (the pod-shared tmpfs), else a private tmpfs.
     pub shm: Option<PathBuf>,
-    /// The pod's cgroup path, e.g. `/kubepods/burstable/pod123` or `/petrel/<sandbox id>`.
+    /// The pod's cgroup path, e.g. `/kubepods/burstable/pod123` or
+    /// `/petrel/<sandbox id>`; with the systemd driver, its slice's
+    /// expanded path (`/kubepods.slice/kubepods-pod123.slice`).
     pub cgroup_parent: String,
+    /// Who manages the container's cgroup: with systemd, the spec names
+    /// it as runc's `<pod slice>:petrel:<id>`.
+    pub cgroup_driver: crate::cgroups::systemd::CgroupDriver,
     /// The pod's own user namespace, which every container joins; `None`:
     /// the host's.
     pub user: Option<PodUserNamespace>,
@@ -339,6 +344,41 @@ pub struct ContainerSpecInput<'a> {
 /// Host directories of image volume mounts, by index in the CRI mounts.
 pub type ImageVolumeSources = std::collections::BTreeMap<usize, PathBuf>;
 
+/// The cgroup path of a container (from the hierarchy's root) under the
+/// pod's: `<cgroup_parent>/<container id>` with cgroupfs, the scope
+/// `<cgroup_parent>/petrel-<container id>.scope` with systemd.
+pub fn driver_cgroup_path(
+    driver: crate::cgroups::systemd::CgroupDriver,
+    cgroup_parent: &str,
+    container_id: &str,
+) -> String {
+    match driver {
+        crate::cgroups::systemd::CgroupDriver::Cgroupfs => {
+            container_cgroup_path(cgroup_parent, container_id)
+        }
+        crate::cgroups::systemd::CgroupDriver::Systemd => {
+            crate::cgroups::systemd::container_cgroup(cgroup_parent, container_id)
+        }
+    }
+}
+
+/// The spec's `linux.cgroupsPath` of a container: its cgroup path with
+/// cgroupfs, runc's `<pod slice>:petrel:<container id>` with systemd.
+pub fn spec_cgroups_path(
+    driver: crate::cgroups::systemd::CgroupDriver,
+    cgroup_parent: &str,
+    container_id: &str,
+) -> String {
+    match driver {
+        crate::cgroups::systemd::CgroupDriver::Cgroupfs => {
+            container_cgroup_path(cgroup_parent, container_id)
+        }
+        crate::cgroups::systemd::CgroupDriver::Systemd => {
+            crate::cgroups::systemd::spec_cgroups_path(cgroup_parent, container_id)
+        }
+    }
+}
+
 /// The cgroup path of a container: `<cgroup_parent>/<container id>`, cgroupfs style.
 pub fn container_cgroup_path(cgroup_parent: &str, container_id: &str) -> String {
     let parent = cgroup_parent.trim_end_matches('/');
@@ -519,7 +559,8 @@ pub fn build_container_spec(input: &ContainerSpecInput) -> Result<Spec, SpecErro
     }
     linux
         .set_namespaces(Some(namespaces))
-        .set_cgroups_path(Some(PathBuf::from(container_cgroup_path(
+        .set_cgroups_path(Some(PathBuf::from(spec_cgroups_path(
+            sandbox.cgroup_driver,
             &sandbox.cgroup_parent,
             input.id,
         ))))

@@ -536,6 +536,7 @@ mod tests {
             resolv_conf: None,
             shm: None,
             cgroup_parent: "/petrel/sb".into(),
+            cgroup_driver: Default::default(),
             user: None,
         }
     }

@@ -60,6 +60,7 @@ impl Fixture {
                 resolv_conf: None,
                 shm: None,
                 cgroup_parent: "/kubepods/burstable/pod123".into(),
+                cgroup_driver: Default::default(),
                 user: None,
             },
             host: HostLimits {

@@ -32,7 +32,14 @@ pub struct RuntimeArgs {
     /// on PATH].
     #[arg(long)]
     pub criu_binary: Option<PathBuf>,
-    /// Cgroup for pods that name none [default: /petrel].
+    /// Who manages pod and container cgroups: `cgroupfs` (the runtime
+    /// and runc) or `systemd` (slices and scopes; runc --systemd-cgroup;
+    /// cgroup v2 only). The kubelet's cgroupDriver must match
+    /// [default: cgroupfs].
+    #[arg(long, value_enum)]
+    pub cgroup_driver: Option<CgroupDriverArg>,
+    /// Cgroup for pods that name none [default: /petrel; with the systemd
+    /// driver, the slice petrel.slice].
     #[arg(long)]
     pub default_cgroup_parent: Option<String>,
     /// Directory of per-registry `<host>/hosts.toml` files (mirrors,
@@ -85,6 +92,15 @@ pub struct RuntimeArgs {
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+}
+
+/// `--cgroup-driver` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CgroupDriverArg {
+    /// cgroup directories made by the runtime and runc.
+    Cgroupfs,
+    /// systemd slices and scopes.
+    Systemd,
 }
 
 /// `--pod-network` values.
@@ -141,9 +157,17 @@ impl RuntimeArgs {
         if let Some(v) = &self.criu_binary {
             c.criu_binary = v.clone();
         }
+        if let Some(v) = self.cgroup_driver {
+            c.cgroup_driver = match v {
+                CgroupDriverArg::Cgroupfs => petrel_runtime::config::CgroupDriver::Cgroupfs,
+                CgroupDriverArg::Systemd => petrel_runtime::config::CgroupDriver::Systemd,
+            };
+        }
         if let Some(v) = &self.default_cgroup_parent {
             c.default_cgroup_parent = v.clone();
         }
+        c.check_cgroups()
+            .map_err(|e| anyhow::anyhow!("default cgroup parent: {e}"))?;
         if let Some(v) = &self.registry_config_dir {
             c.registry.config_path = Some(v.clone());
         }
@@ -224,6 +248,44 @@ mod tests {
             .runtime
             .resolve()?;
         assert!(!off.fast_paths);
+        Ok(())
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn cgroup_driver_flag_should_pick_the_driver_and_its_default_slice() -> anyhow::Result<()> {
+        use petrel_runtime::config::CgroupDriver;
+        let fs = Flags::try_parse_from(["runtime"])?.runtime.resolve()?;
+        assert_eq!(fs.cgroup_driver, CgroupDriver::Cgroupfs);
+        assert_eq!(fs.default_parent(), "/petrel");
+        let sd = Flags::try_parse_from(["runtime", "--cgroup-driver", "systemd"])?
+            .runtime
+            .resolve()?;
+        assert_eq!(sd.cgroup_driver, CgroupDriver::Systemd);
+        assert_eq!(sd.default_parent(), "petrel.slice");
+        assert_eq!(
+            sd.default_pod_cgroup("ab")?,
+            "/petrel.slice/petrel-ab.slice"
+        );
+        // A default parent in the other driver's form is refused up front.
+        let e = Flags::try_parse_from([
+            "runtime",
+            "--cgroup-driver",
+            "systemd",
+            "--default-cgroup-parent",
+            "/pods",
+        ])?
+        .runtime
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("/pods") && e.contains("slice"), "{e}");
+        let e = Flags::try_parse_from(["runtime", "--default-cgroup-parent", "pods.slice"])?
+            .runtime
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pods.slice") && e.contains("cgroupfs"), "{e}");
         Ok(())
     }
 }

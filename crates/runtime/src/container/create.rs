@@ -304,6 +304,8 @@ impl Runtime {
             bundle: rec.bundle.clone(),
             runc: self.oci.binary().to_path_buf(),
             runc_root: self.oci.root().to_path_buf(),
+            systemd_cgroup: self.config.cgroup_driver
+                == petrel_oci::cgroups::systemd::CgroupDriver::Systemd,
             log_path: rec.log_path.clone(),
             tty: rec.config.tty,
             stdin: rec.config.stdin,
@@ -421,6 +423,7 @@ impl Runtime {
                 PathBuf::from("/dev/shm")
             }),
             cgroup_parent: sbrec.cgroup_parent.clone(),
+            cgroup_driver: self.config.cgroup_driver,
             user: crate::sandbox::user_namespace(sbrec)?,
         };
         let image_config = image.config.config().clone();

@@ -36,6 +36,9 @@ pub struct ShimOptions {
     pub runc: PathBuf,
     /// runc's state directory.
     pub runc_root: PathBuf,
+    /// runc manages the container's cgroup through systemd
+    /// (`--systemd-cgroup`).
+    pub systemd_cgroup: bool,
     /// The CRI log file, if any.
     pub log_path: Option<PathBuf>,
     /// Allocate a terminal.
@@ -83,6 +86,9 @@ pub async fn start(binary: &Path, opts: &ShimOptions) -> Result<StartedShim> {
         .arg(&opts.runc_root)
         .arg("--log-path")
         .arg(opts.log_path.as_deref().unwrap_or(Path::new("")));
+    if opts.systemd_cgroup {
+        cmd.arg("--systemd-cgroup");
+    }
     if opts.tty {
         cmd.arg("--tty");
     }

@@ -26,10 +26,12 @@ pub mod pods;
 pub mod rootfs;
 pub mod runc_fast;
 pub mod shims;
+pub mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use petrel_oci::cgroups::systemd::CgroupDriver;
 use petrel_oci::cgroups::Cgroups;
 use petrel_oci::features::{kernel_release, recursive_read_only, user_namespaces, RuntimeFeatures};
 use petrel_oci::runc::Runc;
@@ -103,10 +105,13 @@ impl Parts {
         );
         // Before anything holds descriptors; containers get what we started with.
         host.open_files = Some(crate::open_files::raise_once());
-        let runc = Runc::new(runc_binary, crate::service::Layout::of(config).runc_root());
+        let systemd = config.cgroup_driver == CgroupDriver::Systemd;
+        let runc = Runc::new(runc_binary, crate::service::Layout::of(config).runc_root())
+            .with_systemd_cgroup(systemd);
+        let cgroups = cgroup_ops(config, cgroups)?;
         Ok(Self {
             oci: oci_runtime(runc, config.fast_paths),
-            cgroups: Arc::new(HostCgroups::new(cgroups)),
+            cgroups,
             shims: Arc::new(ProcessShims::new(shim_binary)),
             rootfs: Arc::new(OverlayMounter),
             pods: Arc::new(HostPods),
@@ -114,6 +119,34 @@ impl Parts {
             host,
         })
     }
+}
+
+/// The cgroup operations of the configured driver: the host's cgroupfs,
+/// or with systemd the same reads and systemd's units
+/// ([`systemd::SystemdCgroups`]), which needs cgroup v2.
+fn cgroup_ops(config: &RuntimeConfig, cgroups: Cgroups) -> Result<Arc<dyn CgroupOps>> {
+    config
+        .check_cgroups()
+        .map_err(|e| RuntimeError::Setup(format!("default_cgroup_parent: {e}")))?;
+    if config.cgroup_driver == CgroupDriver::Cgroupfs {
+        return Ok(Arc::new(HostCgroups::new(cgroups)));
+    }
+    let root = match (cgroups.version(), cgroups.unified_dir("/")) {
+        (petrel_oci::cgroups::CgroupVersion::V2, Some(root)) => root,
+        _ => {
+            return Err(RuntimeError::Setup(
+                "the systemd cgroup driver needs a pure cgroup v2 host (this one is v1 or \
+                 hybrid): use --cgroup-driver cgroupfs"
+                    .into(),
+            ))
+        }
+    };
+    let host: Arc<dyn CgroupOps> = Arc::new(HostCgroups::new(cgroups));
+    Ok(Arc::new(systemd::SystemdCgroups::new(
+        host,
+        Arc::new(systemd::Systemctl::default()),
+        root,
+    )))
 }
 
 /// The OCI runtime to drive: `runc` with its fast paths when `fast_paths`

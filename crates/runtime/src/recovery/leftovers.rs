@@ -45,12 +45,19 @@ const REMOVALS_AT_ONCE: usize = 8;
 pub(crate) type Leftovers = HashMap<String, Option<ContainerRecord>>;
 
 /// The container cgroup a bundle's `config.json` names, if it is the
-/// container's own (its last component is the id).
+/// container's own: a path whose last component is the id, or runc's
+/// systemd form `<slice>:petrel:<id>` (its scope's path).
 fn cgroup_from_config(bundle: &Path, id: &str) -> Option<String> {
     let text = std::fs::read(bundle.join("config.json")).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
     let path = v.get("linux")?.get("cgroupsPath")?.as_str()?;
-    (path.starts_with('/') && path.rsplit('/').next() == Some(id)).then(|| path.to_string())
+    if path.starts_with('/') {
+        return (path.rsplit('/').next() == Some(id)).then(|| path.to_string());
+    }
+    let own = path.rsplit(':').next() == Some(id)
+        && path.split(':').nth(1) == Some(petrel_oci::cgroups::systemd::SCOPE_PREFIX);
+    own.then(|| petrel_oci::cgroups::systemd::cgroup_of_spec_path(path))
+        .flatten()
 }
 
 impl Runtime {
@@ -238,6 +245,18 @@ mod tests {
             Some(format!("/pods/p1/{ID}"))
         );
         write("/pods/p1");
+        assert_eq!(cgroup_from_config(dir.path(), ID), None);
+        // The systemd driver's form names the scope.
+        write(&format!("kubepods-pod1.slice:petrel:{ID}"));
+        assert_eq!(
+            cgroup_from_config(dir.path(), ID),
+            Some(format!(
+                "/kubepods.slice/kubepods-pod1.slice/petrel-{ID}.scope"
+            ))
+        );
+        write(&format!("kubepods-pod1.slice:other:{ID}"));
+        assert_eq!(cgroup_from_config(dir.path(), ID), None);
+        write("kubepods-pod1.slice:petrel:other");
         assert_eq!(cgroup_from_config(dir.path(), ID), None);
         std::fs::remove_file(dir.path().join("config.json")).expect("rm");
         assert_eq!(cgroup_from_config(dir.path(), ID), None);

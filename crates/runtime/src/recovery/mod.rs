@@ -347,10 +347,9 @@ impl Runtime {
                     tracing::warn!(sandbox.id = %id, error = %e, "orphan sandbox directory not removed");
                 }
                 // A pod cgroup of ours is named after the sandbox id.
-                let cg = format!(
-                    "{}/{id}",
-                    self.config.default_cgroup_parent.trim_end_matches('/')
-                );
+                let Ok(cg) = self.config.default_pod_cgroup(&id) else {
+                    continue;
+                };
                 // Absent when the pod had a cgroup parent of its own.
                 if let Err(e) = self.cgroups.remove(&cg) {
                     tracing::debug!(sandbox.id = %id, cgroup = %cg, error = %e, "cgroup of an orphan sandbox not removed");

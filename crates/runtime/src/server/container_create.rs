@@ -95,7 +95,11 @@ impl Runtime {
             bundle: self.layout.bundle(&id),
             layer_dir: self.layout.container_layer(&id),
             log_path,
-            cgroup_path: spec::container_cgroup_path(&sbrec.cgroup_parent, &id),
+            cgroup_path: spec::driver_cgroup_path(
+                self.config.cgroup_driver,
+                &sbrec.cgroup_parent,
+                &id,
+            ),
             resources: None,
             user: None,
             restored_from,

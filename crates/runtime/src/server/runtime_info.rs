@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use petrel_cri::api;
+use petrel_oci::cgroups::systemd::CgroupDriver;
 
 use crate::error::Result;
 use crate::service::Runtime;
@@ -91,9 +92,13 @@ impl Runtime {
         self: &Arc<Self>,
         _req: api::RuntimeConfigRequest,
     ) -> Result<api::RuntimeConfigResponse> {
+        let driver = match self.config.cgroup_driver {
+            CgroupDriver::Cgroupfs => api::CgroupDriver::Cgroupfs,
+            CgroupDriver::Systemd => api::CgroupDriver::Systemd,
+        };
         Ok(api::RuntimeConfigResponse {
             linux: Some(api::LinuxRuntimeConfiguration {
-                cgroup_driver: api::CgroupDriver::Cgroupfs as i32,
+                cgroup_driver: driver as i32,
             }),
         })
     }

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use petrel_cri::api;
 
+use petrel_oci::cgroups::systemd::pod_cgroup;
+
 use crate::error::{required, Result, RuntimeError};
 use crate::records::{SandboxRecord, SandboxState};
 use crate::sandbox::{files, namespace_mode, network, Ns};
@@ -43,7 +45,7 @@ impl Runtime {
         let _sync = self.nri_block_sync().await;
         let config = required(req.config, "config")?;
         // Before anything is made, and before anything is named from them.
-        crate::validate::pod_sandbox(&config)?;
+        crate::validate::pod_sandbox(&config, self.config.cgroup_driver)?;
         // Never a pod in the host's user namespace when it asked for its own.
         crate::validate::userns::pod(&config, &self.host)?;
         let md = required(config.metadata.as_ref(), "config.metadata")?;
@@ -77,12 +79,24 @@ impl Runtime {
             self.networks.current()?
         };
         let id = util::new_id().map_err(RuntimeError::Id)?;
-        let cgroup_parent = match config.linux.as_ref().map(|l| l.cgroup_parent.as_str()) {
-            Some(p) if !p.is_empty() => p.trim_end_matches('/').to_string(),
-            _ => format!(
-                "{}/{id}",
-                self.config.default_cgroup_parent.trim_end_matches('/')
-            ),
+        // Kept as the path from the hierarchy's root whatever the driver
+        // (a slice expanded): stats, metrics and OOM checks read it.
+        let given = config
+            .linux
+            .as_ref()
+            .map_or("", |l| l.cgroup_parent.as_str());
+        let cgroup_parent = match pod_cgroup(self.config.cgroup_driver, given) {
+            Ok(Some(p)) => p,
+            Ok(None) => self
+                .config
+                .default_pod_cgroup(&id)
+                .map_err(|e| RuntimeError::invalid("config.linux.cgroup_parent", e.to_string()))?,
+            Err(e) => {
+                return Err(RuntimeError::invalid(
+                    "config.linux.cgroup_parent",
+                    e.to_string(),
+                ))
+            }
         };
         let name = format!("{}_{}_{}_{}", md.name, md.namespace, md.uid, md.attempt);
 

@@ -10,6 +10,7 @@ pub(crate) mod paths;
 pub(crate) mod userns;
 
 use petrel_cri::api;
+use petrel_oci::cgroups::systemd::CgroupDriver;
 use petrel_oci::spec::HostLimits;
 
 use crate::error::{required, Result, RuntimeError};
@@ -17,13 +18,22 @@ use crate::error::{required, Result, RuntimeError};
 /// RunPodSandbox's config: the pod's names, log directory, cgroup parent
 /// and seccomp request (a `Localhost` profile must exist and parse, though
 /// a pause-less pod has no process for it to confine).
-pub(crate) fn pod_sandbox(config: &api::PodSandboxConfig) -> Result<()> {
+///
+/// The cgroup parent is checked against the runtime's cgroup driver: an
+/// absolute path with cgroupfs, a slice name with systemd, and the other
+/// form refused with a message saying which driver takes it.
+pub(crate) fn pod_sandbox(config: &api::PodSandboxConfig, driver: CgroupDriver) -> Result<()> {
     let md = required(config.metadata.as_ref(), "config.metadata")?;
     names::pod_metadata(md)?;
     paths::log_directory("config.log_directory", &config.log_directory)?;
     if let Some(l) = &config.linux {
         if !l.cgroup_parent.is_empty() {
-            paths::cgroup_path("config.linux.cgroup_parent", &l.cgroup_parent)?;
+            const FIELD: &str = "config.linux.cgroup_parent";
+            petrel_oci::cgroups::systemd::pod_cgroup(driver, &l.cgroup_parent)
+                .map_err(|e| RuntimeError::invalid(FIELD, e.to_string()))?;
+            if driver == CgroupDriver::Cgroupfs {
+                paths::cgroup_path(FIELD, &l.cgroup_parent)?;
+            }
         }
         petrel_oci::spec::seccomp::check_sandbox_seccomp(l.security_context.as_ref()).map_err(
             |e| match e {
