@@ -133,9 +133,16 @@ async fn agent_on_the_systemd_driver_should_keep_qos_and_pod_slices() {
 
     // The QoS slices with their weights (2 cpus or more: read them).
     let cpus = std::thread::available_parallelism().unwrap().get() as i64;
+    // (The burstable tier is made last.)
     eventually("QoS slices", T, || {
-        let got = cg.read("cpu", &besteffort, "cpu.weight").ok()?;
-        (got.trim() != "1").then(|| format!("besteffort cpu.weight {got}"))
+        for tier in [&besteffort, &burstable] {
+            match cg.read("cpu", tier, "cpu.weight") {
+                Ok(got) if got.trim() == "1" => {}
+                Ok(got) => return Some(format!("{tier} cpu.weight {got}")),
+                Err(e) => return Some(format!("{e}\n{}", agent.log())),
+            }
+        }
+        None
     });
     assert_eq!(
         read(&cg, &kubepods, "cpu.weight"),
@@ -216,13 +223,17 @@ async fn agent_on_the_systemd_driver_should_keep_qos_and_pod_slices() {
 
     // The summary reads the pod slices and the containers' scopes.
     eventually("summary of the pods", T, || {
-        let (code, body) = agent.get("/stats/summary")?;
-        let s: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let pod = s["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["podRef"]["name"] == "burstable")?
-            .clone();
+        let Some((code, body)) = agent.get("/stats/summary") else {
+            return Some("no answer".into());
+        };
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let Some(pod) = s["pods"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["podRef"]["name"] == "burstable"))
+            .cloned()
+        else {
+            return Some(format!("{code}: no burstable pod in {body}"));
+        };
         let ws = pod["memory"]["workingSetBytes"].as_i64().unwrap_or(0);
         let containers = pod["containers"].as_array().map_or(0, Vec::len);
         (code != 200 || ws <= 0 || containers == 0)
