@@ -397,5 +397,26 @@ mod tests {
         assert_eq!(c.pleg, PlegMode::Relist);
         assert_eq!(c.workers, Some(2));
         assert_eq!(c.sync_period, Duration::from_secs(10));
+        assert_eq!(c.cgroup_driver, crate::qos_cgroups::CgroupDriver::Cgroupfs);
+    }
+
+    #[test]
+    fn the_cgroup_driver_should_be_read_and_its_layout_checked() {
+        use crate::qos_cgroups::CgroupDriver;
+        let c: AgentConfig = toml::from_str("cgroup_driver = \"systemd\"\ncgroup_root = \"/\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.cgroup_driver, CgroupDriver::Systemd);
+        let layout = c
+            .cgroup_layout(c.cgroup_driver)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(layout.pods_cgroup(), "/kubepods.slice");
+        assert!(toml::from_str::<AgentConfig>("cgroup_driver = \"sd\"\n").is_err());
+        let mixed = AgentConfig {
+            cgroup_root: "/a.slice/b".into(),
+            ..Default::default()
+        };
+        let err = mixed.cgroup_layout(CgroupDriver::Systemd).map(|_| ());
+        assert!(err.is_err_and(|e| e.to_string().contains("/a.slice/b")));
+        assert!(mixed.cgroup_layout(CgroupDriver::Cgroupfs).is_ok());
     }
 }
