@@ -102,12 +102,6 @@ pub struct AgentFlags {
     /// kubelet's --pod-max-pids; -1: no limit [default: -1].
     #[arg(long, allow_negative_numbers = true)]
     pub pod_max_pids: Option<i64>,
-    /// How QoS and pod cgroups are made, as kubelet's --cgroup-driver:
-    /// cgroupfs (directories) or systemd (slices through systemd's D-Bus
-    /// API). The runtime's own driver (CRI RuntimeConfig) wins when it
-    /// names one [default: cgroupfs].
-    #[arg(long)]
-    pub cgroup_driver: Option<petrel_agent::qos_cgroups::CgroupDriver>,
     /// kubelet's --seccomp-default: containers whose pod sets no seccomp
     /// profile run with the runtime's default profile (RuntimeDefault)
     /// instead of unconfined. Localhost profiles are read from
@@ -307,9 +301,6 @@ impl AgentFlags {
         if let Some(v) = self.pod_max_pids {
             c.pod_max_pids = v;
         }
-        if let Some(v) = self.cgroup_driver {
-            c.cgroup_driver = v;
-        }
         if self.seccomp_default {
             c.seccomp_default = true;
         }
@@ -341,6 +332,13 @@ pub struct AgentArgs {
     /// Cgroup under which kubepods/ is made [default: /petrel].
     #[arg(long)]
     pub cgroup_root: Option<String>,
+    /// How QoS and pod cgroups are made, as kubelet's --cgroup-driver:
+    /// cgroupfs (directories) or systemd (slices through systemd's D-Bus
+    /// API). The runtime's own driver (CRI RuntimeConfig) wins when it
+    /// names one; under `petrel node` the runtime's --cgroup-driver is
+    /// the agent's too [default: cgroupfs].
+    #[arg(long)]
+    pub cgroup_driver: Option<petrel_agent::qos_cgroups::CgroupDriver>,
     #[command(flatten)]
     pub agent: AgentFlags,
     /// Log filter (RUST_LOG syntax).
@@ -366,6 +364,9 @@ impl AgentArgs {
         }
         if let Some(v) = &self.cgroup_root {
             c.cgroup_root = v.clone();
+        }
+        if let Some(v) = self.cgroup_driver {
+            c.cgroup_driver = v;
         }
         self.agent.apply(&mut c);
         c.validate()?;
