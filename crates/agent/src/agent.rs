@@ -70,6 +70,9 @@ pub enum AgentError {
     /// Cluster mode could not start (an unusable kubeconfig).
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    /// The cgroup root cannot be used with the cgroup driver.
+    #[error(transparent)]
+    CgroupLayout(#[from] crate::qos_cgroups::LayoutError),
 }
 
 /// Runs the agent until `shutdown` completes. Pods keep running after it
@@ -81,6 +84,9 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     let node_name = config.effective_node_name();
     config.validate()?;
+    // The configured driver's layout must hold; the runtime may name
+    // another driver, whose layout is checked once it has.
+    config.cgroup_layout(config.cgroup_driver)?;
     if config.workers.is_some() {
         tracing::warn!(
             "agent setting `workers` is obsolete and ignored: every pod has its own worker"
@@ -249,6 +255,9 @@ pub async fn run(
     let main = async {
         let runtime_name = wait_for_runtime(observer.as_ref(), &health).await;
         let recursive_read_only = supports_recursive_read_only(observer.as_ref()).await;
+        let driver = cgroup_driver(observer.as_ref(), config.cgroup_driver).await;
+        let layout = config.cgroup_layout(driver)?;
+        let cgroup_host = cgroup_host(driver);
         let core = Core {
             runtime: Arc::clone(&runtime),
             cache: Arc::clone(&cache),
@@ -271,7 +280,7 @@ pub async fn run(
                 node_name: node_name.clone(),
                 host_ip: node_ip.to_string(),
                 runtime_name: runtime_name.clone(),
-                cgroup_root: config.pods_cgroup_root().to_string(),
+                cgroups: layout.clone(),
                 root: config.root.clone(),
                 backoff_initial: config.backoff_initial,
                 backoff_max: config.backoff_max,
@@ -301,9 +310,20 @@ pub async fn run(
             crate::cluster::node_object::Reservations::from_settings(&config.eviction);
         let facts = node_facts(&node_name, &machine, &reservations, &node_flags);
         workers.set_node_facts(facts.clone());
-        start_qos_cgroups(&config, &machine, &workers, &mut tasks);
+        if let Some((_, host)) = &cgroup_host {
+            start_qos_cgroups(
+                &config,
+                &layout,
+                Arc::clone(host),
+                &machine,
+                &workers,
+                &mut tasks,
+            );
+        }
         start_eviction(
             &config,
+            &layout,
+            cgroup_host.clone(),
             &runtime,
             &node_name,
             &queue,
@@ -560,27 +580,103 @@ pub(crate) fn start_pipeline(p: Pipeline<'_>, tasks: &mut JoinSet<()>) -> Result
 /// again (kubelet's periodic QoS cgroup update).
 const QOS_CGROUP_RESYNC: Duration = Duration::from_secs(60);
 
-/// Makes the QoS cgroups (`kubepods`, its burstable and besteffort tiers)
-/// with their values and hands the workers the manager that makes each
-/// pod's cgroup; a task writes the tiers again each minute. Without
-/// cgroups the runtime makes pod cgroups alone, as before.
-fn start_qos_cgroups(
-    config: &AgentConfig,
-    machine: &crate::cluster::node_object::MachineFacts,
-    workers: &Arc<PodWorkers>,
-    tasks: &mut JoinSet<()>,
-) {
+/// The cgroup driver: the runtime's when it names one (CRI RuntimeConfig),
+/// as kubelet takes it; else `configured`.
+async fn cgroup_driver(
+    runtime: &dyn RuntimeObserver,
+    configured: crate::qos_cgroups::CgroupDriver,
+) -> crate::qos_cgroups::CgroupDriver {
+    choose_cgroup_driver(runtime.runtime_config().await, configured)
+}
+
+/// The driver from the runtime's RuntimeConfig answer: the one it names;
+/// `configured` when it names none or an unknown one, or has no such call
+/// (each said in the log).
+fn choose_cgroup_driver(
+    answer: crate::cri::CriResult<petrel_cri::api::RuntimeConfigResponse>,
+    configured: crate::qos_cgroups::CgroupDriver,
+) -> crate::qos_cgroups::CgroupDriver {
+    use crate::qos_cgroups::CgroupDriver;
+    use petrel_cri::api::CgroupDriver as Cri;
+    let linux = match answer {
+        Ok(r) => r.linux,
+        Err(e) if e.is_unimplemented() => {
+            tracing::info!(driver = %configured, "the runtime does not say its cgroup driver (no RuntimeConfig): the setting is used");
+            return configured;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, driver = %configured, "RuntimeConfig failed: the cgroup driver setting is used");
+            return configured;
+        }
+    };
+    let Some(linux) = linux else {
+        return configured;
+    };
+    let from_runtime = match Cri::try_from(linux.cgroup_driver) {
+        Ok(Cri::Systemd) => CgroupDriver::Systemd,
+        Ok(Cri::Cgroupfs) => CgroupDriver::Cgroupfs,
+        Err(_) => {
+            tracing::warn!(value = linux.cgroup_driver, driver = %configured, "the runtime named an unknown cgroup driver: the setting is used");
+            return configured;
+        }
+    };
+    if from_runtime != configured {
+        tracing::info!(runtime = %from_runtime, configured = %configured, "cgroup driver taken from the runtime (CRI RuntimeConfig), not the setting");
+    }
+    from_runtime
+}
+
+/// The host's cgroups and, for `driver`, how QoS and pod cgroups are made
+/// on them: None (logged) without cgroups, or with the systemd driver
+/// when systemd's bus cannot be reached; the runtime then makes pod
+/// cgroups alone.
+fn cgroup_host(
+    driver: crate::qos_cgroups::CgroupDriver,
+) -> Option<(
+    petrel_oci::cgroups::Cgroups,
+    Arc<dyn crate::qos_cgroups::CgroupHost>,
+)> {
+    use crate::qos_cgroups::{CgroupDriver, HostCgroups, SystemdCgroups, ZbusSystemd};
     let cgroups = match petrel_oci::cgroups::Cgroups::detect() {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "no cgroups: QoS and pod cgroups are left to the runtime");
-            return;
+            return None;
         }
     };
-    let host = Arc::new(crate::qos_cgroups::HostCgroups::new(cgroups));
+    let host: Arc<dyn crate::qos_cgroups::CgroupHost> = match driver {
+        CgroupDriver::Cgroupfs => Arc::new(HostCgroups::new(cgroups.clone())),
+        CgroupDriver::Systemd => match ZbusSystemd::connect(None) {
+            Ok(bus) => {
+                tracing::info!(
+                    bus = bus.address(),
+                    "systemd cgroup driver: QoS and pod cgroups are slices"
+                );
+                Arc::new(SystemdCgroups::new(Arc::new(bus), cgroups.clone()))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "systemd cgroup driver without systemd: QoS and pod slices are not made, node allocatable is not enforced");
+                return None;
+            }
+        },
+    };
+    Some((cgroups, host))
+}
+
+/// Makes the QoS cgroups (`kubepods`, its burstable and besteffort tiers)
+/// with their values and hands the workers the manager that makes each
+/// pod's cgroup; a task writes the tiers again each minute.
+fn start_qos_cgroups(
+    config: &AgentConfig,
+    layout: &crate::qos_cgroups::CgroupLayout,
+    host: Arc<dyn crate::qos_cgroups::CgroupHost>,
+    machine: &crate::cluster::node_object::MachineFacts,
+    workers: &Arc<PodWorkers>,
+    tasks: &mut JoinSet<()>,
+) {
     let qos = Arc::new(crate::qos_cgroups::QosCgroups::new(
         host,
-        config.pods_cgroup_root(),
+        layout.clone(),
         config.pod_max_pids,
         Some(config.root.join("pod-cgroups")),
     ));
@@ -593,17 +689,21 @@ fn start_qos_cgroups(
         .cpu_millis;
     let cpus = i64::try_from(machine.cpus).unwrap_or(i64::MAX);
     let allocatable_cpu = cpus.saturating_mul(1000).saturating_sub(reserved).max(0);
-    // (Errors were logged by the manager; pods run on without the values.)
-    if qos.start(allocatable_cpu).is_ok() {
-        tracing::info!(cgroup = %qos.pods_cgroup(), allocatable_cpu_millis = allocatable_cpu, "QoS cgroups ready");
-    }
     workers.set_qos_cgroups(Arc::clone(&qos));
+    // On a blocking thread: with systemd each call waits for a job.
     tasks.spawn(async move {
+        let q = Arc::clone(&qos);
+        let started = tokio::task::spawn_blocking(move || q.start(allocatable_cpu)).await;
+        // (Errors were logged by the manager; pods run on without the values.)
+        if matches!(started, Ok(Ok(()))) {
+            tracing::info!(cgroup = %qos.pods_cgroup(), driver = %qos.layout().driver(), allocatable_cpu_millis = allocatable_cpu, "QoS cgroups ready");
+        }
         let mut tick = tokio::time::interval(QOS_CGROUP_RESYNC);
         tick.tick().await;
         loop {
             tick.tick().await;
-            qos.resync();
+            let q = Arc::clone(&qos);
+            let _ = tokio::task::spawn_blocking(move || q.resync()).await;
         }
     });
 }
@@ -613,6 +713,11 @@ fn start_qos_cgroups(
 #[allow(clippy::too_many_arguments)]
 fn start_eviction(
     config: &AgentConfig,
+    layout: &crate::qos_cgroups::CgroupLayout,
+    cgroup_host: Option<(
+        petrel_oci::cgroups::Cgroups,
+        Arc<dyn crate::qos_cgroups::CgroupHost>,
+    )>,
     runtime: &Arc<dyn RuntimeActuator>,
     node_name: &str,
     queue: &WorkQueue<String>,
@@ -623,12 +728,20 @@ fn start_eviction(
     node: &Arc<crate::eviction::NodeState>,
     tasks: &mut JoinSet<()>,
 ) {
-    let cgroups = match petrel_oci::cgroups::Cgroups::detect() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "no cgroups: node-pressure eviction disabled");
-            return;
-        }
+    let (cgroups, host) = match cgroup_host {
+        Some(c) => c,
+        None => match petrel_oci::cgroups::Cgroups::detect() {
+            // (systemd unreachable: eviction still reads the cgroups.)
+            Ok(c) => (
+                c.clone(),
+                Arc::new(crate::qos_cgroups::HostCgroups::new(c))
+                    as Arc<dyn crate::qos_cgroups::CgroupHost>,
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "no cgroups: node-pressure eviction disabled");
+                return;
+            }
+        },
     };
     let reserved = config
         .eviction
@@ -637,10 +750,11 @@ fn start_eviction(
     let observer = crate::eviction::observe::NodeObserver::new(
         cgroups,
         config.node_cgroup.clone(),
-        config.pods_cgroup_root(),
+        &layout.pods_cgroup(),
         config.root.clone(),
         reserved,
-    );
+    )
+    .with_host(host);
     workers.set_node_state(Arc::clone(node));
     let parts = crate::eviction::ManagerParts {
         runtime: Arc::clone(runtime),
@@ -651,7 +765,7 @@ fn start_eviction(
         cache: Arc::clone(cache),
         metrics: metrics.clone(),
         node: Arc::clone(node),
-        pods_root: config.pods_cgroup_root().to_string(),
+        cgroups: layout.clone(),
         root: config.root.clone(),
     };
     match crate::eviction::EvictionManager::new(config.eviction.clone(), observer, parts) {
@@ -781,6 +895,36 @@ mod tests {
             item.map(|i| (i.key, i.priority)),
             Some(("pod-a".to_string(), Priority::Urgent))
         );
+    }
+
+    #[test]
+    fn the_runtimes_cgroup_driver_should_win_when_it_names_one() {
+        use crate::qos_cgroups::CgroupDriver::{Cgroupfs, Systemd};
+        use petrel_cri::api;
+        let says = |d: i32| {
+            Ok(api::RuntimeConfigResponse {
+                linux: Some(api::LinuxRuntimeConfiguration { cgroup_driver: d }),
+            })
+        };
+        let systemd = api::CgroupDriver::Systemd as i32;
+        let cgroupfs = api::CgroupDriver::Cgroupfs as i32;
+        assert_eq!(choose_cgroup_driver(says(systemd), Cgroupfs), Systemd);
+        assert_eq!(choose_cgroup_driver(says(cgroupfs), Systemd), Cgroupfs);
+        assert_eq!(choose_cgroup_driver(says(7), Systemd), Systemd);
+        let silent = Ok(api::RuntimeConfigResponse { linux: None });
+        assert_eq!(choose_cgroup_driver(silent, Systemd), Systemd);
+        let unimplemented = Err(crate::cri::CriError {
+            operation: "runtime_config",
+            code: tonic::Code::Unimplemented,
+            message: String::new(),
+        });
+        assert_eq!(choose_cgroup_driver(unimplemented, Systemd), Systemd);
+        let down = Err(crate::cri::CriError {
+            operation: "runtime_config",
+            code: tonic::Code::Unavailable,
+            message: "down".into(),
+        });
+        assert_eq!(choose_cgroup_driver(down, Cgroupfs), Cgroupfs);
     }
 
     #[tokio::test]

@@ -88,8 +88,14 @@ pub struct AgentConfig {
     /// Concurrent pod inspections by the PLEG.
     pub inspect_concurrency: usize,
     /// The cgroup under which the kubepods hierarchy is made
-    /// (`<cgroup_root>/kubepods/...`). Default `/petrel`.
+    /// (`<cgroup_root>/kubepods/...`; with the systemd driver the slices
+    /// named after it, or a slice itself). Default `/petrel`.
     pub cgroup_root: String,
+    /// kubelet's `cgroupDriver` (`--cgroup-driver`): how QoS and pod
+    /// cgroups are made, cgroupfs (the default) or systemd. As in kubelet,
+    /// the runtime's own driver (CRI RuntimeConfig) wins when it answers
+    /// one; this setting is for a runtime that does not.
+    pub cgroup_driver: crate::qos_cgroups::CgroupDriver,
     /// Deadline of an ordinary CRI call.
     #[serde(with = "humantime_secs")]
     pub runtime_request_timeout: Duration,
@@ -181,6 +187,7 @@ impl Default for AgentConfig {
             workers: None,
             inspect_concurrency: 8,
             cgroup_root: "/petrel".to_string(),
+            cgroup_driver: crate::qos_cgroups::CgroupDriver::Cgroupfs,
             runtime_request_timeout: Duration::from_secs(120),
             backoff_initial: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
@@ -235,6 +242,15 @@ impl AgentConfig {
     /// given, else `cgroup_root`.
     pub fn pods_cgroup_root(&self) -> &str {
         self.node_cgroup.as_deref().unwrap_or(&self.cgroup_root)
+    }
+
+    /// Where the pods' cgroups are with `driver` (the setting, or the
+    /// runtime's).
+    pub fn cgroup_layout(
+        &self,
+        driver: crate::qos_cgroups::CgroupDriver,
+    ) -> Result<crate::qos_cgroups::CgroupLayout, crate::qos_cgroups::LayoutError> {
+        crate::qos_cgroups::CgroupLayout::new(driver, self.pods_cgroup_root())
     }
 
     /// The directory `Localhost` seccomp profiles are relative to:
@@ -381,5 +397,26 @@ mod tests {
         assert_eq!(c.pleg, PlegMode::Relist);
         assert_eq!(c.workers, Some(2));
         assert_eq!(c.sync_period, Duration::from_secs(10));
+        assert_eq!(c.cgroup_driver, crate::qos_cgroups::CgroupDriver::Cgroupfs);
+    }
+
+    #[test]
+    fn the_cgroup_driver_should_be_read_and_its_layout_checked() {
+        use crate::qos_cgroups::CgroupDriver;
+        let c: AgentConfig = toml::from_str("cgroup_driver = \"systemd\"\ncgroup_root = \"/\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.cgroup_driver, CgroupDriver::Systemd);
+        let layout = c
+            .cgroup_layout(c.cgroup_driver)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(layout.pods_cgroup(), "/kubepods.slice");
+        assert!(toml::from_str::<AgentConfig>("cgroup_driver = \"sd\"\n").is_err());
+        let mixed = AgentConfig {
+            cgroup_root: "/a.slice/b".into(),
+            ..Default::default()
+        };
+        let err = mixed.cgroup_layout(CgroupDriver::Systemd).map(|_| ());
+        assert!(err.is_err_and(|e| e.to_string().contains("/a.slice/b")));
+        assert!(mixed.cgroup_layout(CgroupDriver::Cgroupfs).is_ok());
     }
 }

@@ -95,6 +95,14 @@ pub trait RuntimeObserver: Send + Sync + 'static {
     async fn runtime_handlers(&self) -> CriResult<Vec<api::RuntimeHandler>> {
         Ok(Vec::new())
     }
+    /// RuntimeConfig: the runtime's Linux settings (its cgroup driver). A
+    /// runtime without the call answers Unimplemented.
+    async fn runtime_config(&self) -> CriResult<api::RuntimeConfigResponse> {
+        Err(CriError::new(
+            "runtime_config",
+            tonic::Status::unimplemented("RuntimeConfig"),
+        ))
+    }
     /// ListPodSandbox with the given label selector (empty: all).
     async fn list_pod_sandboxes(
         &self,
@@ -268,6 +276,12 @@ impl RuntimeObserver for CriRuntime {
             .observe("status", c.status(req))
             .await?
             .runtime_handlers)
+    }
+
+    async fn runtime_config(&self) -> CriResult<api::RuntimeConfigResponse> {
+        let mut c = self.rt.clone();
+        let req = self.request(api::RuntimeConfigRequest {});
+        self.observe("runtime_config", c.runtime_config(req)).await
     }
 
     async fn list_pod_sandboxes(

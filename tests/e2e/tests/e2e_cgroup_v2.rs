@@ -554,6 +554,18 @@ const IN_SYSTEMD_GUEST: &[(&str, &str)] = &[
         "e2e_systemd_driver",
         "kubelet_on_the_systemd_driver_should_run_a_pod_with_limits_in_kubepods_slice",
     ),
+    // Agent: QoS and pod slices made, set and stopped through systemd's
+    // D-Bus API (the agent's test alone, then the whole agent on Petrel's
+    // runtime, both on the systemd driver: scopes in the pod slices, node
+    // allocatable on the kubepods slice, an eviction, the summary).
+    (
+        "petrel_agent",
+        "qos_cgroups::dbus::tests::slices_should_be_made_set_and_stopped_through_systemd",
+    ),
+    (
+        "e2e_agent_systemd",
+        "agent_on_the_systemd_driver_should_keep_qos_and_pod_slices",
+    ),
 ];
 
 /// A guest with systemd as PID 1 on pure v2: systemd and the system bus

@@ -59,8 +59,9 @@ pub use volumes::{
 pub struct ConvertContext {
     /// This node's name (spec.nodeName, and the managed-by label's value).
     pub node_name: String,
-    /// The cgroup parent under which `kubepods` lives, e.g. "/petrel".
-    pub cgroup_root: String,
+    /// Where the pods' cgroups are (driver and root): the sandbox's cgroup
+    /// parent comes from it.
+    pub cgroups: crate::qos_cgroups::CgroupLayout,
     /// The pod's directory, `<agent root>/pods/<uid>` (emptyDir volumes).
     pub pod_dir: PathBuf,
     /// The pod's subPath mount points, `<agent root>/volume-subpaths/<uid>`.
@@ -199,7 +200,11 @@ pub(crate) mod test_support {
     pub fn ctx() -> ConvertContext {
         ConvertContext {
             node_name: "node-1".to_string(),
-            cgroup_root: "/petrel".to_string(),
+            cgroups: crate::qos_cgroups::CgroupLayout::new(
+                crate::qos_cgroups::CgroupDriver::Cgroupfs,
+                "/petrel",
+            )
+            .unwrap_or_default(),
             pod_dir: PathBuf::from("/var/lib/petrel/pods/uid"),
             sub_path_dir: PathBuf::from("/var/lib/petrel/volume-subpaths/uid"),
             log_dir: PathBuf::from("/var/lib/petrel/logs/ns_name_uid"),

@@ -8,7 +8,7 @@ use petrel_cri::api;
 
 use super::dns::{dns_config, read_host_resolv_conf};
 use super::hash::sandbox_hash;
-use super::qos::{pod_cgroup_parent, qos_class};
+use super::qos::qos_class;
 use super::security::{is_privileged, namespace_options, seccomp, supplemental_groups};
 use super::{ConvertContext, ConvertError};
 use crate::types::{
@@ -109,7 +109,7 @@ pub fn sandbox_config(
         labels,
         annotations,
         linux: Some(api::LinuxPodSandboxConfig {
-            cgroup_parent: pod_cgroup_parent(&pod.uid, qos_class(spec), &ctx.cgroup_root),
+            cgroup_parent: ctx.cgroups.pod_parent(&pod.uid, qos_class(spec)),
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(spec, ctx)?),
                 run_as_user: run_as(|sc| sc.run_as_user),
@@ -362,6 +362,17 @@ spec:
         let cfg = sandbox_config(&desired(POD), 0, &ctx()).unwrap();
         let linux = cfg.linux.unwrap();
         assert_eq!(linux.cgroup_parent, "/petrel/kubepods/burstable/poduid-web");
+        // With the systemd driver: the pod's slice unit, as kubelet.
+        let mut sd = ctx();
+        sd.cgroups =
+            crate::qos_cgroups::CgroupLayout::new(crate::qos_cgroups::CgroupDriver::Systemd, "/")
+                .unwrap();
+        let parent = sandbox_config(&desired(POD), 0, &sd)
+            .unwrap()
+            .linux
+            .unwrap()
+            .cgroup_parent;
+        assert_eq!(parent, "kubepods-burstable-poduid_web.slice");
         assert_eq!(linux.sysctls["net.ipv4.ip_unprivileged_port_start"], "0");
         let sc = linux.security_context.unwrap();
         assert_eq!(sc.run_as_user, Some(api::Int64Value { value: 1000 }));

@@ -35,7 +35,7 @@ use super::summary::{
 };
 use super::thresholds::{threshold_amount, ThresholdTracker};
 use crate::cache::PodCache;
-use crate::convert::{effective_request, pod_cgroup_parent, qos_class};
+use crate::convert::{effective_request, qos_class};
 use crate::cri::RuntimeActuator;
 use crate::metrics::AgentMetrics;
 use crate::source::PodSource;
@@ -90,8 +90,8 @@ pub struct ManagerParts {
     pub metrics: AgentMetrics,
     /// Where conditions are published.
     pub node: Arc<NodeState>,
-    /// The cgroup under which `kubepods` lives.
-    pub pods_root: String,
+    /// Where the pods' cgroups are.
+    pub cgroups: crate::qos_cgroups::CgroupLayout,
     /// The agent's root (pods' emptyDirs and logs).
     pub root: std::path::PathBuf,
 }
@@ -380,7 +380,7 @@ impl EvictionManager {
             let Some(spec) = d.pod.spec.as_ref() else {
                 continue;
             };
-            let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
+            let cgroup = self.parts.cgroups.pod_cgroup(&d.uid, qos_class(spec));
             let Ok(ps) = cgroups.stats(&cgroup) else {
                 continue;
             };
@@ -393,7 +393,9 @@ impl EvictionManager {
                     .iter()
                     .filter(|c| c.state == api::ContainerState::ContainerRunning as i32)
                 {
-                    let path = format!("{cgroup}/{}", c.id);
+                    let Some(path) = self.container_cgroup(&cgroup, &c.id) else {
+                        continue;
+                    };
                     let Ok(cs) = cgroups.stats(&path) else {
                         continue;
                     };
@@ -721,7 +723,7 @@ impl EvictionManager {
                     spec.priority_class_name.as_deref(),
                     Some("system-node-critical" | "system-cluster-critical")
                 );
-            let cgroup = pod_cgroup_parent(&d.uid, qos_class(spec), &self.parts.pods_root);
+            let cgroup = self.parts.cgroups.pod_cgroup(&d.uid, qos_class(spec));
             let stats = self.observer.cgroups().stats(&cgroup).ok();
             // Walking a pod's files is only worth it under disk pressure.
             let disk = matches!(resource, Resource::Disk | Resource::Inodes).then(|| {
@@ -878,6 +880,27 @@ impl EvictionManager {
                 }
             }
         }
+    }
+
+    /// Container `id`'s cgroup in pod cgroup `pod`: by its id (cgroupfs),
+    /// or the child scope named after it (systemd).
+    fn container_cgroup(&self, pod: &str, id: &str) -> Option<String> {
+        let children: Vec<String> = match self.parts.cgroups.driver() {
+            crate::qos_cgroups::CgroupDriver::Cgroupfs => Vec::new(),
+            crate::qos_cgroups::CgroupDriver::Systemd => self
+                .observer
+                .cgroups()
+                .dir("memory", pod)
+                .ok()
+                .and_then(|d| std::fs::read_dir(d).ok())
+                .map(|it| {
+                    it.flatten()
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        self.parts.cgroups.container_cgroup(pod, id, children)
     }
 
     /// Writes node allocatable's `limits` on the pods' cgroup (when they

@@ -128,6 +128,10 @@ pub enum ObserveError {
     /// A cgroup file.
     #[error(transparent)]
     Cgroup(#[from] petrel_oci::cgroups::CgroupError),
+    /// The pods' cgroup could not be made or limited (its unit, with the
+    /// systemd driver).
+    #[error(transparent)]
+    Host(#[from] crate::qos_cgroups::HostError),
     /// A /proc file or statvfs.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -139,13 +143,26 @@ pub enum ObserveError {
 }
 
 /// Reads the node's statistics.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NodeObserver {
     cgroups: Cgroups,
     node_cgroup: Option<String>,
     pods_cgroup: String,
     root: PathBuf,
     reserved: Reserved,
+    /// How node allocatable's limits are set on the pods' cgroup (the
+    /// cgroup driver's host); None: its files are written directly.
+    host: Option<std::sync::Arc<dyn crate::qos_cgroups::CgroupHost>>,
+}
+
+impl std::fmt::Debug for NodeObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeObserver")
+            .field("node_cgroup", &self.node_cgroup)
+            .field("pods_cgroup", &self.pods_cgroup)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The value of `key` (in kB) in /proc/meminfo's text, in bytes.
@@ -195,21 +212,31 @@ fn read_proc(path: &str) -> Result<String, ObserveError> {
 
 impl NodeObserver {
     /// An observer of `node_cgroup` (None: the machine) whose pods live
-    /// under `<pods_root>/kubepods`, with the agent's state in `root`.
+    /// in `pods_cgroup` (`<root>/kubepods`, or with systemd the expanded
+    /// path of `kubepods.slice`), with the agent's state in `root`.
     pub fn new(
         cgroups: Cgroups,
         node_cgroup: Option<String>,
-        pods_root: &str,
+        pods_cgroup: &str,
         root: PathBuf,
         reserved: Reserved,
     ) -> Self {
         Self {
             cgroups,
             node_cgroup,
-            pods_cgroup: format!("{}/kubepods", pods_root.trim_end_matches('/')),
+            pods_cgroup: pods_cgroup.to_string(),
             root,
             reserved,
+            host: None,
         }
+    }
+
+    /// Node allocatable's limits go through `host` (the QoS cgroups'
+    /// driver: with systemd, the slice's unit properties, which systemd
+    /// would otherwise write over).
+    pub fn with_host(mut self, host: std::sync::Arc<dyn crate::qos_cgroups::CgroupHost>) -> Self {
+        self.host = Some(host);
+        self
     }
 
     /// The cgroup hierarchies.
@@ -394,6 +421,16 @@ impl NodeObserver {
         if limits == AllocatableLimits::default() {
             return Ok(());
         }
+        if let Some(host) = &self.host {
+            let config = crate::qos_cgroups::ResourceConfig {
+                memory: limits.memory,
+                pids: limits.pids,
+                ..Default::default()
+            };
+            host.create(&self.pods_cgroup)?;
+            host.apply(&self.pods_cgroup, &config)?;
+            return Ok(());
+        }
         self.cgroups.ensure(&self.pods_cgroup)?;
         if let Some(limit) = limits.memory {
             let file = match self.version() {
@@ -475,14 +512,14 @@ mod tests {
             pid: 10,
             ..Default::default()
         };
-        let o = NodeObserver::new(cgroups.clone(), None, "/", "/".into(), reserved);
+        let o = NodeObserver::new(cgroups.clone(), None, "/kubepods", "/".into(), reserved);
         let l = o.allocatable_limits(1000, 50);
         assert_eq!(l.memory, Some(900));
         assert_eq!(l.pids, Some(40));
         assert_eq!(o.allocatable_limits(1500, 50).memory, Some(1400));
         assert_eq!(o.allocatable_limits(50, 5).memory, Some(0));
         assert_eq!(o.allocatable_limits(50, 5).pids, Some(1));
-        let none = NodeObserver::new(cgroups, None, "/", "/".into(), Reserved::default());
+        let none = NodeObserver::new(cgroups, None, "/kubepods", "/".into(), Reserved::default());
         assert_eq!(
             none.allocatable_limits(1000, 50),
             AllocatableLimits::default()

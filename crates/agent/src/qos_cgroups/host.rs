@@ -1,26 +1,44 @@
 //! The cgroup calls the QoS cgroup manager makes, behind a trait so its
 //! logic is tested without a kernel; and their implementation over
 //! [`Cgroups`] (cgroupfs driver), which maps a [`ResourceConfig`] to v1 or
-//! v2 interface files as kubelet (through runc's libcontainer) does.
+//! v2 interface files as kubelet (through runc's libcontainer) does. The
+//! systemd driver's is in [`super::systemd`].
 
 use petrel_oci::cgroups::{CgroupError, CgroupVersion, Cgroups};
 
 use super::config::{ResourceConfig, MAX_SHARES, MIN_SHARES};
 
-/// What the manager does to cgroups. Paths are cgroupfs style
-/// (`/petrel/kubepods/burstable/pod<uid>`).
+/// Why a cgroup could not be made, written or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A cgroup file or directory (cgroupfs driver).
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// A call on systemd (systemd driver); names the unit.
+    #[error(transparent)]
+    Systemd(#[from] super::systemd::SystemdError),
+    /// The cgroup still has processes or children.
+    #[error("cgroup {0} still has processes or children")]
+    Busy(String),
+    /// The systemd driver was handed a path that is no slice's.
+    #[error("cgroup {0} is not a systemd slice")]
+    NotASlice(String),
+}
+
+/// What the manager does to cgroups. Paths are cgroupfs paths
+/// (`/petrel/kubepods/burstable/pod<uid>`, or a slice's expanded path).
 pub trait CgroupHost: Send + Sync {
     /// Whether cgroup `path` exists (in any hierarchy the manager writes).
     fn exists(&self, path: &str) -> bool;
     /// Creates `path` and its missing ancestors in every hierarchy; on v2
     /// the ancestors' controllers are enabled for their children.
-    fn create(&self, path: &str) -> Result<(), CgroupError>;
+    fn create(&self, path: &str) -> Result<(), HostError>;
     /// Writes `config` on `path`: every value it sets whose controller the
     /// host has; the first error after trying them all.
-    fn apply(&self, path: &str, config: &ResourceConfig) -> Result<(), CgroupError>;
-    /// Removes `path` (not its ancestors) from every hierarchy;
-    /// [`CgroupError::Busy`] while it has processes or children.
-    fn remove(&self, path: &str) -> Result<(), CgroupError>;
+    fn apply(&self, path: &str, config: &ResourceConfig) -> Result<(), HostError>;
+    /// Removes `path` (not its ancestors) from every hierarchy; an error
+    /// while it has processes or children.
+    fn remove(&self, path: &str) -> Result<(), HostError>;
 }
 
 /// cpu shares to cgroup v2's `cpu.weight` (1..10000), the linear mapping
@@ -97,6 +115,19 @@ impl HostCgroups {
     pub fn new(cgroups: Cgroups) -> Self {
         Self { cgroups }
     }
+
+    /// Whether cgroup `path` holds processes or child cgroups (read in
+    /// the memory hierarchy, or the unified one; a missing cgroup is not
+    /// busy).
+    pub fn busy(&self, path: &str) -> bool {
+        let children = self
+            .cgroups
+            .dir("memory", path)
+            .ok()
+            .and_then(|d| std::fs::read_dir(d).ok())
+            .is_some_and(|mut it| it.any(|e| e.is_ok_and(|e| e.path().is_dir())));
+        children || self.cgroups.procs(path).is_ok_and(|p| !p.is_empty())
+    }
 }
 
 /// The controllers whose directories stand for a cgroup's existence (v1:
@@ -113,11 +144,11 @@ impl CgroupHost for HostCgroups {
         }
     }
 
-    fn create(&self, path: &str) -> Result<(), CgroupError> {
-        self.cgroups.ensure(path).map(|_| ())
+    fn create(&self, path: &str) -> Result<(), HostError> {
+        Ok(self.cgroups.ensure(path).map(|_| ())?)
     }
 
-    fn apply(&self, path: &str, config: &ResourceConfig) -> Result<(), CgroupError> {
+    fn apply(&self, path: &str, config: &ResourceConfig) -> Result<(), HostError> {
         let mut first = None;
         for (controller, file, value) in files(self.cgroups.version(), config) {
             // A controller the host lacks is not an error: kubelet sets
@@ -129,10 +160,10 @@ impl CgroupHost for HostCgroups {
                 first.get_or_insert(e);
             }
         }
-        first.map_or(Ok(()), Err)
+        first.map_or(Ok(()), |e| Err(e.into()))
     }
 
-    fn remove(&self, path: &str) -> Result<(), CgroupError> {
+    fn remove(&self, path: &str) -> Result<(), HostError> {
         // Page cache charged to a removed memory cgroup keeps it alive as
         // a dying cgroup: hand it back first (best effort), but never
         // reclaim from processes still there (the removal fails anyway).
@@ -150,7 +181,7 @@ impl CgroupHost for HostCgroups {
         if no_children && self.cgroups.procs(path).is_ok_and(|p| p.is_empty()) {
             let _ = self.cgroups.release_memory(path);
         }
-        self.cgroups.remove(path)
+        Ok(self.cgroups.remove(path)?)
     }
 }
 

@@ -1,8 +1,11 @@
-//! The QoS cgroup manager: kubelet's QoS and pod container managers for
-//! the cgroupfs driver, over any [`CgroupHost`].
+//! The QoS cgroup manager: kubelet's QoS and pod container managers, over
+//! any [`CgroupHost`] (cgroupfs directories or systemd slices; where each
+//! cgroup is comes from the [`CgroupLayout`]).
 //!
 //! At start it makes `kubepods`, `kubepods/burstable` and
-//! `kubepods/besteffort` and writes their cpu shares. Before a pod's first
+//! `kubepods/besteffort` (with systemd: `kubepods.slice`,
+//! `kubepods-burstable.slice`, `kubepods-besteffort.slice`) and writes
+//! their cpu shares. Before a pod's first
 //! sandbox it counts the pod in its tier (the burstable tier's shares
 //! follow its pods' requests) and makes the pod's cgroup with the pod's
 //! values, unless that cgroup exists already (kubelet leaves an existing
@@ -10,8 +13,9 @@
 //! the cgroup there and makes nothing itself, whichever runtime it is.
 //!
 //! Only cgroups the agent made are removed, once the pod's sandboxes are
-//! gone; each is recorded on disk (`<agent root>/pod-cgroups/<uid>`) so a
-//! restarted agent still knows them. A cgroup that is still busy
+//! gone; each is recorded on disk (`<agent root>/pod-cgroups/<uid>`, its
+//! cgroupfs path: a slice's expanded path) so a restarted agent still
+//! knows them and removes those left behind. A cgroup that is still busy
 //! (processes or children) is kept and tried again at each resync: like
 //! kubelet, the agent removes only an empty pod cgroup's directory, and
 //! unlike kubelet it kills nothing (the runtime owns the processes).
@@ -23,21 +27,20 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use petrel_oci::cgroups::CgroupError;
-
 use super::config::{
     best_effort_config, burstable_config, pod_config, pod_cpu_request, top_level_config,
 };
-use super::host::CgroupHost;
-use crate::convert::{pod_cgroup_parent, qos_class, QosClass};
+use super::host::{CgroupHost, HostError};
+use super::naming::CgroupLayout;
+use crate::convert::{qos_class, QosClass};
 use crate::types::DesiredPod;
 
 /// The manager. Cheap to share (`Arc`); every call is short and
 /// synchronous (a few small cgroup files).
 pub struct QosCgroups {
     host: Arc<dyn CgroupHost>,
-    /// The cgroup `kubepods` lives under (no trailing `/`).
-    root: String,
+    /// Where each cgroup is.
+    layout: CgroupLayout,
     /// `--pod-max-pids`: positive is each pod cgroup's `pids.max`.
     pod_pids_limit: i64,
     /// Where the agent records the pod cgroups it made (None: memory only).
@@ -64,22 +67,21 @@ struct State {
 }
 
 impl QosCgroups {
-    /// A manager of the cgroups under `<pods_root>/kubepods`, recording the
-    /// pod cgroups it makes in `records` (read back now).
+    /// A manager of the cgroups of `layout`, recording the pod cgroups it
+    /// makes in `records` (read back now).
     pub fn new(
         host: Arc<dyn CgroupHost>,
-        pods_root: &str,
+        layout: CgroupLayout,
         pod_pids_limit: i64,
         records: Option<PathBuf>,
     ) -> Self {
-        let root = pods_root.trim_end_matches('/').to_string();
         let owned = records
             .as_deref()
-            .map(|dir| read_records(dir, &root))
+            .map(|dir| read_records(dir, &layout))
             .unwrap_or_default();
         Self {
             host,
-            root,
+            layout,
             pod_pids_limit,
             records,
             state: Mutex::new(State {
@@ -89,17 +91,18 @@ impl QosCgroups {
         }
     }
 
-    /// `<root>/kubepods`.
+    /// `kubepods`' cgroupfs path.
     pub fn pods_cgroup(&self) -> String {
-        format!("{}/kubepods", self.root)
+        self.layout.pods_cgroup()
+    }
+
+    /// Where the cgroups are.
+    pub fn layout(&self) -> &CgroupLayout {
+        &self.layout
     }
 
     fn tier(&self, qos: QosClass) -> String {
-        match qos {
-            QosClass::Guaranteed => self.pods_cgroup(),
-            QosClass::Burstable => format!("{}/kubepods/burstable", self.root),
-            QosClass::BestEffort => format!("{}/kubepods/besteffort", self.root),
-        }
+        self.layout.tier(qos)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -109,7 +112,7 @@ impl QosCgroups {
     /// Makes `kubepods` and the two QoS tiers and writes their values, for
     /// a node of `allocatable_cpu_millis`. The first error, after trying
     /// them all.
-    pub fn start(&self, allocatable_cpu_millis: i64) -> Result<(), CgroupError> {
+    pub fn start(&self, allocatable_cpu_millis: i64) -> Result<(), HostError> {
         let mut st = self.lock();
         st.allocatable_cpu = Some(allocatable_cpu_millis);
         st.burstable_written = None;
@@ -135,9 +138,9 @@ impl QosCgroups {
         }
     }
 
-    fn write_tiers(&self, st: &mut State) -> Result<(), CgroupError> {
+    fn write_tiers(&self, st: &mut State) -> Result<(), HostError> {
         let mut first = None;
-        let mut note = |r: Result<(), CgroupError>| {
+        let mut note = |r: Result<(), HostError>| {
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
@@ -168,13 +171,13 @@ impl QosCgroups {
         &self,
         path: &str,
         config: &super::config::ResourceConfig,
-    ) -> Result<(), CgroupError> {
+    ) -> Result<(), HostError> {
         self.host.create(path)?;
         self.host.apply(path, config)
     }
 
     /// Writes the burstable tier's shares when its pods' sum moved.
-    fn update_burstable(&self, st: &mut State) -> Result<(), CgroupError> {
+    fn update_burstable(&self, st: &mut State) -> Result<(), HostError> {
         let sum = st
             .burstable
             .values()
@@ -192,13 +195,13 @@ impl QosCgroups {
     /// Before `pod`'s sandbox is made: counts it in its QoS tier and makes
     /// its cgroup with kubelet's values unless it exists. Cheap once done
     /// for this pod. An error is logged once per pod.
-    pub fn ensure_pod(&self, pod: &DesiredPod) -> Result<(), CgroupError> {
+    pub fn ensure_pod(&self, pod: &DesiredPod) -> Result<(), HostError> {
         let Some(spec) = pod.pod.spec.as_ref() else {
             return Ok(());
         };
         let uid = pod.uid.as_str();
         let qos = qos_class(spec);
-        let path = pod_cgroup_parent(uid, qos, &self.root);
+        let path = self.layout.pod_cgroup(uid, qos);
         let mut st = self.lock();
         // The tier first, as kubelet updates it before the pod's cgroup.
         match qos {
@@ -234,7 +237,7 @@ impl QosCgroups {
         uid: &str,
         path: &str,
         pod: &DesiredPod,
-    ) -> Result<(), CgroupError> {
+    ) -> Result<(), HostError> {
         if self.host.exists(path) {
             // Made before (an adopted pod, or by the runtime): left as is.
             return Ok(());
@@ -335,9 +338,10 @@ impl QosCgroups {
 }
 
 /// The records in `dir`: for each pod UID, the cgroups the agent made.
-/// Only a path that is that pod's cgroup under `<root>/kubepods` is
-/// believed: a damaged record never names another cgroup to remove.
-fn read_records(dir: &std::path::Path, root: &str) -> BTreeMap<String, Vec<String>> {
+/// Only a path that is that pod's cgroup in `layout` is believed: a
+/// damaged record (or one of another driver or root) never names another
+/// cgroup to remove.
+fn read_records(dir: &std::path::Path, layout: &CgroupLayout) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return out;
@@ -349,12 +353,7 @@ fn read_records(dir: &std::path::Path, root: &str) -> BTreeMap<String, Vec<Strin
         let Ok(text) = std::fs::read_to_string(e.path()) else {
             continue;
         };
-        let candidates = [
-            QosClass::Guaranteed,
-            QosClass::Burstable,
-            QosClass::BestEffort,
-        ]
-        .map(|q| pod_cgroup_parent(&uid, q, root));
+        let candidates = layout.pod_candidates(&uid);
         let paths: Vec<String> = text
             .lines()
             .filter(|l| candidates.iter().any(|c| c == l))
@@ -410,7 +409,7 @@ mod tests {
         fn exists(&self, path: &str) -> bool {
             self.has(path)
         }
-        fn create(&self, path: &str) -> Result<(), CgroupError> {
+        fn create(&self, path: &str) -> Result<(), HostError> {
             let mut e = self.existing.lock().unwrap();
             let mut p = String::new();
             for c in path.split('/').filter(|c| !c.is_empty()) {
@@ -419,9 +418,11 @@ mod tests {
             }
             Ok(())
         }
-        fn apply(&self, path: &str, config: &ResourceConfig) -> Result<(), CgroupError> {
+        fn apply(&self, path: &str, config: &ResourceConfig) -> Result<(), HostError> {
             if *self.fail_apply.lock().unwrap() {
-                return Err(CgroupError::NotFound { path: path.into() });
+                return Err(HostError::Cgroup(
+                    petrel_oci::cgroups::CgroupError::NotFound { path: path.into() },
+                ));
             }
             self.written
                 .lock()
@@ -429,16 +430,17 @@ mod tests {
                 .push((path.to_string(), *config));
             Ok(())
         }
-        fn remove(&self, path: &str) -> Result<(), CgroupError> {
+        fn remove(&self, path: &str) -> Result<(), HostError> {
             if self.busy.lock().unwrap().contains(path) {
-                return Err(CgroupError::Busy {
-                    path: path.into(),
-                    dir: path.into(),
-                });
+                return Err(HostError::Busy(path.into()));
             }
             self.existing.lock().unwrap().remove(path);
             Ok(())
         }
+    }
+
+    fn cgroupfs(root: &str) -> CgroupLayout {
+        CgroupLayout::new(super::super::naming::CgroupDriver::Cgroupfs, root).unwrap()
     }
 
     fn pod(uid: &str, resources: &str) -> DesiredPod {
@@ -455,7 +457,7 @@ mod tests {
 
     fn manager(dir: Option<PathBuf>) -> (Arc<Fake>, QosCgroups) {
         let fake = Arc::new(Fake::default());
-        let m = QosCgroups::new(fake.clone(), "/petrel/", 100, dir);
+        let m = QosCgroups::new(fake.clone(), cgroupfs("/petrel/"), 100, dir);
         (fake, m)
     }
 
@@ -568,7 +570,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700, "records are private");
         // A damaged record names nothing the agent would remove.
         std::fs::write(records.join("x"), "/petrel/kubepods\n/etc").unwrap();
-        let again = QosCgroups::new(f.clone(), "/petrel", -1, Some(records.clone()));
+        let again = QosCgroups::new(f.clone(), cgroupfs("/petrel"), -1, Some(records.clone()));
         assert_eq!(
             again.owned(),
             BTreeMap::from([("g".to_string(), vec!["/petrel/kubepods/podg".to_string()])])

@@ -81,8 +81,8 @@ pub struct WorkerConfig {
     pub host_ip: String,
     /// The runtime's name, for containerID (`containerd://...`).
     pub runtime_name: String,
-    /// `<cgroup_root>/kubepods/...`.
-    pub cgroup_root: String,
+    /// Where the pods' cgroups are (`<root>/kubepods/...`, or slices).
+    pub cgroups: crate::qos_cgroups::CgroupLayout,
     /// The agent's root: `pods/<uid>` and `logs/` under it.
     pub root: PathBuf,
     /// Crash-loop backoff start and cap.
@@ -278,10 +278,12 @@ impl PodWorkers {
     /// Counts `pod` in its QoS tier and makes its cgroup with its values
     /// if missing, as kubelet does before a pod's sandbox. A failure is
     /// logged (once per pod) by the manager and does not hold the pod: the
-    /// runtime still makes the cgroup.
-    fn ensure_pod_cgroup(&self, pod: &DesiredPod) {
+    /// runtime still makes the cgroup. Done on a blocking thread: with the
+    /// systemd driver it waits for systemd's jobs.
+    async fn ensure_pod_cgroup(&self, pod: &DesiredPod) {
         if let Some(q) = self.qos_cgroups.get() {
-            let _ = q.ensure_pod(pod);
+            let (q, pod) = (Arc::clone(q), pod.clone());
+            let _ = tokio::task::spawn_blocking(move || q.ensure_pod(&pod)).await;
         }
     }
 
@@ -369,7 +371,7 @@ impl PodWorkers {
     fn convert_context(&self, pod: &DesiredPod, pod_ips: Vec<String>) -> ConvertContext {
         ConvertContext {
             node_name: self.config.node_name.clone(),
-            cgroup_root: self.config.cgroup_root.clone(),
+            cgroups: self.config.cgroups.clone(),
             pod_dir: self.config.root.join("pods").join(&pod.uid),
             sub_path_dir: crate::subpath::pod_dir(&self.config.root, &pod.uid),
             log_dir: self

@@ -108,7 +108,7 @@ impl PodWorkers {
         // 1. The sandbox: the newest, if it is ready; else a new one. The
         // pod's cgroup comes first (made only if missing; a pod running
         // already is still counted in its QoS tier).
-        self.ensure_pod_cgroup(pod);
+        self.ensure_pod_cgroup(pod).await;
         let latest = status.latest_sandbox();
         let ready = latest.filter(|s| s.state == PodSandboxState::SandboxReady as i32);
         let mut changed = false;

@@ -194,7 +194,11 @@ async fn start_with(
             node_name: NODE.into(),
             host_ip: "127.0.0.1".into(),
             runtime_name: "fake".into(),
-            cgroup_root: "/petrel-test".into(),
+            cgroups: crate::qos_cgroups::CgroupLayout::new(
+                crate::qos_cgroups::CgroupDriver::Cgroupfs,
+                "/petrel-test",
+            )
+            .unwrap(),
             root: root.to_path_buf(),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(160),
@@ -1318,4 +1322,96 @@ async fn a_pod_should_wait_for_its_api_objects_and_release_them_when_gone() {
         (!r.contains(&uid)).then(|| format!("released {r:?}"))
     })
     .await;
+}
+
+/// What a pod cgroup host saw, with what the runtime had at that moment.
+#[derive(Default)]
+struct OrderHost {
+    rt: std::sync::OnceLock<Arc<FakeRuntime>>,
+    /// (call, path, sandboxes RunPodSandbox had made, sandboxes left).
+    seen: std::sync::Mutex<Vec<(&'static str, String, usize, usize)>>,
+}
+
+impl OrderHost {
+    fn note(&self, call: &'static str, path: &str) {
+        let rt = self.rt.get().unwrap();
+        let made = rt.calls("run_pod_sandbox");
+        let left = rt.sandboxes().len();
+        self.seen
+            .lock()
+            .unwrap()
+            .push((call, path.to_string(), made, left));
+    }
+}
+
+impl crate::qos_cgroups::CgroupHost for OrderHost {
+    fn exists(&self, _path: &str) -> bool {
+        false
+    }
+    fn create(&self, path: &str) -> Result<(), crate::qos_cgroups::HostError> {
+        self.note("create", path);
+        Ok(())
+    }
+    fn apply(
+        &self,
+        _path: &str,
+        _config: &crate::qos_cgroups::ResourceConfig,
+    ) -> Result<(), crate::qos_cgroups::HostError> {
+        Ok(())
+    }
+    fn remove(&self, path: &str) -> Result<(), crate::qos_cgroups::HostError> {
+        self.note("remove", path);
+        Ok(())
+    }
+}
+
+/// The pod's slice (any driver's cgroup) is made before its first
+/// sandbox, and removed only once its sandboxes are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_cgroup_should_be_made_before_the_sandbox_and_removed_after() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir: PathBuf = tmp.path().join("manifests");
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    let rt = Arc::new(FakeRuntime::live(1));
+    let host = Arc::new(OrderHost::default());
+    let _ = host.rt.set(Arc::clone(&rt));
+    let pipeline = start(Arc::clone(&rt), &dir, &root, PlegMode::Events).await;
+    let layout =
+        crate::qos_cgroups::CgroupLayout::new(crate::qos_cgroups::CgroupDriver::Systemd, "/")
+            .unwrap();
+    pipeline
+        .workers
+        .set_qos_cgroups(Arc::new(crate::qos_cgroups::QosCgroups::new(
+            host.clone(),
+            layout,
+            -1,
+            None,
+        )));
+    put(&dir, "p.yaml", &manifest("p", "Always", &[], &["main"]));
+    wait_for("the pod starts", || {
+        let desired = pipeline.source.all();
+        if desired.is_empty() {
+            return Some("not in the source yet".into());
+        }
+        divergence(&rt, &desired)
+    })
+    .await;
+    let uid = pipeline.source.all()[0].uid.replace('-', "_");
+    let slice =
+        format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice");
+    delete(&dir, "p.yaml");
+    wait_for("the pod's cgroup is removed", || {
+        let seen = host.seen.lock().unwrap().clone();
+        (!seen.iter().any(|s| s.0 == "remove")).then(|| format!("{seen:?}"))
+    })
+    .await;
+    let seen = host.seen.lock().unwrap().clone();
+    let made: Vec<_> = seen.iter().filter(|s| s.0 == "create").collect();
+    assert_eq!(made.len(), 1, "{seen:?}");
+    assert_eq!(made[0].1, slice);
+    assert_eq!(made[0].2, 0, "made before RunPodSandbox: {seen:?}");
+    let removed: Vec<_> = seen.iter().filter(|s| s.0 == "remove").collect();
+    assert_eq!(removed[0].1, slice);
+    assert_eq!(removed[0].3, 0, "removed once no sandbox is left: {seen:?}");
 }

@@ -332,6 +332,13 @@ pub struct AgentArgs {
     /// Cgroup under which kubepods/ is made [default: /petrel].
     #[arg(long)]
     pub cgroup_root: Option<String>,
+    /// How QoS and pod cgroups are made, as kubelet's --cgroup-driver:
+    /// cgroupfs (directories) or systemd (slices through systemd's D-Bus
+    /// API). The runtime's own driver (CRI RuntimeConfig) wins when it
+    /// names one; under `petrel node` the runtime's --cgroup-driver is
+    /// the agent's too [default: cgroupfs].
+    #[arg(long)]
+    pub cgroup_driver: Option<petrel_agent::qos_cgroups::CgroupDriver>,
     #[command(flatten)]
     pub agent: AgentFlags,
     /// Log filter (RUST_LOG syntax).
@@ -357,6 +364,9 @@ impl AgentArgs {
         }
         if let Some(v) = &self.cgroup_root {
             c.cgroup_root = v.clone();
+        }
+        if let Some(v) = self.cgroup_driver {
+            c.cgroup_driver = v;
         }
         self.agent.apply(&mut c);
         c.validate()?;
