@@ -45,7 +45,7 @@ pub struct ZbusSystemd {
 
 impl ZbusSystemd {
     /// Connects to the bus at `address` (None: `DBUS_SYSTEM_BUS_ADDRESS`,
-    /// else [`SYSTEM_BUS`]) and subscribes to systemd's signals. An error
+    /// else `/run/dbus/system_bus_socket`) and subscribes to systemd's signals. An error
     /// when the bus cannot be reached or systemd does not answer.
     pub fn connect(address: Option<&str>) -> Result<Self, SystemdError> {
         let address = address
