@@ -97,12 +97,7 @@ pub trait RuntimeObserver: Send + Sync + 'static {
     }
     /// RuntimeConfig: the runtime's Linux settings (its cgroup driver). A
     /// runtime without the call answers Unimplemented.
-    async fn runtime_config(&self) -> CriResult<api::RuntimeConfigResponse> {
-        Err(CriError::new(
-            "runtime_config",
-            tonic::Status::unimplemented("RuntimeConfig"),
-        ))
-    }
+    async fn runtime_config(&self) -> CriResult<api::RuntimeConfigResponse>;
     /// ListPodSandbox with the given label selector (empty: all).
     async fn list_pod_sandboxes(
         &self,

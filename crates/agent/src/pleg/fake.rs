@@ -1013,6 +1013,17 @@ impl RuntimeObserver for FakeRuntime {
         Ok(api::RuntimeStatus::default())
     }
 
+    async fn runtime_config(&self) -> CriResult<api::RuntimeConfigResponse> {
+        self.enter("runtime_config").await?;
+        self.leave("runtime_config").await?;
+        // The fake's cgroups are laid out as the cgroupfs driver's.
+        Ok(api::RuntimeConfigResponse {
+            linux: Some(api::LinuxRuntimeConfiguration {
+                cgroup_driver: api::CgroupDriver::Cgroupfs as i32,
+            }),
+        })
+    }
+
     async fn list_pod_sandboxes(
         &self,
         labels: HashMap<String, String>,
