@@ -187,10 +187,11 @@ impl CgroupHost for HostCgroups {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn full() -> ResourceConfig {
+    /// Every field set (the systemd driver's tests use it too).
+    pub(in crate::qos_cgroups) fn full() -> ResourceConfig {
         ResourceConfig {
             cpu_shares: Some(1024),
             cpu_quota: Some(50_000),

@@ -221,6 +221,7 @@ impl CgroupHost for SystemdCgroups {
 mod tests {
     use super::*;
     use crate::convert::test_support::desired;
+    use crate::qos_cgroups::host::tests::full;
     use crate::qos_cgroups::naming::{expand_slice, CgroupDriver, CgroupLayout};
     use crate::qos_cgroups::QosCgroups;
     use crate::types::DesiredPod;
@@ -559,16 +560,6 @@ mod tests {
         assert_eq!(quota_per_sec(Some(50_000), None), 500_000);
         assert_eq!(quota_per_sec(Some(-1), Some(100_000)), INFINITY);
         assert_eq!(quota_per_sec(None, Some(100_000)), INFINITY);
-    }
-
-    fn full() -> ResourceConfig {
-        ResourceConfig {
-            cpu_shares: Some(1024),
-            cpu_quota: Some(50_000),
-            cpu_period: Some(100_000),
-            memory: Some(64 << 20),
-            pids: Some(100),
-        }
     }
 
     #[test]

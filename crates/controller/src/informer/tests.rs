@@ -220,14 +220,7 @@ async fn take_in_order(rx: &mut mpsc::UnboundedReceiver<Seen>, n: usize) -> Vec<
 
 /// The next `n` events, sorted by key (a list's order is the map's).
 async fn take(rx: &mut mpsc::UnboundedReceiver<Seen>, n: usize) -> Vec<Seen> {
-    let mut v = Vec::new();
-    for _ in 0..n {
-        let e = timeout(Duration::from_secs(60), rx.recv())
-            .await
-            .expect("an event within 60 s")
-            .expect("handler alive");
-        v.push(e);
-    }
+    let mut v = take_in_order(rx, n).await;
     v.sort_by(|a, b| a.key.cmp(&b.key));
     v
 }
