@@ -169,6 +169,7 @@ impl ObjectManager {
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
             + Clone
+            + serde::Serialize
             + DeserializeOwned
             + std::fmt::Debug
             + PartialEq

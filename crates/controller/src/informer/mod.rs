@@ -9,7 +9,8 @@
 //!   compared with the cache; errors retried with backoff, logged once per
 //!   episode.
 //! * [`Store`] with [`Indexers`]: get by key, list, by namespace, label,
-//!   field or any index function; objects are `Arc`s, reads copy pointers.
+//!   field or any index function; objects are `Arc`s, reads copy pointers,
+//!   or kept encoded ([`CacheForm::Encoded`]), reads decode.
 //! * [`SharedInformer`] and [`InformerFactory`]: one list/watch per
 //!   (type, namespace, selectors); handlers ([`EventHandler`],
 //!   [`QueueHandler`]) each on their own task, a panic isolated.
@@ -29,6 +30,7 @@ mod index;
 pub mod lister_watcher;
 mod reflector;
 mod shared;
+mod slot;
 mod store;
 
 pub use crate::classify::{ClassPolicy, Delay, EventClass};
@@ -36,6 +38,7 @@ pub use handler::{Event, EventHandler, EventKind, QueueHandler, Registration};
 pub use index::{IndexFn, Indexers, LABEL, NAMESPACE};
 pub use lister_watcher::{ApiLister, ListerWatcher, Page, Selectors, WatchError};
 pub use shared::{InformerConfig, InformerFactory, SharedInformer};
+pub use slot::CacheForm;
 pub use store::{object_key, Store};
 
 /// Errors of the informer's reads.

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -25,6 +26,7 @@ use super::handler::{
 use super::index::Indexers;
 use super::lister_watcher::{ApiLister, ListerWatcher, Selectors};
 use super::reflector::{run_reflector, run_resync};
+use super::slot::CacheForm;
 use super::store::Store;
 use crate::classify::{ClassPolicy, EventClass, EventSource};
 use crate::queue::WorkQueue;
@@ -53,6 +55,9 @@ pub struct InformerConfig {
     /// a tree of JSON maps. client-go's transform and controller-runtime's
     /// `TransformStripManagedFields` do the same.
     pub strip_managed_fields: bool,
+    /// How the cache keeps objects (default: shared decoded; see
+    /// [`CacheForm`] for when encoded pays).
+    pub cache_form: CacheForm,
 }
 
 impl Default for InformerConfig {
@@ -65,6 +70,7 @@ impl Default for InformerConfig {
             backoff_initial: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
             strip_managed_fields: false,
+            cache_form: CacheForm::Shared,
         }
     }
 }
@@ -74,6 +80,13 @@ impl InformerConfig {
     #[must_use]
     pub fn strip_managed_fields(mut self, strip: bool) -> Self {
         self.strip_managed_fields = strip;
+        self
+    }
+
+    /// Sets how the cache keeps objects.
+    #[must_use]
+    pub fn cache_form(mut self, form: CacheForm) -> Self {
+        self.cache_form = form;
         self
     }
 
@@ -274,7 +287,7 @@ impl<K> std::fmt::Debug for SharedInformer<K> {
 
 impl<K> SharedInformer<K>
 where
-    K: Resource + Clone + PartialEq + Send + Sync + 'static,
+    K: Resource + Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
     /// An informer over `lw` with these indexes (not started).
     pub fn new(
@@ -284,7 +297,7 @@ where
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                store: Store::new(indexers),
+                store: Store::with_form(indexers, config.cache_form),
                 dispatch: Mutex::new(Dispatch {
                     listeners: Vec::new(),
                     next_id: 0,
@@ -297,7 +310,12 @@ where
             }),
         }
     }
+}
 
+impl<K> SharedInformer<K>
+where
+    K: Resource + Clone + PartialEq + Send + Sync + 'static,
+{
     /// Starts the list/watch (and the resync timer) on the current tokio
     /// runtime; a second call does nothing.
     pub fn start(&self) {
@@ -449,7 +467,15 @@ impl InformerFactory {
     /// (`Api<DynamicObject>` made with an `ApiResource`).
     pub fn informer<K>(&self, api: Api<K>, selectors: Selectors) -> SharedInformer<K>
     where
-        K: Resource + Clone + PartialEq + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource
+            + Clone
+            + PartialEq
+            + Serialize
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
     {
         let key = format!(
             "{}?labels={}&fields={}",
@@ -473,7 +499,7 @@ impl InformerFactory {
         make: F,
     ) -> SharedInformer<K>
     where
-        K: Resource + Clone + PartialEq + Send + Sync + 'static,
+        K: Resource + Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static,
         F: FnOnce() -> Arc<dyn ListerWatcher<K>>,
     {
         // The type is part of the key: two types never share an entry.

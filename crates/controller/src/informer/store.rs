@@ -1,15 +1,21 @@
 //! The informer's local cache: objects by key, and the indexes over them.
 //!
-//! Objects are kept as `Arc`s: a read clones pointers, never objects, and
-//! the handlers get the same `Arc`s. One `RwLock`; writers are the
-//! reflector only, readers are any number of controllers.
+//! Objects are kept as `Arc`s ([`CacheForm::Shared`]): a read clones
+//! pointers, never objects, and the handlers get the same `Arc`s. Or
+//! encoded ([`CacheForm::Encoded`]): a read decodes, outside the lock. One
+//! `RwLock`; writers are the reflector only, readers are any number of
+//! controllers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::index::{IndexFn, Indexers};
+use super::slot::{CacheForm, Codec, Slot};
 use super::InformerError;
 
 /// The key of an object: `namespace/name`, or `name` for cluster-scoped
@@ -24,7 +30,7 @@ pub fn object_key<K: Resource>(obj: &K) -> String {
 }
 
 struct Inner<K> {
-    items: HashMap<String, Arc<K>>,
+    items: HashMap<String, Slot<K>>,
     fns: HashMap<String, IndexFn<K>>,
     /// index name → value → keys.
     indices: HashMap<String, HashMap<String, HashSet<String>>>,
@@ -33,12 +39,18 @@ struct Inner<K> {
 /// A thread-safe, indexed cache of objects (cloning shares it).
 pub struct Store<K> {
     inner: Arc<RwLock<Inner<K>>>,
+    /// Set for [`CacheForm::Encoded`].
+    codec: Option<Codec<K>>,
+    /// Whether an object that does not round-trip was reported.
+    warned: Arc<AtomicBool>,
 }
 
 impl<K> Clone for Store<K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            codec: self.codec,
+            warned: self.warned.clone(),
         }
     }
 }
@@ -49,10 +61,23 @@ impl<K> std::fmt::Debug for Store<K> {
     }
 }
 
+impl<K: Serialize + DeserializeOwned + PartialEq> Store<K> {
+    /// An empty store with these indexes, keeping objects in `form`.
+    pub fn with_form(indexers: Indexers<K>, form: CacheForm) -> Self {
+        let mut store = Self::new(indexers);
+        if form == CacheForm::Encoded {
+            store.codec = Some(Codec::json());
+        }
+        store
+    }
+}
+
 impl<K> Store<K> {
-    /// An empty store with these indexes.
+    /// An empty store with these indexes, objects shared decoded.
     pub fn new(indexers: Indexers<K>) -> Self {
         Self {
+            codec: None,
+            warned: Arc::new(AtomicBool::new(false)),
             inner: Arc::new(RwLock::new(Inner {
                 items: HashMap::new(),
                 indices: indexers
@@ -72,8 +97,11 @@ impl<K> Store<K> {
         let mut inner = self.write();
         for (name, f) in indexers.fns {
             let mut idx: HashMap<String, HashSet<String>> = HashMap::new();
-            for (key, obj) in &inner.items {
-                for v in f(obj) {
+            for (key, slot) in &inner.items {
+                let Some(obj) = slot.object(self.codec.as_ref()) else {
+                    continue;
+                };
+                for v in f(&obj) {
                     idx.entry(v).or_default().insert(key.clone());
                 }
             }
@@ -100,12 +128,22 @@ impl<K> Store<K> {
 
     /// The object under `key` (`namespace/name` or `name`).
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.read().items.get(key).cloned()
+        let slot = self.read().items.get(key).cloned();
+        slot.and_then(|s| s.object(self.codec.as_ref()))
     }
 
     /// Every object, in no particular order.
     pub fn list(&self) -> Vec<Arc<K>> {
-        self.read().items.values().cloned().collect()
+        let slots: Vec<Slot<K>> = self.read().items.values().cloned().collect();
+        self.objects(&slots)
+    }
+
+    /// The objects in `slots`, decoded outside the lock.
+    fn objects(&self, slots: &[Slot<K>]) -> Vec<Arc<K>> {
+        slots
+            .iter()
+            .filter_map(|s| s.object(self.codec.as_ref()))
+            .collect()
     }
 
     /// Every key.
@@ -125,17 +163,19 @@ impl<K> Store<K> {
 
     /// The objects indexed under `value` in the index `index`.
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, InformerError> {
-        let inner = self.read();
-        let idx = inner
-            .indices
-            .get(index)
-            .ok_or_else(|| InformerError::NoSuchIndex(index.to_string()))?;
-        Ok(idx
-            .get(value)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| inner.items.get(k).cloned())
-            .collect())
+        let slots: Vec<Slot<K>> = {
+            let inner = self.read();
+            let idx = inner
+                .indices
+                .get(index)
+                .ok_or_else(|| InformerError::NoSuchIndex(index.to_string()))?;
+            idx.get(value)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| inner.items.get(k).cloned())
+                .collect()
+        };
+        Ok(self.objects(&slots))
     }
 
     /// The keys indexed under `value` in the index `index`.
@@ -150,8 +190,23 @@ impl<K> Store<K> {
 
     /// Puts `obj` under `key`; returns the object it replaced.
     pub(crate) fn put(&self, key: &str, obj: Arc<K>) -> Option<Arc<K>> {
+        let slot = match &self.codec {
+            None => Slot::Shared(obj.clone()),
+            Some(codec) => codec.slot(&obj).unwrap_or_else(|kept| {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        key,
+                        "an object does not come back equal from its JSON: such objects are cached decoded"
+                    );
+                }
+                kept
+            }),
+        };
         let mut inner = self.write();
-        let old = inner.items.insert(key.to_string(), obj.clone());
+        let old = inner
+            .items
+            .insert(key.to_string(), slot)
+            .and_then(|s| s.object(self.codec.as_ref()));
         reindex(&mut inner, key, old.as_deref(), Some(&obj));
         old
     }
@@ -159,7 +214,10 @@ impl<K> Store<K> {
     /// Removes `key`; returns the object it held.
     pub(crate) fn remove(&self, key: &str) -> Option<Arc<K>> {
         let mut inner = self.write();
-        let old = inner.items.remove(key);
+        let old = inner
+            .items
+            .remove(key)
+            .and_then(|s| s.object(self.codec.as_ref()));
         if let Some(o) = &old {
             reindex(&mut inner, key, Some(o), None);
         }
@@ -225,7 +283,11 @@ mod tests {
     }
 
     fn store() -> Store<Pod> {
-        Store::new(
+        store_in(CacheForm::Shared)
+    }
+
+    fn store_in(form: CacheForm) -> Store<Pod> {
+        Store::with_form(
             Indexers::standard()
                 .field("node", |p: &Pod| {
                     p.spec.as_ref().and_then(|s| s.node_name.clone())
@@ -233,6 +295,7 @@ mod tests {
                 .custom("name-len", |p: &Pod| {
                     vec![p.metadata.name.as_deref().unwrap_or("").len().to_string()]
                 }),
+            form,
         )
     }
 
@@ -247,7 +310,12 @@ mod tests {
 
     #[test]
     fn store_should_answer_every_index_and_follow_updates_and_deletes() {
-        let s = store();
+        for form in [CacheForm::Shared, CacheForm::Encoded] {
+            every_index_should_follow_updates_and_deletes(store_in(form));
+        }
+    }
+
+    fn every_index_should_follow_updates_and_deletes(s: Store<Pod>) {
         for p in [
             pod("a", "p1", "n1", &[("app", "web")]),
             pod("a", "p2", "n2", &[("app", "db")]),
@@ -295,5 +363,55 @@ mod tests {
         let got = s.get("a/p1").expect("cached");
         assert!(Arc::ptr_eq(&got, &p));
         assert_eq!(object_key(p.as_ref()), "a/p1");
+    }
+
+    #[test]
+    fn an_encoded_store_should_keep_bytes_and_give_back_equal_objects() {
+        let s = store_in(CacheForm::Encoded);
+        let p = pod("a", "p1", "n1", &[("app", "web")]);
+        assert!(s.put("a/p1", p.clone()).is_none());
+        assert!(matches!(s.read().items.get("a/p1"), Some(Slot::Encoded(_))));
+        let got = s.get("a/p1").expect("cached");
+        assert_eq!(got, p);
+        assert!(!Arc::ptr_eq(&got, &p), "decoded on read, not shared");
+        // The replaced and the removed object come back decoded.
+        let old = s.put("a/p1", pod("a", "p1", "n2", &[])).expect("replaced");
+        assert_eq!(old, p);
+        let gone = s.remove("a/p1").expect("removed");
+        assert_eq!(
+            gone.spec.as_ref().and_then(|x| x.node_name.as_deref()),
+            Some("n2")
+        );
+        assert!(s.is_empty());
+    }
+
+    /// A type whose JSON drops a field: it cannot come back equal.
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Lossy {
+        kept: String,
+        #[serde(skip_serializing, default)]
+        dropped: String,
+    }
+
+    #[test]
+    fn an_encoded_store_should_keep_what_does_not_round_trip_decoded() {
+        let s = Store::with_form(Indexers::default(), CacheForm::Encoded);
+        let whole = Arc::new(Lossy {
+            kept: "a".into(),
+            dropped: "b".into(),
+        });
+        s.put("x", whole.clone());
+        assert!(matches!(s.read().items.get("x"), Some(Slot::Shared(_))));
+        assert!(Arc::ptr_eq(&s.get("x").expect("cached"), &whole));
+        // One without the lossy field round-trips and is encoded.
+        s.put(
+            "y",
+            Arc::new(Lossy {
+                kept: "c".into(),
+                dropped: String::new(),
+            }),
+        );
+        assert!(matches!(s.read().items.get("y"), Some(Slot::Encoded(_))));
+        assert_eq!(s.len(), 2);
     }
 }
