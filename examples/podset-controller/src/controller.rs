@@ -7,8 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use petrel_controller::informer::{
-    ClassPolicy, Delay, EventClass, InformerConfig, InformerFactory, Registration, Selectors,
-    SharedInformer,
+    CacheForm, ClassPolicy, Delay, EventClass, InformerConfig, InformerFactory, Registration,
+    Selectors, SharedInformer,
 };
 use petrel_controller::leader::Term;
 use petrel_controller::{run_workers, Priority, QueueConfig, WorkQueue};
@@ -99,10 +99,13 @@ impl Controller {
     ) -> Self {
         let factory = InformerFactory::new(
             // Nothing here reads managedFields (nor in the reference,
-            // whose cache drops them too).
+            // whose cache drops them too). A reconcile reads one PodSet and
+            // its few Pods, while the cache holds every PodSet: kept
+            // encoded, a PodSet is under 0.5 KB instead of 5.
             InformerConfig::default()
                 .resync_period(Some(settings.sync_period))
-                .strip_managed_fields(true),
+                .strip_managed_fields(true)
+                .cache_form(CacheForm::Encoded),
         );
         let (podset_api, pod_api): (Api<PodSet>, Api<Pod>) = if namespace.is_empty() {
             (Api::all(client.clone()), Api::all(client.clone()))
