@@ -1,0 +1,321 @@
+//! The container's OOM kills, seen from its own cgroup while it runs.
+//!
+//! On cgroup v2 the kernel counts, in the `oom_kill` field of a cgroup's
+//! `memory.events`, the processes the OOM killer killed in it, and notifies
+//! a change of the file to inotify watchers (`IN_MODIFY`). The shim, which
+//! lives as long as the container, reads the count when the container is
+//! created, on every change, and once more as soon as it reaps init: the
+//! container was OOM-killed when the count grew. This cannot be left to the
+//! runtime: with the systemd cgroup driver, systemd removes a container's
+//! scope (and its cgroup, with the count) as soon as its last process is
+//! gone, and the runtime may not even be running then.
+//!
+//! The count is read at the exit before anything else, and the kernel
+//! increments it before the victim dies, so the last read normally sees
+//! the kill. When that read fails (the cgroup already removed) only the
+//! changes read before count; without a growth among them the shim says
+//! nothing ([`OomWatch::verdict`] is `None`) rather than guess.
+//!
+//! On cgroup v1 (or with no memory controller on v2) there is no such file:
+//! the watch is not made, and the runtime keeps its own checks.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Where cgroup v2 is mounted.
+const CGROUP2_ROOT: &str = "/sys/fs/cgroup";
+/// `statfs(2)`'s `f_type` of a cgroup2 mount.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// The reads the watch makes of the kernel; a fake in the tests.
+pub(crate) trait MemoryEvents {
+    /// The cgroup's current `oom_kill` count; an error when the file
+    /// cannot be read (the cgroup is gone).
+    fn oom_kills(&mut self) -> io::Result<u64>;
+}
+
+/// The `oom_kill` count in `memory.events` content.
+pub(crate) fn parse_oom_kill(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// The cgroup v2 path in `/proc/<pid>/cgroup` content (its `0::` line).
+pub(crate) fn unified_path(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .filter(|p| p.starts_with('/'))
+}
+
+/// Counts OOM kills in a container's cgroup; see the module's doc.
+pub(crate) struct OomWatch<E> {
+    events: E,
+    /// The count when the container was created.
+    at_start: u64,
+    /// The highest count read since.
+    highest: u64,
+    /// Whether the read made when init exited succeeded.
+    read_at_exit: Option<bool>,
+}
+
+impl<E: MemoryEvents> OomWatch<E> {
+    /// Starts counting from the current count; `None` when it cannot be
+    /// read (no memory controller, not cgroup v2).
+    pub(crate) fn start(mut events: E) -> Option<Self> {
+        let at_start = events.oom_kills().ok()?;
+        Some(Self {
+            events,
+            at_start,
+            highest: at_start,
+            read_at_exit: None,
+        })
+    }
+
+    /// The file changed: reads the count. A failed read (the cgroup gone)
+    /// changes nothing.
+    pub(crate) fn changed(&mut self) {
+        if let Ok(n) = self.events.oom_kills() {
+            self.highest = self.highest.max(n);
+        }
+    }
+
+    /// Init was reaped: the last read. Only the first call reads.
+    pub(crate) fn exited(&mut self) {
+        if self.read_at_exit.is_some() {
+            return;
+        }
+        let read = self.events.oom_kills();
+        if let Ok(n) = read {
+            self.highest = self.highest.max(n);
+        }
+        self.read_at_exit = Some(read.is_ok());
+    }
+
+    /// Whether the OOM killer killed in the cgroup since the start: yes
+    /// when the count grew; no only when the read at the exit saw it
+    /// unchanged; unknown otherwise.
+    pub(crate) fn verdict(&self) -> Option<bool> {
+        if self.highest > self.at_start {
+            return Some(true);
+        }
+        (self.read_at_exit == Some(true)).then_some(false)
+    }
+}
+
+/// A cgroup's `memory.events` on the host.
+pub(crate) struct CgroupMemoryEvents {
+    path: PathBuf,
+}
+
+impl MemoryEvents for CgroupMemoryEvents {
+    fn oom_kills(&mut self) -> io::Result<u64> {
+        // The file is a few short lines; no allocation per read.
+        let mut buf = [0u8; 512];
+        let mut file = File::open(&self.path)?;
+        let mut len = 0;
+        loop {
+            match file.read(&mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    len += n;
+                    if len == buf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        std::str::from_utf8(&buf[..len])
+            .ok()
+            .and_then(parse_oom_kill)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("no oom_kill count in {}", self.path.display()),
+                )
+            })
+    }
+}
+
+/// The watch on a live container's cgroup: the count and the inotify
+/// descriptor whose readiness means the file changed.
+pub(crate) struct HostOomWatch {
+    pub(crate) watch: OomWatch<CgroupMemoryEvents>,
+    pub(crate) inotify: File,
+}
+
+impl HostOomWatch {
+    /// Watches the cgroup of process `pid` (the container's init); `None`
+    /// (with a diagnostic when unexpected) where there is nothing to watch.
+    pub(crate) fn start(pid: libc::pid_t) -> Option<Self> {
+        if !is_cgroup2(Path::new(CGROUP2_ROOT)) {
+            return None;
+        }
+        let text = match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+            Ok(t) => t,
+            Err(e) => {
+                diag!("read the cgroup of {pid}: {e}; OOM kills not watched");
+                return None;
+            }
+        };
+        let cgroup = unified_path(&text)?;
+        let path = Path::new(CGROUP2_ROOT)
+            .join(cgroup.trim_start_matches('/'))
+            .join("memory.events");
+        // Watched before the first read: no change falls between the two.
+        let inotify = match watch_modify(&path) {
+            Ok(fd) => File::from(fd),
+            Err(e) => {
+                // No memory controller in the container's cgroup.
+                if e.kind() != io::ErrorKind::NotFound {
+                    diag!("watch {}: {e}; OOM kills not watched", path.display());
+                }
+                return None;
+            }
+        };
+        let watch = OomWatch::start(CgroupMemoryEvents { path })?;
+        Some(Self { watch, inotify })
+    }
+
+    /// The inotify descriptor is readable: drains its events, then reads
+    /// the count.
+    pub(crate) fn notified(&mut self) {
+        let mut buf = [0u8; 1024];
+        loop {
+            match (&self.inotify).read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // WouldBlock: drained.
+                Err(_) => break,
+            }
+        }
+        self.watch.changed();
+    }
+}
+
+/// Whether `path` is a cgroup2 mount.
+fn is_cgroup2(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs reads the nul-terminated path and writes the zeroed
+    // struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    // f_type's type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    magic == CGROUP2_SUPER_MAGIC
+}
+
+/// A non-blocking inotify descriptor watching `path` for modifications.
+fn watch_modify(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a nul byte"))?;
+    // SAFETY: inotify_init1 takes flags only.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just returned by the kernel; nothing else
+    // owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: reads the nul-terminated path we own, on our descriptor.
+    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_MODIFY) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// Counts served in turn; an exhausted list reads as a removed cgroup.
+    struct Reads(VecDeque<u64>);
+
+    impl MemoryEvents for Reads {
+        fn oom_kills(&mut self) -> io::Result<u64> {
+            self.0
+                .pop_front()
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
+        }
+    }
+
+    fn watch(reads: &[u64]) -> OomWatch<Reads> {
+        OomWatch::start(Reads(reads.iter().copied().collect())).unwrap_or_else(|| {
+            panic!("the first read is there");
+        })
+    }
+
+    #[test]
+    fn oom_watch_should_say_killed_when_the_count_grew_by_the_exit() {
+        let mut w = watch(&[0, 1]);
+        w.exited();
+        assert_eq!(w.verdict(), Some(true));
+    }
+
+    #[test]
+    fn oom_watch_should_say_killed_when_a_change_saw_growth_and_the_cgroup_went_first() {
+        // The kill read on its change; the cgroup gone at the exit.
+        let mut w = watch(&[2, 2, 3]);
+        w.changed();
+        w.changed();
+        w.exited();
+        assert_eq!(w.verdict(), Some(true));
+    }
+
+    #[test]
+    fn oom_watch_should_say_not_killed_only_when_the_exit_read_saw_no_growth() {
+        let mut w = watch(&[4, 4]);
+        w.exited();
+        assert_eq!(w.verdict(), Some(false));
+        // A second exit does not read again.
+        w.exited();
+        assert_eq!(w.verdict(), Some(false));
+    }
+
+    #[test]
+    fn oom_watch_should_not_guess_when_the_cgroup_went_before_the_exit_read() {
+        let mut w = watch(&[0, 0]);
+        w.changed();
+        w.exited();
+        assert_eq!(w.verdict(), None);
+    }
+
+    #[test]
+    fn oom_watch_should_not_start_without_a_count() {
+        assert!(OomWatch::start(Reads(VecDeque::new())).is_none());
+    }
+
+    #[test]
+    fn memory_events_should_give_the_oom_kill_count() {
+        let text = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(parse_oom_kill(text), Some(1));
+        assert_eq!(parse_oom_kill("oom 3\n"), None);
+    }
+
+    #[test]
+    fn proc_cgroup_should_give_the_unified_path() {
+        let v2 = "0::/petrel.slice/petrel-p.slice/petrel-c1.scope\n";
+        assert_eq!(
+            unified_path(v2),
+            Some("/petrel.slice/petrel-p.slice/petrel-c1.scope")
+        );
+        let hybrid = "12:memory:/petrel/c1\n1:name=systemd:/petrel/c1\n0::/petrel/c1\n";
+        assert_eq!(unified_path(hybrid), Some("/petrel/c1"));
+        assert_eq!(unified_path("4:memory:/x\n"), None);
+    }
+}
