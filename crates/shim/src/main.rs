@@ -673,7 +673,12 @@ impl Shim {
             // The loop only ends after init exited.
             return 1;
         };
-        exited.record.oom_killed = self.oom.as_ref().and_then(|o| o.watch.verdict());
+        if let Some(oom) = &self.oom {
+            exited.record.oom_killed = oom.watch.verdict();
+            if exited.record.oom_killed.is_none() {
+                diag!("OOM kills unknown: the container's cgroup was gone before its last read");
+            }
+        }
         match write_exit_record(&exited.record) {
             Ok(()) => 0,
             Err(e) => {
@@ -705,7 +710,7 @@ impl Shim {
                 // First, before systemd may remove the container's scope
                 // (and its cgroup) now that it is empty.
                 if let Some(oom) = &mut self.oom {
-                    oom.watch.exited();
+                    oom.exited();
                 }
                 *exited = Some(Exited {
                     record: ExitRecord {

@@ -10,11 +10,13 @@
 //! scope (and its cgroup, with the count) as soon as its last process is
 //! gone, and the runtime may not even be running then.
 //!
-//! The count is read at the exit before anything else, and the kernel
-//! increments it before the victim dies, so the last read normally sees
-//! the kill. When that read fails (the cgroup already removed) only the
-//! changes read before count; without a growth among them the shim says
-//! nothing ([`OomWatch::verdict`] is `None`) rather than guess.
+//! The counts are read at the exit before anything else, and the kernel
+//! increments `oom_kill` before the victim dies, so the last read
+//! normally sees the kill. When that read fails (systemd removed the
+//! scope first) the changes read before decide: a growth is a kill; a
+//! container that never reached its limit and whose every notified change
+//! was read was not killed; otherwise the shim says nothing
+//! ([`OomWatch::verdict`] is `None`) rather than guess.
 //!
 //! On cgroup v1 (or with no memory controller on v2) there is no such file:
 //! the watch is not made, and the runtime keeps its own checks.
@@ -31,18 +33,46 @@ const CGROUP2_ROOT: &str = "/sys/fs/cgroup";
 /// `statfs(2)`'s `f_type` of a cgroup2 mount.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
-/// The reads the watch makes of the kernel; a fake in the tests.
-pub(crate) trait MemoryEvents {
-    /// The cgroup's current `oom_kill` count; an error when the file
-    /// cannot be read (the cgroup is gone).
-    fn oom_kills(&mut self) -> io::Result<u64>;
+/// The counts of `memory.events` the watch uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Times the cgroup's usage hit its limit (`max`).
+    pub(crate) max: u64,
+    /// Times an allocation was about to fail at the limit (`oom`).
+    pub(crate) oom: u64,
+    /// Processes the OOM killer killed in the cgroup (`oom_kill`).
+    pub(crate) oom_kill: u64,
 }
 
-/// The `oom_kill` count in `memory.events` content.
-pub(crate) fn parse_oom_kill(text: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("oom_kill "))
-        .and_then(|n| n.trim().parse().ok())
+impl Counts {
+    fn highest(self, other: Self) -> Self {
+        Self {
+            max: self.max.max(other.max),
+            oom: self.oom.max(other.oom),
+            oom_kill: self.oom_kill.max(other.oom_kill),
+        }
+    }
+}
+
+/// The reads the watch makes of the kernel; a fake in the tests.
+pub(crate) trait MemoryEvents {
+    /// The cgroup's current counts; an error when the file cannot be read
+    /// (the cgroup is gone).
+    fn read(&mut self) -> io::Result<Counts>;
+}
+
+/// The counts in `memory.events` content; `None` without `oom_kill`.
+pub(crate) fn parse_counts(text: &str) -> Option<Counts> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    Some(Counts {
+        max: field("max").unwrap_or(0),
+        oom: field("oom").unwrap_or(0),
+        oom_kill: field("oom_kill")?,
+    })
 }
 
 /// The cgroup v2 path in `/proc/<pid>/cgroup` content (its `0::` line).
@@ -55,56 +85,100 @@ pub(crate) fn unified_path(text: &str) -> Option<&str> {
 /// Counts OOM kills in a container's cgroup; see the module's doc.
 pub(crate) struct OomWatch<E> {
     events: E,
-    /// The count when the container was created.
-    at_start: u64,
-    /// The highest count read since.
-    highest: u64,
+    /// The counts when the container was created.
+    at_start: Counts,
+    /// The highest counts read since.
+    highest: Counts,
+    /// A change was notified that no read has seen yet.
+    unread_change: bool,
     /// Whether the read made when init exited succeeded.
     read_at_exit: Option<bool>,
 }
 
 impl<E: MemoryEvents> OomWatch<E> {
-    /// Starts counting from the current count; `None` when it cannot be
-    /// read (no memory controller, not cgroup v2).
+    /// Starts counting from the current counts; `None` when they cannot
+    /// be read (no memory controller, not cgroup v2).
     pub(crate) fn start(mut events: E) -> Option<Self> {
-        let at_start = events.oom_kills().ok()?;
+        let at_start = events.read().ok()?;
         Some(Self {
             events,
             at_start,
             highest: at_start,
+            unread_change: false,
             read_at_exit: None,
         })
     }
 
-    /// The file changed: reads the count. A failed read (the cgroup gone)
-    /// changes nothing.
-    pub(crate) fn changed(&mut self) {
-        if let Ok(n) = self.events.oom_kills() {
-            self.highest = self.highest.max(n);
+    fn read(&mut self) -> bool {
+        match self.events.read() {
+            Ok(counts) => {
+                self.highest = self.highest.highest(counts);
+                self.unread_change = false;
+                true
+            }
+            Err(_) => false,
         }
     }
 
-    /// Init was reaped: the last read. Only the first call reads.
-    pub(crate) fn exited(&mut self) {
+    /// The file changed: reads the counts. A failed read (the cgroup gone)
+    /// leaves the change unread.
+    pub(crate) fn changed(&mut self) {
+        if !self.read() {
+            self.unread_change = true;
+        }
+    }
+
+    /// Init was reaped: the last read; `pending` says a change was
+    /// notified and not read yet. Only the first call reads.
+    pub(crate) fn exited(&mut self, pending: bool) {
         if self.read_at_exit.is_some() {
             return;
         }
-        let read = self.events.oom_kills();
-        if let Ok(n) = read {
-            self.highest = self.highest.max(n);
-        }
-        self.read_at_exit = Some(read.is_ok());
+        self.unread_change |= pending;
+        let ok = self.read();
+        self.read_at_exit = Some(ok);
     }
 
     /// Whether the OOM killer killed in the cgroup since the start: yes
-    /// when the count grew; no only when the read at the exit saw it
-    /// unchanged; unknown otherwise.
+    /// when `oom_kill` grew. No when the read at the exit saw it
+    /// unchanged, or, the cgroup gone by then, when every change notified
+    /// was read and the container never even reached its limit (`max` and
+    /// `oom` unchanged: the kernel notifies each count's change, so a
+    /// kill would have been seen). Unknown otherwise.
     pub(crate) fn verdict(&self) -> Option<bool> {
-        if self.highest > self.at_start {
+        if self.highest.oom_kill > self.at_start.oom_kill {
             return Some(true);
         }
-        (self.read_at_exit == Some(true)).then_some(false)
+        match self.read_at_exit {
+            Some(true) => Some(false),
+            Some(false)
+                if !self.unread_change
+                    && self.highest.max == self.at_start.max
+                    && self.highest.oom == self.at_start.oom =>
+            {
+                Some(false)
+            }
+            _ => None,
+        }
     }
+}
+
+/// Whether a buffer of inotify events holds a modification.
+pub(crate) fn has_modify(mut buf: &[u8]) -> bool {
+    // struct inotify_event: wd, mask, cookie, len (4 bytes each), name.
+    const HEADER: usize = 16;
+    while buf.len() >= HEADER {
+        let word = |at: usize| u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+        if word(4) & libc::IN_MODIFY != 0 {
+            return true;
+        }
+        let next = HEADER + word(12) as usize;
+        if next > buf.len() {
+            break;
+        }
+        buf = &buf[next..];
+    }
+    false
 }
 
 /// A cgroup's `memory.events` on the host.
@@ -113,7 +187,7 @@ pub(crate) struct CgroupMemoryEvents {
 }
 
 impl MemoryEvents for CgroupMemoryEvents {
-    fn oom_kills(&mut self) -> io::Result<u64> {
+    fn read(&mut self) -> io::Result<Counts> {
         // The file is a few short lines; no allocation per read.
         let mut buf = [0u8; 512];
         let mut file = File::open(&self.path)?;
@@ -133,7 +207,7 @@ impl MemoryEvents for CgroupMemoryEvents {
         }
         std::str::from_utf8(&buf[..len])
             .ok()
-            .and_then(parse_oom_kill)
+            .and_then(parse_counts)
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -183,20 +257,34 @@ impl HostOomWatch {
         Some(Self { watch, inotify })
     }
 
-    /// The inotify descriptor is readable: drains its events, then reads
-    /// the count.
+    /// The inotify descriptor is readable: reads the counts if the file
+    /// changed.
     pub(crate) fn notified(&mut self) {
+        if self.drain() {
+            self.watch.changed();
+        }
+    }
+
+    /// Init was reaped: the last read (see [`OomWatch::exited`]).
+    pub(crate) fn exited(&mut self) {
+        let pending = self.drain();
+        self.watch.exited(pending);
+    }
+
+    /// Reads every queued event; whether one was a modification.
+    fn drain(&mut self) -> bool {
         let mut buf = [0u8; 1024];
+        let mut modified = false;
         loop {
             match (&self.inotify).read(&mut buf) {
                 Ok(0) => break,
-                Ok(_) => {}
+                Ok(n) => modified |= has_modify(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // WouldBlock: drained.
                 Err(_) => break,
             }
         }
-        self.watch.changed();
+        modified
     }
 }
 
@@ -244,17 +332,24 @@ mod tests {
     use super::*;
 
     /// Counts served in turn; an exhausted list reads as a removed cgroup.
-    struct Reads(VecDeque<u64>);
+    struct Reads(VecDeque<Counts>);
 
     impl MemoryEvents for Reads {
-        fn oom_kills(&mut self) -> io::Result<u64> {
+        fn read(&mut self) -> io::Result<Counts> {
             self.0
                 .pop_front()
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
         }
     }
 
-    fn watch(reads: &[u64]) -> OomWatch<Reads> {
+    fn kills(oom_kill: u64) -> Counts {
+        Counts {
+            oom_kill,
+            ..Counts::default()
+        }
+    }
+
+    fn watch(reads: &[Counts]) -> OomWatch<Reads> {
         OomWatch::start(Reads(reads.iter().copied().collect())).unwrap_or_else(|| {
             panic!("the first read is there");
         })
@@ -262,49 +357,99 @@ mod tests {
 
     #[test]
     fn oom_watch_should_say_killed_when_the_count_grew_by_the_exit() {
-        let mut w = watch(&[0, 1]);
-        w.exited();
+        let mut w = watch(&[kills(0), kills(1)]);
+        w.exited(false);
         assert_eq!(w.verdict(), Some(true));
     }
 
     #[test]
     fn oom_watch_should_say_killed_when_a_change_saw_growth_and_the_cgroup_went_first() {
         // The kill read on its change; the cgroup gone at the exit.
-        let mut w = watch(&[2, 2, 3]);
+        let mut w = watch(&[kills(2), kills(2), kills(3)]);
         w.changed();
         w.changed();
-        w.exited();
+        w.exited(true);
         assert_eq!(w.verdict(), Some(true));
     }
 
     #[test]
-    fn oom_watch_should_say_not_killed_only_when_the_exit_read_saw_no_growth() {
-        let mut w = watch(&[4, 4]);
-        w.exited();
+    fn oom_watch_should_say_not_killed_when_the_exit_read_saw_no_growth() {
+        let mut w = watch(&[kills(4), kills(4)]);
+        w.exited(false);
         assert_eq!(w.verdict(), Some(false));
         // A second exit does not read again.
-        w.exited();
+        w.exited(true);
         assert_eq!(w.verdict(), Some(false));
     }
 
     #[test]
-    fn oom_watch_should_not_guess_when_the_cgroup_went_before_the_exit_read() {
-        let mut w = watch(&[0, 0]);
+    fn oom_watch_should_say_not_killed_for_a_container_gone_quietly_with_its_cgroup() {
+        // Killed otherwise, never at its limit, nothing notified: the
+        // scope removed before the exit read changes nothing.
+        let mut w = watch(&[kills(0)]);
+        w.exited(false);
+        assert_eq!(w.verdict(), Some(false));
+    }
+
+    #[test]
+    fn oom_watch_should_not_guess_when_the_cgroup_went_with_a_change_unread() {
+        let mut w = watch(&[kills(0)]);
+        w.exited(true);
+        assert_eq!(w.verdict(), None);
+        // A change whose read failed is unread too.
+        let mut w = watch(&[kills(0)]);
         w.changed();
-        w.exited();
+        w.exited(false);
         assert_eq!(w.verdict(), None);
     }
 
     #[test]
-    fn oom_watch_should_not_start_without_a_count() {
+    fn oom_watch_should_not_guess_when_the_cgroup_went_after_the_limit_was_reached() {
+        let at_limit = Counts {
+            max: 5,
+            oom: 1,
+            oom_kill: 0,
+        };
+        let mut w = watch(&[kills(0), at_limit]);
+        w.changed();
+        w.exited(false);
+        assert_eq!(w.verdict(), None);
+    }
+
+    #[test]
+    fn oom_watch_should_not_start_without_counts() {
         assert!(OomWatch::start(Reads(VecDeque::new())).is_none());
     }
 
     #[test]
-    fn memory_events_should_give_the_oom_kill_count() {
+    fn memory_events_should_give_the_counts() {
         let text = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
-        assert_eq!(parse_oom_kill(text), Some(1));
-        assert_eq!(parse_oom_kill("oom 3\n"), None);
+        assert_eq!(
+            parse_counts(text),
+            Some(Counts {
+                max: 12,
+                oom: 1,
+                oom_kill: 1
+            })
+        );
+        assert_eq!(parse_counts("oom 3\n"), None);
+    }
+
+    #[test]
+    fn inotify_events_should_be_told_modified_or_not() {
+        let event = |mask: u32, name_len: u32| {
+            let mut e = Vec::new();
+            for word in [1u32, mask, 0, name_len] {
+                e.extend_from_slice(&word.to_ne_bytes());
+            }
+            e.extend(std::iter::repeat_n(0u8, name_len as usize));
+            e
+        };
+        let mut buf = event(libc::IN_IGNORED, 0);
+        assert!(!has_modify(&buf));
+        buf.extend(event(libc::IN_MODIFY, 16));
+        assert!(has_modify(&buf));
+        assert!(!has_modify(&buf[..10]));
     }
 
     #[test]
