@@ -25,8 +25,11 @@
 //!    It also serves attach clients on [`ATTACH_SOCKET`] (see [`attach`]):
 //!    the container's output goes to every client too, a client's input to
 //!    the container's stdin or terminal;
-//! 4. when init exits it writes the [`ExitRecord`] to [`EXIT_FILE`] atomically
-//!    (write, rename) and exits itself. The runtime learns of the exit
+//! 4. on cgroup v2 it watches the `oom_kill` count in its container's own
+//!    cgroup's `memory.events` while the container runs (inotify, and a
+//!    last read when init exits, before systemd may drop the scope);
+//! 5. when init exits it writes the [`ExitRecord`] to [`EXIT_FILE`] atomically
+//!    (write, rename), with whether an OOM kill was seen, and exits itself. The runtime learns of the exit
 //!    from a pidfd on the shim: no polling anywhere.
 //!
 //! The shim never dies with the runtime: it lives in its own session and keeps
@@ -85,15 +88,24 @@ pub const MAX_LOG_LINE: usize = 16 * 1024;
 
 /// The record of a container's exit, written once by the shim.
 ///
-/// Text format, one line: `<exit code> <exited at, ns since the epoch>\n`.
-/// A process killed by signal N has exit code 128 + N, as runc and containerd
-/// report it.
+/// Text format, one line: `<exit code> <exited at, ns since the epoch>
+/// [oom=<0|1>]\n`. A process killed by signal N has exit code 128 + N, as
+/// runc and containerd report it. The third field is the shim's own
+/// finding on OOM kills in the container's cgroup (see
+/// [`ExitRecord::oom_killed`]); a record without it (a shim that could
+/// not tell, or one older than the field) leaves the question to the
+/// runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExitRecord {
     /// The exit status, or 128 + signal number.
     pub exit_code: i32,
     /// When the shim reaped the container's init process.
     pub exited_at_ns: i64,
+    /// Whether the OOM killer killed in the container's cgroup while the
+    /// container ran: the cgroup v2 `memory.events` `oom_kill` count the
+    /// shim watched grew. `None` when the shim could not tell (cgroup v1,
+    /// or the cgroup gone before the shim read it at the exit).
+    pub oom_killed: Option<bool>,
 }
 
 impl ExitRecord {
@@ -102,19 +114,30 @@ impl ExitRecord {
         let mut it = s.split_ascii_whitespace();
         let exit_code = it.next()?.parse().ok()?;
         let exited_at_ns = it.next()?.parse().ok()?;
+        let oom_killed = match it.next() {
+            None => None,
+            Some("oom=1") => Some(true),
+            Some("oom=0") => Some(false),
+            Some(_) => return None,
+        };
         if it.next().is_some() {
             return None;
         }
         Some(Self {
             exit_code,
             exited_at_ns,
+            oom_killed,
         })
     }
 }
 
 impl fmt::Display for ExitRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{} {}", self.exit_code, self.exited_at_ns)
+        write!(f, "{} {}", self.exit_code, self.exited_at_ns)?;
+        match self.oom_killed {
+            Some(oom) => writeln!(f, " oom={}", u8::from(oom)),
+            None => writeln!(f),
+        }
     }
 }
 
@@ -275,14 +298,20 @@ mod tests {
 
     #[test]
     fn exit_record_should_round_trip() {
-        let r = ExitRecord {
-            exit_code: 137,
-            exited_at_ns: 1_700_000_000_123_456_789,
-        };
-        assert_eq!(ExitRecord::parse(&r.to_string()), Some(r));
+        for oom_killed in [None, Some(false), Some(true)] {
+            let r = ExitRecord {
+                exit_code: 137,
+                exited_at_ns: 1_700_000_000_123_456_789,
+                oom_killed,
+            };
+            assert_eq!(ExitRecord::parse(&r.to_string()), Some(r));
+        }
+        // The form of a shim older than the OOM field still reads.
+        assert_eq!(ExitRecord::parse("1 2\n").map(|r| r.oom_killed), Some(None));
         assert_eq!(ExitRecord::parse("x 1"), None);
         assert_eq!(ExitRecord::parse("1"), None);
         assert_eq!(ExitRecord::parse("1 2 3"), None);
+        assert_eq!(ExitRecord::parse("1 2 oom=1 4"), None);
     }
 
     #[test]

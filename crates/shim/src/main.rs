@@ -32,6 +32,7 @@ mod args;
 mod clients;
 mod console;
 mod log;
+mod oom;
 mod pid_holder;
 mod runc;
 mod sys;
@@ -52,8 +53,8 @@ const DRAIN_AFTER_EXIT_NS: i64 = 1_000_000_000;
 /// Longest command line accepted on the control FIFO.
 const MAX_COMMAND: usize = 64;
 /// Poll slots before the attach clients': signalfd, control FIFO, two
-/// outputs, the attach listener, the container's input.
-const FIXED_FDS: usize = 6;
+/// outputs, the attach listener, the container's input, the OOM watch.
+const FIXED_FDS: usize = 7;
 
 fn diag_write(args: fmt::Arguments<'_>) {
     let mut ts = [0u8; time::TIMESTAMP_LEN];
@@ -253,6 +254,9 @@ struct Shim {
     /// Attach clients; `None` when the socket could not be bound (the
     /// container runs, it cannot be attached to).
     attach: Option<AttachServer>,
+    /// The OOM kills in the container's cgroup (cgroup v2); `None` where
+    /// they cannot be watched.
+    oom: Option<oom::HostOomWatch>,
     command: [u8; MAX_COMMAND],
     command_len: usize,
     command_overlong: bool,
@@ -464,7 +468,10 @@ fn start(args: Args) -> Result<Shim, String> {
         }
     };
 
-    // 6. Attach clients and their input.
+    // 6. The OOM watch on the container's cgroup, now that init is in it.
+    let oom = oom::HostOomWatch::start(init_pid);
+
+    // 7. Attach clients and their input.
     let terminal = match outputs[0].as_ref().filter(|_| args.tty) {
         Some(master) => match master.file.try_clone() {
             Ok(dup) => Some(dup),
@@ -515,6 +522,7 @@ fn start(args: Args) -> Result<Shim, String> {
             close_when_flushed: false,
         },
         attach,
+        oom,
         command: [0; MAX_COMMAND],
         command_len: 0,
         command_overlong: false,
@@ -603,6 +611,10 @@ impl Shim {
             if !want_input {
                 fds[5] = fd(raw(self.input.target.as_ref()), libc::POLLOUT);
             }
+            fds[6] = fd(
+                self.oom.as_ref().map(|o| o.inotify.as_raw_fd()),
+                libc::POLLIN,
+            );
             if let Some(attach) = &self.attach {
                 attach.fill_pollfds(&mut fds[FIXED_FDS..], want_input);
             }
@@ -611,6 +623,11 @@ impl Shim {
                 diag!("poll: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 continue;
+            }
+            if fds[6].revents != 0 {
+                if let Some(oom) = &mut self.oom {
+                    oom.notified();
+                }
             }
             if fds[0].revents != 0 {
                 self.signals(&mut exited);
@@ -652,10 +669,16 @@ impl Shim {
             }
         }
         self.reap(&mut exited);
-        let Some(exited) = exited else {
+        let Some(mut exited) = exited else {
             // The loop only ends after init exited.
             return 1;
         };
+        if let Some(oom) = &self.oom {
+            exited.record.oom_killed = oom.watch.verdict();
+            if exited.record.oom_killed.is_none() {
+                diag!("OOM kills unknown: the container's cgroup was gone before its last read");
+            }
+        }
         match write_exit_record(&exited.record) {
             Ok(()) => 0,
             Err(e) => {
@@ -684,10 +707,16 @@ impl Shim {
     fn reap(&mut self, exited: &mut Option<Exited>) {
         while let Some((pid, status)) = sys::reap_any() {
             if pid == self.init_pid && exited.is_none() {
+                // First, before systemd may remove the container's scope
+                // (and its cgroup) now that it is empty.
+                if let Some(oom) = &mut self.oom {
+                    oom.exited();
+                }
                 *exited = Some(Exited {
                     record: ExitRecord {
                         exit_code: sys::exit_code(status),
                         exited_at_ns: time::realtime_ns(),
+                        oom_killed: None,
                     },
                     drain_deadline: time::monotonic_ns() + DRAIN_AFTER_EXIT_NS,
                 });

@@ -107,8 +107,18 @@ impl Node {
     /// [`PetrelRuntime::cgroup_parent`]; a pod's slice under it is
     /// `petrele2e<random>-<name>.slice` ([`Node::systemd_pod_config`]).
     pub fn start_systemd() -> Node {
+        Self::start_systemd_with(None)
+    }
+
+    /// [`Node::start_systemd`] whose OCI runtime is `runc` (a wrapper that
+    /// stalls a create, say; the sweeps use it too).
+    pub fn start_systemd_with_runc(runc: &Path) -> Node {
+        Self::start_systemd_with(Some(runc.to_path_buf()))
+    }
+
+    fn start_systemd_with(runc: Option<PathBuf>) -> Node {
         let parent = format!("petrele2e{}.slice", random_suffix());
-        let mut node = Self::prepare_as(None, parent, "cgroup_driver = \"systemd\"", "");
+        let mut node = Self::prepare_as(runc, parent, "cgroup_driver = \"systemd\"", "");
         node.spawn();
         node
     }

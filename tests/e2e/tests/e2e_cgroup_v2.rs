@@ -549,6 +549,18 @@ const IN_SYSTEMD_GUEST: &[(&str, &str)] = &[
         "e2e_systemd_driver",
         "systemd_driver_should_run_containers_as_scopes_in_the_pods_slice",
     ),
+    // OOMKilled from the shim's watch on the scope: not a sibling's, and
+    // across a runtime crash.
+    (
+        "e2e_systemd_driver",
+        "systemd_driver_should_tell_each_containers_oom_kill_across_a_runtime_crash",
+    ),
+    // Crash recovery (runtime and a shim SIGKILLed, a create stalled
+    // inside runc's) leaves no scope, slice or cgroup behind.
+    (
+        "e2e_systemd_driver",
+        "systemd_driver_should_leave_no_scope_after_a_runtime_crash",
+    ),
     // The real kubelet with cgroupDriver: systemd on that runtime.
     (
         "e2e_systemd_driver",

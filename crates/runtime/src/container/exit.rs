@@ -219,11 +219,23 @@ impl Runtime {
             "Error"
         }
         .to_string();
-        if exit.exit_code == 128 + libc::SIGKILL
-            && self.cgroups.oom_kill_count(&rec.cgroup_path).unwrap_or(0) > 0
-        {
+        if exit.exit_code == 128 + libc::SIGKILL && self.oom_killed(rec, exit) {
             rec.reason = "OOMKilled".to_string();
         }
+    }
+
+    /// Whether the OOM killer killed in the container's cgroup. The shim's
+    /// finding first: it watched the container's own cgroup for as long as
+    /// the container ran, and its record outlives a runtime restart. Only
+    /// when the shim could not tell (cgroup v1, where the cgroup stays
+    /// until runc deletes it and is read here; a cgroup gone before the
+    /// shim read it; a shim older than the finding) the cgroup driver's
+    /// count: on v1 and with cgroupfs exact, with the systemd driver an
+    /// inference from the pod slice once the scope is gone (see
+    /// `parts::systemd`).
+    fn oom_killed(&self, rec: &ContainerRecord, exit: ExitRecord) -> bool {
+        exit.oom_killed
+            .unwrap_or_else(|| self.cgroups.oom_kill_count(&rec.cgroup_path).unwrap_or(0) > 0)
     }
 
     /// Shows, publishes and commits an exit filled in `rec`, then cleans
@@ -423,6 +435,39 @@ mod tests {
         t.host.exit(&id, ExitFile::Code(128 + libc::SIGKILL));
         assert!(t.wait_state(&id, ContainerState::Exited).await);
         let rec = t.stored(&id).expect("record");
+        assert_eq!((rec.exit_code, rec.reason.as_str()), (137, "OOMKilled"));
+    }
+
+    #[tokio::test]
+    async fn exit_should_take_the_shims_oom_finding_over_the_cgroups_count() {
+        let t = TestRuntime::new();
+        let pod = t.pod("p").await;
+        let killed_otherwise = t.run(&pod, "sibling").await;
+        let hog = t.run(&pod, "hog").await;
+        // The cgroups' counts say OOM for both (the systemd driver's
+        // inference from the pod, a sibling OOM-killed); the shims know.
+        for id in [&killed_otherwise, &hog] {
+            let cgroup = t.stored(id).expect("record").cgroup_path;
+            t.host.set_oom_kills(&cgroup, 1);
+        }
+        t.host.exit(
+            &killed_otherwise,
+            ExitFile::CodeOom(128 + libc::SIGKILL, false),
+        );
+        assert!(
+            t.wait_state(&killed_otherwise, ContainerState::Exited)
+                .await
+        );
+        let rec = t.stored(&killed_otherwise).expect("record");
+        assert_eq!((rec.exit_code, rec.reason.as_str()), (137, "Error"));
+
+        // And an OOM kill the cgroup no longer shows (scope gone).
+        let cgroup = t.stored(&hog).expect("record").cgroup_path;
+        t.host.set_oom_kills(&cgroup, 0);
+        t.host
+            .exit(&hog, ExitFile::CodeOom(128 + libc::SIGKILL, true));
+        assert!(t.wait_state(&hog, ContainerState::Exited).await);
+        let rec = t.stored(&hog).expect("record");
         assert_eq!((rec.exit_code, rec.reason.as_str()), (137, "OOMKilled"));
     }
 

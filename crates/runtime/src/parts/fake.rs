@@ -158,8 +158,11 @@ pub(crate) struct FakeShim {
 /// What a fake shim leaves in the bundle when it exits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ExitFile {
-    /// An exit record with this code.
+    /// An exit record with this code, from a shim that could not tell
+    /// whether the OOM killer killed (cgroup v1, an older shim).
     Code(i32),
+    /// An exit record with this code and the shim's finding on OOM kills.
+    CodeOom(i32, bool),
     /// A record that cannot be read (a directory in its place).
     Unreadable,
     /// A record that is not one.
@@ -238,6 +241,16 @@ fn write_exit_file(bundle: &Path, exit: ExitFile) {
             ExitRecord {
                 exit_code: code,
                 exited_at_ns: 1_000,
+                oom_killed: None,
+            }
+            .to_string(),
+        ),
+        ExitFile::CodeOom(code, oom) => std::fs::write(
+            &path,
+            ExitRecord {
+                exit_code: code,
+                exited_at_ns: 1_000,
+                oom_killed: Some(oom),
             }
             .to_string(),
         ),

@@ -242,7 +242,10 @@ impl CgroupOps for SystemdCgroups {
     /// (`oom-kill`) if systemd still has it, else whether the pod's
     /// hierarchical `oom_kill` grew since the container was started (an
     /// OOM kill in the pod, most likely this container's; unknown for a
-    /// container started before the runtime's last restart).
+    /// container started before the runtime's last restart). Only a
+    /// fallback: an exit is decided by the shim's own finding
+    /// (`ExitRecord::oom_killed`, read from the scope's `memory.events`
+    /// while it was there) whenever the shim made one.
     fn oom_kill_count(&self, path: &str) -> Option<u64> {
         if let Some(n) = self.inner.oom_kill_count(path) {
             return Some(n);
