@@ -30,9 +30,7 @@ fn critest_should_pass_every_spec_the_expected_list_passes() {
     let expected = Expected::load(&list).unwrap_or_else(|e| panic!("{e}"));
     // Kept after the test for a look: report, logs, a list from this run.
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
-    let target = Target::Petrel {
-        binary: petrel_testkit::bins::petrel_bin(),
-    };
+    let target = Target::petrel(petrel_testkit::bins::petrel_bin());
     // The peers' runc (1.2 or later): critest's user-namespace specs need
     // its idmapped mounts; PETREL_CONFORMANCE_RUNC still names another.
     let runc = match std::env::var_os("PETREL_CONFORMANCE_RUNC") {
@@ -96,9 +94,7 @@ fn critest_cgroup_specs_should_pass_on_cgroup_v2() {
     let list = expected_list();
     let expected = Expected::load(&list).unwrap_or_else(|e| panic!("{e}"));
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance-v2");
-    let target = Target::Petrel {
-        binary: petrel_testkit::bins::petrel_bin(),
-    };
+    let target = Target::petrel(petrel_testkit::bins::petrel_bin());
     let runc = petrel_testkit::peers::peer_binary("runc").unwrap_or_else(|e| panic!("{e}"));
     let run = conformance::run_focused(&target, &out, &runc, CGROUP_SPECS)
         .unwrap_or_else(|e| panic!("{e}"));
