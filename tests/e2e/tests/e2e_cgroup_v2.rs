@@ -566,6 +566,13 @@ const IN_SYSTEMD_GUEST: &[(&str, &str)] = &[
         "e2e_agent_systemd",
         "agent_on_the_systemd_driver_should_keep_qos_and_pod_slices",
     ),
+    // critest's cgroup specs and the pod and container lifecycles on the
+    // systemd driver (its pods in critest's `/test.slice`), held against
+    // the expected list as on cgroupfs.
+    (
+        "e2e_critest",
+        "critest_cgroup_specs_should_pass_on_the_systemd_driver",
+    ),
 ];
 
 /// A guest with systemd as PID 1 on pure v2: systemd and the system bus
