@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crate::critest::{counts, CritestLock, CritestRun, Outcome, SpecResult};
 use crate::images::ConformanceImages;
 use crate::network::PodNetwork;
+pub use crate::petrel::CgroupDriver;
+use crate::petrel::{PetrelOptions, PetrelRuntime};
 use crate::registry::{write_mirror_config, LocalRegistry};
 use crate::KitError;
 
@@ -25,6 +27,8 @@ pub enum Target {
     Petrel {
         /// The `petrel` binary.
         binary: PathBuf,
+        /// Its cgroup driver.
+        cgroup_driver: CgroupDriver,
     },
     /// containerd 2.x from this binary (its runc shim beside it).
     Containerd {
@@ -34,6 +38,14 @@ pub enum Target {
 }
 
 impl Target {
+    /// Petrel's runtime from `binary` on its default (cgroupfs) driver.
+    pub fn petrel(binary: PathBuf) -> Target {
+        Target::Petrel {
+            binary,
+            cgroup_driver: CgroupDriver::Cgroupfs,
+        }
+    }
+
     /// `petrel` or `containerd`: the name of its output files.
     pub fn name(&self) -> &'static str {
         match self {
@@ -192,8 +204,15 @@ pub(crate) fn with_runtime<T>(
     write_mirror_config(mirrors.path(), &registry.host())?;
     let net = PodNetwork::new()?;
     let result = match target {
-        Target::Petrel { binary } => {
-            let rt = crate::petrel::PetrelRuntime::start(binary, &runc, &net, mirrors.path())?;
+        Target::Petrel {
+            binary,
+            cgroup_driver,
+        } => {
+            let opts = PetrelOptions {
+                cgroup_driver: *cgroup_driver,
+                ..PetrelOptions::default()
+            };
+            let rt = PetrelRuntime::start_with(binary, &runc, &net, mirrors.path(), &opts)?;
             let r = f(&critest, &rt.endpoint(), &rt.nri_socket, &mut || {});
             // Copied before the runtime (and its directory) goes.
             let _ = std::fs::copy(rt.log_path(), runtime_log);

@@ -25,15 +25,40 @@ use crate::KitError;
 /// How long a runtime may take to serve its socket.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
+/// The runtime's cgroup driver (`[cri] cgroup_driver`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CgroupDriver {
+    /// `cgroupfs` (Petrel's default): pod cgroups are directories.
+    #[default]
+    Cgroupfs,
+    /// `systemd` (cgroup v2 with systemd as PID 1): pods are slices,
+    /// containers scopes; RuntimeConfig answers SYSTEMD, so critest gives
+    /// its pods the parent `/test.slice`.
+    Systemd,
+}
+
+impl CgroupDriver {
+    /// Its name in the runtime's configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
+        }
+    }
+}
+
 /// How `petrel` is started, beyond the network and mirrors.
 #[derive(Debug, Clone, Default)]
 pub struct PetrelOptions {
     /// The shim binary (`--shim-binary`); None: the one beside `petrel`.
     pub shim: Option<PathBuf>,
     /// The cgroup pods go under by default; None:
-    /// `/petrel-conformance-<random>`. Removed (with everything below it)
-    /// on drop.
+    /// `/petrel-conformance-<random>` with the cgroupfs driver, the slice
+    /// `petrelconf<random>.slice` with the systemd one. Removed (with
+    /// everything below it) on drop.
     pub cgroup_parent: Option<String>,
+    /// The cgroup driver (`[cri] cgroup_driver`).
+    pub cgroup_driver: CgroupDriver,
     /// Run `petrel node` (runtime and agent in one process) instead of
     /// `petrel runtime`.
     pub node: Option<NodeAgent>,
@@ -140,6 +165,34 @@ impl PetrelConfig {
     }
 }
 
+/// The config of [`PetrelRuntime::start_with`]: OCI runtime `runc`, pods
+/// on network `cni`, pulls through the hosts.toml directory `mirrors`, and
+/// `opts`' shim, driver and default parent (a slice with systemd).
+fn started_config(runc: &Path, cni: CniDirs, mirrors: &Path, opts: &PetrelOptions) -> PetrelConfig {
+    let cgroup_parent = opts
+        .cgroup_parent
+        .clone()
+        .unwrap_or_else(|| match opts.cgroup_driver {
+            CgroupDriver::Cgroupfs => format!("/petrel-conformance-{}", random_suffix()),
+            CgroupDriver::Systemd => format!("petrelconf{}.slice", random_suffix()),
+        });
+    let extra_cri = match opts.cgroup_driver {
+        CgroupDriver::Cgroupfs => String::new(),
+        d => format!("cgroup_driver = {:?}\n", d.name()),
+    };
+    PetrelConfig {
+        dir_prefix: "pkp.",
+        runc: Some(runc.to_path_buf()),
+        shim: opts.shim.clone(),
+        cgroup_parent,
+        cni: Some(cni),
+        mirrors: Some(mirrors.to_path_buf()),
+        extra_cri,
+        extra_nri: String::new(),
+        log_level: "info",
+    }
+}
+
 /// How the process runs: `petrel runtime`, or `petrel node` with the
 /// agent's flags.
 #[derive(Debug, Clone)]
@@ -200,20 +253,7 @@ impl PetrelRuntime {
         mirrors: &Path,
         opts: &PetrelOptions,
     ) -> Result<PetrelRuntime, KitError> {
-        let config = PetrelConfig {
-            dir_prefix: "pkp.",
-            runc: Some(runc.to_path_buf()),
-            shim: opts.shim.clone(),
-            cgroup_parent: opts
-                .cgroup_parent
-                .clone()
-                .unwrap_or_else(|| format!("/petrel-conformance-{}", random_suffix())),
-            cni: Some(net.into()),
-            mirrors: Some(mirrors.to_path_buf()),
-            extra_cri: String::new(),
-            extra_nri: String::new(),
-            log_level: "info",
-        };
+        let config = started_config(runc, net.into(), mirrors, opts);
         let mut rt = Self::prepare(petrel, &config)?;
         let mode = match &opts.node {
             None => Mode::Runtime,
@@ -506,5 +546,48 @@ mod tests {
         assert_eq!(cri["cni"]["conf_dir"].as_str(), Some("/n/net.d"));
         assert_eq!(cri["cni"]["bin_dirs"][0].as_str(), Some("/usr/lib/cni"));
         assert_eq!(cri["registry"]["config_path"].as_str(), Some("/m"));
+    }
+
+    #[test]
+    fn a_started_runtime_should_take_the_chosen_cgroup_driver_and_its_parent_form() {
+        let cni = || CniDirs {
+            conf_dir: "/n/net.d".into(),
+            bin_dir: "/usr/lib/cni".into(),
+        };
+        let (runc, mirrors) = (Path::new("/r/runc"), Path::new("/m"));
+        let render = |opts: &PetrelOptions| {
+            let c = started_config(runc, cni(), mirrors, opts);
+            let v: toml::Value = toml::from_str(&c.render(Path::new("/t"))).expect("toml");
+            (c, v)
+        };
+        // cgroupfs: Petrel's default, a path for a parent.
+        let (c, v) = render(&PetrelOptions::default());
+        assert!(v["cri"].get("cgroup_driver").is_none());
+        assert!(c.cgroup_parent.starts_with("/petrel-conformance-"));
+        // systemd: said in the config, a slice name for a parent.
+        let systemd = PetrelOptions {
+            cgroup_driver: CgroupDriver::Systemd,
+            ..PetrelOptions::default()
+        };
+        let (c, v) = render(&systemd);
+        assert_eq!(v["cri"]["cgroup_driver"].as_str(), Some("systemd"));
+        assert_eq!(
+            v["cri"]["default_cgroup_parent"].as_str(),
+            Some(c.cgroup_parent.as_str())
+        );
+        let stem = c
+            .cgroup_parent
+            .strip_prefix("petrelconf")
+            .and_then(|s| s.strip_suffix(".slice"))
+            .expect("a slice name");
+        assert!(stem.chars().all(|ch| ch.is_ascii_alphanumeric()), "{stem}");
+        assert_eq!(v["cri"]["pod_network"].as_str(), Some("cni"));
+        assert_eq!(v["cri"]["runtime_binary"].as_str(), Some("/r/runc"));
+        // A parent given is kept whatever the driver.
+        let given = PetrelOptions {
+            cgroup_parent: Some("own.slice".into()),
+            ..systemd
+        };
+        assert_eq!(render(&given).0.cgroup_parent, "own.slice");
     }
 }

@@ -21,9 +21,7 @@ fn critest_benchmarks_should_pass_and_time_every_operation() {
         return;
     }
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
-    let target = Target::Petrel {
-        binary: petrel_testkit::bins::petrel_bin(),
-    };
+    let target = Target::petrel(petrel_testkit::bins::petrel_bin());
     let params = BenchParams {
         pods: 3,
         containers: 3,

@@ -59,7 +59,7 @@ pub async fn measure(args: &Args, _work: &Work, progress: &dyn Fn(&str)) -> Crit
     let petrel = match std::path::absolute(&args.petrel) {
         Ok(binary) => {
             progress("critest -benchmark against Petrel's runtime");
-            run(Target::Petrel { binary }, params, out.clone()).await
+            run(Target::petrel(binary), params, out.clone()).await
         }
         Err(e) => Err(format!("resolve {}: {e}", args.petrel.display())),
     };

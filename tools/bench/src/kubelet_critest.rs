@@ -54,7 +54,7 @@ pub fn run_critest(args: &Args, out: &Path) -> Result<String> {
     let petrel = std::path::absolute(&args.petrel)
         .with_context(|| format!("resolve {}", args.petrel.display()))?;
     let runs = vec![
-        conformance::run(&Target::Petrel { binary: petrel }, out)?,
+        conformance::run(&Target::petrel(petrel), out)?,
         conformance::run(
             &Target::Containerd {
                 binary: petrel_testkit::containerd::binaries()?,

@@ -247,6 +247,7 @@ pub fn start_stack_with(
         shim: args.shim.clone(),
         cgroup_parent: Some(format!("{cgroup}/runtime")),
         node,
+        ..PetrelOptions::default()
     };
     let (runtime, version) = match setup {
         Setup::PetrelNode => {

@@ -51,10 +51,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let mut ok = true;
     for name in &args.runtimes {
         let target = match name.as_str() {
-            "petrel" => Target::Petrel {
-                binary: std::path::absolute(&args.petrel)
+            "petrel" => Target::petrel(
+                std::path::absolute(&args.petrel)
                     .with_context(|| format!("path {}", args.petrel.display()))?,
-            },
+            ),
             "containerd" => {
                 if petrel_testkit::peers::left_out("containerd") {
                     eprintln!("containerd: left out (PETREL_PEERS_SKIP)");
