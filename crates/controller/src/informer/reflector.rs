@@ -145,13 +145,9 @@ where
 }
 
 /// Lists every page and applies the difference to the cache; returns the
-/// list's resourceVersion. Each page's changes are applied as the page
-/// comes, so a list of many objects is never held decoded at once (the
-/// first list of 10 000 PodSets was 50 MB decoded, which the allocator
-/// kept after the cache had encoded them); the deletes of what no page
-/// had, and `has_synced`, come at the end. A list that fails part way
-/// leaves its pages applied: each object in it is at its listed state, and
-/// the next list finds them unchanged.
+/// list's resourceVersion. Each page is diffed as it comes, so a list of
+/// many objects never holds them all by value at once (only the changes,
+/// each behind its `Arc`).
 async fn list_all<K>(shared: &Shared<K>) -> Result<String, WatchError>
 where
     K: Resource + Clone + PartialEq + Send + Sync + 'static,
@@ -161,7 +157,6 @@ where
     let rv = loop {
         let page = shared.lw.list(shared.config.page_size, token).await?;
         diff.page(shared, page.items);
-        shared.apply(std::mem::take(&mut diff.changes), false);
         match page.continue_token {
             Some(t) => token = Some(t),
             None => break page.resource_version,

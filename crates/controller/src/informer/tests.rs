@@ -254,23 +254,12 @@ use EventKind::{Add, Delete, Update};
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes() {
-    for form in [CacheForm::Shared, CacheForm::Encoded] {
-        informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(
-            form,
-        )
-        .await;
-    }
-}
-
-async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(
-    form: CacheForm,
-) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     let w = lw.next_watch();
     // A page size of 1: the list takes two pages and a continue token.
-    let inf = informer(&lw, InformerConfig::default().cache_form(form).page_size(1));
+    let inf = informer(&lw, InformerConfig::default().page_size(1));
     let (h, mut rx) = recorder();
     let reg = inf.add_handler(h);
     assert!(!inf.has_synced());
@@ -358,19 +347,13 @@ async fn informer_should_strip_managed_fields_from_listed_and_watched_objects_wh
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_relist_on_410_and_deliver_only_the_difference() {
-    for form in [CacheForm::Shared, CacheForm::Encoded] {
-        informer_should_relist_on_410_and_deliver_only_the_difference_in(form).await;
-    }
-}
-
-async fn informer_should_relist_on_410_and_deliver_only_the_difference_in(form: CacheForm) {
     let lw = FakeLw::default();
     for n in ["a", "b", "c"] {
         lw.put(n, "1");
     }
     let w = lw.next_watch();
     let w2 = lw.next_watch();
-    let inf = informer(&lw, InformerConfig::default().cache_form(form));
+    let inf = informer(&lw, InformerConfig::default());
     let (h, mut rx) = recorder();
     inf.add_handler(h);
     inf.start();
@@ -434,8 +417,7 @@ async fn informer_should_restart_a_list_whose_continue_token_expired() {
     inf.add_handler(h);
     inf.start();
     inf.wait_for_sync().await;
-    // The broken list's first page was applied; the new list finds it
-    // unchanged: each object once.
+    // Nothing of the broken list was applied: each object once.
     assert_eq!(
         take(&mut rx, 2).await,
         [
@@ -449,38 +431,6 @@ async fn informer_should_restart_a_list_whose_continue_token_expired() {
         4,
         "the list started again from page 1"
     );
-    inf.stop();
-}
-
-#[tokio::test(start_paused = true)]
-async fn informer_should_apply_each_list_page_as_it_comes_and_sync_after_the_last() {
-    let lw = FakeLw::default();
-    for n in ["a", "b", "c"] {
-        lw.put(n, "1");
-    }
-    // Page 1 answers, page 2 fails once (a backoff follows).
-    lw.lock().list_failures =
-        VecDeque::from([None, Some(WatchError::Other("connection reset".into()))]);
-    let inf = informer(&lw, InformerConfig::default().page_size(1));
-    let (h, mut rx) = recorder();
-    inf.add_handler(h);
-    inf.start();
-    // Page 1's object is handed over before the rest is listed.
-    assert_eq!(
-        take(&mut rx, 1).await,
-        [seen(Add, "ns/a", InitialList, None, Some("1"))]
-    );
-    assert_eq!(inf.store().len(), 1);
-    assert!(!inf.has_synced(), "synced only after the last page");
-    inf.wait_for_sync().await;
-    assert_eq!(
-        take(&mut rx, 2).await,
-        [
-            seen(Add, "ns/b", InitialList, None, Some("1")),
-            seen(Add, "ns/c", InitialList, None, Some("1")),
-        ]
-    );
-    nothing_more(&mut rx).await;
     inf.stop();
 }
 
@@ -510,22 +460,11 @@ async fn informer_should_move_its_resource_version_on_with_bookmarks() {
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_resync_as_no_op_updates_every_period() {
-    for form in [CacheForm::Shared, CacheForm::Encoded] {
-        informer_should_resync_as_no_op_updates_every_period_in(form).await;
-    }
-}
-
-async fn informer_should_resync_as_no_op_updates_every_period_in(form: CacheForm) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     let period = Duration::from_secs(30);
-    let inf = informer(
-        &lw,
-        InformerConfig::default()
-            .cache_form(form)
-            .resync_period(Some(period)),
-    );
+    let inf = informer(&lw, InformerConfig::default().resync_period(Some(period)));
     let (tx, mut rx) = mpsc::unbounded_channel();
     inf.add_handler(move |e: &Event<ConfigMap>| {
         let same = matches!((&e.old, &e.new), (Some(o), Some(n)) if Arc::ptr_eq(o, n));
@@ -641,17 +580,11 @@ async fn informer_factory_should_share_one_watch_among_controllers() {
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_give_a_late_handler_the_cache_as_initial_list_adds() {
-    for form in [CacheForm::Shared, CacheForm::Encoded] {
-        informer_should_give_a_late_handler_the_cache_as_initial_list_adds_in(form).await;
-    }
-}
-
-async fn informer_should_give_a_late_handler_the_cache_as_initial_list_adds_in(form: CacheForm) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     let w = lw.next_watch();
-    let inf = informer(&lw, InformerConfig::default().cache_form(form));
+    let inf = informer(&lw, InformerConfig::default());
     inf.start();
     inf.wait_for_sync().await;
     let (h, mut rx) = recorder();
