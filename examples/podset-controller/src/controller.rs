@@ -7,8 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use petrel_controller::informer::{
-    CacheForm, ClassPolicy, Delay, EventClass, InformerConfig, InformerFactory, Registration,
-    Selectors, SharedInformer,
+    ClassPolicy, Delay, EventClass, InformerConfig, InformerFactory, Registration, Selectors,
+    SharedInformer,
 };
 use petrel_controller::leader::Term;
 use petrel_controller::{run_workers, Priority, QueueConfig, WorkQueue};
@@ -99,13 +99,13 @@ impl Controller {
     ) -> Self {
         let factory = InformerFactory::new(
             // Nothing here reads managedFields (nor in the reference,
-            // whose cache drops them too). A reconcile reads one PodSet and
-            // its few Pods, while the cache holds every PodSet: kept
-            // encoded, a PodSet is under 0.5 KB instead of 5.
+            // whose cache drops them too). The cache stays shared decoded:
+            // kept encoded, the live heap after P32's storm fell from about
+            // 55 MB to 8 MB, but the resident set P32 measures did not
+            // move, and P29's storm tail grew in the three runs with it.
             InformerConfig::default()
                 .resync_period(Some(settings.sync_period))
-                .strip_managed_fields(true)
-                .cache_form(CacheForm::Encoded),
+                .strip_managed_fields(true),
         );
         let (podset_api, pod_api): (Api<PodSet>, Api<Pod>) = if namespace.is_empty() {
             (Api::all(client.clone()), Api::all(client.clone()))

@@ -254,12 +254,18 @@ use EventKind::{Add, Delete, Update};
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(form).await;
+    }
+}
+
+async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(form: CacheForm) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     let w = lw.next_watch();
     // A page size of 1: the list takes two pages and a continue token.
-    let inf = informer(&lw, InformerConfig::default().page_size(1));
+    let inf = informer(&lw, InformerConfig::default().cache_form(form).page_size(1));
     let (h, mut rx) = recorder();
     let reg = inf.add_handler(h);
     assert!(!inf.has_synced());
@@ -347,13 +353,19 @@ async fn informer_should_strip_managed_fields_from_listed_and_watched_objects_wh
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_relist_on_410_and_deliver_only_the_difference() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        informer_should_relist_on_410_and_deliver_only_the_difference_in(form).await;
+    }
+}
+
+async fn informer_should_relist_on_410_and_deliver_only_the_difference_in(form: CacheForm) {
     let lw = FakeLw::default();
     for n in ["a", "b", "c"] {
         lw.put(n, "1");
     }
     let w = lw.next_watch();
     let w2 = lw.next_watch();
-    let inf = informer(&lw, InformerConfig::default());
+    let inf = informer(&lw, InformerConfig::default().cache_form(form));
     let (h, mut rx) = recorder();
     inf.add_handler(h);
     inf.start();
@@ -460,11 +472,17 @@ async fn informer_should_move_its_resource_version_on_with_bookmarks() {
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_resync_as_no_op_updates_every_period() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        informer_should_resync_as_no_op_updates_every_period_in(form).await;
+    }
+}
+
+async fn informer_should_resync_as_no_op_updates_every_period_in(form: CacheForm) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     let period = Duration::from_secs(30);
-    let inf = informer(&lw, InformerConfig::default().resync_period(Some(period)));
+    let inf = informer(&lw, InformerConfig::default().cache_form(form).resync_period(Some(period)));
     let (tx, mut rx) = mpsc::unbounded_channel();
     inf.add_handler(move |e: &Event<ConfigMap>| {
         let same = matches!((&e.old, &e.new), (Some(o), Some(n)) if Arc::ptr_eq(o, n));
@@ -580,11 +598,17 @@ async fn informer_factory_should_share_one_watch_among_controllers() {
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_give_a_late_handler_the_cache_as_initial_list_adds() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        informer_should_give_a_late_handler_the_cache_as_initial_list_adds_in(form).await;
+    }
+}
+
+async fn informer_should_give_a_late_handler_the_cache_as_initial_list_adds_in(form: CacheForm) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     let w = lw.next_watch();
-    let inf = informer(&lw, InformerConfig::default());
+    let inf = informer(&lw, InformerConfig::default().cache_form(form));
     inf.start();
     inf.wait_for_sync().await;
     let (h, mut rx) = recorder();
