@@ -255,11 +255,16 @@ use EventKind::{Add, Delete, Update};
 #[tokio::test(start_paused = true)]
 async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes() {
     for form in [CacheForm::Shared, CacheForm::Encoded] {
-        informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(form).await;
+        informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(
+            form,
+        )
+        .await;
     }
 }
 
-async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(form: CacheForm) {
+async fn informer_should_classify_the_first_list_as_initial_and_watch_events_as_user_changes_in(
+    form: CacheForm,
+) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
@@ -482,7 +487,12 @@ async fn informer_should_resync_as_no_op_updates_every_period_in(form: CacheForm
     lw.put("a", "1");
     lw.put("b", "1");
     let period = Duration::from_secs(30);
-    let inf = informer(&lw, InformerConfig::default().cache_form(form).resync_period(Some(period)));
+    let inf = informer(
+        &lw,
+        InformerConfig::default()
+            .cache_form(form)
+            .resync_period(Some(period)),
+    );
     let (tx, mut rx) = mpsc::unbounded_channel();
     inf.add_handler(move |e: &Event<ConfigMap>| {
         let same = matches!((&e.old, &e.new), (Some(o), Some(n)) if Arc::ptr_eq(o, n));
