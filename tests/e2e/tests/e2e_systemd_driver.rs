@@ -191,22 +191,8 @@ async fn systemd_driver_should_run_containers_as_scopes_in_the_pods_slice() {
 
     // The OOM killer: OOMKilled, though systemd removes the scope's
     // cgroup as soon as it is empty.
-    let mut hog = sh_container("hog", "a=x; while true; do a=$a$a; done");
-    hog.linux = Some(api::LinuxContainerConfig {
-        resources: Some(api::LinuxContainerResources {
-            memory_limit_in_bytes: 32 << 20,
-            ..Default::default()
-        }),
-        security_context: None,
-    });
-    let hog_id = c.run(&pod, &pc, hog).await;
-    let st = c
-        .wait_state(
-            &hog_id,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(120),
-        )
-        .await;
+    let hog_id = c.run(&pod, &pc, hog("hog", 0)).await;
+    let st = exited(&mut c, &hog_id, Duration::from_secs(120)).await;
     let hog_scope = format!("petrel-{hog_id}.scope");
     assert_eq!(
         (st.exit_code, st.reason.as_str()),
@@ -363,12 +349,20 @@ fn shim_files(node: &Node, id: &str) -> String {
     )
 }
 
+/// The container's status once it has exited.
+async fn exited(c: &mut Clients, id: &str, within: Duration) -> api::ContainerStatus {
+    c.wait_state(id, api::ContainerState::ContainerExited, within)
+        .await
+}
+
 /// A busybox shell filling memory past a 32 MiB limit after `delay` s.
 fn hog(name: &str, delay: u32) -> api::ContainerConfig {
-    let mut hog = sh_container(
-        name,
-        &format!("sleep {delay}; a=x; while true; do a=$a$a; done"),
-    );
+    let wait = if delay > 0 {
+        format!("sleep {delay}; ")
+    } else {
+        String::new()
+    };
+    let mut hog = sh_container(name, &format!("{wait}a=x; while true; do a=$a$a; done"));
     hog.linux = Some(api::LinuxContainerConfig {
         resources: Some(api::LinuxContainerResources {
             memory_limit_in_bytes: 32 << 20,
@@ -407,13 +401,7 @@ async fn systemd_driver_should_tell_each_containers_oom_kill_across_a_runtime_cr
         )
         .await;
     let hog_id = c.run(&pod, &pc, hog("hog", 0)).await;
-    let st = c
-        .wait_state(
-            &hog_id,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(120),
-        )
-        .await;
+    let st = exited(&mut c, &hog_id, Duration::from_secs(120)).await;
     assert_eq!((st.exit_code, st.reason.as_str()), (137, "OOMKilled"));
     // The pod saw the kill: an inference from the pod would blame the
     // sibling too.
@@ -423,13 +411,7 @@ async fn systemd_driver_should_tell_each_containers_oom_kill_across_a_runtime_cr
         "no OOM kill in the pod slice: {pod_events}"
     );
     c.stop(&sibling, 0).await.unwrap();
-    let st = c
-        .wait_state(
-            &sibling,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(60),
-        )
-        .await;
+    let st = exited(&mut c, &sibling, Duration::from_secs(60)).await;
     assert_eq!(
         (st.exit_code, st.reason.as_str()),
         (137, "Error"),
@@ -448,13 +430,7 @@ async fn systemd_driver_should_tell_each_containers_oom_kill_across_a_runtime_cr
     assert!(gone, "the late hog's shim still runs after 180 s");
     node.restart();
     let mut c = node.clients().await;
-    let st = c
-        .wait_state(
-            &late,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(60),
-        )
-        .await;
+    let st = exited(&mut c, &late, Duration::from_secs(60)).await;
     assert_eq!(
         (st.exit_code, st.reason.as_str()),
         (137, "OOMKilled"),
@@ -564,13 +540,7 @@ async fn systemd_driver_should_leave_no_scope_after_a_runtime_crash() {
     node.restart();
     let mut c = node.clients().await;
 
-    let st = c
-        .wait_state(
-            &orphaned,
-            api::ContainerState::ContainerExited,
-            Duration::from_secs(60),
-        )
-        .await;
+    let st = exited(&mut c, &orphaned, Duration::from_secs(60)).await;
     assert_eq!(st.reason, "Unknown", "{st:?}");
     assert_eq!(
         c.status(&kept).await.state,
