@@ -10,7 +10,9 @@
 //! for minutes, so these tests are ignored by a plain `cargo test`: `make
 //! test` runs them (`--ignored`) beside the other tests, on the core those
 //! leave. By hand: `cargo test -p petrel-e2e --test e2e_cgroup_v2 --
-//! --ignored`.
+//! --ignored`. To iterate on a few guest tests, `PETREL_GUEST_TESTS=<part>`
+//! runs only the table entries whose name contains it, each
+//! `PETREL_GUEST_REPEAT` times (default 1).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,6 +21,33 @@ use std::time::{Duration, Instant, SystemTime};
 
 use petrel_testkit::prelude::*;
 use petrel_testkit::vm::{CgroupMode, GuestInit, Output, Vm, VmConfig};
+
+/// The entries of a guest table to run: those whose test name contains
+/// `PETREL_GUEST_TESTS` (all if unset), each `PETREL_GUEST_REPEAT` times.
+fn chosen(table: &'static [(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let part = std::env::var("PETREL_GUEST_TESTS").unwrap_or_default();
+    let repeat = match std::env::var("PETREL_GUEST_REPEAT") {
+        Ok(n) => n
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("PETREL_GUEST_REPEAT={n:?} is not a count")),
+        Err(_) => 1,
+    };
+    let picked: Vec<_> = table
+        .iter()
+        .filter(|(_, test)| test.contains(part.as_str()))
+        .copied()
+        .collect();
+    assert!(
+        !picked.is_empty(),
+        "PETREL_GUEST_TESTS={part:?} names no guest test"
+    );
+    picked
+        .iter()
+        .cycle()
+        .take(picked.len() * repeat)
+        .copied()
+        .collect()
+}
 
 /// The end-to-end tests run in the guest: (test executable, test name).
 /// The executable is the newest `<name>-<hash>` beside this test's own in
@@ -131,7 +160,7 @@ fn a_cgroup_v2_guest_should_pass_its_checks_and_the_chosen_e2e_tests() {
         "the agent ends a command at its timeout and serves the next".into(),
         &mut || agent_times_out(&mut vm),
     );
-    for (exe, test) in IN_GUEST {
+    for (exe, test) in chosen(IN_GUEST) {
         check(format!("{exe} {test}"), &mut || run_e2e(&mut vm, exe, test));
     }
 
@@ -621,7 +650,7 @@ fn a_systemd_guest_should_run_petrel_on_the_systemd_cgroup_driver() {
         "systemd is PID 1 with the system bus, on pure v2".into(),
         &mut || guest_runs_systemd(&mut vm),
     );
-    for (exe, test) in IN_SYSTEMD_GUEST {
+    for (exe, test) in chosen(IN_SYSTEMD_GUEST) {
         check(format!("{exe} {test}"), &mut || run_e2e(&mut vm, exe, test));
     }
     drop(vm);
