@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 
+use super::slot::Snapshot;
 use crate::classify::{ClassPolicy, EventClass};
 use crate::queue::WorkQueue;
 
@@ -123,6 +124,9 @@ pub(crate) enum Msg<K> {
     /// Every event of the initial list (or the snapshot given to a late
     /// handler) came before this.
     Synced,
+    /// The cache as a late handler found it: each object an initial-list
+    /// add, decoded as it is delivered.
+    Initial(Snapshot<K>),
     /// A resync round: these keys are replayed one at a time from the
     /// cache, each only when no event waits (a newer round replaces an
     /// unfinished one: it replays every key again).
@@ -222,6 +226,20 @@ impl<H> ListenerTask<H> {
             match msg {
                 Msg::Synced => self.state.synced.store(true, Ordering::Release),
                 Msg::Event(ev) => self.handle(&ev),
+                Msg::Initial(snapshot) => {
+                    for (key, obj) in snapshot.into_objects() {
+                        let ev = Event {
+                            kind: EventKind::Add,
+                            key,
+                            old: None,
+                            // A cached object, new to this handler.
+                            class: EventClass::InitialList,
+                            new: Some(obj),
+                            final_state_unknown: false,
+                        };
+                        self.handle(&ev);
+                    }
+                }
                 Msg::Resync(keys) => round = Some((keys, 0)),
             }
         }

@@ -145,18 +145,23 @@ where
 }
 
 /// Lists every page and applies the difference to the cache; returns the
-/// list's resourceVersion. Each page is diffed as it comes, so a list of
-/// many objects never holds them all by value at once (only the changes,
-/// each behind its `Arc`).
+/// list's resourceVersion. Each page is diffed as it comes. A shared cache
+/// takes the changes after the last page (they end up in it anyway, each
+/// behind its `Arc`); an encoded one after each page, so that a list of
+/// many objects is never all decoded at once.
 async fn list_all<K>(shared: &Shared<K>) -> Result<String, WatchError>
 where
     K: Resource + Clone + PartialEq + Send + Sync + 'static,
 {
     let mut diff = Diff::default();
     let mut token = None;
+    let per_page = shared.store.is_encoded();
     let rv = loop {
         let page = shared.lw.list(shared.config.page_size, token).await?;
         diff.page(shared, page.items);
+        if per_page {
+            shared.apply(std::mem::take(&mut diff.changes), false);
+        }
         match page.continue_token {
             Some(t) => token = Some(t),
             None => break page.resource_version,

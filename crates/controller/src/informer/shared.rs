@@ -250,6 +250,8 @@ fn send<K>(d: &mut Dispatch<K>, msg: Msg<K>) {
                 .retain(|l| l.tx.send(Msg::Resync(keys.clone())).is_ok());
         }
         Msg::Synced => send_synced(d),
+        // Only ever sent to one new listener, never broadcast.
+        Msg::Initial(_) => {}
     }
 }
 
@@ -371,17 +373,10 @@ where
             replay,
         );
         let mut d = self.shared.lock();
-        for obj in self.shared.store.list() {
-            let ev = Event {
-                kind: EventKind::Add,
-                key: super::store::object_key(obj.as_ref()),
-                old: None,
-                class: EventClass::of(EventSource::InitialList, None, Some(obj.as_ref()), true),
-                new: Some(obj),
-                final_state_unknown: false,
-            };
-            let _ = tx.send(Msg::Event(Arc::new(ev)));
-        }
+        // The snapshot is taken under the dispatch lock, as kept (an
+        // encoded cache is decoded one object at a time as the listener
+        // delivers it).
+        let _ = tx.send(Msg::Initial(self.shared.store.snapshot()));
         if d.synced {
             let _ = tx.send(Msg::Synced);
         }

@@ -61,6 +61,25 @@ impl<K> Clone for Slot<K> {
     }
 }
 
+/// The cache's objects as they were at one moment, in the form they are
+/// kept: a handler added late gets them decoded one at a time as it takes
+/// them, so an encoded cache is never all decoded at once.
+pub(crate) struct Snapshot<K> {
+    pub(crate) items: Vec<(String, Slot<K>)>,
+    pub(crate) codec: Option<Codec<K>>,
+}
+
+impl<K> Snapshot<K> {
+    /// The objects with their keys, each decoded as it is taken (one that
+    /// no longer decodes is left out, as a read would).
+    pub(crate) fn into_objects(self) -> impl Iterator<Item = (String, Arc<K>)> {
+        let codec = self.codec;
+        self.items
+            .into_iter()
+            .filter_map(move |(key, slot)| slot.object(codec.as_ref()).map(|o| (key, o)))
+    }
+}
+
 /// Encodes and decodes `K` (plain function pointers, so a store needs no
 /// serde bounds of its own).
 pub(crate) struct Codec<K> {

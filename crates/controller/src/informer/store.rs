@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::index::{IndexFn, Indexers};
-use super::slot::{CacheForm, Codec, Slot};
+use super::slot::{CacheForm, Codec, Slot, Snapshot};
 use super::InformerError;
 
 /// The key of an object: `namespace/name`, or `name` for cluster-scoped
@@ -144,6 +144,25 @@ impl<K> Store<K> {
             .iter()
             .filter_map(|s| s.object(self.codec.as_ref()))
             .collect()
+    }
+
+    /// Every object with its key, as kept (decoded only as it is taken).
+    pub(crate) fn snapshot(&self) -> Snapshot<K> {
+        let items = self
+            .read()
+            .items
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        Snapshot {
+            items,
+            codec: self.codec,
+        }
+    }
+
+    /// Whether objects are kept encoded ([`CacheForm::Encoded`]).
+    pub(crate) fn is_encoded(&self) -> bool {
+        self.codec.is_some()
     }
 
     /// Every key.

@@ -424,17 +424,24 @@ async fn informer_should_relist_when_the_watch_request_itself_is_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn informer_should_restart_a_list_whose_continue_token_expired() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        informer_should_restart_a_list_whose_continue_token_expired_in(form).await;
+    }
+}
+
+async fn informer_should_restart_a_list_whose_continue_token_expired_in(form: CacheForm) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
     // Page 1 answers, page 2 says its continue token expired.
     lw.lock().list_failures = VecDeque::from([None, Some(WatchError::Expired("continue".into()))]);
-    let inf = informer(&lw, InformerConfig::default().page_size(1));
+    let inf = informer(&lw, InformerConfig::default().cache_form(form).page_size(1));
     let (h, mut rx) = recorder();
     inf.add_handler(h);
     inf.start();
     inf.wait_for_sync().await;
-    // Nothing of the broken list was applied: each object once.
+    // Each object once, whether the broken list's first page was applied
+    // (encoded) or not (shared): the list again finds it unchanged.
     assert_eq!(
         take(&mut rx, 2).await,
         [
@@ -449,6 +456,51 @@ async fn informer_should_restart_a_list_whose_continue_token_expired() {
         "the list started again from page 1"
     );
     inf.stop();
+}
+
+/// An encoded cache takes a list page by page (never a whole list decoded
+/// at once); a shared one after the last page.
+#[tokio::test(start_paused = true)]
+async fn informer_should_apply_a_list_per_page_only_when_its_cache_is_encoded() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        let lw = FakeLw::default();
+        lw.put("a", "1");
+        lw.put("b", "1");
+        // Page 2 fails once: the list is retried after a backoff.
+        lw.lock().list_failures = VecDeque::from([None, Some(WatchError::Other("reset".into()))]);
+        let inf = informer(&lw, InformerConfig::default().cache_form(form).page_size(1));
+        let (h, mut rx) = recorder();
+        inf.add_handler(h);
+        inf.start();
+        // Up to the backoff, in paused time.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!inf.has_synced());
+        match form {
+            CacheForm::Encoded => {
+                assert_eq!(inf.store().len(), 1, "page 1 is in");
+                assert_eq!(
+                    take(&mut rx, 1).await,
+                    [seen(Add, "ns/a", InitialList, None, Some("1"))]
+                );
+            }
+            CacheForm::Shared => {
+                assert_eq!(inf.store().len(), 0, "nothing before the last page");
+                nothing_more(&mut rx).await;
+            }
+        }
+        inf.wait_for_sync().await;
+        let rest = match form {
+            CacheForm::Encoded => take(&mut rx, 1).await,
+            CacheForm::Shared => take(&mut rx, 2).await,
+        };
+        assert_eq!(
+            rest.last(),
+            Some(&seen(Add, "ns/b", InitialList, None, Some("1")))
+        );
+        nothing_more(&mut rx).await;
+        assert_eq!(inf.store().len(), 2);
+        inf.stop();
+    }
 }
 
 #[tokio::test(start_paused = true)]
