@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 
-use super::slot::Snapshot;
+use super::slot::{Delivery, Snapshot};
 use crate::classify::{ClassPolicy, EventClass};
 use crate::queue::WorkQueue;
 
@@ -125,7 +125,8 @@ pub(crate) enum Msg<K> {
     /// handler) came before this.
     Synced,
     /// The cache as a late handler found it: each object an initial-list
-    /// add, decoded as it is delivered.
+    /// add, decoded as it is delivered, one at a time while no event waits
+    /// (an event for a key not delivered yet brings its add forward).
     Initial(Snapshot<K>),
     /// A resync round: these keys are replayed one at a time from the
     /// cache, each only when no event waits (a newer round replaces an
@@ -192,6 +193,18 @@ where
 }
 
 /// A listener's task: its handler and what it counts.
+/// A cached object's add for a handler that has not seen it.
+fn initial_add<K>(key: String, obj: Arc<K>) -> Event<K> {
+    Event {
+        kind: EventKind::Add,
+        key,
+        old: None,
+        class: EventClass::InitialList,
+        new: Some(obj),
+        final_state_unknown: false,
+    }
+}
+
 struct ListenerTask<H> {
     handler: H,
     state: Arc<ListenerState>,
@@ -207,10 +220,28 @@ impl<H> ListenerTask<H> {
     {
         // The round being replayed and the next key's index.
         let mut round: Option<(Arc<[String]>, usize)> = None;
+        // The cache as this handler was added, being delivered, and
+        // whether the informer's Synced came meanwhile.
+        let mut initial: Option<Delivery<K>> = None;
+        let mut synced_after = false;
         loop {
             let msg = match rx.try_recv() {
                 Ok(msg) => msg,
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
+                Err(mpsc::error::TryRecvError::Empty) if initial.is_some() => {
+                    let next = initial.as_mut().and_then(Delivery::next);
+                    if let Some((key, obj)) = next {
+                        self.handle(&initial_add(key, obj));
+                    }
+                    if initial.as_ref().is_none_or(Delivery::is_done) {
+                        initial = None;
+                        if synced_after {
+                            self.state.synced.store(true, Ordering::Release);
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                    continue;
+                }
                 Err(mpsc::error::TryRecvError::Empty) if round.is_some() => {
                     self.replay_next(&mut round, &rx, &replay);
                     // Lets the watch that feeds this channel run between
@@ -224,22 +255,16 @@ impl<H> ListenerTask<H> {
                 },
             };
             match msg {
+                Msg::Synced if initial.is_some() => synced_after = true,
                 Msg::Synced => self.state.synced.store(true, Ordering::Release),
-                Msg::Event(ev) => self.handle(&ev),
-                Msg::Initial(snapshot) => {
-                    for (key, obj) in snapshot.into_objects() {
-                        let ev = Event {
-                            kind: EventKind::Add,
-                            key,
-                            old: None,
-                            // A cached object, new to this handler.
-                            class: EventClass::InitialList,
-                            new: Some(obj),
-                            final_state_unknown: false,
-                        };
-                        self.handle(&ev);
+                Msg::Event(ev) => {
+                    // The key's initial add first, if it is still to come.
+                    if let Some((key, obj)) = initial.as_mut().and_then(|d| d.take(&ev.key)) {
+                        self.handle(&initial_add(key, obj));
                     }
+                    self.handle(&ev);
                 }
+                Msg::Initial(snapshot) => initial = Some(snapshot.into()),
                 Msg::Resync(keys) => round = Some((keys, 0)),
             }
         }

@@ -62,21 +62,71 @@ impl<K> Clone for Slot<K> {
 }
 
 /// The cache's objects as they were at one moment, in the form they are
-/// kept: a handler added late gets them decoded one at a time as it takes
+/// kept, for a handler added late: decoded one at a time as it takes
 /// them, so an encoded cache is never all decoded at once.
 pub(crate) struct Snapshot<K> {
     pub(crate) items: Vec<(String, Slot<K>)>,
     pub(crate) codec: Option<Codec<K>>,
 }
 
-impl<K> Snapshot<K> {
-    /// The objects with their keys, each decoded as it is taken (one that
-    /// no longer decodes is left out, as a read would).
-    pub(crate) fn into_objects(self) -> impl Iterator<Item = (String, Arc<K>)> {
-        let codec = self.codec;
-        self.items
-            .into_iter()
-            .filter_map(move |(key, slot)| slot.object(codec.as_ref()).map(|o| (key, o)))
+/// A [`Snapshot`] being delivered: in order, except that a key can be
+/// taken ahead (its handler got an event for it: the key's add must come
+/// first).
+pub(crate) struct Delivery<K> {
+    items: Vec<Option<(String, Slot<K>)>>,
+    /// key → index in `items`, for the keys not delivered yet.
+    ahead: std::collections::HashMap<String, usize>,
+    next: usize,
+    codec: Option<Codec<K>>,
+}
+
+impl<K> From<Snapshot<K>> for Delivery<K> {
+    fn from(s: Snapshot<K>) -> Self {
+        let ahead = s
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (k.clone(), i))
+            .collect();
+        Self {
+            items: s.items.into_iter().map(Some).collect(),
+            ahead,
+            next: 0,
+            codec: s.codec,
+        }
+    }
+}
+
+impl<K> Delivery<K> {
+    /// The next object not delivered yet, decoded (one that no longer
+    /// decodes is skipped, as a read would); `None` when all were.
+    pub(crate) fn next(&mut self) -> Option<(String, Arc<K>)> {
+        while self.next < self.items.len() {
+            let i = self.next;
+            self.next += 1;
+            if let Some(found) = self.deliver(i) {
+                return Some(found);
+            }
+        }
+        None
+    }
+
+    /// The object of `key` if it is still to be delivered.
+    pub(crate) fn take(&mut self, key: &str) -> Option<(String, Arc<K>)> {
+        let i = *self.ahead.get(key)?;
+        self.deliver(i)
+    }
+
+    fn deliver(&mut self, i: usize) -> Option<(String, Arc<K>)> {
+        let (key, slot) = self.items.get_mut(i)?.take()?;
+        self.ahead.remove(&key);
+        let obj = slot.object(self.codec.as_ref())?;
+        Some((key, obj))
+    }
+
+    /// Whether every object was delivered.
+    pub(crate) fn is_done(&self) -> bool {
+        self.next >= self.items.len()
     }
 }
 

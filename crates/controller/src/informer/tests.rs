@@ -658,6 +658,55 @@ async fn informer_factory_should_share_one_watch_among_controllers() {
     factory.stop();
 }
 
+/// A late handler gets the cache one object at a time between events: a
+/// watch event waits for one add, not for the whole cache, and comes after
+/// its own key's add.
+#[tokio::test(start_paused = true)]
+async fn a_late_handler_should_hear_a_watch_event_before_the_rest_of_the_cache() {
+    for form in [CacheForm::Shared, CacheForm::Encoded] {
+        let lw = FakeLw::default();
+        for i in 0..200 {
+            lw.put(&format!("o{i:03}"), "1");
+        }
+        let w = lw.next_watch();
+        let inf = informer(&lw, InformerConfig::default().cache_form(form));
+        inf.start();
+        inf.wait_for_sync().await;
+        let (h, mut rx) = recorder();
+        let reg = inf.add_handler(h);
+        w.send(Ok(WatchEvent::Modified(lw.put("o100", "2"))))
+            .expect("feed");
+        let all = take_in_order(&mut rx, 201).await;
+        nothing_more(&mut rx).await;
+        let update = all
+            .iter()
+            .position(|e| e.kind == Update)
+            .expect("the update");
+        assert_eq!(
+            all[update],
+            seen(Update, "ns/o100", UserChange, Some("1"), Some("2"))
+        );
+        assert!(
+            update < 100,
+            "{form:?}: the update came after {update} adds"
+        );
+        let add = all
+            .iter()
+            .position(|e| e.key == "ns/o100" && e.kind == Add)
+            .expect("o100's add");
+        assert!(add < update, "{form:?}: o100's add came after its update");
+        assert_eq!(all[add], seen(Add, "ns/o100", InitialList, None, Some("1")));
+        let keys: std::collections::HashSet<&str> = all
+            .iter()
+            .filter(|e| e.kind == Add)
+            .map(|e| e.key.as_str())
+            .collect();
+        assert_eq!(keys.len(), 200, "{form:?}: every cached key once");
+        assert!(reg.has_synced());
+        inf.stop();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn informer_should_give_a_late_handler_the_cache_as_initial_list_adds() {
     for form in [CacheForm::Shared, CacheForm::Encoded] {
