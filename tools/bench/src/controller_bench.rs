@@ -52,6 +52,8 @@ const QUIET_CHANGES: usize = STORM_WINDOW.as_secs() as usize * RATE as usize;
 /// The informers' resync period in the storm: two resyncs of everything
 /// fall inside the window.
 const STORM_SYNC: &str = "20s";
+/// How many of the storm's slowest changes the report names.
+const SLOWEST: usize = 3;
 /// How long the idle controller's API requests are counted.
 const IDLE_WINDOW: Duration = Duration::from_secs(30);
 /// Handoffs measured per implementation and kind.
@@ -126,6 +128,9 @@ pub struct ImplRun {
     pub storm_patch: Samples,
     /// Changes sent in the storm window that were never reconciled.
     pub storm_unserved: usize,
+    /// The storm's slowest changes: when each was sent (after the
+    /// controller led) and its latency, slowest first.
+    pub storm_slowest: Vec<(Duration, Duration)>,
     /// From the restart to the last of the 10 000 PodSets reconciled.
     pub drained_after: Option<Duration>,
     /// Queue depth in front of user changes, sampled every 100 ms in the
@@ -574,6 +579,7 @@ impl Ctx<'_> {
         })
         .await?;
         let started = Instant::now();
+        let led_ns = podset::unix_nanos();
         let depth = Arc::new(Mutex::new(Vec::<f64>::new()));
         let sampler = {
             let depth = depth.clone();
@@ -602,6 +608,7 @@ impl Ctx<'_> {
         let (samples, unserved) = collect(&mut c, &sent, Duration::from_secs(60)).await;
         run.storm = samples;
         run.storm_unserved = unserved;
+        run.storm_slowest = slowest(&sent, &c.events, led_ns, SLOWEST);
         let want: HashSet<&str> = storm.iter().map(String::as_str).collect();
         let drained = c
             .until(
@@ -763,10 +770,29 @@ async fn collect(c: &mut Running, sent: &[(String, i64)], within: Duration) -> (
     }
 }
 
-/// Each sent change's latency: the end of the first reconcile of its
-/// PodSet that saw its stamp or a later one. Returns the samples and the
-/// count of changes not yet served.
-pub fn latencies(sent: &[(String, i64)], events: &[Event]) -> (Samples, usize) {
+/// The `n` slowest served changes: when each was sent after `from_ns`
+/// (Unix ns) and its latency, slowest first. Where a tail comes from in
+/// time (a resync round, the list) is what a p99.9 alone does not say.
+pub fn slowest(
+    sent: &[(String, i64)],
+    events: &[Event],
+    from_ns: i64,
+    n: usize,
+) -> Vec<(Duration, Duration)> {
+    let ns = |v: i64| Duration::from_nanos(v.max(0) as u64);
+    let mut all: Vec<(Duration, Duration)> = sent
+        .iter()
+        .zip(served_at(sent, events))
+        .filter_map(|((_, stamp), at)| Some((ns(stamp - from_ns), ns(at? - stamp))))
+        .collect();
+    all.sort_by_key(|s| std::cmp::Reverse(s.1));
+    all.truncate(n);
+    all
+}
+
+/// When each sent change was served: the end of the first reconcile of its
+/// PodSet that saw its stamp or a later one (Unix ns), if any yet.
+fn served_at(sent: &[(String, i64)], events: &[Event]) -> Vec<Option<i64>> {
     // key → reconciles (stamp seen, at), in print order.
     let mut seen: HashMap<&str, Vec<(i64, i64)>> = HashMap::new();
     for e in events {
@@ -782,13 +808,21 @@ pub fn latencies(sent: &[(String, i64)], events: &[Event]) -> (Samples, usize) {
                 .push((*changed_at, *at));
         }
     }
+    sent.iter()
+        .map(|(key, stamp)| {
+            seen.get(key.as_str())
+                .and_then(|r| r.iter().find(|(s, _)| s >= stamp).map(|(_, at)| *at))
+        })
+        .collect()
+}
+
+/// Each sent change's latency ([`served_at`]). Returns the samples and the
+/// count of changes not yet served.
+pub fn latencies(sent: &[(String, i64)], events: &[Event]) -> (Samples, usize) {
     let mut samples = Samples::default();
     let mut unserved = 0;
-    for (key, stamp) in sent {
-        let served = seen
-            .get(key.as_str())
-            .and_then(|r| r.iter().find(|(s, _)| s >= stamp).map(|(_, at)| *at));
-        match served {
+    for ((_, stamp), at) in sent.iter().zip(served_at(sent, events)) {
+        match at {
             Some(at) => samples.push(Duration::from_nanos(at.saturating_sub(*stamp).max(0) as u64)),
             None => unserved += 1,
         }
@@ -914,6 +948,12 @@ mod tests {
         assert_eq!(s.len(), 3);
         assert_eq!(s.max(), Duration::from_nanos(1100));
         assert_eq!(s.min(), Duration::from_nanos(250));
+        // Slowest first, sent times from 100 ns; c, unserved, is left out.
+        let ns = Duration::from_nanos;
+        assert_eq!(
+            slowest(&sent, &events, 100, 2),
+            [(ns(0), ns(1100)), (ns(100), ns(1000))]
+        );
     }
 
     #[test]

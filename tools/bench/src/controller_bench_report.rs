@@ -252,6 +252,14 @@ fn vars(r: &ControllerResults, rows: bool) -> Vars {
                     "drained",
                     x.drained_after.map_or_else(|| "—".to_string(), secs),
                 )
+                .set(
+                    "slowest",
+                    x.storm_slowest
+                        .iter()
+                        .map(|(at, took)| format!("{:.1} s: {}", at.as_secs_f64(), ms1(*took)))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
                 .set("depth_mean", format!("{:.2}", x.depth_mean))
                 .set("depth_max", format!("{:.0}", x.depth_max));
             row

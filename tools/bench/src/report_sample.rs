@@ -686,6 +686,7 @@ pub fn controller() -> crate::controller_bench::ControllerResults {
         quiet_patch: latency_samples(1000, 1.5),
         storm_patch: latency_samples(1800, 1.6),
         storm_unserved: 0,
+        storm_slowest: vec![(Duration::from_millis(20_400), Duration::from_millis(31))],
         drained_after: Some(Duration::from_secs(31)),
         depth_mean: depth,
         depth_max: depth * 3.0,
