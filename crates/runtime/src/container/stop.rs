@@ -15,11 +15,8 @@ use crate::util;
 
 /// How long a container may take to die after SIGKILL before the stop is
 /// reported as failed (it is uninterruptible in the kernel, or its shim is
-/// gone): containerd's and CRI-O's two minutes. Dying can take seconds
-/// on a slow or loaded node (a pod's containers killed at once, their
-/// scopes removed by systemd, each exit committed); 10 s failed critest's
-/// StopPodSandbox once in the emulated test VM.
-const KILL_WAIT: Duration = Duration::from_secs(120);
+/// gone).
+const KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits for a container sent SIGKILL to exit, up to [`KILL_WAIT`].
 async fn await_kill(c: &Container, mut exited: watch::Receiver<bool>) -> Result<()> {
