@@ -15,14 +15,8 @@
 //! normally sees the kill. When that read fails (systemd removed the
 //! scope first) the changes read before decide: a growth is a kill; a
 //! container that never reached its limit and whose every notified change
-//! was read was not killed. The kernel delivers a cgroup file's change
-//! notifications late (at most one per 20 ms, the rest by a timer), so
-//! under load the scope can be gone before the shim reads the kill at
-//! all; the enclosing cgroup (the pod's), which outlives the container,
-//! then tells: a container that reached its limit, or whose own counts
-//! changed unread, while the pod's `oom_kill` grew was killed. Otherwise
-//! the shim says nothing ([`OomWatch::verdict`] is `None`) rather than
-//! guess.
+//! was read was not killed; otherwise the shim says nothing
+//! ([`OomWatch::verdict`] is `None`) rather than guess.
 //!
 //! On cgroup v1 (or with no memory controller on v2) there is no such file:
 //! the watch is not made, and the runtime keeps its own checks.
@@ -99,35 +93,19 @@ pub(crate) struct OomWatch<E> {
     unread_change: bool,
     /// Whether the read made when init exited succeeded.
     read_at_exit: Option<bool>,
-    /// The enclosing cgroup's counts, read at the start and, when the
-    /// container's own are gone at the exit, then.
-    parent: Option<E>,
-    /// Its `oom_kill` at the start.
-    parent_at_start: Option<u64>,
-    /// Its `oom_kill` at the exit (read only when the container's failed).
-    parent_at_exit: Option<u64>,
 }
 
 impl<E: MemoryEvents> OomWatch<E> {
-    /// Starts counting from the current counts, with `parent` (the
-    /// enclosing cgroup's) as the witness when the container's go early;
-    /// `None` when the container's cannot be read (no memory controller,
-    /// not cgroup v2).
-    pub(crate) fn start(mut events: E, mut parent: Option<E>) -> Option<Self> {
+    /// Starts counting from the current counts; `None` when they cannot
+    /// be read (no memory controller, not cgroup v2).
+    pub(crate) fn start(mut events: E) -> Option<Self> {
         let at_start = events.read().ok()?;
-        let parent_at_start = parent
-            .as_mut()
-            .and_then(|p| p.read().ok())
-            .map(|c| c.oom_kill);
         Some(Self {
             events,
             at_start,
             highest: at_start,
             unread_change: false,
             read_at_exit: None,
-            parent,
-            parent_at_start,
-            parent_at_exit: None,
         })
     }
 
@@ -159,13 +137,6 @@ impl<E: MemoryEvents> OomWatch<E> {
         self.unread_change |= pending;
         let ok = self.read();
         self.read_at_exit = Some(ok);
-        if !ok {
-            self.parent_at_exit = self
-                .parent
-                .as_mut()
-                .and_then(|p| p.read().ok())
-                .map(|c| c.oom_kill);
-        }
     }
 
     /// Whether the OOM killer killed in the cgroup since the start: yes
@@ -173,30 +144,22 @@ impl<E: MemoryEvents> OomWatch<E> {
     /// unchanged, or, the cgroup gone by then, when every change notified
     /// was read and the container never even reached its limit (`max` and
     /// `oom` unchanged: the kernel notifies each count's change, so a
-    /// kill would have been seen). Yes, the cgroup gone, when the
-    /// container reached its limit or had a change unread and the
-    /// enclosing cgroup's `oom_kill` grew meanwhile. Unknown otherwise.
+    /// kill would have been seen). Unknown otherwise.
     pub(crate) fn verdict(&self) -> Option<bool> {
         if self.highest.oom_kill > self.at_start.oom_kill {
             return Some(true);
         }
-        let reached_limit =
-            self.highest.max > self.at_start.max || self.highest.oom > self.at_start.oom;
         match self.read_at_exit {
             Some(true) => Some(false),
-            Some(false) if !self.unread_change && !reached_limit => Some(false),
-            Some(false) if self.parent_killed() => Some(true),
+            Some(false)
+                if !self.unread_change
+                    && self.highest.max == self.at_start.max
+                    && self.highest.oom == self.at_start.oom =>
+            {
+                Some(false)
+            }
             _ => None,
         }
-    }
-
-    /// Whether the enclosing cgroup's `oom_kill` grew from the start to
-    /// the exit.
-    fn parent_killed(&self) -> bool {
-        matches!(
-            (self.parent_at_start, self.parent_at_exit),
-            (Some(start), Some(exit)) if exit > start
-        )
     }
 }
 
@@ -276,15 +239,9 @@ impl HostOomWatch {
             }
         };
         let cgroup = unified_path(&text)?;
-        let dir = Path::new(CGROUP2_ROOT).join(cgroup.trim_start_matches('/'));
-        let path = dir.join("memory.events");
-        // The pod's cgroup; none above the root.
-        let parent = dir
-            .parent()
-            .filter(|p| p.starts_with(CGROUP2_ROOT) && *p != Path::new(CGROUP2_ROOT))
-            .map(|p| CgroupMemoryEvents {
-                path: p.join("memory.events"),
-            });
+        let path = Path::new(CGROUP2_ROOT)
+            .join(cgroup.trim_start_matches('/'))
+            .join("memory.events");
         // Watched before the first read: no change falls between the two.
         let inotify = match watch_modify(&path) {
             Ok(fd) => File::from(fd),
@@ -296,7 +253,7 @@ impl HostOomWatch {
                 return None;
             }
         };
-        let watch = OomWatch::start(CgroupMemoryEvents { path }, parent)?;
+        let watch = OomWatch::start(CgroupMemoryEvents { path })?;
         Some(Self { watch, inotify })
     }
 
@@ -392,19 +349,8 @@ mod tests {
         }
     }
 
-    fn reads(counts: &[Counts]) -> Reads {
-        Reads(counts.iter().copied().collect())
-    }
-
-    fn watch(counts: &[Counts]) -> OomWatch<Reads> {
-        OomWatch::start(reads(counts), None).unwrap_or_else(|| {
-            panic!("the first read is there");
-        })
-    }
-
-    /// A watch whose enclosing cgroup reads `parent` in turn.
-    fn watch_in(counts: &[Counts], parent: &[Counts]) -> OomWatch<Reads> {
-        OomWatch::start(reads(counts), Some(reads(parent))).unwrap_or_else(|| {
+    fn watch(reads: &[Counts]) -> OomWatch<Reads> {
+        OomWatch::start(Reads(reads.iter().copied().collect())).unwrap_or_else(|| {
             panic!("the first read is there");
         })
     }
@@ -471,53 +417,8 @@ mod tests {
     }
 
     #[test]
-    fn oom_watch_should_take_the_pods_kill_when_the_cgroup_went_before_any_read() {
-        // The kill's notification came late: the scope was gone before the
-        // shim read it; the pod's count grew meanwhile.
-        let mut w = watch_in(&[kills(0)], &[kills(1), kills(2)]);
-        w.exited(true);
-        assert_eq!(w.verdict(), Some(true));
-        // Reached its limit, read; the kill not.
-        let at_limit = Counts {
-            max: 3,
-            ..Counts::default()
-        };
-        let mut w = watch_in(&[kills(0), at_limit], &[kills(0), kills(1)]);
-        w.changed();
-        w.exited(false);
-        assert_eq!(w.verdict(), Some(true));
-    }
-
-    #[test]
-    fn oom_watch_should_not_take_the_pods_kill_for_a_container_that_never_pressed() {
-        // A sibling's kill grew the pod's count; this one never reached
-        // its limit and had nothing unread.
-        let mut w = watch_in(&[kills(0)], &[kills(0), kills(1)]);
-        w.exited(false);
-        assert_eq!(w.verdict(), Some(false));
-    }
-
-    #[test]
-    fn oom_watch_should_not_guess_when_neither_it_nor_the_pod_saw_a_kill() {
-        let mut w = watch_in(&[kills(0)], &[kills(1), kills(1)]);
-        w.exited(true);
-        assert_eq!(w.verdict(), None);
-        // The pod's count unreadable at the exit.
-        let mut w = watch_in(&[kills(0)], &[kills(1)]);
-        w.exited(true);
-        assert_eq!(w.verdict(), None);
-    }
-
-    #[test]
-    fn oom_watch_should_not_read_the_pod_when_its_own_exit_read_works() {
-        let mut w = watch_in(&[kills(0), kills(0)], &[kills(0), kills(5)]);
-        w.exited(true);
-        assert_eq!(w.verdict(), Some(false));
-    }
-
-    #[test]
     fn oom_watch_should_not_start_without_counts() {
-        assert!(OomWatch::start(Reads(VecDeque::new()), None).is_none());
+        assert!(OomWatch::start(Reads(VecDeque::new())).is_none());
     }
 
     #[test]
