@@ -429,16 +429,30 @@ async fn informer_should_restart_a_list_whose_continue_token_expired() {
     }
 }
 
-async fn informer_should_restart_a_list_whose_continue_token_expired_in(form: CacheForm) {
+/// A started informer kept in `form` on "a" and "b", listed one per page,
+/// whose first list fails at page 2 with `err`; and its handler's events.
+fn second_page_fails(
+    form: CacheForm,
+    err: WatchError,
+) -> (
+    FakeLw,
+    SharedInformer<ConfigMap>,
+    mpsc::UnboundedReceiver<Seen>,
+) {
     let lw = FakeLw::default();
     lw.put("a", "1");
     lw.put("b", "1");
-    // Page 1 answers, page 2 says its continue token expired.
-    lw.lock().list_failures = VecDeque::from([None, Some(WatchError::Expired("continue".into()))]);
+    lw.lock().list_failures = VecDeque::from([None, Some(err)]);
     let inf = informer(&lw, InformerConfig::default().cache_form(form).page_size(1));
-    let (h, mut rx) = recorder();
+    let (h, rx) = recorder();
     inf.add_handler(h);
     inf.start();
+    (lw, inf, rx)
+}
+
+async fn informer_should_restart_a_list_whose_continue_token_expired_in(form: CacheForm) {
+    // Page 1 answers, page 2 says its continue token expired.
+    let (lw, inf, mut rx) = second_page_fails(form, WatchError::Expired("continue".into()));
     inf.wait_for_sync().await;
     // Each object once, whether the broken list's first page was applied
     // (encoded) or not (shared): the list again finds it unchanged.
@@ -463,15 +477,8 @@ async fn informer_should_restart_a_list_whose_continue_token_expired_in(form: Ca
 #[tokio::test(start_paused = true)]
 async fn informer_should_apply_a_list_per_page_only_when_its_cache_is_encoded() {
     for form in [CacheForm::Shared, CacheForm::Encoded] {
-        let lw = FakeLw::default();
-        lw.put("a", "1");
-        lw.put("b", "1");
         // Page 2 fails once: the list is retried after a backoff.
-        lw.lock().list_failures = VecDeque::from([None, Some(WatchError::Other("reset".into()))]);
-        let inf = informer(&lw, InformerConfig::default().cache_form(form).page_size(1));
-        let (h, mut rx) = recorder();
-        inf.add_handler(h);
-        inf.start();
+        let (_lw, inf, mut rx) = second_page_fails(form, WatchError::Other("reset".into()));
         // Up to the backoff, in paused time.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!inf.has_synced());
